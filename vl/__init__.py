@@ -1,0 +1,31 @@
+"""Nemotron Nano V2 VL, end to end: `load_pretrained`, `load_processor`, `Engine`.
+
+Heavy modules are imported on first use so that `import vl` stays cheap and free of side effects
+beyond registering the transformers Auto classes.
+"""
+
+from vl.errors import VLError
+
+__all__ = ["load_pretrained", "load_processor", "Engine", "VLError"]
+
+
+def load_pretrained(path, dtype=None, device_map=None, **kwargs):
+    """Load any supported checkpoint directory (see README) as an `nn.Module`."""
+    from vl.checkpoint.load import load_pretrained as _load
+
+    return _load(path, dtype=dtype, device_map=device_map, **kwargs)
+
+
+def load_processor(path, **kwargs):
+    """Messages -> model inputs, for the checkpoint directory at `path`."""
+    from vl.processing.processor import load_processor as _load
+
+    return _load(path, **kwargs)
+
+
+def __getattr__(name):
+    if name == "Engine":
+        from vl.runtime.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'vl' has no attribute {name!r}")
