@@ -1,0 +1,253 @@
+"""RADIO vision encoder (C-RADIOv2-H, the vision tower of Nemotron Nano V2 VL).
+
+A plain timm ViT (timm `Block` = pre-norm LayerNorm(eps 1e-6) -> `Attention` (qkv bias, SDPA) ->
+`Mlp` (exact GELU)) behind RADIO's patch generator (NVlabs/RADIO `vit_patch_generator.py`):
+a bias-free linear patch embedding over patches flattened in (channel, row, col) order, a "cropped
+position embedding" (CPE) resized from a `cpe_max_size / patch` square grid, and K cls + register
+tokens prepended without position embedding. There is no final norm (RADIO replaces it with
+Identity) and every prefix token is dropped from the output: the VLM only consumes patch tokens.
+Reference facts: shared/reference/nemotron_nano_v2_vl.md section 2; numerics are tested against
+transformers' `RadioModel`.
+
+Parameter names equal the checkpoint keys under `vision_model.radio_model.model.` (section 2.6), so a
+loader strips that prefix and loads strictly. K is `patch_generator.cls_token.token.shape[0]` of the
+checkpoint; the caller reads it and passes `num_prefix_tokens`.
+"""
+
+from __future__ import annotations
+
+import functools
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from timm.models.vision_transformer import Attention, Block, Mlp
+from torch import nn
+
+from vl.errors import ConfigError, InputError
+
+# ViT names that RADIO registers into timm itself (NVlabs/RADIO `radio/extra_timm_models.py`), so
+# they are absent from a plain timm install. vit_huge_patch16_224 is the Nano V2 VL tower; the same
+# table is vLLM's `VIT_TIMM_DIM_BY_NAME`. Variants with extra parts (`vit_bigG_patch14_224` has
+# LayerScale, `*_mlpnorm` an MLP norm) are deliberately left out: this encoder does not build them.
+RADIO_EXTRA_VITS: dict[str, tuple[int, int, int, int]] = {
+    "vit_tiny_patch14_224": (192, 12, 3, 768),
+    "vit_small_patch14_224": (384, 12, 6, 1536),
+    "vit_base_patch14_224": (768, 12, 12, 3072),
+    "vit_huge_patch16_224": (1280, 32, 16, 5120),
+    "vit_giant_patch16_224": (1536, 40, 24, 6144),
+}
+
+LAYER_NORM_EPS = 1e-6  # timm ViT / RADIO
+
+
+class TileShapeError(InputError):
+    """Pixel tiles whose shape the encoder cannot take (wrong rank, channels, or not patch-aligned)."""
+
+    code = "bad_tile_shape"
+
+
+@functools.lru_cache(maxsize=None)
+def vit_dims(name: str) -> tuple[int, int, int, int]:
+    """(dim, depth, heads, mlp_dim) of a timm ViT name as used in `vision_config.args.model`.
+
+    Names RADIO registers itself come from `RADIO_EXTRA_VITS`; every other name is built by timm's
+    own registry on the meta device (no memory, no weights), so its default args are timm's, and
+    refused if its blocks hold parts this encoder lacks (LayerScale, qk-norm, MLP norm, other MLPs).
+    """
+    if name in RADIO_EXTRA_VITS:
+        return RADIO_EXTRA_VITS[name]
+    import timm
+
+    if not timm.is_model(name):
+        raise ConfigError(
+            f"vision_config.args.model: expected a timm ViT name (or one of RADIO's "
+            f"{sorted(RADIO_EXTRA_VITS)}), found {name!r}; check the checkpoint's config.json"
+        )
+    model = timm.create_model(name, pretrained=False, device="meta")
+    blocks = getattr(model, "blocks", None)
+    if not blocks or not all(type(b) is Block for b in blocks):
+        raise ConfigError(f"timm model {name!r} is not a plain ViT of timm `Block`s; RADIO towers are")
+    block = blocks[0]
+    plain = (
+        type(block.attn) is Attention
+        and block.attn.qkv.bias is not None
+        and isinstance(block.attn.q_norm, nn.Identity)
+        and isinstance(block.attn.norm, nn.Identity)
+        and isinstance(block.ls1, nn.Identity)
+        and type(block.mlp) is Mlp
+        and isinstance(block.mlp.norm, nn.Identity)
+        and isinstance(block.mlp.act, nn.GELU)
+        and block.mlp.act.approximate == "none"
+    )
+    if not plain:
+        raise ConfigError(
+            f"timm model {name!r} uses block parts this RADIO encoder does not build "
+            "(expected qkv bias, no qk-norm, no LayerScale, Mlp with exact GELU); "
+            "use a plain ViT name such as vit_huge_patch16_224"
+        )
+    return (model.embed_dim, len(blocks), block.attn.num_heads, block.mlp.fc1.out_features)
+
+
+def image_to_patches(pixels: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, h*w, C*p*p): patches row-major, features in (channel, row, col) order.
+
+    RADIO `Im2Patches`: rearrange 'b c (py yy) (px xx) -> b (py px) (c yy xx)'.
+    """
+    b, c, height, width = pixels.shape
+    h, w, p = height // patch_size, width // patch_size, patch_size
+    x = pixels.reshape(b, c, h, p, w, p)  # (B, C, h, yy, w, xx)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * p * p)  # (B, h*w, C*p*p)
+
+
+def cropped_pos_embed(pos_embed: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
+    """RADIO's inference-time CPE: (1, G*G, D) table -> (1, h*w, D) for an h x w patch grid.
+
+    Resize the G x G grid to the square max(h, w) (bilinear, align_corners=False as in RADIO since
+    cb07f55, Megatron training and vLLM; the llama.cpp bake and the C-RADIOv2-H remote code use True and
+    diverge), crop the top-left h x w, resize to (h, w) if that still differs. Computed in fp32.
+    """
+    _, n, d = pos_embed.shape
+    g = int(round(n**0.5))
+    if g * g != n:
+        raise ConfigError(f"pos_embed: expected a square grid of positions, found {n} rows")
+    h, w = grid_hw
+    grid = pos_embed.reshape(1, g, g, d).permute(0, 3, 1, 2).float()  # (1, D, G, G)
+    side = max(h, w)
+    grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=False)
+    grid = grid[:, :, :h, :w]  # (1, D, h, w) top-left window
+    if grid.shape[-2:] != (h, w):
+        grid = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False)
+    return grid.flatten(2).transpose(1, 2).to(pos_embed.dtype)  # (1, h*w, D)
+
+
+class ClsToken(nn.Module):
+    """K learned cls + register rows (RADIO `cls_token.py`); K is whatever the checkpoint holds."""
+
+    def __init__(self, num_tokens: int, dim: int):
+        super().__init__()
+        self.token = nn.Parameter(torch.empty(num_tokens, dim))
+        nn.init.trunc_normal_(self.token, std=0.02)
+
+
+class PatchGenerator(nn.Module):
+    """Patch embedding + CPE + prefix tokens (RADIO `ViTPatchGenerator`, eval path)."""
+
+    def __init__(self, dim: int, patch_size: int, cpe_max_size: int, num_prefix_tokens: int, in_chans: int = 3):
+        super().__init__()
+        if patch_size < 1 or cpe_max_size % patch_size:
+            raise ConfigError(
+                f"cpe_max_size must be a multiple of patch_size; found {cpe_max_size} and {patch_size}"
+            )
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.max_grid = cpe_max_size // patch_size
+        self.embedder = nn.Linear(in_chans * patch_size * patch_size, dim, bias=False)
+        self.pos_embed = nn.Parameter(torch.empty(1, self.max_grid * self.max_grid, dim))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.cls_token = ClsToken(num_prefix_tokens, dim)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        b, _, height, width = pixels.shape
+        grid = (height // self.patch_size, width // self.patch_size)
+        x = self.embedder(image_to_patches(pixels, self.patch_size))  # (B, h*w, D)
+        x = x + cropped_pos_embed(self.pos_embed, grid).to(x.dtype)  # position BEFORE the prefix
+        prefix = self.cls_token.token.to(x.dtype).unsqueeze(0).expand(b, -1, -1)  # (B, K, D)
+        return torch.cat([prefix, x], dim=1)  # (B, K + h*w, D)
+
+
+def _fixed_width_mlp(mlp_dim: int):
+    """timm `Block` sizes its Mlp as int(dim * mlp_ratio); pin the exact checkpoint width instead."""
+
+    def make(in_features: int, hidden_features: int | None = None, **kwargs) -> Mlp:
+        return Mlp(in_features, hidden_features=mlp_dim, **kwargs)
+
+    return make
+
+
+class RadioEncoder(nn.Module):
+    """RADIO ViT: pixels (B, 3, H, W) -> patch tokens (B, (H/p)*(W/p), D), prefix tokens dropped.
+
+    Uniform with timm towers: `forward_features`, `num_prefix_tokens`, `embed_dim`, `patch_size`.
+    H and W must be multiples of the patch size; non-square tiles are fine (CPE handles any grid).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        heads: int,
+        mlp_dim: int,
+        patch_size: int = 16,
+        cpe_max_size: int = 2048,
+        num_prefix_tokens: int = 8,
+    ):
+        super().__init__()
+        if dim % heads:
+            raise ConfigError(f"vision width must be divisible by heads; found dim={dim}, heads={heads}")
+        if num_prefix_tokens < 0:
+            raise ConfigError(f"num_prefix_tokens must be >= 0; found {num_prefix_tokens}")
+        self.embed_dim = dim
+        self.patch_size = patch_size
+        self.num_prefix_tokens = num_prefix_tokens
+        self.patch_generator = PatchGenerator(dim, patch_size, cpe_max_size, num_prefix_tokens)
+        norm = partial(nn.LayerNorm, eps=LAYER_NORM_EPS)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, qkv_bias=True, norm_layer=norm, act_layer=nn.GELU, mlp_layer=_fixed_width_mlp(mlp_dim))
+            for _ in range(depth)
+        )
+        for block in self.blocks:
+            block.attn.fused_attn = True  # SDPA whatever TIMM_FUSED_ATTN says; tests may flip it
+
+    @classmethod
+    def from_timm_name(cls, name: str, **kwargs) -> "RadioEncoder":
+        """Build from `vision_config.args.model` (e.g. "vit_huge_patch16_224") plus patch/CPE/K kwargs."""
+        dim, depth, heads, mlp_dim = vit_dims(name)
+        return cls(dim, depth, heads, mlp_dim, **kwargs)
+
+    def grid_size(self, height: int, width: int) -> tuple[int, int]:
+        return height // self.patch_size, width // self.patch_size
+
+    def forward_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        self._check_pixels(pixels)
+        x = self.patch_generator(pixels.to(self.patch_generator.embedder.weight.dtype))  # (B, K+N, D)
+        for block in self.blocks:
+            x = block(x)  # (B, K+N, D)
+        return x[:, self.num_prefix_tokens :]  # (B, N, D): no final norm, all prefix rows dropped
+
+    forward = forward_features
+
+    def _check_pixels(self, pixels: torch.Tensor) -> None:
+        in_chans, p = self.patch_generator.in_chans, self.patch_size
+        if pixels.ndim != 4 or pixels.shape[1] != in_chans:
+            raise TileShapeError(
+                f"vision tower input: expected (B, {in_chans}, H, W) tiles, found shape {tuple(pixels.shape)}"
+            )
+        height, width = pixels.shape[-2:]
+        if height < p or width < p or height % p or width % p:
+            raise TileShapeError(
+                f"vision tower input: H and W must be positive multiples of the patch size {p}; "
+                f"found {height}x{width}. Resize tiles in the processor (force_image_size)"
+            )
+
+
+def encode_tiles(encoder: RadioEncoder, tiles: torch.Tensor, micro_batch: int = 16) -> torch.Tensor:
+    """Run the encoder over (N, 3, H, W) tiles in chunks of `micro_batch`: (N, h*w, D).
+
+    Only one chunk's activations live at a time (a 13-tile page or 128 video frames would otherwise
+    hold them all); results go straight into one preallocated output. Same values as one big batch.
+    """
+    if micro_batch < 1:
+        raise ConfigError(f"micro_batch must be >= 1; found {micro_batch}")
+    n = tiles.shape[0]
+    if n == 0:
+        raise TileShapeError("encode_tiles: expected at least one tile, found 0")
+    first = encoder.forward_features(tiles[:micro_batch])  # (b, h*w, D)
+    if n <= micro_batch:
+        return first
+    out = first.new_empty((n, *first.shape[1:]))  # (N, h*w, D)
+    out[: first.shape[0]] = first
+    del first
+    for start in range(micro_batch, n, micro_batch):
+        out[start : start + micro_batch] = encoder.forward_features(tiles[start : start + micro_batch])
+    return out
