@@ -1,0 +1,96 @@
+"""Redundant-token pruning: only background / duplicate tokens go, at most `rate` of them, thumbnail untouched."""
+
+import pytest
+import torch
+
+from token_reduction import RedundantTokenPruner, ReductionError, TokenLayout, prune_redundant_tokens
+
+DIM = 32
+
+
+def _page(tiles: int = 5, content_fraction: float = 0.25, seed: int = 0):
+    """Projector-like outputs: background positions = one vector + small noise, content = random."""
+    gen = torch.Generator().manual_seed(seed)
+    n = tiles * 16
+    background = torch.randn(DIM, generator=gen) * 3
+    tokens = background + 0.05 * torch.randn(n, DIM, generator=gen)
+    content = torch.rand(n, generator=gen) < content_fraction
+    tokens[content] = torch.randn(int(content.sum()), DIM, generator=gen) * 3
+    return tokens, content, TokenLayout.page(tiles, 4, 4)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9, 1.0])
+def test_background_criterion_drops_only_background(rate):
+    tokens, content, layout = _page()
+    out = prune_redundant_tokens(tokens, layout, rate, min_similarity=0.95)
+    thumbnail = torch.zeros(layout.num_tokens, dtype=torch.bool)
+    thumbnail[layout.thumbnail * 16 :] = True
+    removed = ~out.keep
+    assert not removed[content].any(), "a content token was pruned"
+    assert not removed[thumbnail].any(), "the thumbnail was pruned"
+    prunable_background = int((~content & ~thumbnail).sum())
+    assert int(removed.sum()) == min(int(rate * 64), prunable_background)
+    assert out.info["candidates"] == prunable_background
+    assert torch.equal(out.tokens, tokens[out.keep])
+    assert out.counts.tolist() == out.keep.view(5, 16).sum(-1).tolist()
+    assert out.info["removed_per_tile"] == (16 - out.counts).tolist()
+
+
+def test_dense_page_is_left_alone():
+    tokens = torch.randn(5 * 16, DIM)
+    out = prune_redundant_tokens(tokens, TokenLayout.page(5, 4, 4), rate=0.9, min_similarity=0.9)
+    assert out.keep.all() and out.info["candidates"] == 0
+
+
+def test_neighbour_criterion_keeps_the_head_of_each_run():
+    row_values = torch.randn(4, DIM)  # tile rows of 4: [a a a b]
+    tile = torch.stack([row_values[0], row_values[0], row_values[0], row_values[1]])
+    tile = torch.cat([tile, torch.randn(12, DIM)])  # rows 1..3 random
+    tokens = torch.cat([tile, tile])  # two tiles, no thumbnail
+    layout = TokenLayout.page(2, 4, 4, has_thumbnail=False)
+    out = prune_redundant_tokens(tokens, layout, rate=1.0, min_similarity=0.999, criterion="neighbour")
+    removed = (~out.keep).nonzero().flatten().tolist()
+    assert removed == [1, 2, 17, 18]  # the second and third "a" of each tile; the first of a tile never goes
+
+
+def test_tie_order_is_by_position_and_deterministic():
+    tokens = torch.ones(3 * 16, DIM)  # every token identical: all scores tie at 1.0
+    layout = TokenLayout.page(3, 4, 4)
+    out = prune_redundant_tokens(tokens, layout, rate=0.25, min_similarity=0.5)
+    removed = (~out.keep).nonzero().flatten().tolist()
+    assert removed == list(range(8))  # int(0.25 * 32 prunable) earliest positions
+    again = prune_redundant_tokens(tokens, layout, rate=0.25, min_similarity=0.5)
+    assert torch.equal(out.keep, again.keep)
+
+
+def test_thumbnail_protection_can_be_switched_off():
+    tokens = torch.ones(2 * 16, DIM)
+    layout = TokenLayout.page(2, 4, 4)
+    protected = prune_redundant_tokens(tokens, layout, rate=1.0, min_similarity=0.5)
+    assert protected.counts.tolist() == [0, 16]
+    unprotected = prune_redundant_tokens(tokens, layout, rate=1.0, min_similarity=0.5, protect_thumbnail=False)
+    assert unprotected.counts.tolist() == [0, 0]
+
+
+def test_rate_zero_is_identity_even_on_a_blank_page():
+    tokens = torch.ones(3 * 16, DIM)
+    out = RedundantTokenPruner(rate=0.0, min_similarity=0.0)(tokens, TokenLayout.page(3, 4, 4))
+    assert out.keep.all() and torch.equal(out.tokens, tokens)
+
+
+def test_bad_settings_are_typed_errors():
+    tokens, _, layout = _page()
+    with pytest.raises(ReductionError, match=r"\[0, 1\]"):
+        prune_redundant_tokens(tokens, layout, rate=-0.5)
+    with pytest.raises(ReductionError, match="min_similarity"):
+        RedundantTokenPruner(rate=0.5, min_similarity=1.5)
+    with pytest.raises(ReductionError, match="criterion"):
+        RedundantTokenPruner(rate=0.5, criterion="attention")
+    with pytest.raises(ReductionError, match="expected 80 tokens"):
+        prune_redundant_tokens(tokens[:-1], layout, rate=0.5)
+    with pytest.raises(ReductionError, match="floating-point"):
+        prune_redundant_tokens(tokens.long(), layout, rate=0.5)
+    bad = tokens.clone()
+    bad[3, 3] = float("inf")
+    with pytest.raises(ReductionError, match="NaN or Inf"):
+        prune_redundant_tokens(bad, layout, rate=0.5)

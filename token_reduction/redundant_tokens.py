@@ -1,0 +1,140 @@
+"""Redundant-token pruning for document pages, after the projector.
+
+Document pages are mostly background: the projector outputs of whitespace positions are nearly the
+same vector, and each one tells the LLM little beyond "empty here". This reducer drops such tokens
+at a chosen rate, training free, in the same spirit as EVS (a similarity score, a stable top-k, kept
+tokens in their original order) but comparing tokens within a page instead of across frames. It is
+our own simple criterion, inspired by ToMe (arXiv 2210.09461, cosine similarity between token
+features) and LLaVA-PruMerge (arXiv 2403.15388); it prunes and never merges, so every kept vector is
+an unmodified projector output the LLM was trained on.
+
+Scores, on L2-normalized projector outputs in float32 (higher = more redundant):
+- "background": cosine similarity to the page's dominant vector, the per-dimension median of the
+  normalized tokens of the prunable tiles, renormalized. On a page that is mostly background the
+  median sits in the background cluster; on a dense page it matches nothing closely and the
+  similarity floor below leaves the page alone.
+- "neighbour": the larger cosine similarity to the token on the left and the token above, within
+  the same tile (the top-left token of a tile scores -inf). A uniform region keeps its first token.
+Selection: candidates are prunable tokens with score >= `min_similarity`; the
+`min(int(rate * prunable), candidates)` highest-scoring candidates are dropped (stable descending
+sort, ties broken by position). `rate=0` is the identity. The thumbnail tile (global view) is not
+prunable unless `protect_thumbnail=False`. The LLM has no positional encoding (reference §4.5), so
+dropping positions needs no fix-up; what the model makes of pruned documents is an accuracy question
+the eval must answer (`vl eval`), not something this module can promise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+
+from token_reduction.protocol import Reduction, ReductionError, Stage, TokenLayout, check_fraction, reduction_from_mask
+
+Criterion = Literal["background", "neighbour"]
+CRITERIA: tuple[str, ...] = ("background", "neighbour")
+NEVER = -math.inf  # the score of a token that may not be pruned
+
+
+def _prunable(layout: TokenLayout, protect_thumbnail: bool, device: torch.device) -> torch.Tensor:
+    prunable = torch.ones(layout.groups, layout.tokens_per_group, dtype=torch.bool, device=device)
+    if protect_thumbnail and layout.thumbnail is not None:
+        prunable[layout.thumbnail] = False
+    return prunable.reshape(-1)  # (N,)
+
+
+def background_scores(unit: torch.Tensor, prunable: torch.Tensor) -> torch.Tensor:
+    """`(N,)` cosine similarity of each normalized token to the page's dominant (median) vector."""
+    if not bool(prunable.any()):
+        return torch.full(unit.shape[:1], NEVER, device=unit.device)
+    dominant = F.normalize(unit[prunable].median(dim=0).values, dim=-1)  # (D,)
+    return unit @ dominant  # (N,)
+
+
+def neighbour_scores(unit: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """`(N,)` max cosine similarity to the left and upper neighbour in the same tile."""
+    grid = unit.view(layout.groups, layout.height, layout.width, -1)  # (G, H, W, D)
+    scores = torch.full(grid.shape[:3], NEVER, device=unit.device)  # (G, H, W)
+    left = (grid[:, :, 1:] * grid[:, :, :-1]).sum(-1)  # (G, H, W-1)
+    scores[:, :, 1:] = torch.maximum(scores[:, :, 1:], left)
+    up = (grid[:, 1:] * grid[:, :-1]).sum(-1)  # (G, H-1, W)
+    scores[:, 1:] = torch.maximum(scores[:, 1:], up)
+    return scores.reshape(-1)
+
+
+def prune_redundant_tokens(
+    tokens: torch.Tensor,
+    layout: TokenLayout,
+    rate: float,
+    min_similarity: float = 0.95,
+    criterion: Criterion = "background",
+    protect_thumbnail: bool = True,
+) -> Reduction:
+    """Drop up to `rate` of one page's prunable projector outputs `(tiles * tpt, D)` that are redundant."""
+    rate = check_fraction("document pruning rate", rate, upper_inclusive=True)
+    _check_settings(min_similarity, criterion)
+    layout.check_tokens(tokens)
+    if not bool(torch.isfinite(tokens).all()):
+        raise ReductionError("redundant tokens: expected finite projector outputs, found NaN or Inf")
+    prunable = _prunable(layout, protect_thumbnail, tokens.device)  # (N,)
+    num_prunable = int(prunable.sum())
+    budget = int(rate * num_prunable)
+    keep = torch.ones(layout.num_tokens, dtype=torch.bool, device=tokens.device)
+    num_candidates = 0
+    if budget > 0:
+        unit = F.normalize(tokens.float(), dim=-1)  # (N, D)
+        if criterion == "background":
+            scores = background_scores(unit, prunable)
+        else:
+            scores = neighbour_scores(unit, layout)
+        candidate = prunable & (scores >= min_similarity)  # (N,)
+        num_candidates = int(candidate.sum())
+        scores = torch.where(candidate, scores, torch.full_like(scores, NEVER))
+        order = torch.argsort(scores, descending=True, stable=True)
+        keep[order[: min(budget, num_candidates)]] = False
+    removed_per_tile = (~keep).view(layout.groups, layout.tokens_per_group).sum(-1)
+    info = {
+        "method": "redundant_tokens",
+        "criterion": criterion,
+        "rate": rate,
+        "min_similarity": float(min_similarity),
+        "prunable": num_prunable,
+        "candidates": num_candidates,
+        "removed_per_tile": removed_per_tile.tolist(),
+    }
+    return reduction_from_mask(tokens, keep, layout, "post_projector", info)
+
+
+def _check_settings(min_similarity: float, criterion: str) -> None:
+    if (
+        isinstance(min_similarity, bool)
+        or not isinstance(min_similarity, (int, float))
+        or not (-1.0 <= min_similarity <= 1.0)
+    ):
+        raise ReductionError(f"redundant tokens: expected min_similarity in [-1, 1] (a cosine), found {min_similarity!r}")
+    if criterion not in CRITERIA:
+        raise ReductionError(f"redundant tokens: expected criterion in {CRITERIA}, found {criterion!r}")
+
+
+@dataclass(frozen=True)
+class RedundantTokenPruner:
+    """Redundant-token pruning as a `Reducer` (stage "post_projector"); `rate=0` is off."""
+
+    rate: float = 0.0
+    min_similarity: float = 0.95
+    criterion: Criterion = "background"
+    protect_thumbnail: bool = True
+    name: ClassVar[str] = "redundant_tokens"
+    stage: ClassVar[Stage] = "post_projector"
+
+    def __post_init__(self):
+        check_fraction("document pruning rate", self.rate, upper_inclusive=True)
+        _check_settings(self.min_similarity, self.criterion)
+
+    def __call__(self, tokens: torch.Tensor, layout: TokenLayout) -> Reduction:
+        return prune_redundant_tokens(
+            tokens, layout, self.rate, self.min_similarity, self.criterion, self.protect_thumbnail
+        )
