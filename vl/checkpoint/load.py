@@ -1,0 +1,143 @@
+"""`vl.load_pretrained`: one entry point for every supported checkpoint directory.
+
+Dispatch is on explicit `config.json` fields (`model_type`, then `architectures`), never on folder names.
+`auto_map` remote code is never imported or executed: known architectures load natively, unknown ones are
+refused. The model is built on the meta device and its tensors are assigned straight from the files in the
+target dtype, so the weights exist once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vl.checkpoint import adapter as ad
+from vl.checkpoint.files import CheckpointFiles, scan_non_finite
+from vl.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dir(path) -> Path:
+    """A local directory, or a hub id that huggingface_hub already has in its cache (never downloads)."""
+    p = Path(os.fspath(path)).expanduser()
+    if p.is_dir():
+        return p
+    if isinstance(path, str) and path.count("/") == 1 and not p.exists():
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(path, local_files_only=True))
+        except Exception:  # noqa: BLE001 - any failure means "not cached"
+            pass
+    raise CheckpointError(f"{path}: not a checkpoint directory (and not a hub id already in the local cache); "
+                          f"hub downloads are not attempted")
+
+
+def read_config(directory: Path) -> dict:
+    f = directory / "config.json"
+    if not f.exists():
+        raise CheckpointError(f"{directory}: no config.json")
+    try:
+        raw = json.loads(f.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{f}: invalid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{f}: expected a JSON object")
+    return raw
+
+
+def checkpoint_kind(raw: dict, directory: Path) -> str:
+    model_type = raw.get("model_type")
+    archs = raw.get("architectures") or []
+    if model_type == "nemotron_h" or "NemotronHForCausalLM" in archs:
+        kind = "nemotron_h"
+    elif model_type == "NemotronH_Nano_VL_V2" or "NemotronH_Nano_VL_V2" in archs:
+        kind = "nano_vl_v2"
+    else:
+        if raw.get("auto_map"):
+            raise UnsafeCheckpointError(
+                f"{directory}: model_type={model_type!r} / architectures={archs} is not a supported architecture and "
+                f"would need its remote code (auto_map {raw['auto_map']}); remote code is never executed")
+        raise ConfigError(f"{directory}: unsupported model_type={model_type!r} (architectures {archs}); supported: "
+                          f"nemotron_h, NemotronH_Nano_VL_V2")
+    if raw.get("auto_map"):
+        log.info("%s: ignoring auto_map (remote code is never executed); loading %s natively", directory, kind)
+    return kind
+
+
+def resolve_dtype(dtype, raw: dict) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        declared = raw.get("torch_dtype") or raw.get("dtype")
+        if isinstance(declared, str) and declared in DTYPES:
+            return DTYPES[declared]
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r}: expected one of {sorted(DTYPES)} or a torch.dtype")
+    return DTYPES[dtype]
+
+
+def declared_storage_dtype(raw: dict) -> torch.dtype | None:
+    declared = raw.get("torch_dtype") or raw.get("dtype")
+    return DTYPES.get(declared) if isinstance(declared, str) else None
+
+
+def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype):
+    """Assign tensors into a meta-device model; floating ones cast to `dtype` except fp32-kept ones."""
+    keep_fp32 = tuple(getattr(model, "keep_in_fp32", ()))
+    out = {}
+    for name, t in tensors.items():
+        if t.is_floating_point():
+            target = torch.float32 if name.endswith(keep_fp32) else dtype
+            t = t.to(target)
+        out[name] = t
+    model.load_state_dict(out, strict=True, assign=True)
+    for name, p in model.named_parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan: bool = False,
+                    quant_mode: str | None = None):
+    directory = resolve_dir(path)
+    raw = read_config(directory)
+    kind = checkpoint_kind(raw, directory)
+    files = CheckpointFiles(directory)
+    target = resolve_dtype(dtype, raw)
+    if kind == "nemotron_h":
+        from vl.checkpoint import nemotron_h as lm_adapter
+        from vl.config import lm_config_from_hf
+        from vl.modeling.nemotron_h import NemotronHForCausalLM
+
+        cfg = lm_config_from_hf(raw, where=str(directory / "config.json"))
+        with torch.device("meta"):
+            model = NemotronHForCausalLM(cfg)
+        plan = lm_adapter.plan_lm(files.names())
+    else:
+        from vl.checkpoint import nano_vl
+
+        model, plan = nano_vl.build_and_plan(raw, files, directory)
+    ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
+                  what=f"{kind} checkpoint")
+    tensors = ad.materialize(plan, files)
+    if scan_nan:
+        scan_non_finite(tensors)
+    if kind == "nano_vl_v2":
+        nano_vl.check_buffers(model, files, plan)
+    model = assign_tensors(model, tensors, target).eval()
+    model.checkpoint_dir = str(directory)
+    if device_map is not None:
+        from vl.runtime.placement import place
+
+        model = place(model, device_map, max_memory=max_memory)
+    return model

@@ -1,0 +1,315 @@
+"""Configuration: nested frozen dataclasses and adapters from foreign `config.json` files.
+
+Style follows gpt-fast `ModelArgs`: plain frozen dataclasses, derived fields computed and validated in
+`__post_init__`, named presets as functions. Adapters map every key of a foreign config to one of three
+fates: mapped to a field, named in an explicit ignore list (with the reason), or a `ConfigError`.
+Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from vl.errors import ConfigError
+
+# Pattern characters of Nemotron-H (`hybrid_override_pattern`) and the layer-type names that
+# transformers (`layers_block_type`) and older exports use for them.
+LAYER_CHARS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+_TYPE_TO_CHAR = {
+    "linear_attention": "M", "mamba": "M", "mamba2": "M",
+    "full_attention": "*", "attention": "*",
+    "mlp": "-", "moe": "E",
+}
+ACTIVATIONS = ("relu2", "gelu", "silu", "relu")
+
+
+def _float(value, key):
+    """JSON floats as transformers writes them, including `{"__float__": "Infinity"}`."""
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key!r}: expected a number, found {value!r}") from None
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Nemotron-H hybrid language model. Field names follow transformers' `NemotronHConfig`."""
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    pattern: str = "M-M*-"  # one character per layer: M mamba-2, * attention, - MLP, E MoE
+    # attention
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    attention_bias: bool = False
+    # MLP
+    intermediate_size: int = 128
+    mlp_hidden_act: str = "relu2"
+    mlp_bias: bool = False
+    # Mamba-2
+    mamba_num_heads: int = 8
+    mamba_head_dim: int = 16
+    n_groups: int = 2
+    ssm_state_size: int = 16
+    conv_kernel: int = 4
+    chunk_size: int = 128
+    use_conv_bias: bool = True
+    use_bias: bool = False  # in_proj / out_proj bias
+    mamba_hidden_act: str = "silu"
+    time_step_limit: tuple[float, float] = (0.0, math.inf)
+    mamba_ssm_cache_dtype: str = "float32"
+    # MoE (Nemotron 3 family)
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    moe_latent_size: int | None = None
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    # everything else
+    layer_norm_epsilon: float = 1e-5
+    residual_in_fp32: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 131072
+    bos_token_id: int | None = 1
+    eos_token_id: tuple[int, ...] = (2,)
+    pad_token_id: int | None = 0
+
+    def __post_init__(self):
+        bad = sorted(set(self.pattern) - set(LAYER_CHARS))
+        if not self.pattern or bad:
+            raise ConfigError(
+                f"layer pattern {self.pattern!r}: expected a non-empty string over {''.join(LAYER_CHARS)}, "
+                f"found characters {bad}"
+            )
+        for name in ("mlp_hidden_act",):
+            if getattr(self, name) not in ACTIVATIONS:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: supported are {ACTIVATIONS}")
+        if self.mamba_hidden_act != "silu":
+            raise ConfigError(f"mamba_hidden_act={self.mamba_hidden_act!r}: only 'silu' exists in Nemotron-H")
+        if "*" in self.pattern and self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if "M" in self.pattern and self.mamba_num_heads % self.n_groups:
+            raise ConfigError(f"mamba_num_heads={self.mamba_num_heads} must be a multiple of n_groups={self.n_groups}")
+        if "E" in self.pattern:
+            if not (self.n_routed_experts and self.num_experts_per_tok and self.moe_intermediate_size):
+                raise ConfigError("pattern has MoE layers 'E' but n_routed_experts / num_experts_per_tok / "
+                                  "moe_intermediate_size are not all set")
+            if self.n_routed_experts % self.n_group:
+                raise ConfigError(f"n_routed_experts={self.n_routed_experts} not divisible by n_group={self.n_group}")
+        lo, hi = self.time_step_limit
+        if not (0.0 <= lo <= hi):
+            raise ConfigError(f"time_step_limit={self.time_step_limit}: expected 0 <= low <= high")
+        if self.mamba_ssm_cache_dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"mamba_ssm_cache_dtype={self.mamba_ssm_cache_dtype!r} is not a float dtype name")
+
+    # derived ------------------------------------------------------------------------------------
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.pattern)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        return self.mamba_d_inner + 2 * self.n_groups * self.ssm_state_size
+
+    @property
+    def mamba_in_proj_dim(self) -> int:  # [z | x | B | C | dt]
+        return self.mamba_d_inner + self.mamba_conv_dim + self.mamba_num_heads
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.pattern) if c == "*")
+
+    @property
+    def mamba_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.pattern) if c == "M")
+
+    def replace(self, **changes) -> "LMConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# --- adapter: transformers / hub `nemotron_h` config.json -> LMConfig ---------------------------------
+
+_LM_RENAMES = {  # foreign alias -> our field
+    "mamba_n_groups": "n_groups",
+    "mamba_d_conv": "conv_kernel",
+    "mamba_chunk_size": "chunk_size",
+    "mamba_conv_bias": "use_conv_bias",
+    "mamba_dt_limit": "time_step_limit",
+    "attention_head_dim": "head_dim",
+    "kv_channels": "head_dim",
+    "num_local_experts": "n_routed_experts",
+    "mamba_n_heads": "mamba_num_heads",
+    "mamba_d_head": "mamba_head_dim",
+    "mamba_d_state": "ssm_state_size",
+}
+
+# Keys that exist in real configs but do not change inference; each with the reason it is safe.
+LM_IGNORED = {
+    "architectures": "dispatch is on model_type",
+    "model_type": "checked by the caller",
+    "transformers_version": "metadata",
+    "torch_dtype": "storage dtype is read from the tensors", "dtype": "storage dtype is read from the tensors",
+    "_name_or_path": "metadata", "auto_map": "remote code is never executed",
+    "initializer_range": "initialisation only", "rescale_prenorm_residual": "initialisation only",
+    "time_step_min": "initialisation only (transformers' torch path also clamps dt with it; we follow the "
+                     "kernels and vLLM: no clamp)",
+    "time_step_max": "initialisation only", "time_step_floor": "initialisation only",
+    "mamba_dt_min": "initialisation only", "mamba_dt_max": "initialisation only",
+    "mamba_dt_init_floor": "initialisation only",
+    "expand": "d_inner is mamba_num_heads * mamba_head_dim", "mamba_expand": "d_inner is heads * head_dim",
+    "use_cache": "runtime choice", "num_logits_to_keep": "runtime choice",
+    "use_mamba_kernels": "runtime choice (kernels are picked at run time)",
+    "attention_dropout": "training only", "hidden_dropout": "training only",
+    "output_router_logits": "training only", "router_aux_loss_coef": "training only",
+    "mamba_proj_bias": "unused by the reference; in_proj/out_proj bias follows use_bias",
+    "moe_shared_expert_overlap": "scheduling hint", "n_shared_experts": "the shared expert is one MLP of "
+                                                                        "moe_shared_expert_intermediate_size",
+    "num_nextn_predict_layers": "multi-token-prediction heads are not used for decoding (mtp.* tensors ignored)",
+    "mtp_layers_block_type": "see num_nextn_predict_layers", "mtp_hybrid_override_pattern": "see above",
+    "num_hidden_layers": "checked against the pattern length",
+    "rms_norm_eps": "duplicate of layer_norm_epsilon (used when that is absent)",
+    "sliding_window": "must be null (checked)",
+    "output_hidden_states": "transformers generic", "output_attentions": "transformers generic",
+    "return_dict": "transformers generic", "chunk_size_feed_forward": "transformers generic",
+    "is_encoder_decoder": "transformers generic", "id2label": "transformers generic",
+    "label2id": "transformers generic", "problem_type": "transformers generic",
+    "tokenizer_class": "tokenizer files are read separately",
+    "quantization_config": "read by the quantized-checkpoint loader",
+    "position_embedding_type": "must be 'nope' or absent (checked)", "rope_theta": "Nemotron-H has no RoPE",
+    "partial_rotary_factor": "Nemotron-H has no RoPE", "rope_scaling": "Nemotron-H has no RoPE",
+    "norm_eps": "duplicate of layer_norm_epsilon",
+}
+
+
+def lm_config_from_hf(raw: dict, *, where: str = "config.json") -> LMConfig:
+    """Build an `LMConfig` from a transformers/hub `nemotron_h` config dict, strictly."""
+    raw = dict(raw)
+    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"pattern"}
+    out: dict = {}
+
+    # layer pattern: hybrid_override_pattern (str or list of chars) or layers_block_type / layer_types
+    pattern = None
+    for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
+        if key in raw and raw[key] is not None:
+            value = raw.pop(key)
+            if pattern is not None:
+                continue  # both given: the first (hybrid_override_pattern) wins, the other is a duplicate
+            if key == "hybrid_override_pattern":
+                pattern = "".join(value)
+            else:
+                try:
+                    pattern = "".join(_TYPE_TO_CHAR[t] for t in value)
+                except (KeyError, TypeError):
+                    raise ConfigError(f"{where}: {key}={value!r} has layer types outside {sorted(_TYPE_TO_CHAR)}")
+    if pattern is None:
+        raise ConfigError(f"{where}: no layer pattern (expected hybrid_override_pattern or layers_block_type)")
+    out["pattern"] = pattern
+
+    if "layer_norm_epsilon" not in raw and "rms_norm_eps" in raw:
+        raw["layer_norm_epsilon"] = raw["rms_norm_eps"]
+    n_layers = raw.get("num_hidden_layers")
+    if n_layers is not None and n_layers != len(pattern):
+        raise ConfigError(f"{where}: num_hidden_layers={n_layers} but the layer pattern has {len(pattern)} layers")
+    if raw.get("sliding_window") is not None:
+        raise ConfigError(f"{where}: sliding_window={raw['sliding_window']} is not part of Nemotron-H")
+    if raw.get("position_embedding_type", "nope") not in ("nope", None):
+        raise ConfigError(f"{where}: position_embedding_type={raw['position_embedding_type']!r}; Nemotron-H has none")
+
+    unknown = []
+    for key, value in raw.items():
+        target = _LM_RENAMES.get(key, key)
+        if target in fields:
+            if target in out and key != target:
+                continue  # the canonical key wins over an alias
+            out[target] = value
+        elif key not in LM_IGNORED:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown Nemotron-H config keys {sorted(unknown)}. They are neither mapped nor on the "
+            f"documented ignore list (vl.config.LM_IGNORED); if they are harmless for inference, add them there."
+        )
+
+    if "time_step_limit" in out:
+        lo, hi = out["time_step_limit"]
+        out["time_step_limit"] = (_float(lo, "time_step_limit"), _float(hi, "time_step_limit"))
+    eos = out.get("eos_token_id")
+    if eos is not None:
+        out["eos_token_id"] = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    else:
+        out["eos_token_id"] = ()
+    if out.get("moe_latent_size") is None:
+        out["moe_latent_size"] = None
+    for key in ("layer_norm_epsilon", "routed_scaling_factor"):
+        if key in out:
+            out[key] = _float(out[key], key)
+    if "E" not in pattern:  # MoE fields present in every transformers config but meaningless here
+        for key in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "moe_shared_expert_intermediate_size", "moe_latent_size"):
+            out.pop(key, None)
+    return LMConfig(**out)
+
+
+def lm_config_to_hf(cfg: LMConfig) -> dict:
+    """The inverse adapter: a config dict that transformers' `NemotronHConfig` reads back to the same model."""
+    d = dataclasses.asdict(cfg)
+    d.pop("pattern")
+    d["hybrid_override_pattern"] = cfg.pattern
+    d["num_hidden_layers"] = cfg.num_hidden_layers
+    d["time_step_limit"] = list(cfg.time_step_limit)
+    if d["time_step_limit"][1] == math.inf:
+        d["time_step_limit"][1] = {"__float__": "Infinity"}
+    d["eos_token_id"] = list(cfg.eos_token_id) if len(cfg.eos_token_id) != 1 else cfg.eos_token_id[0]
+    d["model_type"] = "nemotron_h"
+    d["architectures"] = ["NemotronHForCausalLM"]
+    if "E" not in cfg.pattern:
+        for key in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "moe_shared_expert_intermediate_size", "moe_latent_size", "n_group", "topk_group",
+                    "norm_topk_prob", "routed_scaling_factor"):
+            d.pop(key)
+    return d
+
+
+# --- presets -----------------------------------------------------------------------------------------
+
+def tiny_lm(**changes) -> LMConfig:
+    """A few-thousand-parameter model with every layer kind except MoE, for tests."""
+    return LMConfig(**changes)
+
+
+def bench_180m_lm(**changes) -> LMConfig:
+    """~180M parameters, the same shape family as the 12B model (for CPU benchmarks)."""
+    base = dict(
+        vocab_size=32000, hidden_size=1024, pattern="M-M-M*-M-M-M-M*-M-M-M-", num_attention_heads=8,
+        num_key_value_heads=2, head_dim=128, intermediate_size=3072, mamba_num_heads=32, mamba_head_dim=64,
+        n_groups=4, ssm_state_size=64, chunk_size=128,
+    )
+    base.update(changes)
+    return LMConfig(**base)
+
+
+def nano_12b_lm(**changes) -> LMConfig:
+    """Nemotron Nano 12B v2 (the LLM of Nano V2 VL), from reference §4.1."""
+    base = dict(
+        vocab_size=131072, hidden_size=5120,
+        pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-",
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=20480,
+        mamba_num_heads=128, mamba_head_dim=80, n_groups=8, ssm_state_size=128, chunk_size=128,
+    )
+    base.update(changes)
+    return LMConfig(**base)

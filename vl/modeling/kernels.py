@@ -1,0 +1,95 @@
+"""Fast-path selection for the Mamba-2 mixer (in the manner of nanochat's `flash_attention.py`).
+
+One API, two implementations: the pure-PyTorch reference (`ssd_ref`, the CPU default and the test oracle)
+and the mamba-ssm / causal-conv1d CUDA kernels, used only on CUDA tensors when those packages import.
+Tests force either with `override("ref" | "fast")`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import torch
+
+from vl.modeling import ssd_ref
+
+log = logging.getLogger(__name__)
+_override: str | None = None
+
+
+@functools.cache
+def _fast_ops():
+    try:
+        from causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+        log.info("mamba-ssm / causal-conv1d kernels unavailable (%s); using the PyTorch reference", exc)
+        return None
+    return dict(conv=causal_conv1d_fn, conv_update=causal_conv1d_update,
+                scan=mamba_chunk_scan_combined, step=selective_state_update)
+
+
+def fast_available() -> bool:
+    return torch.cuda.is_available() and _fast_ops() is not None
+
+
+@contextlib.contextmanager
+def override(impl: str | None):
+    """Force "ref" or "fast" inside the block (tests); None restores automatic choice."""
+    global _override
+    if impl not in (None, "ref", "fast"):
+        raise ValueError(f"override expects 'ref', 'fast' or None, got {impl!r}")
+    if impl == "fast" and not fast_available():
+        raise RuntimeError("the fast Mamba kernels need CUDA and the [gpu] extra (mamba-ssm, causal-conv1d)")
+    old, _override = _override, impl
+    try:
+        yield
+    finally:
+        _override = old
+
+
+def use_fast(x: torch.Tensor) -> bool:
+    if _override is not None:
+        return _override == "fast"
+    return x.is_cuda and _fast_ops() is not None
+
+
+def causal_conv(x, weight, bias, conv_state=None):
+    """Depthwise causal conv + SiLU over time. x (b, c, t); weight (c, k); conv_state (b, c, k-1) or None.
+
+    With a state, the state holds the previous k-1 inputs and is updated in place to the last k-1.
+    """
+    k = weight.shape[-1]
+    if use_fast(x) and conv_state is None:
+        return _fast_ops()["conv"](x, weight, bias, activation="silu")
+    if conv_state is None:
+        xp = torch.nn.functional.pad(x, (k - 1, 0))
+    else:
+        xp = torch.cat([conv_state.to(x.dtype), x], dim=-1)
+        conv_state.copy_(xp[..., xp.shape[-1] - (k - 1):])
+    if x.shape[-1] == 1:  # decode: a dot product per channel is cheaper than a conv call
+        out = (xp * weight).sum(-1, keepdim=True)
+        if bias is not None:
+            out = out + bias[:, None]
+    else:
+        out = torch.nn.functional.conv1d(xp, weight[:, None], bias, groups=x.shape[1])
+    return torch.nn.functional.silu(out)
+
+
+def ssd_scan(x, dt, A, B, C, chunk_size, initial_state=None):
+    """Chunked scan -> (y, final_state); see `ssd_ref.ssd_chunked` for shapes."""
+    if use_fast(x):
+        y, final = _fast_ops()["scan"](
+            x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), chunk_size,
+            initial_states=initial_state, return_final_states=True,
+        )
+        return y.float(), final.float()
+    return ssd_ref.ssd_chunked(x, dt, A, B, C, chunk_size, initial_state)
+
+
+def ssd_step(state, x, dt, A, B, C):
+    """One recurrence step in place; see `ssd_ref.ssd_step`."""
+    return ssd_ref.ssd_step(state, x, dt, A, B, C)

@@ -1,0 +1,42 @@
+"""RMSNorm variants used across the model (Nemotron-H, the projector): weight used as-is (no +1 offset),
+statistics in fp32 as the reference does (transformers `NemotronHRMSNorm`, Megatron)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp32 statistics and weight multiply, result in the input dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * xf).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm with `norm_before_gate=False`: y·silu(z), then RMS-normalised per group of
+    `dim / n_groups` channels, then scaled. Output is fp32; the caller casts once before `out_proj`."""
+
+    def __init__(self, dim: int, n_groups: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.n_groups = n_groups
+        self.eps = eps
+
+    def forward(self, y, z):
+        y = y.float() * nn.functional.silu(z.float())
+        shape = y.shape
+        yg = y.view(*shape[:-1], self.n_groups, shape[-1] // self.n_groups)
+        yg = yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.float() * yg.view(shape)

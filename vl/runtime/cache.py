@@ -1,0 +1,82 @@
+"""The hybrid cache: one object per sequence batch, allocated once (static shapes, gpt-fast `KVCache`).
+
+Attention layers get preallocated K/V of `max_len`; Mamba layers get the conv window (the last k-1 inputs
+of xBC) and the fp32 SSM state, whose size does not grow with the context. MLP/MoE layers hold nothing.
+`valid` remembers which positions are real tokens (left padding of batched prompts), so later decode steps
+mask padded keys without being told again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vl.config import LMConfig
+from vl.errors import ContextLengthError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class KVCache:
+    k: torch.Tensor  # (b, n_kv, max_len, head_dim)
+    v: torch.Tensor
+
+
+@dataclass
+class MambaState:
+    conv: torch.Tensor  # (b, conv_dim, k-1), model dtype
+    ssm: torch.Tensor  # (b, heads, head_dim, d_state), mamba_ssm_cache_dtype (fp32)
+
+
+class HybridCache:
+    def __init__(self, cfg: LMConfig, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
+        self.max_len, self.batch_size = max_len, batch_size
+        self.length = 0
+        self.valid = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        self.padded = False
+        ssm_dtype = _DTYPES[cfg.mamba_ssm_cache_dtype]
+        self.layers = []
+        for c in cfg.pattern:
+            if c == "*":
+                shape = (batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim)
+                self.layers.append(KVCache(torch.zeros(shape, dtype=dtype, device=device),
+                                           torch.zeros(shape, dtype=dtype, device=device)))
+            elif c == "M":
+                self.layers.append(MambaState(
+                    torch.zeros(batch_size, cfg.mamba_conv_dim, cfg.conv_kernel - 1, dtype=dtype, device=device),
+                    torch.zeros(batch_size, cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size,
+                                dtype=ssm_dtype, device=device)))
+            else:
+                self.layers.append(None)
+
+    def mark(self, pos: int, t: int, mask):
+        """Record which of the new positions [pos, pos+t) are real; return the key mask for attention
+        over [0, pos+t), or None when nothing so far is padding."""
+        if pos + t > self.max_len:
+            raise ContextLengthError(
+                f"the cache holds {self.max_len} tokens but position {pos + t} was requested; "
+                f"allocate a larger cache (prompt + max_new_tokens)")
+        if mask is not None:
+            self.valid[:, pos:pos + t] = mask
+            self.padded = self.padded or not bool(mask.all())
+        else:
+            self.valid[:, pos:pos + t] = True
+        return self.valid[:, :pos + t] if self.padded else None
+
+    def nbytes(self) -> int:
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, KVCache):
+                total += layer.k.nbytes + layer.v.nbytes
+            elif isinstance(layer, MambaState):
+                total += layer.conv.nbytes + layer.ssm.nbytes
+        return total
+
+    def reset(self):
+        self.length, self.padded = 0, False
+        self.valid.fill_(True)
+        for layer in self.layers:
+            for tensor in (vars(layer).values() if layer is not None else ()):
+                tensor.zero_()
