@@ -256,8 +256,9 @@ def doc_count(seed: int, index: int, *, tile_size: int = 128) -> Sample:
         draw_shape(draw, kind, cx, cy, r * (1.0 if kind == "star" else 0.8), COLOURS[pick(rng, tuple(COLOURS))])
         shapes.append({"kind": kind, "cell": c, "center": (cx, cy), "r": r})
     plural = "stars" if target == "star" else "boxes"
+    counted = f"{count} {plural if count > 1 else target}"
     return _sample(fam, seed, index, f"How many {plural} are there?", str(count),
-                   f"{count} {plural} and {n_other} others", 5, cls, [page], target=target, shapes=shapes)
+                   f"{counted} and {n_other} other shapes", 5, cls, [page], target=target, shapes=shapes)
 
 
 def _filler_page(rng, S: int) -> Image.Image:

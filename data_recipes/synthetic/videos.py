@@ -198,7 +198,7 @@ def video_flash(seed: int, index: int, *, tile_size: int = 128, num_frames: int 
     ImageDraw.Draw(bg).ellipse((x - r, y - r, x + r, y + r), outline=GREY, width=max(1, S // 48))
     frames = [_render(bg, [("circle", COLOURS[colour], x, y, r)] if i in lit else []) for i in range(num_frames)]
     return _sample(fam, seed, index, "How many times does the light flash?", str(count),
-                   "lit in frames " + ", ".join(str(i + 1) for i in lit), 1 / MAX_FLASHES, cls, MAX_FLASHES,
+                   ("lit in frames " if count > 1 else "lit in frame ") + ", ".join(str(i + 1) for i in lit), 1 / MAX_FLASHES, cls, MAX_FLASHES,
                    frames, fps, lit_frames=lit, center=(x, y))
 
 

@@ -290,6 +290,12 @@ def test_mp4_round_trip_frames_fps_and_answer(tmp_path):
         assert frame_time_str(_first_frame_with(frames, COLOURS["red"]), 2.5) == s.answer
     with pytest.raises(ConfigError):
         write_mp4(s.media, 2.0, tmp_path / "x.mp4", codec="vp9")
+    for i in range(6):  # every answer colour is still the nearest palette colour after H.264 + yuv420p
+        c = generate("video_colour", "test", i, tile_size=64)
+        with av.open(str(write_mp4(c.media, c.fps, tmp_path / "c.mp4"))) as container:
+            last = _arr(list(container.decode(video=0))[-1].to_image())
+        centre = last[_coloured(last)].mean(0)
+        assert min(COLOURS, key=lambda k: np.abs(np.array(COLOURS[k]) - centre).sum()) == c.answer
 
 
 def test_pdf_round_trip_pages_and_pixels(tmp_path):
