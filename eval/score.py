@@ -1,0 +1,145 @@
+"""Re-score a predictions JSONL offline: `vl eval score --task TASK --predictions FILE.jsonl`.
+
+A predictions record is one JSON object per line with at least `id`, `prediction` (the answer text
+after post-processing) and `answers` (a list), plus the task's own fields (e.g. OCRBench
+`question_type` and `dataset`, Video-MME `options`/`duration`/..., MLVU `task_type`). Runner records
+may also carry `status` ("ok" | "error" | "timeout" ...) and `error_class`: a record whose status is
+not "ok" scores 0 and stays in the denominator (an error is a result too, reliability_matrix.md
+section 5). Records are append-only, so when an id occurs more than once the LAST record wins.
+
+The summary is printed as JSON; the headline is under "score" on the scale the reference harness
+prints (see each task's `scale`: "0-1" for ANLS / relaxed / VQA accuracy / OCRBench, "percent" for
+Video-MME and MLVU), per-category numbers under "categories".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from eval.tasks import RecordError, Task, get_task, task_names
+from vl.errors import InputError, VLError
+
+
+class PredictionsFormatError(InputError):
+    code = "bad_predictions"
+
+
+def read_predictions(path: str | Path) -> list[dict]:
+    """All records of a predictions JSONL, in file order. A line that is not a JSON object is an error
+    naming the line (a half-written last line is repaired by resuming the run, not by the scorer)."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PredictionsFormatError(f"{path}:{lineno}: invalid JSON ({e.msg}); if the run was "
+                                             "interrupted, resume it to redo that item") from e
+            if not isinstance(record, dict):
+                raise PredictionsFormatError(f"{path}:{lineno}: expected a JSON object, found "
+                                             f"{type(record).__name__}")
+            records.append(record)
+    return records
+
+
+def latest_per_id(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], int]:
+    """One record per id (the last one), in order of first appearance; also how many were replaced."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    replaced = 0
+    for record in records:
+        if "id" not in record:
+            raise RecordError(f"a record lacks 'id'; found keys {sorted(record)}")
+        key = str(record["id"])
+        replaced += key in latest
+        latest[key] = record
+    return list(latest.values()), replaced
+
+
+def _is_ok(record: Mapping[str, Any]) -> bool:
+    return record.get("status", "ok") == "ok"
+
+
+def score_records(task: Task, records: Sequence[Mapping[str, Any]], postprocess: bool = False) -> list[dict]:
+    """Per-item results, aligned with `records`."""
+    results = []
+    for record in records:
+        if not _is_ok(record):
+            missing = [f for f in task.record_fields if f not in record]
+            if missing:
+                raise RecordError(f"{task.name}: error record {record['id']!r} lacks {missing}; the runner "
+                                  "must copy the task fields into error records too")
+            results.append(task.error_result(record))
+            continue
+        if postprocess and isinstance(record.get("prediction"), str):
+            record = {**record, "prediction": task.postprocess(record["prediction"])}
+        task.check_record(record)
+        results.append(task.score_record(record))
+    return results
+
+
+def summarize(task: Task | str, records: Iterable[Mapping[str, Any]], postprocess: bool = False) -> dict:
+    """The task summary for a set of predictions records (the runner reuses this).
+
+    `postprocess=True` applies the task's answer post-processing (reasoning stripping) to each
+    prediction first, for files that hold raw generations.
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    unique, replaced = latest_per_id(records)
+    results = score_records(task, unique, postprocess=postprocess)
+    aggregate = task.aggregate(unique, results)
+    statuses = Counter(str(r.get("status", "ok")) for r in unique)
+    error_classes = Counter(str(r.get("error_class", r.get("status"))) for r in unique if not _is_ok(r))
+    head = task.header()
+    summary = {
+        "task": task.name,
+        "harness": head["harness"],
+        "reference": task.reference,
+        "metric": task.metric,
+        "scale": task.scale,
+        "score": aggregate.pop("score"),
+        "n": len(unique),
+        "n_ok": statuses.get("ok", 0),
+        "n_error": len(unique) - statuses.get("ok", 0),
+        "errors_by_class": dict(sorted(error_classes.items())),
+        "duplicate_records_replaced": replaced,
+        "postprocessed": postprocess,
+    }
+    summary.update(aggregate)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vl eval score", description="Re-score a predictions JSONL and print "
+                                     "the summary as JSON (headline under 'score', harness scale).")
+    parser.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
+    parser.add_argument("--predictions", required=True, type=Path, help="predictions JSONL (id, prediction, "
+                        "answers, task fields)")
+    parser.add_argument("--postprocess", action="store_true", help="strip reasoning blocks from each "
+                        "prediction first (for files holding raw generations)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = summarize(get_task(args.task), read_predictions(args.predictions), postprocess=args.postprocess)
+    except FileNotFoundError as e:
+        print(f"error [not_found]: no predictions file {e.filename}", file=sys.stderr)
+        return 2
+    except VLError as e:
+        print(f"error [{e.code}]: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
