@@ -271,9 +271,7 @@ def lm_config_to_hf(cfg: LMConfig) -> dict:
     d.pop("pattern")
     d["hybrid_override_pattern"] = cfg.pattern
     d["num_hidden_layers"] = cfg.num_hidden_layers
-    d["time_step_limit"] = list(cfg.time_step_limit)
-    if d["time_step_limit"][1] == math.inf:
-        d["time_step_limit"][1] = {"__float__": "Infinity"}
+    d["time_step_limit"] = list(cfg.time_step_limit)  # json writes inf as Infinity, which transformers reads
     d["eos_token_id"] = list(cfg.eos_token_id) if len(cfg.eos_token_id) != 1 else cfg.eos_token_id[0]
     d["model_type"] = "nemotron_h"
     d["architectures"] = ["NemotronHForCausalLM"]
