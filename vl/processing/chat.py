@@ -1,0 +1,448 @@
+"""The Nemotron Nano V2 VL prompt format: turns, reasoning toggle, media placeholders, think-tag splitting.
+
+This is the only place the prompt format lives (DESIGN §2): training data, eval, the UI and the runtime
+all render and parse through it. References (nemotron_nano_v2_vl.md §5, §6.3):
+- Turns and toggle: the chat template printed on the NVIDIA-Nemotron-Nano-9B-v2 model card and Megatron-LM
+  `nemotron_h_5p5_reasoning_inference_template`. The system turn is always emitted, even when empty
+  (`<SPECIAL_10>System\\n\\n`). Past assistant turns keep only the text after `</think>`. The generation
+  prompt either pre-opens `<think>\\n` or closes `<think></think>`. A trailing assistant message is a prefill.
+- The parts of one message are joined with "\\n" in their order, as vLLM joins them
+  (`multimodal_content_part_separator`). No "Image N: " labels: §5.1 marks them unverified, and neither
+  vLLM nor the card template writes them.
+- Video text: "This is a video:\\n" (TRT-LLM, the Megatron-Energon training encoder), then the frame
+  headers of §6.3, with frames separated by "\\n".
+- Output parsing: vLLM's nemotron reasoning parser (the prompt opened the block, so the completion
+  holds only `</think>`). `strip_reasoning` follows lmms-eval `strip_reasoning_tags` (eval_metrics.md §1).
+Where this code differs from the card template (only on odd inputs):
+- When one message holds both toggles, the rightmost one wins. The card lets `/think` win.
+- A `</think>` typed in a system or user message is not read as `/think` and is not mangled.
+- A past answer is everything after the first `</think>`. The card keeps the text between the first
+  and second `</think>`.
+- A system message that is not first raises an error. The card drops it silently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vl.errors import ConfigError, InputError, VLError
+
+SYSTEM_HEADER, USER_HEADER = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n"
+ASSISTANT_HEADER, END_OF_TURN = "<SPECIAL_11>Assistant\n", "<SPECIAL_12>"
+TURN_TOKENS = ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_ON_PROMPT, THINK_OFF_PROMPT = THINK_OPEN + "\n", THINK_OPEN + THINK_CLOSE
+TOGGLE_ON, TOGGLE_OFF = "/think", "/no_think"
+PART_SEPARATOR = "\n"  # between the text and media parts of one message (vLLM)
+VIDEO_PREFIX = "This is a video:\n"
+FRAME_SEPARATOR = "\n"  # between the frames of one video (§6.3 recommendation)
+LE_REASONING_TAGS = (("<think>", "</think>"), ("<analysis>", "</analysis>"))
+_MASKED_CLOSE = "<_think>"  # stands in for "</think>" while looking for "/think"
+
+
+class PromptFormatError(InputError):
+    """The messages cannot be rendered (wrong shape, unknown role or content type, stray placeholder)."""
+    code = "bad_messages"
+
+
+class PlaceholderMismatchError(VLError, ValueError):
+    """The placeholders in a prompt do not match the media handed to the expander: our bug, not the caller's."""
+    code = "placeholder_mismatch"
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """Placeholder strings. Build them from the checkpoint config with `from_config`; never hard-code them."""
+    img_start: str = "<img>"
+    img_end: str = "</img>"
+    img_context: str = "<image>"
+    video_context: str = "<video>"
+
+    def __post_init__(self):
+        values = [self.img_start, self.img_end, self.img_context, self.video_context]
+        if not all(isinstance(v, str) and v for v in values) or len(set(values)) != 4:
+            raise ConfigError(f"media tokens must be 4 distinct non-empty strings, found {values}; fix config.json")
+
+    @classmethod
+    def from_config(cls, config: Mapping | Any) -> MediaTokens:
+        """Reads `img_start_token`, `img_end_token`, `img_context_token`, `video_context_token` (§1)."""
+        keys = {"img_start": "img_start_token", "img_end": "img_end_token",
+                "img_context": "img_context_token", "video_context": "video_context_token"}
+        get = config.get if isinstance(config, Mapping) else (lambda k: getattr(config, k, None))
+        return cls(**{name: get(key) for name, key in keys.items() if get(key) is not None})
+
+
+DEFAULT_TOKENS = MediaTokens()
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One image or video in prompt order. `source` is whatever the caller gave (PIL image, path, ...)."""
+    kind: str  # "image" | "video"
+    source: Any
+    options: Mapping = field(default_factory=dict)  # other keys of the content item (fps, ...), untouched
+    document: Any = None  # for PDF pages: the PDF they came from
+    page: int | None = None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    media: tuple[MediaItem, ...]
+    thinking: bool  # the reasoning mode that was chosen
+    prompt_opened_think: bool  # the completion starts inside <think>: pass this to ThinkSplitter
+
+
+@dataclass(frozen=True)
+class _Turn:
+    role: str
+    text: str  # parts joined by PART_SEPARATOR, media as placeholders
+    parts: tuple  # ("text", str) | ("image"|"video", MediaItem)
+    media: tuple[MediaItem, ...]
+
+
+# --- messages ---------------------------------------------------------------------------------------
+def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list[tuple[str, Any]]:
+    content = message.get("content")
+    content = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(content, (list, tuple)):
+        raise PromptFormatError(f"{where}: content must be a string or a list of items, found {type(content).__name__}")
+    parts = []
+    for j, item in enumerate(content):
+        at = f"{where} item {j}"
+        if not isinstance(item, Mapping):
+            raise PromptFormatError(f"{at}: expected a {{'type': ...}} dict, found {type(item).__name__}")
+        kind = item.get("type")
+        is_media = kind in ("image", "video", "pdf")
+        source = next((item[k] for k in (kind, "path", "url") if item.get(k) is not None), None) if is_media else None
+        if is_media and source is None:
+            raise PromptFormatError(f"{at}: a {kind} item needs its data under '{kind}', 'path' or 'url'")
+        if kind == "text":
+            if not isinstance(text := item.get("text"), str):
+                raise PromptFormatError(f"{at}: 'text' must be a string, found {type(text).__name__}")
+            if bad := [p for p in (tokens.img_context, tokens.video_context) if p in text]:
+                raise PromptFormatError(f"{at}: the text contains the placeholder {bad[0]!r}; pass media as "
+                                        "{'type': 'image'|'video', ...} items instead")
+            parts.append(("text", text))
+        elif kind in ("image", "video"):
+            options = {k: v for k, v in item.items() if k not in ("type", kind, "path", "url")}
+            parts.append((kind, MediaItem(kind, source, options)))
+        elif kind == "pdf":
+            if pdf_pages is None:
+                raise PromptFormatError(f"{at}: PDF items need a page loader; pass pdf_pages=callable(path) -> images")
+            parts += [("image", MediaItem("image", img, {}, source, n)) for n, img in enumerate(pdf_pages(source))]
+        else:
+            raise PromptFormatError(f"{at}: expected type text, image, video or pdf, found {kind!r}")
+    return parts
+
+
+def normalize_messages(messages: Sequence[Mapping], *, pdf_pages: Callable | None = None,
+                       tokens: MediaTokens = DEFAULT_TOKENS) -> list[_Turn]:
+    """Validates messages and turns PDFs into page images. Media is accepted in user messages only."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise PromptFormatError("expected a non-empty list of {'role', 'content'} messages")
+    turns = []
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role not in ("system", "user", "assistant"):
+            raise PromptFormatError(f"message {i}: role must be system, user or assistant, found {role!r}")
+        if role == "system" and i != 0:
+            raise PromptFormatError(f"message {i}: a system message must come first; merge it into message 0")
+        parts = _parts(message, f"message {i} ({role})", pdf_pages, tokens)
+        placeholders = {"text": None, "image": tokens.img_context, "video": tokens.video_context}
+        media = tuple(p for k, p in parts if k != "text")
+        turns.append(_Turn(role, PART_SEPARATOR.join(placeholders[k] or p for k, p in parts), tuple(parts), media))
+        if media and role != "user":
+            raise PromptFormatError(f"message {i}: media is accepted in user messages only, found it in {role}")
+    return turns
+
+
+# --- turn text ----------------------------------------------------------------------------------------
+def find_toggle(text: str) -> bool | None:
+    """Reasoning toggle in one message: True for /think, False for /no_think, the rightmost one wins."""
+    masked = text.replace(THINK_CLOSE, _MASKED_CLOSE)
+    on, off = masked.rfind(TOGGLE_ON), masked.rfind(TOGGLE_OFF)
+    return None if on == off else on > off
+
+
+def remove_toggles(text: str) -> str:
+    return THINK_CLOSE.join(p.replace(TOGGLE_ON, "").replace(TOGGLE_OFF, "") for p in text.split(THINK_CLOSE))
+
+
+def resolve_thinking(turns: Sequence[_Turn], thinking: bool | None = None) -> bool:
+    """Default on; the last toggle seen in system/user messages wins; an explicit argument overrides both."""
+    if thinking not in (None, True, False):
+        raise PromptFormatError(f"thinking must be None, True or False, found {thinking!r}")
+    mode = True
+    for turn in turns:
+        found = find_toggle(turn.text) if turn.role != "assistant" else None
+        mode = mode if found is None else found
+    return mode if thinking is None else thinking
+
+
+def past_answer(text: str) -> str:
+    """What a past assistant turn keeps: the answer after `</think>`, never the reasoning."""
+    _, closed, after = text.partition(THINK_CLOSE)
+    return (after if closed else text).strip()
+
+
+def _opens_think(text: str) -> bool:
+    tail = text[max(text.rfind(ASSISTANT_HEADER), 0):]  # a foreign template may not write our header
+    return tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
+
+
+def render_messages(messages: Sequence[Mapping], *, thinking: bool | None = None, add_generation_prompt: bool = True,
+                    pdf_pages: Callable | None = None, tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
+    """Messages -> prompt text with one placeholder per media item, plus the media in prompt order.
+    A trailing assistant message is a prefill when `add_generation_prompt` (continued, no end of turn),
+    and a complete final turn, reasoning kept, when not (training targets)."""
+    turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
+    mode = resolve_thinking(turns, thinking)
+    system = turns[0].text if turns[0].role == "system" else ""
+    body = turns[1:] if turns[0].role == "system" else turns
+    final = body[-1] if body and body[-1].role == "assistant" else None
+    out = [SYSTEM_HEADER, remove_toggles(system).strip(), "\n"]
+    for turn in body[:-1] if final else body:
+        if turn.role == "user":
+            out += [USER_HEADER, remove_toggles(turn.text).strip(), "\n"]
+        else:
+            out += [ASSISTANT_HEADER, past_answer(turn.text), "\n", END_OF_TURN, "\n"]
+    opening = THINK_ON_PROMPT if mode else THINK_OFF_PROMPT
+    if final is not None:
+        out += [ASSISTANT_HEADER, opening, final.text.strip()] + ([] if add_generation_prompt else
+                                                                  ["\n", END_OF_TURN, "\n"])
+    elif add_generation_prompt:
+        out += [ASSISTANT_HEADER, opening]
+    text = "".join(out)
+    media = tuple(m for turn in turns for m in turn.media)
+    return RenderedPrompt(text, media, mode, add_generation_prompt and _opens_think(text))
+
+
+def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinking: bool | None = None,
+                  add_generation_prompt: bool = True, pdf_pages: Callable | None = None,
+                  tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
+    """Renders through the tokenizer's own `chat_template` when it has one, else through `render_messages`.
+    We resolve the reasoning mode here and hand it to any template as a toggle in the system message.
+    Toggles are removed from user messages first; templates strip them anyway, so the text is unchanged.
+    A foreign template therefore cannot choose a mode other than the one we report."""
+    if not getattr(tokenizer, "chat_template", None):
+        return render_messages(messages, thinking=thinking, add_generation_prompt=add_generation_prompt,
+                               pdf_pages=pdf_pages, tokens=tokens)
+    turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
+    mode = resolve_thinking(turns, thinking)
+    plain = [] if turns[0].role == "system" else [{"role": "system", "content": ""}]
+    for turn in turns:
+        parts = [{"type": k, "text": p if turn.role == "assistant" else _drop_toggles(p)} if k == "text"
+                 else {"type": k} for k, p in turn.parts]
+        text_only = all(p["type"] == "text" for p in parts)
+        plain.append({"role": turn.role, "content": PART_SEPARATOR.join(p["text"] for p in parts) if text_only
+                      else parts})
+    plain[0]["content"] += "\n" + (TOGGLE_ON if mode else TOGGLE_OFF)  # system: text only, so a string
+    prefill = add_generation_prompt and turns[-1].role == "assistant"
+    if prefill and not plain[-1]["content"].strip():  # nothing to continue: a plain generation prompt
+        plain, prefill = plain[:-1], False
+    text = tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=prefill,
+                                         add_generation_prompt=add_generation_prompt and not prefill)
+    found = ["image" if p == tokens.img_context else "video" for p in _placeholder_re(tokens).findall(text)]
+    queues = {k: [m for t in turns for m in t.media if m.kind == k] for k in ("image", "video")}
+    if any(found.count(k) != len(q) for k, q in queues.items()):
+        raise ConfigError(f"the tokenizer's chat_template wrote placeholders {found} for {len(queues['image'])} "
+                          f"images and {len(queues['video'])} videos; fix that template or remove it to use ours")
+    return RenderedPrompt(text, tuple(queues[k].pop(0) for k in found), mode,
+                          add_generation_prompt and _opens_think(text))
+
+
+def _drop_toggles(text: str) -> str:  # to a fixed point: one pass can form a new toggle ("/no_/thinkthink")
+    return text if (cleaner := remove_toggles(text)) == text else _drop_toggles(cleaner)
+
+
+def _placeholder_re(tokens: MediaTokens) -> re.Pattern:
+    return re.compile(f"{re.escape(tokens.img_context)}|{re.escape(tokens.video_context)}")
+
+
+# The jinja twin of render_messages, shipped as `chat_template` with our tokenizers; a test renders both
+# on every golden case and requires identical bytes. Unlike the card template, it takes typed content lists.
+CHAT_TEMPLATE = r"""
+{%- macro content_text(content) -%}
+  {%- if content is string -%}{{- content -}}
+  {%- else -%}{%- for part in content -%}
+    {%- if not loop.first -%}{{- '\n' -}}{%- endif -%}
+    {%- if part['type'] == 'text' -%}{{- part['text'] -}}
+    {%- elif part['type'] in ['image', 'video'] -%}{{- '<' + part['type'] + '>' -}}
+    {%- else -%}{{- raise_exception('content type ' + part['type']|string
+                                     + ' is not supported; turn PDFs into page images first (vl.processing.chat)') -}}
+    {%- endif -%}
+  {%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- macro without_toggles(text) -%}
+  {%- for piece in text.split('</think>') -%}
+    {{- ('' if loop.first else '</think>') + piece.replace('/think', '').replace('/no_think', '') -}}
+  {%- endfor -%}
+{%- endmacro -%}
+{%- set ns = namespace(thinking=true) -%}
+{%- for message in messages if message['role'] != 'assistant' -%}
+  {%- set masked = content_text(message['content']).replace('</think>', '<_think>') -%}
+  {%- set on = masked.rfind('/think') -%}{%- set off = masked.rfind('/no_think') -%}
+  {%- if on > off -%}{%- set ns.thinking = true -%}{%- elif off > on -%}{%- set ns.thinking = false -%}{%- endif -%}
+{%- endfor -%}
+{%- if enable_thinking is defined and enable_thinking is not none -%}{%- set ns.thinking = enable_thinking -%}{%- endif -%}
+{{- '<SPECIAL_10>System\n' -}}
+{%- if messages[0]['role'] == 'system' -%}{{- without_toggles(content_text(messages[0]['content'])).strip() -}}{%- endif -%}
+{{- '\n' -}}
+{%- set body = messages[1:] if messages[0]['role'] == 'system' else messages -%}
+{%- set final = none -%}
+{%- if body and body[-1]['role'] == 'assistant' -%}{%- set final = body[-1] -%}{%- set body = body[:-1] -%}{%- endif -%}
+{%- for message in body -%}
+  {%- set text = content_text(message['content']) -%}
+  {%- if message['role'] == 'user' -%}{{- '<SPECIAL_11>User\n' + without_toggles(text).strip() + '\n' -}}
+  {%- elif message['role'] == 'assistant' -%}
+    {%- set answer = text.split('</think>', 1)[1] if '</think>' in text else text -%}
+    {{- '<SPECIAL_11>Assistant\n' + answer.strip() + '\n<SPECIAL_12>\n' -}}
+  {%- else -%}{{- raise_exception('role ' + message['role']|string + ' is not supported here') -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- set opening = '<think>\n' if ns.thinking else '<think></think>' -%}
+{%- if final is not none -%}
+  {{- '<SPECIAL_11>Assistant\n' + opening + content_text(final['content']).strip() -}}
+  {%- if not add_generation_prompt -%}{{- '\n<SPECIAL_12>\n' -}}{%- endif -%}
+{%- elif add_generation_prompt -%}{{- '<SPECIAL_11>Assistant\n' + opening -}}
+{%- endif -%}
+"""
+
+
+# --- placeholder expansion (after tiling / frame sampling) ------------------------------------------------
+def image_placeholder(num_tiles: int, tokens_per_tile: int = 256, tokens: MediaTokens = DEFAULT_TOKENS) -> str:
+    """`<img>` + `<image>` x (tokens_per_tile * num_tiles) + `</img>`, no separators (§5.1)."""
+    if not all(isinstance(n, int) and n >= 1 for n in (num_tiles, tokens_per_tile)):
+        raise PlaceholderMismatchError(f"expected num_tiles, tokens_per_tile >= 1, found {num_tiles}, {tokens_per_tile}")
+    return tokens.img_start + tokens.img_context * (num_tiles * tokens_per_tile) + tokens.img_end
+
+
+def video_placeholder(frame_tokens: Sequence[int], timestamps: Sequence[float] | None = None,
+                      tokens: MediaTokens = DEFAULT_TOKENS) -> str:
+    """"This is a video:\\n" then "Frame i sampled at t.tt seconds: <img>...</img>" joined by FRAME_SEPARATOR."""
+    if not frame_tokens or any(not isinstance(n, int) or n < 0 for n in frame_tokens):
+        raise PlaceholderMismatchError(f"expected >= 1 frame with token counts >= 0, found {list(frame_tokens)}")
+    if timestamps is not None and len(timestamps) != len(frame_tokens):
+        raise PlaceholderMismatchError(f"expected one timestamp per frame ({len(frame_tokens)}), "
+                                       f"found {len(timestamps)}")
+    heads = [f"Frame {i}: " if timestamps is None else f"Frame {i} sampled at {timestamps[i - 1]:.2f} seconds: "
+             for i in range(1, len(frame_tokens) + 1)]
+    return VIDEO_PREFIX + FRAME_SEPARATOR.join(head + tokens.img_start + tokens.img_context * n + tokens.img_end
+                                               for head, n in zip(heads, frame_tokens))
+
+
+def frame_timestamps(frame_indices: Sequence[int], fps: float) -> list[float]:
+    """t_i = index_i * int(1000 / fps) / 1000: the reference truncates the frame duration to whole ms (§6.3)."""
+    if not fps or fps <= 0:
+        raise InputError(f"expected a positive video fps, found {fps!r}")
+    return [i * int(1000 / fps) / 1000 for i in frame_indices]
+
+
+def expand_placeholders(text: str, replacements: Sequence[str], tokens: MediaTokens = DEFAULT_TOKENS) -> str:
+    """Replaces each `<image>` / `<video>` placeholder, in order, by its `image_placeholder` /
+    `video_placeholder` run. Each run is checked against its placeholder kind."""
+    pieces, found = _placeholder_re(tokens).split(text), _placeholder_re(tokens).findall(text)
+    if len(found) != len(replacements):
+        raise PlaceholderMismatchError(f"the prompt has {len(found)} media placeholders but {len(replacements)} "
+                                       "replacements were given; render and expand the same media list")
+    out = [pieces[0]]
+    for k, (placeholder, run) in enumerate(zip(found, replacements)):
+        expected = VIDEO_PREFIX if placeholder == tokens.video_context else tokens.img_start
+        if not isinstance(run, str) or not run.startswith(expected) or not run.endswith(tokens.img_end):
+            raise PlaceholderMismatchError(f"placeholder {k} is {placeholder!r}, so its replacement must start with "
+                                           f"{expected!r} and end with {tokens.img_end!r}; found {str(run)[:40]!r}")
+        out += [run, pieces[k + 1]]
+    return "".join(out)
+
+
+# --- reasoning / answer splitting -----------------------------------------------------------------------
+def split_reasoning(text: str, prompt_opened_think: bool) -> tuple[str, str, bool]:
+    """Full completion -> (reasoning, answer, truncated), both stripped. If the prompt opened the block,
+    reasoning runs up to the first `</think>`. Otherwise only a `<think>` at the very start (after whitespace)
+    opens one. A block still open at the end means truncated: no answer."""
+    if not prompt_opened_think:
+        rest = text.lstrip()
+        if not rest.startswith(THINK_OPEN):
+            return "", text.strip(), False
+        text = rest[len(THINK_OPEN):]
+    reasoning, closed, answer = text.partition(THINK_CLOSE)
+    return reasoning.strip(), answer.strip(), not closed
+
+
+class _Strip:
+    """Streams a text with its outer whitespace removed, exactly as `str.strip()` of the whole."""
+
+    def __init__(self):
+        self.started, self.held = False, ""
+
+    def push(self, text: str) -> str:
+        text = self.held + (text if self.started else text.lstrip())
+        self.started = self.started or bool(text)
+        body = text.rstrip()
+        self.held = text[len(body):]
+        return body
+
+
+class ThinkSplitter:
+    """Streaming twin of `split_reasoning`: the concatenated events equal its result for any chunking.
+    A tag cut across chunks, and whitespace at the edges, are held back until it is clear what they are.
+    After `finish()`, `truncated` says whether the reasoning was still open."""
+
+    def __init__(self, prompt_opened_think: bool):
+        self._state = "reasoning" if prompt_opened_think else "start"
+        self._buf, self._strip = "", {"reasoning": _Strip(), "answer": _Strip()}
+        self.truncated, self.finished = False, False
+
+    def _emit(self, events: list, kind: str, text: str) -> None:
+        if text := self._strip[kind].push(text):
+            events.append((kind, text))
+
+    def feed(self, chunk: str) -> list[tuple[str, str]]:
+        if self.finished:
+            raise RuntimeError("ThinkSplitter.feed() after finish(); use a new splitter per completion")
+        self._buf += chunk
+        events: list[tuple[str, str]] = []
+        if self._state == "start":  # states only move forward: start -> reasoning -> answer
+            rest = self._buf.lstrip()
+            if not rest.startswith(THINK_OPEN) and THINK_OPEN.startswith(rest):  # empty, or a tag arriving
+                return events
+            self._state = "reasoning" if rest.startswith(THINK_OPEN) else "answer"
+            self._buf = rest[len(THINK_OPEN):] if self._state == "reasoning" else self._buf
+        if self._state == "reasoning":
+            reasoning, closed, after = self._buf.partition(THINK_CLOSE)
+            if not closed:  # emit all but a partial closing tag at the end
+                cut = len(self._buf) - next((k for k in range(len(THINK_CLOSE) - 1, 0, -1)
+                                             if self._buf.endswith(THINK_CLOSE[:k])), 0)
+                self._emit(events, "reasoning", self._buf[:cut])
+                self._buf = self._buf[cut:]
+                return events
+            self._emit(events, "reasoning", reasoning)
+            self._buf, self._state = after, "answer"
+        self._emit(events, "answer", self._buf)
+        self._buf = ""
+        return events
+
+    def finish(self) -> list[tuple[str, str]]:
+        """Flushes what was held back; sets `truncated` when the completion ended inside the reasoning."""
+        events: list[tuple[str, str]] = []
+        if not self.finished:
+            self.truncated = self._state == "reasoning"
+            self._emit(events, "reasoning" if self.truncated else "answer", self._buf)
+            self._buf, self.finished = "", True
+        return events
+
+
+def strip_reasoning(text: str, tag_pairs: Sequence[tuple[str, str]] = LE_REASONING_TAGS) -> str:
+    """lmms-eval's `strip_reasoning_tags` rules (eval_metrics.md §1), for LE-compatible scoring.
+    Every complete start...end block is removed. With only closing tags left, the text after the last one
+    is kept. An unclosed opening tag stays. Matching is case-sensitive. The result is stripped."""
+    for start_tag, end_tag in tag_pairs:
+        while (start := text.find(start_tag)) >= 0 and (end := text.find(end_tag, start)) >= 0:
+            text = text[:start] + text[end + len(end_tag):]
+        if end_tag in text and start_tag not in text:
+            text = text[text.rfind(end_tag) + len(end_tag):]
+    return text.strip()
