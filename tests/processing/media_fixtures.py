@@ -1,0 +1,211 @@
+"""Test media built in-process (nothing downloaded): hand-written PNG headers, EXIF blocks, MPO files,
+minimal PDFs (optionally RC4-encrypted by hand, PDF 1.4 Standard Security Handler R2), and PyAV-encoded videos."""
+
+import hashlib
+import io
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image
+
+
+# --- images ------------------------------------------------------------------------------------------
+
+
+def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims `width` x `height` (8-bit RGB) with a tiny IDAT: a decompression-bomb probe."""
+    ihdr = struct.pack(">II", width, height) + b"\x08\x02\x00\x00\x00"
+    idat = zlib.compress(b"\x00" * 16)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+
+
+def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB").convert(mode)
+
+
+def exif_block(orientation_entry: bytes, extra: bytes = b"", prefix: bytes = b"Exif\x00\x00") -> bytes:
+    """EXIF APP1 payload (little-endian TIFF) with one IFD entry for tag 0x0112 given as raw 12 bytes."""
+    tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + orientation_entry + struct.pack("<I", 0)
+    return prefix + tiff + extra
+
+
+def orientation_short(value: int) -> bytes:
+    return struct.pack("<HHIHH", 0x0112, 3, 1, value, 0)
+
+
+def orientation_srational(num: int, den: int) -> tuple[bytes, bytes]:
+    """Orientation stored as SRATIONAL num/den (type 10); the 8 value bytes follow the IFD at offset 26."""
+    return struct.pack("<HHII", 0x0112, 10, 1, 26), struct.pack("<ii", num, den)
+
+
+def corner_marked(width: int, height: int) -> Image.Image:
+    """Grey image with a red block at the stored top-left corner (golden pixel for orientation tests)."""
+    im = Image.new("RGB", (width, height), (128, 128, 128))
+    im.paste((255, 0, 0), (0, 0, 4, 4))
+    return im
+
+
+def mpo_with_huge_second_frame(declared: int = 40000) -> bytes:
+    """A 2-frame MPO (a JPEG variant) whose second frame's SOF claims `declared` x `declared` pixels."""
+    a, b = Image.new("RGB", (32, 24), (200, 10, 10)), Image.new("RGB", (32, 24), (10, 200, 10))
+    data = bytearray(encode(a, "MPO", save_all=True, append_images=[b]))
+    sofs = [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xC0]
+    assert len(sofs) == 2, "expected one SOF0 per frame"
+    struct.pack_into(">HH", data, sofs[1] + 5, declared, declared)  # FFC0 len(2) precision(1) height width
+    return bytes(data)
+
+
+def animated(fmt: str, frames: int, size=(8, 8)) -> bytes:
+    ims = [Image.new("RGB", size, (i % 256, (i // 256) % 256, 7)) for i in range(frames)]
+    return encode(ims[0], fmt, save_all=True, append_images=ims[1:], duration=10, loop=0)
+
+
+# --- PDF -----------------------------------------------------------------------------------------------
+
+_PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
+
+
+def _rc4(key: bytes, data: bytes) -> bytes:
+    s, j = list(range(256)), 0
+    for i in range(256):
+        j = (j + s[i] + key[i % len(key)]) % 256
+        s[i], s[j] = s[j], s[i]
+    out, i, j = bytearray(), 0, 0
+    for byte in data:
+        i = (i + 1) % 256
+        j = (j + s[i]) % 256
+        s[i], s[j] = s[j], s[i]
+        out.append(byte ^ s[(s[i] + s[j]) % 256])
+    return bytes(out)
+
+
+def make_pdf(pages, user_password: str | None = None, owner_password: str = "owner") -> bytes:
+    """Minimal PDF. `pages`: list of (width_pt, height_pt, content_stream_bytes).
+
+    With `user_password`, the file is encrypted with the Standard Security Handler, revision 2 (40-bit RC4),
+    following PDF 1.7 §7.6.3 algorithms 2 (file key), 3 (O entry) and 4 (U entry); streams are encrypted with
+    the per-object key of algorithm 1.
+    """
+    file_id = hashlib.md5(b"vl-test-pdf").digest()
+    key = None
+    if user_password is not None:
+        owner_key = hashlib.md5(_pad(owner_password)).digest()[:5]
+        o_entry = _rc4(owner_key, _pad(user_password))
+        permissions = -4  # all permissions
+        key = hashlib.md5(_pad(user_password) + o_entry + struct.pack("<i", permissions) + file_id).digest()[:5]
+        u_entry = _rc4(key, _PAD)
+    objects: list[bytes] = []  # object n is objects[n-1]
+    n_pages = len(pages)
+    kids = " ".join(f"{3 + 2 * k} 0 R" for k in range(n_pages))
+    objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
+    objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {n_pages} >>".encode())
+    for k, (w, h, content) in enumerate(pages):
+        page_num, content_num = 3 + 2 * k, 4 + 2 * k
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {w} {h}] /Contents {content_num} 0 R >>".encode()
+        )
+        if key is not None:
+            obj_key = hashlib.md5(key + struct.pack("<I", content_num)[:3] + b"\x00\x00").digest()[:10]
+            content = _rc4(obj_key, content)
+        objects.append(f"<< /Length {len(content)} >>\nstream\n".encode() + content + b"\nendstream")
+    trailer_extra = ""
+    if key is not None:
+        objects.append(
+            f"<< /Filter /Standard /V 1 /R 2 /O <{o_entry.hex()}> /U <{u_entry.hex()}> /P {permissions} >>".encode()
+        )
+        trailer_extra = f" /Encrypt {len(objects)} 0 R"
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for n, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += (
+        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /ID [<{file_id.hex()}> <{file_id.hex()}>]"
+        f"{trailer_extra} >>\nstartxref\n{xref}\n%%EOF\n"
+    ).encode()
+    return bytes(out)
+
+
+def _pad(password: str) -> bytes:
+    return (password.encode("latin-1") + _PAD)[:32]
+
+
+def red_square_page(w: float = 200, h: float = 100) -> tuple[float, float, bytes]:
+    """A page with a red rectangle in its lower-left quarter (PDF y points up)."""
+    return (w, h, f"1 0 0 rg 0 0 {w / 2} {h / 2} re f".encode())
+
+
+# --- video ---------------------------------------------------------------------------------------------
+
+
+def make_video(
+    path,
+    *,
+    frames: int = 30,
+    fps=10,
+    size=(64, 48),
+    codec: str = "libx264",
+    noise: bool = False,
+    options: dict | None = None,
+    pts_list=None,
+    time_base=None,
+) -> str:
+    """Encode `frames` frames whose grey level encodes the frame index (value 8*i mod 256).
+
+    `pts_list` (with `time_base`) writes explicit presentation times, e.g. for a variable-frame-rate file.
+    """
+    import av
+
+    w, h = size
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w", options=options or {}) as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        if time_base is not None:
+            stream.codec_context.time_base = time_base
+            stream.time_base = time_base
+        for i in range(frames):
+            a = np.full((h, w, 3), (8 * i) % 256, np.uint8)
+            if noise:
+                a[: h // 2] = rng.integers(0, 256, (h // 2, w, 3), dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(a, format="rgb24")
+            if pts_list is not None:
+                frame.pts = pts_list[i]
+                frame.time_base = time_base
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return str(path)
+
+
+def make_audio_only(path, seconds: float = 1.0) -> str:
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=16000)
+        n = int(16000 * seconds)
+        samples = (np.sin(np.arange(n) / 10.0) * 0.1).astype(np.float32)[None]
+        for start in range(0, n, 1024):
+            frame = av.AudioFrame.from_ndarray(samples[:, start : start + 1024], format="fltp", layout="mono")
+            frame.sample_rate = 16000
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return str(path)

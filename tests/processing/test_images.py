@@ -1,0 +1,535 @@
+"""vl/processing/images.py: safe decoding (reliability_matrix.md rows I1-I12) and §3.4 tiling.
+
+Reference comparisons (what exactly is compared):
+- `find_grid` against (a) the §3.4 pseudocode written out literally below, with its Python-set candidate order,
+  and (b) transformers' `got_ocr2.get_optimal_tiled_canvas`, the same InternVL algorithm, on a table of sizes;
+- the pixel values of `preprocess_image` against `GotOcr2ImageProcessorPil` (PIL bicubic, same as ours: must
+  match exactly) and `GotOcr2ImageProcessor` (torchvision bicubic+antialias on tensors: within 2/255 per pixel).
+transformers' `nemotron_h_omni` image processor is *not* compared: it implements the Omni model's dynamic
+patch-budget resize, not the V2 tiling.
+"""
+
+import functools
+import io
+import logging
+import os
+import struct
+import subprocess
+import sys
+import time
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageFile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from media_fixtures import (  # noqa: E402
+    animated,
+    corner_marked,
+    encode,
+    exif_block,
+    mpo_with_huge_second_frame,
+    noise_image,
+    orientation_short,
+    orientation_srational,
+    png_chunk,
+    png_header_only,
+)
+
+from vl.errors import (  # noqa: E402
+    ConfigError,
+    CorruptMediaError,
+    MediaError,
+    MediaTooLargeError,
+    RemoteMediaError,
+    TooManyItemsError,
+    UnsupportedFormatError,
+    VLError,
+)
+from vl.processing.images import (  # noqa: E402
+    BACKGROUND_RGB,
+    find_grid,
+    load_image,
+    preprocess_image,
+    tile_uint8,
+)
+from vl.processing.limits import MediaLimits  # noqa: E402
+
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+
+def _rss_mb():
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+# --- I1-I3: sizes checked from the header ------------------------------------------------------------
+
+
+def test_i1_header_bomb_refused_before_decode_rss_flat():
+    before = _rss_mb()
+    with pytest.raises(MediaTooLargeError, match="too large"):
+        load_image(png_header_only(40000, 40000))
+    # 8000 x 8000 is below Pillow's 2x bomb error but above our 50 MP cap: our header check must fire (its
+    # tiny IDAT would otherwise surface as a truncation error at decode time)
+    with pytest.raises(MediaTooLargeError, match="64,000,000 pixels"):
+        load_image(png_header_only(8000, 8000))
+    assert _rss_mb() - before < 50
+
+
+def test_i2_exact_pixel_boundary():
+    limits = MediaLimits(max_image_pixels=100 * 100)
+    assert load_image(encode(noise_image(100, 100), "PNG"), limits).size == (100, 100)
+    assert load_image(encode(noise_image(50, 200), "PNG"), limits).size == (50, 200)
+    with pytest.raises(MediaTooLargeError, match="10,100 pixels"):
+        load_image(encode(noise_image(101, 100), "PNG"), limits)
+
+
+def test_bomb_warning_threshold_is_folded_into_our_cap(monkeypatch):
+    """An image Pillow would only *warn* about is refused, whatever the warnings filter says."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    data = encode(noise_image(40, 40), "PNG")  # 1600 px: above the warning threshold, below the 2x error
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(MediaTooLargeError):
+            load_image(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # promoted warning is mapped too
+        with pytest.raises(MediaTooLargeError):
+            load_image(data)
+
+
+@pytest.mark.parametrize("size", [(100000, 0), (0, 0), (0, 100000)])
+def test_i3_zero_dimensions(size):
+    with pytest.raises(MediaError):
+        load_image(png_header_only(*size))
+
+
+def test_i3_zero_sized_pil_input():
+    with pytest.raises(CorruptMediaError):
+        load_image(Image.new("RGB", (0, 5)))
+
+
+# --- I4: truncation and corruption (strict) -----------------------------------------------------------
+
+
+def _flip(data: bytes, pos: int) -> bytes:
+    b = bytearray(data)
+    b[pos] ^= 0xFF
+    return bytes(b)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+@pytest.mark.parametrize("cut", ["half", "last_byte"])
+def test_i4_truncated(fmt, cut):
+    data = encode(noise_image(64, 64), fmt)
+    data = data[: len(data) // 2] if cut == "half" else data[:-1]
+    with pytest.raises(CorruptMediaError):
+        load_image(data)
+
+
+@pytest.mark.parametrize("chunk", [b"IHDR", b"IDAT"])
+def test_i4_bad_png_crc(chunk):
+    data = encode(noise_image(32, 32), "PNG")
+    at = data.index(chunk)
+    (length,) = struct.unpack(">I", data[at - 4 : at])
+    with pytest.raises(CorruptMediaError, match="CRC"):
+        load_image(_flip(data, at + 4 + length))  # first CRC byte of that chunk
+
+
+def test_i4_strict_mode_cannot_be_bypassed(monkeypatch):
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with pytest.raises(ConfigError, match="LOAD_TRUNCATED_IMAGES"):
+        load_image(encode(noise_image(8, 8), "JPEG"))
+
+
+# --- I5: format by content ------------------------------------------------------------------------------
+
+_EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\n%%EOF\n"
+
+
+@pytest.mark.parametrize(
+    "data, found",
+    [
+        (b"", "empty"),
+        (bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)), "unrecognized"),
+        (b"hello, I am text in a .png file\n", "unrecognized"),
+        (encode(noise_image(8, 8), "TIFF"), "TIFF"),
+        (_EPS, "EPS"),
+        (b"%PDF-1.4\n1 0 obj<<>>endobj\n", "PDF"),
+    ],
+)
+def test_i5_unsupported_formats_by_magic_bytes(tmp_path, monkeypatch, data, found):
+    from PIL import EpsImagePlugin
+
+    def no_ghostscript(*a, **k):
+        raise AssertionError("a subprocess was started while decoding an image")
+
+    def no_eps_parser(*a, **k):
+        raise AssertionError("Pillow's EPS parser was reached")
+
+    monkeypatch.setattr(subprocess, "Popen", no_ghostscript)
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", no_eps_parser)
+    path = tmp_path / "safe.png"
+    path.write_bytes(data)
+    with pytest.raises(UnsupportedFormatError, match=found):
+        load_image(str(path))
+    with pytest.raises(UnsupportedFormatError):
+        load_image(data)
+
+
+def test_i5_allowlisted_formats_decode():
+    im = noise_image(16, 12)
+    for fmt in ["PNG", "JPEG", "GIF", "WEBP", "BMP"]:
+        assert load_image(encode(im, fmt)).size == (16, 12), fmt
+
+
+def test_urls_are_refused():
+    for url in ["http://169.254.169.254/latest", "https://x/y.png", "file:///etc/passwd", "data:image/png;base64,"]:
+        with pytest.raises(RemoteMediaError):
+            load_image(url)
+
+
+# --- I6, I7: EXIF orientation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+@pytest.mark.parametrize("name", ["zero", "nine", "rational_-1_0"])
+def test_i6_invalid_orientation_kept_unrotated_with_warning(fmt, name, caplog):
+    entry = {
+        "zero": exif_block(orientation_short(0)),
+        "nine": exif_block(orientation_short(9)),
+        "rational_-1_0": exif_block(*orientation_srational(-1, 0)),
+    }[name]
+    with caplog.at_level(logging.WARNING, logger="vl.processing.images"):
+        im = load_image(encode(corner_marked(40, 20), fmt, exif=entry))
+    assert im.size == (40, 20)
+    assert im.getpixel((1, 1))[0] > 200 and im.getpixel((1, 1))[1] < 50  # red corner still top-left
+    assert any("orientation" in r.message or "EXIF" in r.message for r in caplog.records)
+
+
+def test_i6_duplicated_exif_header_accepted():
+    """Pillow 12.3 reads through a doubled "Exif\\0\\0" prefix, so the valid orientation 6 inside is applied
+    (the matrix expects "accepted"; un-rotated would also pass it; what must not happen is an exception)."""
+    doubled = b"Exif\x00\x00" + exif_block(orientation_short(6))
+    im = load_image(encode(corner_marked(40, 20), "PNG", exif=doubled))
+    assert im.size in ((20, 40), (40, 20))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_i7_orientation_6_and_8_swap_and_move_the_corner(fmt):
+    # 6: display = stored rotated 90 deg clockwise, so the stored top-left lands top-right
+    im6 = load_image(encode(corner_marked(40, 20), fmt, exif=exif_block(orientation_short(6))))
+    assert im6.size == (20, 40)
+    assert im6.getpixel((18, 1))[0] > 200 and im6.getpixel((1, 1))[0] < 200
+    # 8: rotated 90 deg counter-clockwise, so the stored top-left lands bottom-left
+    im8 = load_image(encode(corner_marked(40, 20), fmt, exif=exif_block(orientation_short(8))))
+    assert im8.size == (20, 40)
+    assert im8.getpixel((1, 38))[0] > 200 and im8.getpixel((1, 1))[0] < 200
+
+
+def test_orientation_size_used_for_tiling():
+    tiles = preprocess_image(
+        encode(corner_marked(1024, 512), "PNG", exif=exif_block(orientation_short(6))),
+        norm_mean=CLIP_MEAN, norm_std=CLIP_STD,
+    )
+    assert tiles.image_size == (512, 1024) and tiles.grid == (1, 2)
+
+
+# --- I8: modes -------------------------------------------------------------------------------------------
+
+
+def _png16(width, height, rgb16) -> bytes:
+    """A 16-bit-per-channel RGB PNG (Pillow cannot write one) filled with `rgb16`."""
+    row = b"\x00" + struct.pack(">HHH", *rgb16) * width
+    ihdr = struct.pack(">II", width, height) + b"\x10\x02\x00\x00\x00"
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(row * height))
+            + png_chunk(b"IEND", b""))
+
+
+def _palette_with_transparency():
+    im = Image.new("P", (4, 4), 0)
+    im.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)
+    im.putpixel((1, 1), 1)
+    return encode(im, "PNG", transparency=0)  # index 0 (red) is transparent
+
+
+@pytest.mark.parametrize(
+    "data, pixel, expected",
+    [
+        (lambda: encode(Image.new("RGBA", (4, 4), (0, 0, 0, 0)), "PNG"), (0, 0), BACKGROUND_RGB),
+        (lambda: encode(Image.new("RGBA", (4, 4), (255, 0, 0, 255)), "PNG"), (0, 0), (255, 0, 0)),
+        (lambda: encode(Image.new("RGBA", (4, 4), (255, 0, 0, 128)), "PNG"), (0, 0), (255, 127, 127)),
+        (lambda: encode(Image.new("LA", (4, 4), (0, 0)), "PNG"), (0, 0), BACKGROUND_RGB),
+        (lambda: encode(Image.new("LA", (4, 4), (10, 255)), "PNG"), (0, 0), (10, 10, 10)),
+        (_palette_with_transparency, (0, 0), BACKGROUND_RGB),
+        (_palette_with_transparency, (1, 1), (0, 0, 255)),
+        (lambda: encode(Image.new("CMYK", (4, 4), (0, 0, 0, 0)), "JPEG", quality=100), (0, 0), (255, 255, 255)),
+        (lambda: encode(Image.new("I;16", (4, 4), 65535), "PNG"), (0, 0), (255, 255, 255)),
+        (lambda: encode(Image.new("I;16", (4, 4), 32896), "PNG"), (0, 0), (128, 128, 128)),
+        (lambda: encode(Image.new("1", (4, 4), 1), "PNG"), (0, 0), (255, 255, 255)),
+        (lambda: encode(Image.new("1", (4, 4), 0), "BMP"), (0, 0), (0, 0, 0)),
+        (lambda: _png16(4, 4, (65535, 32768, 0)), (0, 0), (255, 128, 0)),
+    ],
+    ids=["rgba-clear", "rgba-opaque", "rgba-half", "la-clear", "la-opaque", "p-transparent", "p-opaque",
+         "cmyk-white", "i16-max", "i16-mid", "1bit-white", "1bit-black-bmp", "png-16bit-rgb"],
+)
+def test_i8_modes_to_rgb_golden_pixels(data, pixel, expected):
+    im = load_image(data())
+    assert im.mode == "RGB" and im.size == (4, 4)
+    assert all(abs(a - b) <= 1 for a, b in zip(im.getpixel(pixel), expected)), im.getpixel(pixel)
+
+
+def test_i8_cmyk_cyan():
+    im = load_image(encode(Image.new("CMYK", (8, 8), (255, 0, 0, 0)), "JPEG", quality=100))
+    r, g, b = im.getpixel((4, 4))
+    assert r < 10 and g > 245 and b > 245
+
+
+# --- I9: animations and MPO: frame 0 only -----------------------------------------------------------------
+
+
+def _gif_with_frames(n: int) -> bytes:
+    """n-frame GIF: Pillow's 2-frame file with its second frame block repeated (Pillow's own writer is slow)."""
+    two = animated("GIF", 2)
+    second = two.index(b"\x21\xf9", two.index(b"\x21\xf9") + 1)
+    return two[:second] + two[second:-1] * (n - 1) + b"\x3b"
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "WEBP"])
+def test_i9_many_frame_animation_uses_frame_0_quickly(fmt):
+    data = _gif_with_frames(5000) if fmt == "GIF" else animated("WEBP", 5000)
+    start = time.perf_counter()
+    im = load_image(data)
+    assert time.perf_counter() - start < 1.0
+    assert im.size == (8, 8)
+    assert max(abs(a - b) for a, b in zip(im.getpixel((0, 0)), (0, 0, 7))) <= 2  # frame 0 (WebP is lossy)
+
+
+def test_i9_mpo_huge_second_frame_never_sought(monkeypatch):
+    from PIL import MpoImagePlugin
+
+    sought = []
+    original = MpoImagePlugin.MpoImageFile.seek
+    monkeypatch.setattr(MpoImagePlugin.MpoImageFile, "seek",
+                        lambda self, frame: (sought.append(frame), original(self, frame))[1])
+    im = load_image(mpo_with_huge_second_frame(40000))
+    assert im.size == (32, 24)
+    assert max(sought, default=0) == 0
+
+
+# --- I10, I11: request-level caps -----------------------------------------------------------------------
+
+
+def test_i10_too_many_images_refused_before_decode():
+    limits = MediaLimits(max_images=4)
+    limits.check_count("image", 4)
+    with pytest.raises(TooManyItemsError, match="at most 4 image"):
+        limits.check_count("image", 5)
+
+
+def test_i11_byte_cap_before_pillow(tmp_path, monkeypatch):
+    limits = MediaLimits(max_image_bytes=1000)
+    data = encode(noise_image(64, 64), "PNG")
+    assert len(data) > 1000
+
+    def pillow_must_not_run(*a, **k):
+        raise AssertionError("Pillow saw an over-cap body")
+
+    monkeypatch.setattr(Image, "open", pillow_must_not_run)
+    with pytest.raises(MediaTooLargeError, match="cap"):
+        load_image(data, limits)
+    path = tmp_path / "big.png"
+    path.write_bytes(data)
+    with pytest.raises(MediaTooLargeError):
+        load_image(str(path), limits)
+
+    class CountingReader(io.BytesIO):
+        read_sizes = []
+
+        def read(self, n=-1):
+            self.read_sizes.append(n)
+            return super().read(n)
+
+    stream = CountingReader(b"\x89PNG\r\n\x1a\n" + bytes(50 << 20))
+    with pytest.raises(MediaTooLargeError):
+        load_image(stream, limits)
+    assert stream.read_sizes == [1001]  # never reads the whole 50 MB body
+
+
+# --- I12: fuzz -------------------------------------------------------------------------------------------
+
+_SEEDS = {fmt: encode(noise_image(24, 16, seed=3), fmt) for fmt in ["PNG", "JPEG", "GIF", "WEBP"]}
+
+
+@st.composite
+def _mutated(draw):
+    data = bytearray(_SEEDS[draw(st.sampled_from(sorted(_SEEDS)))])
+    for _ in range(draw(st.integers(1, 8))):
+        pos = draw(st.integers(0, len(data) - 1))
+        op = draw(st.sampled_from(["flip", "set", "delete", "insert"]))
+        if op == "flip":
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "set":
+            data[pos] = draw(st.integers(0, 255))
+        elif op == "delete":
+            del data[pos]
+        else:
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated())
+def test_i12_fuzz_only_typed_errors_escape(data):
+    try:
+        im = load_image(data)
+    except MediaError:
+        return
+    assert im.mode == "RGB" and im.width > 0 and im.height > 0
+
+
+def test_i12_fuzz_cases_do_not_kill_the_isolated_worker():
+    from vl.processing.sandbox import run_isolated
+    from sandbox_targets import pid
+
+    rng = np.random.default_rng(1)
+    worker = run_isolated(pid, timeout=30)
+    for k in range(24):
+        data = bytearray(_SEEDS[sorted(_SEEDS)[k % 4]])
+        for pos in rng.integers(0, len(data), 6):
+            data[pos] = int(rng.integers(0, 256))
+        try:
+            load_image(bytes(data), isolate=True)
+        except MediaError:
+            pass
+    assert run_isolated(pid, timeout=30) == worker
+
+
+# --- tiling (§3.4) ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_ratios(max_num_tiles):
+    return sorted(
+        {(i, j) for n in range(1, max_num_tiles + 1) for i in range(1, n + 1) for j in range(1, n + 1)
+         if 1 <= i * j <= max_num_tiles},
+        key=lambda g: g[0] * g[1],
+    )
+
+
+def _reference_grid(width, height, max_num_tiles, tile_size=512):
+    """§3.4 pseudocode, literally, including its set-ordered candidates."""
+    ar, best, best_diff = width / height, (1, 1), float("inf")
+    for i, j in _reference_ratios(max_num_tiles):
+        d = abs(ar - i / j)
+        if d < best_diff:
+            best, best_diff = (i, j), d
+        elif d == best_diff and width * height > 0.5 * tile_size * tile_size * i * j:
+            best = (i, j)
+    return best
+
+
+_TABLE = [
+    # (W, H, max_tiles, expected (cols, rows)) — ties marked
+    (1, 1, 12, (1, 1)), (32, 32, 12, (1, 1)),
+    (1024, 1024, 12, (2, 2)),  # tie (1,1)/(2,2)/(3,3): area 1.05M > 0.5*S^2*4 but not > 0.5*S^2*9
+    (2048, 2048, 12, (3, 3)),  # same tie, larger area
+    (1024, 512, 12, (2, 1)),  # tie (2,1)/(4,2): area too small for (4,2)
+    (2048, 1024, 12, (4, 2)),  # tie (2,1)/(4,2): area large enough
+    (1250, 1000, 12, (4, 3)),  # ties at d=0.25 then (4,3) strictly closer
+    (2048, 1536, 12, (4, 3)), (1536, 2048, 12, (3, 4)), (1000, 600, 12, (3, 2)),
+    (10000, 10, 12, (12, 1)), (10, 10000, 12, (1, 12)), (65535, 1, 12, (12, 1)), (1, 65535, 12, (1, 12)),
+    (1920, 1080, 12, (4, 2)),  # tie (2,1)/(4,2) at d=0.222, area 2.07M > 0.5*S^2*8
+    (1280, 720, 12, (2, 1)),  # same tie, area 0.92M too small for (4,2)
+    (1080, 1920, 12, (2, 4)), (3000, 1000, 12, (6, 2)), (1000, 3000, 4, (1, 3)),
+    (4000, 3000, 6, (3, 2)), (800, 600, 1, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("w, h, m, expected", _TABLE)
+def test_grid_table(w, h, m, expected):
+    assert find_grid(w, h, m) == expected == _reference_grid(w, h, m)
+
+
+def test_grid_equals_reference_and_transformers_on_a_sweep():
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+    sizes = [1, 31, 32, 256, 511, 512, 513, 768, 1000, 1024, 1280, 1536, 2048, 3000, 4096, 9000]
+    for m in (1, 2, 4, 6, 9, 12):
+        for w in sizes:
+            for h in sizes:
+                ours = find_grid(w, h, m)
+                assert ours == _reference_grid(w, h, m), (w, h, m)
+                assert ours == tuple(get_optimal_tiled_canvas((h, w), (512, 512), 1, m)), (w, h, m)
+
+
+@pytest.mark.parametrize("w, h, m", [(1, 1, 12), (32, 32, 12), (1000, 600, 12), (10000, 10, 12), (900, 700, 1)])
+def test_tile_count_and_thumbnail_rule(w, h, m):
+    tiles, (cols, rows) = tile_uint8(noise_image(w, h), 64, m)
+    assert tiles.shape[1:] == (64, 64, 3)
+    assert tiles.shape[0] == cols * rows + (1 if cols * rows > 1 else 0)
+    assert cols * rows <= m
+
+
+def test_tiles_row_major_and_thumbnail_last():
+    # 4 colored quadrants of a 2x2-grid image, and a thumbnail equal to a direct S x S resize
+    im = Image.new("RGB", (128, 128))
+    for k, color in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]):
+        im.paste(color, ((k % 2) * 64, (k // 2) * 64, (k % 2) * 64 + 64, (k // 2) * 64 + 64))
+    tiles, grid = tile_uint8(im, 64, 4)
+    assert grid == (2, 2) and tiles.shape[0] == 5
+    assert [tuple(t[32, 32]) for t in tiles[:4]] == [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
+    np.testing.assert_array_equal(tiles[4], np.asarray(im.resize((64, 64), Image.Resampling.BICUBIC)))
+    _, no_thumb_grid = tile_uint8(im, 64, 4, use_thumbnail=False)
+    assert tile_uint8(im, 64, 4, use_thumbnail=False)[0].shape[0] == 4 and no_thumb_grid == (2, 2)
+
+
+def test_normalization_uses_given_mean_std():
+    im = Image.new("RGB", (16, 16), (255, 0, 51))
+    out = preprocess_image(im, norm_mean=(0.5, 0.25, 0.1), norm_std=(0.5, 0.25, 0.2), tile_size=16)
+    expected = torch.tensor([(1 - 0.5) / 0.5, (0 - 0.25) / 0.25, (0.2 - 0.1) / 0.2])
+    torch.testing.assert_close(out.pixel_values[0, :, 3, 3], expected)
+    assert out.pixel_values.dtype == torch.float32 and out.pixel_values.shape == (1, 3, 16, 16)
+    with pytest.raises(ConfigError):
+        preprocess_image(im, norm_mean=(0.5, 0.5), norm_std=(1, 1, 1), tile_size=16)
+
+
+@pytest.mark.parametrize("size", [(1000, 600), (300, 200), (1024, 768), (64, 64)])
+def test_pixels_match_transformers_got_ocr2(size):
+    from PIL import ImageFilter
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import GotOcr2ImageProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    im = noise_image(*size).filter(ImageFilter.GaussianBlur(2))
+    ours = preprocess_image(encode(im, "PNG"), norm_mean=CLIP_MEAN, norm_std=CLIP_STD)
+    kwargs = dict(size={"height": 512, "width": 512}, crop_to_patches=True, min_patches=1, max_patches=12,
+                  image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    pil = GotOcr2ImageProcessorPil(**kwargs)(images=[im], return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(ours.pixel_values, pil, atol=1e-6, rtol=0)  # same PIL bicubic: identical
+    tv = GotOcr2ImageProcessor(**kwargs)(images=[im], return_tensors="pt")["pixel_values"]
+    assert tv.shape == ours.pixel_values.shape
+    in_levels = (tv - ours.pixel_values).abs() * torch.tensor(CLIP_STD).view(1, 3, 1, 1) * 255
+    assert in_levels.max() <= 2.01 and in_levels.mean() < 0.05
+
+
+def test_isolated_preprocess_equals_in_process():
+    data = encode(noise_image(700, 300), "JPEG")
+    a = preprocess_image(data, norm_mean=CLIP_MEAN, norm_std=CLIP_STD)
+    b = preprocess_image(data, norm_mean=CLIP_MEAN, norm_std=CLIP_STD, isolate=True)
+    assert a.grid == b.grid and torch.equal(a.pixel_values, b.pixel_values)
+
+
+def test_only_typed_errors_for_bad_sources():
+    with pytest.raises(TypeError):
+        load_image(12345)
+    with pytest.raises(VLError):
+        load_image("/nonexistent/file.png")
