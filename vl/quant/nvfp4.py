@@ -27,6 +27,7 @@ global scale gs = 1 / input_scale (kernels divide, checkpoints multiply).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from vl.quant.config import QuantFormatError
 from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
@@ -37,6 +38,8 @@ E4M3_MIN_SUBNORMAL = 2.0**-9
 E2M1_LUT = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # code -> value for all 16 codes (8..15 negative; code 8 is -0).
 _SIGNED_LUT = torch.tensor(E2M1_LUT + tuple(-v for v in E2M1_LUT), dtype=torch.float32)
+# byte -> (value of the low nibble, value of the high nibble): dequantizes without an unpacked code tensor
+_BYTE_LUT = torch.stack([_SIGNED_LUT[torch.arange(256) & 0x0F], _SIGNED_LUT[torch.arange(256) >> 4]], dim=-1)
 _BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float32)
 _ROUND_UP_AT = torch.tensor([0.75, 1.75, 3.5], dtype=torch.float32)  # ties that go up (to the even code)
 
@@ -151,12 +154,13 @@ def dequantize_nvfp4(
 ) -> torch.Tensor:
     """W = LUT[code] * float(weight_scale[o, i // 16]) * weight_scale_2, computed in float32, cast once."""
     check_nvfp4_shapes(packed.shape, weight_scale.shape, weight_scale.dtype)
-    codes = unpack_fp4(packed)  # (..., in)
-    vals = e2m1_values(codes)
-    in_f = codes.shape[-1]
-    vals = vals.reshape(*codes.shape[:-1], in_f // BLOCK, BLOCK)
+    if packed.dtype != torch.uint8:
+        raise QuantFormatError(f"dequantize_nvfp4: expected a uint8 packed weight, found {packed.dtype}")
+    in_f = packed.shape[-1] * 2
+    pairs = F.embedding(packed.int(), _BYTE_LUT.to(packed.device))  # (..., in/2, 2): (even, odd) element
+    vals = pairs.reshape(*packed.shape[:-1], in_f // BLOCK, BLOCK)
     s = weight_scale.float().to(vals.device) * weight_scale_2.float().to(vals.device).reshape(())
-    return (vals * s.unsqueeze(-1)).reshape(codes.shape).to(dtype)
+    return (vals * s.unsqueeze(-1)).reshape(*packed.shape[:-1], in_f).to(dtype)
 
 
 def check_nvfp4_shapes(packed_shape, scale_shape, scale_dtype: torch.dtype, name: str = "") -> None:

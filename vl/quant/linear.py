@@ -1,0 +1,437 @@
+"""Quantized Linear modules and the pass that swaps them into a model.
+
+Model code stays plain math (gpt-fast style): quantization is a pass applied from outside,
+`swap_quantized_linears(model, state_dict_or_specs, mode)`. The modules keep the ModelOpt checkpoint
+names as their state-dict keys (`weight`, `weight_scale`, `weight_scale_2`, `input_scale`, `bias`), so
+loading and saving use the checkpoint's own names.
+
+Execution modes (peer practice, notes §7.6 and peers.md §4.4: a one-time notice, never a hard error on
+an older GPU unless "native" was asked for explicitly):
+- "dequantize":  expand once to `compute_dtype`; the result is a plain nn.Linear (BF16-sized memory).
+- "weight-only": keep packed FP8 / FP4 weights + scales resident; dequantize per forward in the
+                 activation dtype (an NVFP4 model holds ~1/4 of its BF16 weight bytes). The pure-torch
+                 reference path and the CPU default.
+- "native":      FP8 through `torch._scaled_mm` (CUDA capability >= 8.9, per-tensor scales); raises
+                 QuantUnavailableError when that is not possible. Native NVFP4 GEMM is not implemented.
+- "auto":        per forward, native FP8 when the input is on a capable GPU, else weight-only.
+`emulate_activations=True` also quantizes inputs the way the checkpoint's W8A8 / W4A4 kernels would
+(static `input_scale`), so CPU runs can reproduce the numerics of the quantized GEMM.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vl.errors import CheckpointError, ConfigError
+from vl.quant.config import (
+    QUANT_SUFFIXES,
+    LinearQuantSpec,
+    QuantFormatError,
+    QuantUnavailableError,
+    detect_quantized_linears,
+)
+from vl.quant.fp8 import (
+    E4M3_MAX,
+    FP8_BLOCK,
+    cast_to_fp8,
+    dequantize_fp8,
+    fake_quantize_fp8_activation,
+)
+from vl.quant.nvfp4 import dequantize_nvfp4, fake_quantize_nvfp4_activation
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "weight-only", "native", "dequantize")
+DEQUANT_CHUNK_ROWS = 2048  # bounds the float32 temporaries of a per-forward dequantize (multiple of 128)
+_NOTICED: set[tuple] = set()
+
+
+def _notice_once(key: tuple, msg: str, *args) -> None:
+    if key not in _NOTICED:
+        _NOTICED.add(key)
+        log.info(msg, *args)
+
+
+def native_fp8_support(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(available, why) for FP8 `torch._scaled_mm` on `device` (default: current CUDA device)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device in this process"
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda":
+        return False, f"tensors are on {device.type}, not CUDA"
+    if not hasattr(torch, "_scaled_mm"):
+        return False, f"torch {torch.__version__} has no torch._scaled_mm"
+    cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    if cap < (8, 9):
+        return False, f"CUDA capability {cap[0]}.{cap[1]} < 8.9 (FP8 tensor cores start at Ada/Hopper)"
+    return True, f"CUDA capability {cap[0]}.{cap[1]}"
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+class QuantizedLinear(nn.Module):
+    """Shared parts: checkpoint-named buffers, dtype-checked loading, mode dispatch."""
+
+    fmt = ""
+
+    def __init__(self, spec: LinearQuantSpec, mode: str = "weight-only", emulate_activations: bool = False,
+                 device=None, bias_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if mode not in ("auto", "weight-only", "native"):
+            raise ConfigError(f"{spec.name}: quantized Linear mode must be auto / weight-only / native, found {mode!r}")
+        if emulate_activations and not spec.has_input_scale:
+            raise QuantFormatError(
+                f"{spec.name}.input_scale: missing; activation emulation needs the static input scale. "
+                "Run without emulate_activations (weight-only), or export with calibration amaxes."
+            )
+        self.name = spec.name
+        self.in_features = spec.in_features
+        self.out_features = spec.out_features
+        self.mode = mode
+        self.emulate_activations = emulate_activations
+        self.granularity = spec.fp8_granularity
+        for suffix, dtype in self._stored(spec):
+            shape = spec.shapes.get(suffix) or self._default_shape(suffix, spec)
+            self.register_buffer(suffix, torch.empty(shape, dtype=dtype, device=device))
+        if not spec.has_input_scale:
+            self.register_buffer("input_scale", None)  # attribute exists, no state-dict key
+        if spec.has_bias:
+            self.bias = nn.Parameter(torch.zeros(spec.out_features, dtype=bias_dtype, device=device),
+                                     requires_grad=False)
+        else:
+            self.bias = None
+
+    # --- subclasses fill in -----------------------------------------------------------------------
+    def _stored(self, spec):  # -> [(suffix, dtype)]
+        raise NotImplementedError
+
+    def _default_shape(self, suffix, spec):
+        return ()
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _fake_quant_input(self, x):
+        raise NotImplementedError
+
+    def _native(self, x):
+        raise QuantUnavailableError(
+            f"{self.name}: native {self.fmt.upper()} GEMM is not implemented; use mode 'weight-only' "
+            "(dequantize per forward) or 'dequantize'"
+        )
+
+    def _native_ok(self, x) -> tuple[bool, str]:
+        return False, f"native {self.fmt.upper()} GEMM is not implemented"
+
+    # --- shared -----------------------------------------------------------------------------------
+    def _weight_only(self, x):
+        if self.emulate_activations:
+            x = self._fake_quant_input(x)
+        w = self.dequantized_weight(x.dtype)  # (out, in)
+        b = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, w, b)
+
+    def forward(self, x):  # (..., in) -> (..., out)
+        if self.mode == "weight-only":
+            return self._weight_only(x)
+        ok, why = self._native_ok(x)
+        if self.mode == "native":
+            if not ok:
+                raise QuantUnavailableError(
+                    f"{self.name}: native {self.fmt.upper()} execution requested but unavailable: {why}. "
+                    "Use mode 'auto' or 'weight-only'."
+                )
+            return self._native(x)
+        path = "native" if ok else "weight-only"
+        _notice_once((self.fmt, path, why), "vl.quant: %s Linears (auto) run %s: %s", self.fmt.upper(), path, why)
+        return self._native(x) if ok else self._weight_only(x)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # torch's copy_ would silently convert a wrong dtype (e.g. a BF16 tensor into the uint8 buffer);
+        # the checkpoint contract says a wrong dtype is an error naming the tensor (reliability C7).
+        for suffix in QUANT_SUFFIXES + ("weight",):
+            key = prefix + suffix
+            buf = getattr(self, suffix, None)
+            if key in state_dict and isinstance(buf, torch.Tensor) and state_dict[key].dtype != buf.dtype:
+                raise QuantFormatError(f"{key}: expected dtype {buf.dtype}, found {state_dict[key].dtype}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module.to(dtype) / .half() cast every floating buffer, and float8 counts as floating: that would
+        # turn packed weights and float32 scales into BF16. Quantized tensors follow device moves only.
+        bufs = {n: b for n, b in self._buffers.items() if b is not None}
+        for n in bufs:
+            self._buffers[n] = None
+        try:
+            super()._apply(fn, recurse)  # parameters (bias) follow the requested dtype as usual
+        finally:
+            for n, b in bufs.items():
+                target = fn(torch.empty(0, dtype=b.dtype, device=b.device)).device  # probe the move
+                self._buffers[n] = b if b.device == target else b.to(target)
+        return self
+
+    def extra_repr(self) -> str:
+        extra = f", granularity={self.granularity}" if self.granularity else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fmt={self.fmt}{extra}, mode={self.mode}, emulate_activations={self.emulate_activations}")
+
+
+def _by_row_chunks(rows, out_f: int, in_f: int, dtype, device) -> torch.Tensor:
+    """Dequantize row blocks into one output (rows are independent, so the result equals one big call)."""
+    if out_f <= DEQUANT_CHUNK_ROWS:
+        return rows(0, out_f)
+    out = torch.empty(out_f, in_f, dtype=dtype, device=device)
+    for r0 in range(0, out_f, DEQUANT_CHUNK_ROWS):
+        r1 = min(r0 + DEQUANT_CHUNK_ROWS, out_f)
+        out[r0:r1] = rows(r0, r1)
+    return out
+
+
+class FP8Linear(QuantizedLinear):
+    """ModelOpt FP8: weight float8 [out, in], weight_scale float32 (scalar | [out] | block), input_scale scalar."""
+
+    fmt = "fp8"
+
+    def _stored(self, spec):
+        out = [("weight", spec.weight_dtype), ("weight_scale", torch.float32)]
+        return out + ([("input_scale", torch.float32)] if spec.has_input_scale else [])
+
+    def _default_shape(self, suffix, spec):
+        return (spec.out_features, spec.in_features) if suffix == "weight" else ()
+
+    def dequantized_weight(self, dtype=torch.float32):
+        def rows(r0, r1):
+            s = self.weight_scale
+            if self.granularity == "channel":
+                s = s[r0:r1]
+            elif self.granularity == "block":
+                s = s[r0 // FP8_BLOCK:(r1 + FP8_BLOCK - 1) // FP8_BLOCK]
+            return dequantize_fp8(self.weight[r0:r1], s, dtype)
+        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+
+    def _fake_quant_input(self, x):
+        return fake_quantize_fp8_activation(x, self.input_scale)
+
+    def _native_ok(self, x):
+        ok, why = native_fp8_support(x.device)
+        if not ok:
+            return ok, why
+        if self.granularity != "tensor" or self.weight.dtype != torch.float8_e4m3fn:
+            return False, (f"native path covers per-tensor E4M3 only "
+                           f"(this layer: {self.granularity}, {self.weight.dtype})")
+        if self.in_features % 16 or self.out_features % 16:
+            return False, (f"torch._scaled_mm needs in/out features divisible by 16, "
+                           f"found {self.in_features}/{self.out_features}")
+        return True, why
+
+    def _native(self, x):
+        """W8A8 as the checkpoint's kernel: xq = e4m3(clamp(x / s_in)); y = (xq @ W8^T) * s_in * s_w (+ bias)."""
+        x2 = x.reshape(-1, self.in_features)  # (M, in)
+        if self.input_scale is not None:
+            s_in = self.input_scale.float().reshape(())
+        else:  # dynamic per-tensor scale, as ModelOpt FP8 without calibration
+            s_in = (x2.abs().amax().float() / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        xq = cast_to_fp8(x2 / s_in)
+        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=s_in, scale_b=self.weight_scale.float().reshape(()),
+                             out_dtype=out_dtype)
+        if isinstance(y, tuple):  # older torch returned (out, amax)
+            y = y[0]
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class NVFP4Linear(QuantizedLinear):
+    """ModelOpt NVFP4: weight uint8 [out, in/2], weight_scale e4m3 [out, in/16], weight_scale_2 / input_scale fp32."""
+
+    fmt = "nvfp4"
+
+    def _stored(self, spec):
+        out = [("weight", torch.uint8), ("weight_scale", torch.float8_e4m3fn), ("weight_scale_2", torch.float32)]
+        return out + ([("input_scale", torch.float32)] if spec.has_input_scale else [])
+
+    def _default_shape(self, suffix, spec):
+        if suffix == "weight":
+            return (spec.out_features, spec.in_features // 2)
+        if suffix == "weight_scale":
+            return (spec.out_features, spec.in_features // 16)
+        return ()
+
+    def dequantized_weight(self, dtype=torch.float32):
+        def rows(r0, r1):
+            return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
+        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+
+    def _fake_quant_input(self, x):
+        return fake_quantize_nvfp4_activation(x, self.input_scale)
+
+
+_MODULE_FOR = {"fp8": FP8Linear, "nvfp4": NVFP4Linear}
+
+
+@dataclass
+class SwapReport:
+    mode: str
+    modules: dict[str, str] = field(default_factory=dict)  # module name -> fmt
+    consumed_keys: set[str] = field(default_factory=set)  # state-dict keys now held by the swapped modules
+
+
+def _mode_notice(mode: str, fmts: set[str], n: int, emulate: bool) -> str:
+    parts = []
+    if mode == "dequantize":
+        parts.append("dequantized once to plain Linear weights (full-size memory)")
+    elif mode == "weight-only":
+        parts.append("weight-only: packed weights stay resident and are dequantized per forward")
+    elif mode == "native":
+        parts.append("native: FP8 torch._scaled_mm (errors if the device cannot)")
+    else:
+        parts.append("auto: per forward, native where the device allows it, otherwise weight-only")
+        if "fp8" in fmts:
+            ok, why = native_fp8_support()
+            parts.append("FP8 uses torch._scaled_mm on CUDA >= 8.9" + (f" ({why})" if ok else f" (not here: {why})"))
+        if "nvfp4" in fmts:
+            parts.append("NVFP4 runs weight-only (native NVFP4 GEMM not implemented)")
+    if emulate:
+        parts.append("inputs are quantized with the static input_scale (W8A8/W4A4 emulation)")
+    return f"vl.quant: {n} {'/'.join(sorted(f.upper() for f in fmts))} Linears, " + "; ".join(parts)
+
+
+def swap_quantized_linears(
+    model: nn.Module,
+    source: Mapping[str, torch.Tensor] | Mapping[str, LinearQuantSpec],
+    mode: str = "auto",
+    *,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    emulate_activations: bool = False,
+    prefix: str = "",
+) -> SwapReport:
+    """Replace the model's nn.Linear modules that the checkpoint stores quantized.
+
+    source: a state dict (quantized tensors are detected per module and moved into the new modules;
+    the caller loads the remaining keys, e.g. those not in `report.consumed_keys`) or a
+    {module name: LinearQuantSpec} map from `detect_quantized_linears` (empty modules to be filled by a
+    later `model.load_state_dict`). `prefix` is stripped from state-dict keys / spec names to reach
+    model module names (e.g. "" when they already match).
+    mode "dequantize" returns plain nn.Linear modules in `compute_dtype` and so needs the tensors.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"quantized Linear mode: expected one of {MODES}, found {mode!r}")
+    values = list(source.values())
+    is_specs = bool(values) and all(isinstance(v, LinearQuantSpec) for v in values)
+    specs = dict(source) if is_specs else detect_quantized_linears(source)
+    if is_specs and mode == "dequantize":
+        raise ConfigError("mode 'dequantize' needs the checkpoint tensors: pass the state dict, not specs")
+    if mode == "native" and any(s.fmt == "nvfp4" for s in specs.values()):
+        raise QuantUnavailableError(
+            "mode 'native': native NVFP4 GEMM is not implemented; use 'auto' or 'weight-only' (packed FP4 "
+            "weights dequantized per forward) or 'dequantize'"
+        )
+    report = SwapReport(mode=mode)
+    for ck_name, spec in specs.items():
+        name = ck_name[len(prefix):] if prefix and ck_name.startswith(prefix) else ck_name
+        old = _get_linear(model, name, spec)
+        # with tensors in hand the new module's buffers are placeholders replaced right below: keep them on meta
+        device = old.weight.device if is_specs else "meta"
+        if mode == "dequantize":
+            new = _dequantized_linear(spec, source, compute_dtype)
+        else:
+            new = _MODULE_FOR[spec.fmt](spec, mode=mode, emulate_activations=emulate_activations, device=device,
+                                        bias_dtype=compute_dtype)
+            if not is_specs:
+                for suffix in QUANT_SUFFIXES + ("weight",):
+                    if hasattr(new, suffix) and getattr(new, suffix) is not None and spec.key(suffix) in source:
+                        setattr(new, suffix, source[spec.key(suffix)])  # same tensor, no copy
+                if spec.has_bias:  # kept in the checkpoint's dtype; cast to the activation dtype per forward
+                    new.bias = nn.Parameter(source[spec.key("bias")], requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+        report.modules[name] = spec.fmt
+        if not is_specs:
+            report.consumed_keys.update(spec.key(s) for s in spec.shapes)
+    if specs:
+        log.info(_mode_notice(mode, set(report.modules.values()), len(specs), emulate_activations))
+    return report
+
+
+def _get_linear(model: nn.Module, name: str, spec: LinearQuantSpec) -> nn.Module:
+    try:
+        mod = model.get_submodule(name)
+    except AttributeError:
+        raise CheckpointError(
+            f"{spec.key('weight')}: the checkpoint has a quantized Linear '{name}' but the model has no such "
+            "module; expected the model's module names to follow the checkpoint (check the key adapter/prefix)"
+        ) from None
+    if not isinstance(mod, (nn.Linear, QuantizedLinear)):
+        raise CheckpointError(f"{name}: expected an nn.Linear to quantize, found {type(mod).__name__}")
+    if (mod.in_features, mod.out_features) != (spec.in_features, spec.out_features):
+        raise CheckpointError(
+            f"{spec.key('weight')}: expected a Linear of in={mod.in_features}, out={mod.out_features} as in the "
+            f"model, found in={spec.in_features}, out={spec.out_features} in the checkpoint"
+        )
+    if (getattr(mod, "bias", None) is not None) != spec.has_bias:
+        raise CheckpointError(
+            f"{spec.key('bias')}: the model's Linear {'has' if mod.bias is not None else 'has no'} bias but the "
+            f"checkpoint {'has' if spec.has_bias else 'has none'}"
+        )
+    return mod
+
+
+def _dequantized_weight_from(spec: LinearQuantSpec, sd: Mapping[str, torch.Tensor], dtype) -> torch.Tensor:
+    if spec.fmt == "fp8":
+        return dequantize_fp8(sd[spec.key("weight")], sd[spec.key("weight_scale")], dtype)
+    return dequantize_nvfp4(sd[spec.key("weight")], sd[spec.key("weight_scale")], sd[spec.key("weight_scale_2")],
+                            dtype)
+
+
+def _dequantized_linear(spec: LinearQuantSpec, sd, dtype) -> nn.Linear:
+    w = _dequantized_weight_from(spec, sd, dtype)
+    lin = nn.Linear(spec.in_features, spec.out_features, bias=spec.has_bias, device=w.device, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if spec.has_bias:
+            lin.bias.copy_(sd[spec.key("bias")].to(dtype))
+    return lin
+
+
+def dequantize_state_dict(
+    state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    """Plain state dict: every quantized Linear weight expanded to `dtype`, its scale tensors dropped.
+
+    For loaders that want an ordinary BF16 model from an FP8 / NVFP4 checkpoint (CPU, older GPUs).
+    """
+    specs = detect_quantized_linears(state_dict)
+    out = dict(state_dict)
+    for spec in specs.values():
+        out[spec.key("weight")] = _dequantized_weight_from(spec, state_dict, dtype)
+        for s in QUANT_SUFFIXES:
+            out.pop(spec.key(s), None)
+    return out
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers, each storage counted once."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        key = (st.data_ptr(), t.device)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.nbytes()
+    return total
