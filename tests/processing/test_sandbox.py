@@ -1,0 +1,127 @@
+"""vl/processing/sandbox.py: crashes, hangs and memory blow-ups in a decode worker become typed errors,
+the next call gets a working worker, and many calls leak no file descriptors (matrix rows V7, V8, I12)."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sandbox_targets as targets  # noqa: E402
+
+from vl.errors import CorruptMediaError, DecoderCrashedError, DecodeTimeoutError, MediaTooLargeError  # noqa: E402
+from vl.processing.sandbox import run_isolated, shutdown_workers, worker_count  # noqa: E402
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_result_and_worker_reuse():
+    assert run_isolated(targets.echo, {"a": [1, 2]}, timeout=30) == {"a": [1, 2]}
+    first = run_isolated(targets.pid, timeout=30)
+    assert first != os.getpid()
+    assert run_isolated(targets.pid, timeout=30) == first  # pooled, not one process per call
+
+
+def test_typed_errors_cross_unchanged():
+    with pytest.raises(CorruptMediaError, match="typed error from the worker"):
+        run_isolated(targets.raise_typed, timeout=30)
+    run_isolated(targets.echo, 1, timeout=30)
+
+
+def test_unreadable_exception_is_reported_not_hung():
+    with pytest.raises(DecoderCrashedError, match="unreadable reply"):
+        run_isolated(targets.raise_unpicklable, timeout=30)
+
+
+def test_unpicklable_function_is_a_programming_error():
+    with pytest.raises(TypeError, match="module-level function"):
+        run_isolated(lambda: 1, timeout=5)
+
+
+@pytest.mark.parametrize("target", [targets.kill_self, targets.segfault], ids=["sigkill", "segfault"])
+def test_crash_becomes_typed_error_and_worker_respawns(target):
+    before = run_isolated(targets.pid, timeout=30)
+    with pytest.raises(DecoderCrashedError, match="SIGKILL|SIGSEGV"):
+        run_isolated(target, timeout=30)
+    after = run_isolated(targets.pid, timeout=30)
+    assert after != before  # a fresh worker serves the next request
+
+
+def test_v8_worker_killed_mid_decode(tmp_path):
+    """A worker SIGKILLed from outside while busy: that call fails with DecoderCrashedError, the next succeeds."""
+    pid_file = tmp_path / "pid"
+
+    def killer():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if pid_file.exists() and pid_file.read_text():
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    with pytest.raises(DecoderCrashedError, match="SIGKILL"):
+        run_isolated(targets.sleep_after_writing_pid, str(pid_file), 20, timeout=30)
+    thread.join()
+    assert run_isolated(targets.echo, "ok", timeout=30) == "ok"
+
+
+def test_timeout_kills_and_next_call_works():
+    start = time.monotonic()
+    with pytest.raises(DecodeTimeoutError, match="did not finish within 0.5 s"):
+        run_isolated(targets.sleep, 30, timeout=0.5)
+    assert time.monotonic() - start < 5
+    assert run_isolated(targets.sleep, 0, timeout=30) == 0
+
+
+def test_memory_cap():
+    assert run_isolated(targets.allocate, 64, timeout=30, memory_mb=1024) == 64 << 20
+    with pytest.raises(MediaTooLargeError, match="1024 MB"):
+        run_isolated(targets.allocate, 4096, timeout=30, memory_mb=1024)
+    assert run_isolated(targets.allocate, 64, timeout=30, memory_mb=1024) == 64 << 20
+
+
+def test_v7_200_sequential_calls_no_fd_leak():
+    run_isolated(targets.echo, 0, timeout=30)  # warm one worker
+    parent_before = _fds()
+    worker_before = run_isolated(targets.open_fds, timeout=30)
+    for i in range(200):
+        assert run_isolated(targets.echo, i, timeout=30) == i
+    assert _fds() == parent_before
+    assert run_isolated(targets.open_fds, timeout=30) == worker_before
+
+
+def test_crash_cycles_do_not_leak_fds():
+    run_isolated(targets.echo, 0, timeout=30)
+    before = _fds()
+    for _ in range(3):
+        with pytest.raises(DecoderCrashedError):
+            run_isolated(targets.kill_self, timeout=30)
+        run_isolated(targets.echo, 0, timeout=30)
+    assert _fds() == before
+
+
+def test_concurrent_calls_use_separate_workers():
+    results = []
+
+    def call():
+        results.append(run_isolated(targets.sleep, 0.5, timeout=30))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert results == [0.5, 0.5]
+
+
+def test_shutdown_stops_idle_workers():
+    run_isolated(targets.echo, 0, timeout=30)
+    assert worker_count() >= 1
+    shutdown_workers()
+    assert worker_count() == 0
+    assert run_isolated(targets.echo, 1, timeout=30) == 1
