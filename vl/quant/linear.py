@@ -101,7 +101,7 @@ class QuantizedLinear(nn.Module):
         self.emulate_activations = emulate_activations
         self.granularity = spec.fp8_granularity
         for suffix, dtype in self._stored(spec):
-            shape = spec.shapes.get(suffix) or self._default_shape(suffix, spec)
+            shape = spec.shapes[suffix] if suffix in spec.shapes else self._default_shape(suffix, spec)
             self.register_buffer(suffix, torch.empty(shape, dtype=dtype, device=device))
         if not spec.has_input_scale:
             self.register_buffer("input_scale", None)  # attribute exists, no state-dict key
