@@ -17,29 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vl.errors import ConfigError, InputError
+from vl.modeling.norms import RMSNorm  # fp32 statistics and weight multiply, weight as is (no +1)
 
 SUPPORTED_PS_VERSIONS = ("v2",)
-
-
-class RMSNorm(nn.Module):
-    """Weight-only RMSNorm computed in fp32: `w * x * rsqrt(mean(x^2) + eps)` (weight used as is, no +1).
-
-    The weight multiply is kept in fp32 and only the result is cast back, as transformers'
-    nemotron_h_omni projector norm does (the cast order only matters in bf16).
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
 class SquaredReLU(nn.Module):
@@ -53,7 +33,8 @@ def build_mlp1(in_dim: int, hidden_dim: int, out_dim: int, eps: float = 1e-5) ->
     """`mlp1`: RMSNorm(in) -> Linear(in, hidden) -> ReLU^2 -> Linear(hidden, out), all bias-free.
 
     For the 12B model: in = 4 * 1280 = 5120, hidden = `projector_hidden_size` = 20480 (the config
-    class default of 4096 does not apply), out = LLM hidden 5120.
+    class default of 4096 does not apply), out = LLM hidden 5120. The norm keeps its weight multiply in
+    fp32 and casts only the result, as transformers' nemotron_h_omni projector norm does.
     """
     return nn.Sequential(
         RMSNorm(in_dim, eps=eps),
