@@ -174,7 +174,7 @@ def make_video(
     w, h = size
     rng = np.random.default_rng(0)
     with av.open(str(path), "w", options=options or {}) as container:
-        stream = container.add_stream(codec, rate=fps)
+        stream = container.add_stream(codec, rate=fps, options={"preset": "ultrafast"} if codec == "libx264" else {})
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         if time_base is not None:
             stream.codec_context.time_base = time_base

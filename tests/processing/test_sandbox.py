@@ -125,3 +125,15 @@ def test_shutdown_stops_idle_workers():
     shutdown_workers()
     assert worker_count() == 0
     assert run_isolated(targets.echo, 1, timeout=30) == 1
+
+
+def test_worker_outlives_the_thread_that_spawned_it():
+    """Regression: PR_SET_PDEATHSIG fires when the spawning *thread* exits, which killed pooled workers that a
+    server's request thread had started."""
+    shutdown_workers()
+    spawned = []
+    thread = threading.Thread(target=lambda: spawned.append(run_isolated(targets.pid, timeout=30)))
+    thread.start()
+    thread.join()
+    time.sleep(0.2)
+    assert run_isolated(targets.pid, timeout=30) == spawned[0]

@@ -189,17 +189,6 @@ def worker_count() -> int:
 # --- worker side -------------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when the parent dies (best effort; no-op elsewhere)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _set_memory_cap(memory_mb: int | None) -> None:
     import resource
 
@@ -211,7 +200,17 @@ def _set_memory_cap(memory_mb: int | None) -> None:
 
 
 def _worker_main(fd: int) -> None:
-    _die_with_parent()
+    # No PR_SET_PDEATHSIG: Linux sends it when the *thread* that spawned us exits (a server's pool thread),
+    # not the process. An idle worker sees EOF when the parent goes away; a busy one (maybe stuck in a
+    # decoder) is stopped by this watchdog, which notices being re-parented.
+    parent = os.getppid()
+
+    def watchdog():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watchdog, daemon=True, name="vl-sandbox-watchdog").start()
     conn = Connection(fd)
     while True:
         try:

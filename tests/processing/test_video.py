@@ -1,0 +1,294 @@
+"""vl/processing/video.py: frame sampling (§6.1-6.3), both backends, caps before decode, and the bad-input
+rows V1-V8 of reliability_matrix.md. Videos are encoded in the tests with PyAV; the grey level of frame i is
+8*i mod 256, so every decoded tile tells which source frame it came from."""
+
+import dataclasses
+import fractions
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import av
+import numpy as np
+import psutil
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from media_fixtures import make_audio_only, make_video  # noqa: E402
+
+import vl.processing.video as video  # noqa: E402
+from vl.errors import (  # noqa: E402
+    CorruptMediaError,
+    DecoderCrashedError,
+    DecodeTimeoutError,
+    MediaError,
+    MediaTooLargeError,
+    NoVideoStreamError,
+    RemoteMediaError,
+)
+from vl.processing.limits import MediaLimits  # noqa: E402
+from vl.processing.video import frame_timestamps, load_video, probe_video, sample_frame_indices  # noqa: E402
+
+HALF = dict(norm_mean=(0.5, 0.5, 0.5), norm_std=(0.5, 0.5, 0.5))
+BACKENDS = ["decord", "pyav"]
+
+
+def _grey(frames) -> list[float]:
+    """Mean grey level (0..255) of each tile's lower half (the fixtures put noise in the upper half)."""
+    x = frames.pixel_values * 0.5 + 0.5  # undo HALF normalization -> [0, 1]
+    return (x[:, :, x.shape[2] // 2 + 2 :, :].mean(dim=(1, 2, 3)) * 255).tolist()
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clips")
+    tb = fractions.Fraction(1, 1000)
+    vfr_pts = np.cumsum([0] + [33, 33, 100, 33, 250, 33, 500, 33, 33, 66] * 3)[:30].tolist()
+    return {
+        "cfr": make_video(d / "cfr.mp4", frames=60, fps=30, size=(64, 48)),
+        "short": make_video(d / "short.mp4", frames=3, fps=1, size=(64, 48)),
+        "vfr": make_video(d / "vfr.mp4", frames=30, fps=30, size=(64, 48), pts_list=vfr_pts, time_base=tb),
+        "faststart": make_video(d / "fs.mp4", frames=60, fps=30, size=(160, 120), noise=True,
+                                options={"movflags": "faststart"}),
+        "plain_noise": make_video(d / "noise.mp4", frames=60, fps=30, size=(160, 120), noise=True),
+        "mkv": make_video(d / "v.mkv", frames=30, fps=10, size=(64, 48)),  # Matroska: no header frame count
+        "long": make_video(d / "long.mp4", frames=2, fps=1, pts_list=[0, 7_200_000], time_base=tb),
+        "audio": make_audio_only(d / "audio.mp4"),
+    }
+
+
+# --- sampling and timestamps -------------------------------------------------------------------------------
+
+
+def test_sampling_rules():
+    assert sample_frame_indices(60, 30.0) == [0, 19, 39, 59]  # 2 s at 2 fps -> 4 frames, linspace truncated
+    assert sample_frame_indices(3, 1.0) == [0, 1, 2]  # fewer frames than asked: all of them
+    assert sample_frame_indices(1, 25.0) == [0]
+    capped = sample_frame_indices(1000, 10.0)  # 100 s -> 200 wanted, capped at 128
+    assert len(capped) == 128 and capped[0] == 0 and capped[-1] == 999 and capped == sorted(set(capped))
+    assert len(sample_frame_indices(10**6, 30.0, target_fps=2.0, max_frames=16)) == 16
+    with pytest.raises(ValueError):
+        sample_frame_indices(0, 30.0)
+
+
+def test_timestamp_conventions():
+    assert frame_timestamps([0, 15, 300], 30.0) == [0.0, 0.5, 10.0]
+    assert frame_timestamps([0, 15, 300], 30.0, "reference") == [0.0, 0.495, 9.9]  # int(1000/30) = 33 ms
+    assert frame_timestamps([50], 25.0, "reference") == [2.0]  # exact when 1000/fps is an integer
+    with pytest.raises(ValueError):
+        frame_timestamps([0], 30.0, "other")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_fps_clip(clips, backend):
+    out = load_video(clips["cfr"], tile_size=32, backend=backend, **HALF)
+    assert out.pixel_values.shape == (4, 3, 32, 32)  # one squashed tile per frame, no thumbnail
+    assert out.frame_indices == [0, 19, 39, 59] and out.num_frames == 60 and out.fps == 30.0
+    assert out.timestamps_s == pytest.approx([0, 19 / 30, 39 / 30, 59 / 30])
+    assert out.presentation_times_s == pytest.approx(out.timestamps_s, abs=1e-3)
+    assert np.allclose(_grey(out), [(8 * i) % 256 for i in out.frame_indices], atol=3)
+    assert not out.partial and out.backend == backend
+
+
+def test_backends_agree(clips):
+    a = load_video(clips["cfr"], tile_size=32, backend="decord", target_fps=10, **HALF)
+    b = load_video(clips["cfr"], tile_size=32, backend="pyav", target_fps=10, **HALF)
+    assert a.frame_indices == b.frame_indices
+    assert (a.pixel_values - b.pixel_values).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_short_clip_returns_all_frames(clips, backend):
+    out = load_video(clips["short"], tile_size=32, backend=backend, **HALF)
+    assert out.frame_indices == [0, 1, 2] and out.timestamps_s == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_sampling_with_seeks_delivers_the_right_frames(tmp_path, backend):
+    path = make_video(tmp_path / "long.mp4", frames=900, fps=30, size=(64, 48))
+    out = load_video(path, tile_size=32, backend=backend, max_frames=8, **HALF)
+    assert out.frame_indices == [0, 128, 256, 385, 513, 642, 770, 899]
+    assert np.allclose(_grey(out), [(8 * i) % 256 for i in out.frame_indices], atol=3)
+
+
+def test_bytes_and_file_object_sources(clips):
+    data = open(clips["cfr"], "rb").read()
+    a = load_video(data, tile_size=32, backend="pyav", **HALF)
+    with open(clips["cfr"], "rb") as f:
+        b = load_video(f, tile_size=32, backend="pyav", **HALF)
+    assert torch.equal(a.pixel_values, b.pixel_values)
+    with pytest.raises(RemoteMediaError):
+        load_video("https://example.com/v.mp4", **HALF)
+    with pytest.raises(MediaTooLargeError):
+        load_video(data, limits=MediaLimits(max_video_bytes=len(data) - 1), **HALF)
+
+
+# --- V1-V8 -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v1_empty_and_random_bytes(tmp_path, backend):
+    for name, data in [("empty.mp4", b""), ("random.mp4", os.urandom(100))]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CorruptMediaError):
+            load_video(str(tmp_path / name), backend=backend, **HALF)
+        with pytest.raises(CorruptMediaError):
+            load_video(data, backend=backend, **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v2_moov_missing(clips, backend):
+    data = open(clips["plain_noise"], "rb").read()  # moov at the end: cutting it off leaves no index
+    with pytest.raises(CorruptMediaError):
+        load_video(data[: len(data) // 2], backend=backend, isolate=True, **HALF)
+
+
+def test_v2_v3_mdat_truncated_partial_decode_indices_in_range(clips):
+    """faststart file cut in half: the header still declares 60 frames, about half exist."""
+    data = open(clips["faststart"], "rb").read()
+    out = load_video(data[: len(data) // 2], backend="pyav", target_fps=30, tile_size=32, isolate=True, **HALF)
+    assert out.metadata.header_frames == 60 and 0 < out.num_frames < 60
+    assert out.partial and 0 < len(out.frame_indices) <= out.num_frames
+    assert all(0 <= i < out.num_frames for i in out.frame_indices)
+    assert out.pixel_values.shape[0] == len(out.frame_indices) == len(out.timestamps_s)
+
+
+def test_v2_v3_decord_on_truncated_file_fails_cleanly(clips):
+    data = open(clips["faststart"], "rb").read()
+    try:
+        out = load_video(data[: len(data) // 2], backend="decord", target_fps=30, isolate=True, **HALF)
+    except MediaError:
+        return  # decord refuses the file: a clear error is a pass
+    assert all(0 <= i < out.num_frames for i in out.frame_indices)
+
+
+@pytest.fixture(scope="module")
+def huge_frame_video(tmp_path_factory):
+    path = tmp_path_factory.mktemp("huge") / "huge.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=1, options={"preset": "ultrafast"})
+        stream.width = stream.height = 8192
+        stream.pix_fmt = "yuv420p"
+        for packet in stream.encode(av.VideoFrame(8192, 8192, "yuv420p")):
+            container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return str(path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v4_frame_pixel_cap_before_decoding(huge_frame_video, monkeypatch, backend):
+    def refuse(*a, **k):
+        raise AssertionError("decoding started before the frame-size cap was checked")
+
+    monkeypatch.setattr(video, "_decode_pyav", refuse)
+    monkeypatch.setattr(video, "_decode_decord", refuse)
+    with pytest.raises(MediaTooLargeError, match="8192x8192"):
+        load_video(huge_frame_video, backend=backend, **HALF)
+
+
+def test_v4_exact_boundary(clips):
+    assert load_video(clips["cfr"], tile_size=16, limits=MediaLimits(max_video_frame_pixels=64 * 48), **HALF)
+    with pytest.raises(MediaTooLargeError):
+        load_video(clips["cfr"], limits=MediaLimits(max_video_frame_pixels=64 * 48 - 1), **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v5_duration_cap(clips, backend):
+    assert probe_video(clips["long"], MediaLimits(max_video_duration_s=10_000)).duration_s > 7000
+    before = psutil.Process().memory_info().rss
+    with pytest.raises(MediaTooLargeError, match="too long"):
+        load_video(clips["long"], backend=backend, **HALF)
+    assert psutil.Process().memory_info().rss - before < 50 << 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v5_frame_walk_cap_when_the_header_has_no_count(clips, backend):
+    assert probe_video(clips["mkv"]).header_frames == 0
+    with pytest.raises(MediaTooLargeError, match="cap"):
+        load_video(clips["mkv"], backend=backend, limits=MediaLimits(max_video_frames=10), **HALF)
+    assert load_video(clips["mkv"], backend=backend, tile_size=16, limits=MediaLimits(max_video_frames=30), **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v6_audio_only(clips, backend):
+    with pytest.raises(NoVideoStreamError, match="audio"):
+        load_video(clips["audio"], backend=backend, **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v6_variable_frame_rate(clips, backend):
+    out = load_video(clips["vfr"], tile_size=32, backend=backend, **HALF)
+    assert 0 < out.fps < 30 and out.num_frames == 30
+    assert out.frame_indices == sorted(out.frame_indices) and out.frame_indices[-1] == 29
+    pts = out.presentation_times_s
+    assert pts[0] == 0.0 and all(b > a for a, b in zip(pts, pts[1:]))
+    assert np.allclose(_grey(out), [(8 * i) % 256 for i in out.frame_indices], atol=3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v6_missing_fps_is_measured(clips, monkeypatch, backend):
+    real_probe = video.probe_video
+    monkeypatch.setattr(video, "probe_video", lambda *a: dataclasses.replace(real_probe(*a), fps=None))
+    out = load_video(clips["cfr"], tile_size=16, backend=backend, **HALF)
+    assert out.fps == pytest.approx(30.0, rel=0.02) and out.frame_indices[-1] == 59
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _tmp_dirs():
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("vl-video-")}
+
+
+def test_v7_repeated_opens_leak_nothing(clips):
+    for backend in BACKENDS:  # warm up libraries and allocator pools
+        load_video(clips["cfr"], tile_size=16, backend=backend, **HALF)
+    fds, dirs, rss = _fds(), _tmp_dirs(), psutil.Process().memory_info().rss
+    for _ in range(200):
+        probe_video(clips["cfr"])
+    data = open(clips["cfr"], "rb").read()
+    for k in range(40):
+        load_video(data, tile_size=16, backend=BACKENDS[k % 2], **HALF)
+    for _ in range(10):
+        with pytest.raises(MediaError):
+            load_video(b"junk" * 30, **HALF)
+    assert _fds() == fds and _tmp_dirs() == dirs
+    assert psutil.Process().memory_info().rss - rss < 60 << 20
+
+
+def test_v7_isolated_calls_leave_no_temp_files(clips):
+    data = open(clips["cfr"], "rb").read()
+    load_video(data, tile_size=16, backend="pyav", isolate=True, **HALF)
+    fds, dirs = _fds(), _tmp_dirs()
+    for _ in range(20):
+        load_video(data, tile_size=16, backend="pyav", isolate=True, **HALF)
+    assert _fds() == fds and _tmp_dirs() == dirs
+
+
+def test_v8_worker_killed_mid_decode_then_next_request_ok(tmp_path):
+    """The killer SIGKILLs every worker 0.15 s into a call that needs far longer (128 frames decoded and resized)."""
+    path = make_video(tmp_path / "busy.mp4", frames=150, fps=30, size=(320, 240), noise=True)
+    me = psutil.Process()
+
+    def killer():
+        time.sleep(0.15)
+        for child in me.children():
+            child.kill()
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    with pytest.raises(DecoderCrashedError, match="SIGKILL"):
+        load_video(path, backend="decord", target_fps=100, isolate=True, **HALF)
+    thread.join()
+    assert load_video(path, backend="pyav", tile_size=16, isolate=True, **HALF).num_frames == 150
+
+
+def test_v8_timeout_then_next_request_ok(clips):
+    with pytest.raises(DecodeTimeoutError):
+        load_video(clips["cfr"], isolate=True, limits=MediaLimits(video_timeout_s=0.01), **HALF)
+    assert load_video(clips["cfr"], tile_size=16, isolate=True, **HALF).num_frames == 60
