@@ -331,8 +331,10 @@ def normalize(tiles_uint8: np.ndarray, norm_mean, norm_std):
     mean, std = mean.view(1, 3, 1, 1), std.view(1, 3, 1, 1)
     if not tiles_uint8.flags.writeable:  # torch refuses to alias read-only memory (PIL-backed arrays)
         tiles_uint8 = tiles_uint8.copy()
-    x = torch.from_numpy(np.ascontiguousarray(tiles_uint8)).permute(0, 3, 1, 2).to(torch.float32)  # (N, 3, H, W)
-    return (x / 255.0 - mean) / std
+    n, h, w, _ = tiles_uint8.shape
+    x = torch.empty((n, 3, h, w), dtype=torch.float32)  # contiguous NCHW, filled in one pass from NHWC uint8
+    x.copy_(torch.from_numpy(tiles_uint8).permute(0, 3, 1, 2))
+    return x.div_(255.0).sub_(mean).div_(std)  # (x/255 - mean)/std, in place: same rounding, no temporaries
 
 
 @dataclass

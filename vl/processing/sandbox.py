@@ -50,6 +50,9 @@ class _Worker:
                 [sys.executable, "-c", _BOOT, json.dumps(paths), str(child_sock.fileno())],
                 pass_fds=(child_sock.fileno(),),
                 stdin=subprocess.DEVNULL,
+                # glibc reserves 64 MiB of address space per thread arena; decoder threads would otherwise eat
+                # the RLIMIT_AS budget on many-core machines without using the memory
+                env={**os.environ, "MALLOC_ARENA_MAX": "2"},
             )
         finally:
             child_sock.close()

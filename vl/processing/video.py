@@ -34,7 +34,8 @@ from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 
 BACKENDS = ("decord", "pyav")
 _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead of decoding through a larger gap
-_DECORD_BATCH = 16  # frames per decord get_batch (bounds peak memory at full resolution)
+_DECODE_BATCH_BYTES = 256 << 20  # decord get_batch size: at most this much full-resolution RGB at once
+_DECODER_THREADS = 4  # bounded so that a worker's address space (RLIMIT_AS) does not grow with the core count
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ def _decode_pyav(path, meta, limits, tile_size, target_fps, max_frames):
     with av.open(path, metadata_errors="ignore") as container:  # decode pass, fresh demuxer state
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        stream.thread_count = _DECODER_THREADS
         got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, partial)
     kept = [i for i, p in zip(indices, wanted) if p in got]
     pts_s = [float((pts[i] - pts[0]) * time_base) for i in kept]
@@ -234,7 +236,7 @@ def _decode_decord(path, meta, limits, tile_size, target_fps, max_frames):
     import decord
 
     try:
-        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+        reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=_DECODER_THREADS)
     except (RuntimeError, decord._ffi.base.DECORDError) as e:
         raise CorruptMediaError(f"decord cannot open the video ({type(e).__name__}); re-encode it.") from None
     try:
@@ -248,8 +250,9 @@ def _decode_decord(path, meta, limits, tile_size, target_fps, max_frames):
             raise CorruptMediaError("the video declares no frame rate; re-encode it.")
         indices = sample_frame_indices(n, fps, target_fps, max_frames)
         tiles = []
-        for start in range(0, len(indices), _DECORD_BATCH):
-            batch = reader.get_batch(indices[start : start + _DECORD_BATCH]).asnumpy()  # (b, H, W, 3)
+        step = max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
+        for start in range(0, len(indices), step):
+            batch = reader.get_batch(indices[start : start + step]).asnumpy()  # (b, H, W, 3)
             tiles += [_to_tile(Image.fromarray(a), tile_size) for a in batch]
         stamps = reader.get_frame_timestamp(indices)[:, 0]
         first = float(reader.get_frame_timestamp([0])[0, 0])
