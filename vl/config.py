@@ -311,3 +311,197 @@ def nano_12b_lm(**changes) -> LMConfig:
     )
     base.update(changes)
     return LMConfig(**base)
+
+
+# --- vision tower and the composed VL model ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """RADIO ViT. Width/depth/heads come from a timm ViT name, RADIO's own convention."""
+
+    model: str = "vit_tiny_patch16_224"
+    patch_size: int = 16
+    cpe_max_size: int = 2048
+    num_prefix_tokens: int = 8  # cls + register rows; read from the checkpoint tensor's shape at load
+
+    def __post_init__(self):
+        if self.cpe_max_size % self.patch_size:
+            raise ConfigError(f"cpe_max_size={self.cpe_max_size} must be a multiple of patch_size={self.patch_size}")
+
+
+@dataclass(frozen=True)
+class MediaTokenConfig:
+    img_start: str = "<img>"
+    img_end: str = "</img>"
+    img_context: str = "<image>"
+    video_context: str = "<video>"
+    img_context_id: int | None = None
+    video_context_id: int | None = None
+
+
+@dataclass(frozen=True)
+class VLConfig:
+    """`NemotronH_Nano_VL_V2`: RADIO -> pixel shuffle -> mlp1 -> Nemotron-H."""
+
+    lm: LMConfig = field(default_factory=LMConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    force_image_size: int = 512
+    downsample_ratio: float = 0.5
+    ps_version: str = "v2"
+    projector_hidden_size: int = 20480
+    vit_hidden_size: int = 1280
+    use_thumbnail: bool = True
+    max_num_tiles: int = 12
+    norm_mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    norm_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    tokens: MediaTokenConfig = field(default_factory=MediaTokenConfig)
+    video_pruning_rate: float = 0.0
+    template: str | None = None  # informational; the prompt format lives in vl/processing/chat.py
+
+    def __post_init__(self):
+        if self.ps_version != "v2":
+            raise ConfigError(f"ps_version={self.ps_version!r}: only 'v2' (the released models) is supported")
+        if self.force_image_size % self.vision.patch_size:
+            raise ConfigError(f"force_image_size={self.force_image_size} is not a multiple of the patch size "
+                              f"{self.vision.patch_size}")
+        k = round(1 / self.downsample_ratio)
+        if abs(k * self.downsample_ratio - 1) > 1e-9 or (self.force_image_size // self.vision.patch_size) % k:
+            raise ConfigError(f"downsample_ratio={self.downsample_ratio} must be 1/k with k dividing the patch grid "
+                              f"{self.force_image_size // self.vision.patch_size}")
+        if not 0.0 <= self.video_pruning_rate < 1.0:
+            raise ConfigError(f"video_pruning_rate={self.video_pruning_rate}: expected a fraction in [0, 1)")
+        if len(self.norm_mean) != 3 or len(self.norm_std) != 3 or min(self.norm_std) <= 0:
+            raise ConfigError(f"norm_mean/norm_std must be three numbers each (std > 0), got {self.norm_mean}, "
+                              f"{self.norm_std}")
+
+    @property
+    def grid(self) -> int:  # patches per tile side
+        return self.force_image_size // self.vision.patch_size
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return int(self.grid * self.downsample_ratio) ** 2
+
+    def replace(self, **changes) -> "VLConfig":
+        return dataclasses.replace(self, **changes)
+
+
+_VL_MAPPED = {"force_image_size", "downsample_ratio", "ps_version", "projector_hidden_size", "vit_hidden_size",
+              "use_thumbnail", "max_num_tiles", "norm_mean", "norm_std", "video_pruning_rate", "template"}
+_VL_TOKENS = {"img_start_token": "img_start", "img_end_token": "img_end", "img_context_token": "img_context",
+              "video_context_token": "video_context", "img_context_token_id": "img_context_id",
+              "image_context_token_id": "img_context_id", "image_token_id": "img_context_id",
+              "video_context_token_id": "video_context_id", "video_token_id": "video_context_id"}
+VL_IGNORED = {
+    "architectures": "dispatch is on model_type", "model_type": "checked by the caller",
+    "auto_map": "remote code is never executed", "transformers_version": "metadata", "_name_or_path": "metadata",
+    "torch_dtype": "storage dtype is read from the tensors", "dtype": "storage dtype is read from the tensors",
+    "attn_implementation": "we always use SDPA", "_attn_implementation": "we always use SDPA",
+    "is_composition": "transformers generic", "use_cache": "runtime choice",
+    "image_tag_type": "must be 'internvl' (<img>...</img>; checked)",
+    "patch_size": "duplicate of vision_config.patch_size (checked equal)",
+    "vision_hidden_size": "duplicate of vit_hidden_size",
+    "sound_config": "audio branch of later models; must be null (checked)",
+    "sound_context_token": "audio branch (absent)", "sound_context_token_id": "audio branch (absent)",
+    "output_hidden_states": "transformers generic", "output_attentions": "transformers generic",
+    "return_dict": "transformers generic", "id2label": "transformers generic", "label2id": "transformers generic",
+    "problem_type": "transformers generic", "chunk_size_feed_forward": "transformers generic",
+    "is_encoder_decoder": "transformers generic", "tie_word_embeddings": "the LM config decides",
+    "quantization_config": "read by the quantized-checkpoint loader",
+    "eos_token_id": "generation_config.json / the LM config decide", "bos_token_id": "see eos_token_id",
+    "pad_token_id": "see eos_token_id", "image_size": "duplicate of force_image_size",
+    "video_temporal_patch_size": "must be 1 for V2 (checked)",
+}
+# vision_config: we read args.model, args.cpe_max_size and patch_size. RADIO's other fields describe its
+# training (teachers, adaptors, feature normalisers); reference §11 calls them informational.
+_VISION_MUST_BE_OFF = ("model_norm", "vitdet_window_size", "window_size")
+
+
+def vision_config_from_hf(vc: dict, where: str) -> VisionConfig:
+    if not isinstance(vc, dict):
+        raise ConfigError(f"{where}: vision_config must be an object")
+    args = vc.get("args") or {}
+    name = args.get("model") or vc.get("model")
+    if not name:
+        raise ConfigError(f"{where}: vision_config.args.model (a timm ViT name such as vit_huge_patch16_224) is missing")
+    for key in _VISION_MUST_BE_OFF:
+        if args.get(key):
+            raise ConfigError(f"{where}: vision_config.args.{key}={args[key]!r} is not supported by this encoder "
+                              f"(the released models leave it off)")
+    patch = vc.get("patch_size", args.get("patch_size", 16))
+    patch = patch[0] if isinstance(patch, list) else patch
+    return VisionConfig(model=name, patch_size=int(patch), cpe_max_size=int(args.get("cpe_max_size", 2048)))
+
+
+def vl_config_from_hf(raw: dict, *, num_prefix_tokens: int | None = None, where: str = "config.json") -> VLConfig:
+    """Build a `VLConfig` from a `NemotronH_Nano_VL_V2` config.json, strictly."""
+    raw = dict(raw)
+    lm_raw = raw.pop("llm_config", None) or raw.pop("text_config", None)
+    raw.pop("text_config", None)
+    if lm_raw is None:
+        raise ConfigError(f"{where}: neither llm_config nor text_config is present")
+    lm = lm_config_from_hf(lm_raw, where=f"{where} (llm_config)")
+    vision = vision_config_from_hf(raw.pop("vision_config", None), where)
+    if num_prefix_tokens is not None:
+        vision = dataclasses.replace(vision, num_prefix_tokens=num_prefix_tokens)
+    if raw.get("patch_size") not in (None, vision.patch_size):
+        raise ConfigError(f"{where}: patch_size={raw['patch_size']} differs from vision_config ({vision.patch_size})")
+    if raw.get("image_tag_type", "internvl") != "internvl":
+        raise ConfigError(f"{where}: image_tag_type={raw['image_tag_type']!r}; only 'internvl' is supported")
+    if raw.get("sound_config"):
+        raise ConfigError(f"{where}: sound_config is set; the audio branch is not supported")
+    if raw.get("video_temporal_patch_size", 1) not in (1, None):
+        raise ConfigError(f"{where}: video_temporal_patch_size={raw['video_temporal_patch_size']}; V2 uses 1")
+    out, tokens, unknown = {}, {}, []
+    for key, value in raw.items():
+        if key in _VL_MAPPED:
+            out[key] = value
+        elif key in _VL_TOKENS:
+            if value is not None:
+                tokens[_VL_TOKENS[key]] = value
+        elif key not in VL_IGNORED:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(f"{where}: unknown NemotronH_Nano_VL_V2 config keys {sorted(unknown)}; neither mapped nor "
+                          f"on the documented ignore list (vl.config.VL_IGNORED)")
+    if out.get("force_image_size") is None:
+        out.pop("force_image_size", None)
+    for key in ("norm_mean", "norm_std"):
+        if key in out:
+            out[key] = tuple(_float(v, key) for v in out[key])
+    if "downsample_ratio" in out:
+        out["downsample_ratio"] = _float(out["downsample_ratio"], "downsample_ratio")
+    if "video_pruning_rate" in out:
+        out["video_pruning_rate"] = _float(out["video_pruning_rate"] or 0.0, "video_pruning_rate")
+    cfg = VLConfig(lm=lm, vision=vision, tokens=MediaTokenConfig(**tokens), **out)
+    return cfg
+
+
+def vl_config_to_hf(cfg: VLConfig) -> dict:
+    t = cfg.tokens
+    d = {
+        "architectures": ["NemotronH_Nano_VL_V2"], "model_type": "NemotronH_Nano_VL_V2",
+        "llm_config": lm_config_to_hf(cfg.lm),
+        "vision_config": {"model_type": "radio", "patch_size": cfg.vision.patch_size,
+                          "args": {"model": cfg.vision.model, "cpe_max_size": cfg.vision.cpe_max_size}},
+        "force_image_size": cfg.force_image_size, "patch_size": cfg.vision.patch_size,
+        "downsample_ratio": cfg.downsample_ratio, "ps_version": cfg.ps_version, "image_tag_type": "internvl",
+        "projector_hidden_size": cfg.projector_hidden_size, "vit_hidden_size": cfg.vit_hidden_size,
+        "use_thumbnail": cfg.use_thumbnail, "max_num_tiles": cfg.max_num_tiles,
+        "norm_mean": list(cfg.norm_mean), "norm_std": list(cfg.norm_std),
+        "img_start_token": t.img_start, "img_end_token": t.img_end, "img_context_token": t.img_context,
+        "video_context_token": t.video_context, "img_context_token_id": t.img_context_id,
+        "video_context_token_id": t.video_context_id, "video_pruning_rate": cfg.video_pruning_rate,
+    }
+    if cfg.template is not None:
+        d["template"] = cfg.template
+    return d
+
+
+def tiny_vl(**changes) -> VLConfig:
+    """A tiny Nano-V2-VL-shaped model for tests: 64 px tiles, patch 16, 4 tokens per tile."""
+    base = dict(lm=LMConfig(vocab_size=300), vision=VisionConfig(model="vit_tiny_patch16_224", num_prefix_tokens=4),
+                force_image_size=64, projector_hidden_size=96, vit_hidden_size=192,
+                tokens=MediaTokenConfig(img_context_id=299, video_context_id=298))
+    base.update(changes)
+    return VLConfig(**base)

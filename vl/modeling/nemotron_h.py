@@ -68,6 +68,10 @@ class NemotronHForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.backbone.embeddings.weight
 
+    @property
+    def lm_config(self) -> LMConfig:
+        return self.config
+
     def embed(self, input_ids):
         return self.backbone.embeddings(input_ids)
 
