@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny_models.py and friends
+# tests/tiny_models.py and friends; the repository root too, so that a test folder named like a package
+# (tests/token_reduction) never shadows the package as a namespace portion
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
 
 
 @pytest.fixture(autouse=True)

@@ -64,3 +64,28 @@ def save_hf_nemotron(tmp_path, variant="hybrid", seed=0, dtype=torch.float32, **
     out = tmp_path / f"nh_{variant}_{seed}"
     model.save_pretrained(out)
     return out, model
+
+
+TINY_CORPUS = [
+    "What is the total? The total is 47.", "Describe the image.", "The red circle moves to the right.",
+    "Which field is at the top? NAME", "How many stars are there? 3", "This is a video:\nFrame 1 sampled at 0.50 seconds: ",
+    "The answer is yes. The answer is no.", "left right up down red green blue yellow",
+] * 20
+
+
+def make_tiny_vl_dir(path, seed=0, vocab_size=320, **vl_changes):
+    """A complete tiny Nano-V2-VL checkpoint directory (weights, config, tokenizer with chat template)."""
+    from data_recipes.tokenizer import train_tokenizer
+    from vl.checkpoint.nano_vl import save_pretrained
+    from vl.config import LMConfig, MediaTokenConfig, tiny_vl
+    from vl.modeling.vlm import NemotronVL
+
+    tok = train_tokenizer(TINY_CORPUS, vocab_size, path)
+    ids = MediaTokenConfig(img_context_id=tok.convert_tokens_to_ids("<image>"),
+                           video_context_id=tok.convert_tokens_to_ids("<video>"))
+    lm = LMConfig(vocab_size=len(tok), eos_token_id=(tok.convert_tokens_to_ids("<SPECIAL_12>"),))
+    torch.manual_seed(seed)
+    model = NemotronVL(tiny_vl(lm=lm, tokens=ids, **vl_changes)).eval()
+    randomize_(model.language_model, seed)
+    save_pretrained(model, path, tokenizer=tok)
+    return path

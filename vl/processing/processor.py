@@ -1,0 +1,203 @@
+"""Messages -> model inputs: the one path from a user's files and words to `input_ids` and tiles.
+
+Order of work follows the reference processor (HF remote `processing.py`, vLLM `nano_nemotron_vl.py`):
+render the chat (vl/processing/chat.py, the only home of the prompt format) with one placeholder per
+media item; load and tile each item behind the media limits; expand each placeholder to its
+`<img><image>…</img>` run (videos: timestamped frame headers); tokenize without BOS. Placeholder runs
+of videos are full-length: token reduction drops positions inside the model after the encoder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vl.config import VLConfig
+from vl.errors import ConfigError, InputError, RemoteMediaError
+from vl.modeling.vlm import MediaSpan
+from vl.processing import chat
+from vl.processing.documents import DEFAULT_SCALE, plan_document_budget, render_pdf
+from vl.processing.images import preprocess_image
+from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.video import load_video
+
+
+@dataclass
+class MediaInfo:
+    """Per-item metadata that the model, token reduction, stats and the UI need."""
+
+    kind: str  # "image" | "video"
+    num_tiles: int
+    grid: tuple[int, int] | None = None  # (cols, rows) for images
+    image_size: tuple[int, int] | None = None
+    frame_indices: list[int] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    fps: float | None = None
+    document: Any = None  # for PDF pages: the document's name
+    page: int | None = None
+    thumbnails: list = field(default_factory=list)  # small PIL previews for the UI
+
+
+@dataclass
+class ProcessedInputs:
+    input_ids: torch.Tensor  # (1, t)
+    pixel_values: torch.Tensor | None  # (num_tiles, 3, S, S) in placeholder order
+    media: list[MediaSpan]
+    items: list[MediaInfo]
+    prompt: chat.RenderedPrompt
+    text: str  # the expanded prompt
+    notes: list[str] = field(default_factory=list)  # what was reduced or clamped, for stats and the UI
+
+    @property
+    def num_vision_tokens(self) -> int:
+        return sum(m.num_tiles for m in self.media)  # multiplied by tokens_per_tile by callers
+
+
+def _is_url(s: str) -> bool:
+    return "://" in s[:16] or s.startswith(("www.", "//"))
+
+
+class Processor:
+    def __init__(self, tokenizer, config: VLConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
+                 allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
+                 timestamp_convention: str = "reference"):
+        self.tokenizer, self.config, self.limits = tokenizer, config, limits
+        self.allowed_roots = None if allowed_roots is None else [Path(r).resolve() for r in allowed_roots]
+        self.isolate, self.video_backend, self.timestamp_convention = isolate, video_backend, timestamp_convention
+        t = config.tokens
+        self.tokens = chat.MediaTokens(t.img_start, t.img_end, t.img_context, t.video_context)
+        self.image_token_id = self._token_id(t.img_context, t.img_context_id)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def _token_id(self, text: str, configured: int | None) -> int:
+        found = self.tokenizer.convert_tokens_to_ids(text)
+        if found is None or found == self.tokenizer.unk_token_id:
+            raise ConfigError(f"the tokenizer has no single token for {text!r}")
+        if configured is not None and configured != found:
+            raise ConfigError(f"config says {text!r} is id {configured} but the tokenizer says {found}")
+        return found
+
+    # --- sources -----------------------------------------------------------------------------------
+    def _check_source(self, source):
+        """Local paths only, and only under `allowed_roots` when set; URLs are never fetched."""
+        if isinstance(source, (str, os.PathLike)):
+            s = os.fspath(source)
+            if _is_url(s):
+                raise RemoteMediaError(f"{s[:80]!r} looks like a URL; remote media is never fetched. Download it "
+                                       f"yourself and pass the bytes or a local path")
+            if self.allowed_roots is not None:
+                p = Path(s).resolve()
+                if not any(p.is_relative_to(r) for r in self.allowed_roots):
+                    raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
+        return source
+
+    def _pdf_pages(self, scale: float, page_range: str | None):
+        def load(source):
+            doc = render_pdf(self._check_source(source), pages=page_range, scale=scale, limits=self.limits,
+                             isolate=self.isolate)
+            return doc.pages
+        return load
+
+    # --- the call ----------------------------------------------------------------------------------
+    def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
+                 max_num_tiles: int | None = None, fps: float = 2.0, max_frames: int = 128,
+                 pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
+                 reserved_tokens: int = 1024) -> ProcessedInputs:
+        cfg = self.config
+        max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else max_num_tiles
+        if not 1 <= max_num_tiles <= 40:
+            raise InputError(f"max_num_tiles={max_num_tiles}: expected 1..40 (the models were trained with <= 12)")
+        prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
+                                    add_generation_prompt=add_generation_prompt,
+                                    pdf_pages=self._pdf_pages(pdf_scale, pages), tokens=self.tokens)
+        images = [m for m in prompt.media if m.kind == "image"]
+        videos = [m for m in prompt.media if m.kind == "video"]
+        documents = {id(m.document) for m in images if m.document is not None}
+        self.limits.check_count("video", len(videos))
+        self.limits.check_count("document", len(documents))
+        self.limits.check_count("image", len([m for m in images if m.document is None]))
+        notes = []
+        caps = [max_num_tiles] * len(prompt.media)
+        pages_idx = [i for i, m in enumerate(prompt.media) if m.document is not None]
+        if pages_idx and context_length:
+            sizes = [prompt.media[i].source.size for i in pages_idx]
+            plan = plan_document_budget(sizes, context_length, reserved_tokens, cfg.tokens_per_tile, max_num_tiles,
+                                        tile_size=cfg.force_image_size, use_thumbnail=cfg.use_thumbnail)
+            for i, cap in zip(pages_idx, plan.max_tiles_per_page):
+                caps[i] = cap
+            if plan.reduced:
+                notes.append(plan.reason)
+        tiles, spans, infos, runs = [], [], [], []
+        for item, cap in zip(prompt.media, caps):
+            opts = item.options or {}
+            if item.kind == "image":
+                img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
+                                       tile_size=cfg.force_image_size, max_num_tiles=int(opts.get("max_num_tiles", cap)),
+                                       use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
+                tiles.append(img.pixel_values)
+                spans.append(MediaSpan("image", img.num_tiles))
+                infos.append(MediaInfo("image", img.num_tiles, img.grid, img.image_size,
+                                       document=None if item.document is None else str(item.document)[:200],
+                                       page=item.page))
+                runs.append(chat.image_placeholder(img.num_tiles, cfg.tokens_per_tile, self.tokens))
+            else:
+                vid = load_video(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
+                                 tile_size=cfg.force_image_size, target_fps=float(opts.get("fps", fps)),
+                                 max_frames=int(opts.get("max_frames", max_frames)), backend=self.video_backend,
+                                 timestamp_convention=self.timestamp_convention, limits=self.limits,
+                                 isolate=self.isolate)
+                n = vid.pixel_values.shape[0]
+                tiles.append(vid.pixel_values)
+                spans.append(MediaSpan("video", n))
+                infos.append(MediaInfo("video", n, frame_indices=list(vid.frame_indices),
+                                       timestamps=list(vid.timestamps_s), fps=vid.fps))
+                if vid.partial:
+                    notes.append("some video frames could not be decoded and were skipped")
+                runs.append(chat.video_placeholder([cfg.tokens_per_tile] * n, vid.timestamps_s, self.tokens))
+        text = chat.expand_placeholders(prompt.text, runs, self.tokens)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        pixel_values = torch.cat(tiles) if tiles else None
+        expected = sum(s.num_tiles for s in spans) * cfg.tokens_per_tile
+        found = int((input_ids == self.image_token_id).sum())
+        if found != expected:
+            raise InputError(f"the prompt text itself contains {found - expected} extra {cfg.tokens.img_context!r} "
+                             f"tokens; remove them from the messages")
+        return ProcessedInputs(input_ids, pixel_values, spans, infos, prompt, text, notes)
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def stop_token_ids(self) -> set[int]:
+        """End of turn plus the tokenizer's EOS (generation_config.json is read by the engine)."""
+        out = set()
+        for tok in (chat.END_OF_TURN, self.tokenizer.eos_token):
+            if tok:
+                i = self.tokenizer.convert_tokens_to_ids(tok)
+                if i is not None and i != self.tokenizer.unk_token_id:
+                    out.add(int(i))
+        return out
+
+
+def load_processor(path, **kwargs) -> Processor:
+    from transformers import AutoTokenizer
+
+    from vl.checkpoint.load import read_config, resolve_dir
+    from vl.config import vl_config_from_hf
+
+    directory = resolve_dir(path)
+    raw = read_config(directory)
+    if "norm_mean" not in raw:  # same resolution order as the loader: config, preprocessor file, buffers
+        from vl.checkpoint.files import CheckpointFiles
+        from vl.checkpoint.nano_vl import build_and_plan
+
+        cfg = build_and_plan(raw, CheckpointFiles(directory), directory)[0].config
+    else:
+        cfg = vl_config_from_hf(raw, where=str(directory / "config.json"))
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    return Processor(tokenizer, cfg, **kwargs)

@@ -1,0 +1,314 @@
+"""`vl.Engine`: messages in, a stream of reasoning/answer events out. Every user path goes through it.
+
+The engine speaks tokens underneath (vl/runtime/generate.py) with the processor and the chat format on
+top (nanochat `engine.py`). Model code stays plain math; placement happens at load time. The vision tower's
+output is cached per image so a follow-up question on the same document does not re-encode it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vl.errors import GenerationOptionError
+from vl.processing.chat import ThinkSplitter, split_reasoning
+from vl.runtime.detokenize import IncrementalDecoder
+from vl.runtime.generate import generate_steps, left_pad, left_pad_embeds
+from vl.runtime.reasoning import ReasoningBudget
+from vl.runtime.sampling import SamplingParams
+
+_PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
+                   "add_generation_prompt")
+
+
+@dataclass
+class Event:
+    kind: str  # "reasoning" | "answer"
+    text: str
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0  # tokens the LLM prefilled (after token reduction)
+    vision_tokens_before: int = 0
+    vision_tokens_after: int = 0
+    new_tokens: int = 0
+    time_to_first_token_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    total_s: float = 0.0
+    peak_memory_bytes: int = 0  # CUDA: max allocated in this call; CPU: the process's peak RSS so far
+    vision_cache_hits: int = 0
+    notes: list[str] = field(default_factory=list)
+    reductions: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ChatResult:
+    text: str  # the whole completion as generated (reasoning, `</think>`, answer)
+    reasoning: str
+    answer: str
+    token_ids: list[int]
+    stats: Stats
+    finish_reason: str  # "stop" | "length" | "stop_string" | "cancelled" | "timeout"
+    reasoning_truncated: bool = False  # generation ended inside the think block: no answer
+
+
+class ChatStream:
+    """Iterator of `Event`s; `.result` holds the `ChatResult` once the iteration has finished."""
+
+    def __init__(self, gen):
+        self._gen, self.result = gen, None
+
+    def __iter__(self):
+        self.result = yield from self._gen
+        return self.result
+
+
+class Engine:
+    def __init__(self, model, processor, *, stop_ids=(), vision_cache_size: int = 32, prefill_chunk: int = 2048):
+        self.model, self.processor = model, processor
+        self.tokenizer = processor.tokenizer
+        self.stop_ids = set(stop_ids) | processor.stop_token_ids()
+        self.prefill_chunk = prefill_chunk
+        self._vision_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._vision_cache_size = vision_cache_size
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, **processor_kwargs):
+        import vl
+
+        model = vl.load_pretrained(path, dtype=dtype, device_map=device_map)
+        if video_pruning_rate is not None:
+            model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
+        processor = vl.load_processor(path, **processor_kwargs)
+        return cls(model, processor, stop_ids=_generation_stop_ids(path))
+
+    @property
+    def lm(self):
+        return getattr(self.model, "language_model", self.model)
+
+    @property
+    def context_length(self) -> int:
+        return self.lm.config.max_position_embeddings
+
+    # --- vision ------------------------------------------------------------------------------------
+    def _tile_vectors(self, pixel_values, media, stats: Stats):
+        """Encode tiles item by item through the cache; returns (n_tiles, tokens_per_tile, d) or None."""
+        if pixel_values is None:
+            return None
+        outs, start = [], 0
+        for span in media:
+            tiles = pixel_values[start:start + span.num_tiles]
+            start += span.num_tiles
+            key = hashlib.sha1(tiles.numpy().tobytes()).hexdigest() + f":{span.kind}"
+            if key in self._vision_cache:
+                self._vision_cache.move_to_end(key)
+                stats.vision_cache_hits += 1
+                outs.append(self._vision_cache[key])
+                continue
+            vec = self.model.encode_tiles(tiles.to(self._device(), self._dtype()))
+            self._vision_cache[key] = vec
+            while len(self._vision_cache) > self._vision_cache_size:
+                self._vision_cache.popitem(last=False)
+            outs.append(vec)
+        return torch.cat(outs)
+
+    def _device(self):
+        return self.lm.backbone.embeddings.weight.device
+
+    def _dtype(self):
+        return self.lm.backbone.embeddings.weight.dtype
+
+    def prepare(self, messages, *, thinking=None, video_pruning_rate=None, stats: Stats | None = None, **proc):
+        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced."""
+        stats = stats or Stats()
+        proc.setdefault("context_length", self.context_length)
+        inputs = self.processor(messages, thinking=thinking, **proc)
+        stats.notes += inputs.notes
+        ids = inputs.input_ids.to(self._device())
+        if hasattr(self.model, "prepare_inputs"):
+            vectors = self._tile_vectors(inputs.pixel_values, inputs.media, stats)
+            embeds, mask, vision = self.model.prepare_inputs(ids, media=inputs.media, tile_vectors=vectors,
+                                                             video_pruning_rate=video_pruning_rate)
+            if vision is not None:
+                stats.vision_tokens_before = int(vision.vectors.shape[0])
+                stats.vision_tokens_after = int(vision.keep.sum()) if vision.keep is not None else \
+                    stats.vision_tokens_before
+                stats.reductions = vision.info
+        else:
+            embeds = self.lm.embed(ids)
+        stats.prompt_tokens = int(embeds.shape[1])
+        return embeds, inputs, stats
+
+    # --- chat ----------------------------------------------------------------------------------------
+    def chat(self, messages, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+             top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None, thinking=None,
+             reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
+             video_pruning_rate: float | None = None, cancel: threading.Event | None = None,
+             timeout_s: float | None = None, **processor_kwargs):
+        unknown = sorted(set(processor_kwargs) - set(_PROCESSOR_KEYS))
+        if unknown:
+            raise GenerationOptionError(f"unknown option(s) {unknown}; sampling: temperature, top_p, top_k, "
+                                        f"repetition_penalty, seed; processing: {', '.join(_PROCESSOR_KEYS)}")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                repetition_penalty=repetition_penalty, seed=seed)
+        if reasoning_budget is not None and (not isinstance(reasoning_budget, int) or reasoning_budget < 0):
+            raise GenerationOptionError(f"reasoning_budget must be an int >= 0, found {reasoning_budget!r}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
+        gen = self._chat_events(messages, max_new_tokens, params, thinking, reasoning_budget, stop or [],
+                                video_pruning_rate, cancel, timeout_s, processor_kwargs)
+        if stream:
+            return ChatStream(gen)
+        s = ChatStream(gen)
+        for _ in s:
+            pass
+        return s.result
+
+    def _chat_events(self, messages, max_new_tokens, params, thinking, reasoning_budget, stop, video_pruning_rate,
+                     cancel, timeout_s, proc):
+        with self._lock:
+            t0 = time.perf_counter()
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            embeds, inputs, stats = self.prepare(messages, thinking=thinking, video_pruning_rate=video_pruning_rate,
+                                                 **proc)
+            opened = inputs.prompt.prompt_opened_think
+            budget = None if reasoning_budget is None else ReasoningBudget(self.tokenizer, reasoning_budget, opened)
+            splitter, decoder = ThinkSplitter(opened), IncrementalDecoder(self.tokenizer)
+            ids: list[int] = []
+            text, finish, first = "", "length", None
+            steps = generate_steps(self.lm, inputs_embeds=embeds, max_new_tokens=max_new_tokens, params=params,
+                                   stop_ids=self.stop_ids, prefill_chunk=self.prefill_chunk,
+                                   controllers=[budget], context_length=self.context_length,
+                                   context_ids=inputs.input_ids)
+            for ev in steps:
+                tok = ev.tokens[0]
+                first = first or time.perf_counter()
+                if tok in self.stop_ids:
+                    finish = "stop"
+                    break
+                ids.append(tok)
+                piece = decoder.push(tok)
+                hit = _find_stop(text + piece, stop, len(text))
+                if hit is not None:
+                    piece, finish = (text + piece)[:hit][len(text):], "stop_string"
+                text += piece
+                for kind, chunk in splitter.feed(piece):
+                    yield Event(kind, chunk)
+                if finish == "stop_string":
+                    break
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                    finish = "timeout"
+                    break
+            steps.close()
+            if finish in ("length", "stop", "cancelled", "timeout"):
+                tail = decoder.flush()
+                text += tail
+                for kind, chunk in splitter.feed(tail):
+                    yield Event(kind, chunk)
+            for kind, chunk in splitter.finish():
+                yield Event(kind, chunk)
+            end = time.perf_counter()
+            reasoning, answer, truncated = split_reasoning(text, opened)
+            stats.new_tokens = len(ids)
+            stats.total_s = end - t0
+            stats.time_to_first_token_s = (first or end) - t0
+            if first and len(ids) > 1:
+                stats.decode_tokens_per_s = (len(ids) - 1) / max(end - first, 1e-9)
+            stats.peak_memory_bytes = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
+                                       else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            if budget is not None and budget.forced:
+                stats.notes.append(f"reasoning cut at the budget of {reasoning_budget} tokens")
+            return ChatResult(text, reasoning, answer, ids, stats, finish, truncated)
+
+    def chat_batch(self, conversations, **kwargs) -> list[ChatResult]:
+        """Several conversations at once (left-padded); results equal running them one by one."""
+        kwargs = dict(kwargs)
+        if kwargs.pop("stream", False):
+            raise GenerationOptionError("chat_batch does not stream; call chat(stream=True) per conversation")
+        max_new_tokens = kwargs.pop("max_new_tokens", 256)
+        thinking = kwargs.pop("thinking", None)
+        vpr = kwargs.pop("video_pruning_rate", None)
+        proc = {k: kwargs.pop(k) for k in list(kwargs) if k in _PROCESSOR_KEYS}
+        for k in ("reasoning_budget", "stop", "cancel", "timeout_s"):
+            if kwargs.get(k) is not None:
+                raise GenerationOptionError(f"{k} is supported by chat(), not chat_batch()")
+            kwargs.pop(k, None)
+        params = SamplingParams.from_kwargs(**kwargs)
+        with self._lock:
+            t0 = time.perf_counter()
+            prepared = [self.prepare(m, thinking=thinking, video_pruning_rate=vpr, **proc) for m in conversations]
+            embeds, mask = left_pad_embeds([e[0] for e, _, _ in prepared])
+            ctx, _ = left_pad([p.input_ids[0] for _, p, _ in prepared])
+            rows = [[] for _ in prepared]
+            first = None
+            for ev in generate_steps(self.lm, inputs_embeds=embeds, attention_mask=mask,
+                                     max_new_tokens=max_new_tokens, params=params, stop_ids=self.stop_ids,
+                                     prefill_chunk=self.prefill_chunk, context_length=self.context_length,
+                                     context_ids=ctx):
+                first = first or time.perf_counter()
+                for i, tok in enumerate(ev.tokens):
+                    if tok is not None and tok not in self.stop_ids:
+                        rows[i].append(tok)
+            end = time.perf_counter()
+        results = []
+        for (_, inputs, stats), toks in zip(prepared, rows):
+            text = self.tokenizer.decode(toks)
+            reasoning, answer, truncated = split_reasoning(text, inputs.prompt.prompt_opened_think)
+            stats.new_tokens, stats.total_s = len(toks), end - t0
+            stats.time_to_first_token_s = (first or end) - t0
+            finish = "length" if len(toks) >= max_new_tokens else "stop"
+            results.append(ChatResult(text, reasoning, answer, toks, stats, finish, truncated))
+        return results
+
+    # --- tokens --------------------------------------------------------------------------------------
+    def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,
+                     stop: bool = True, **sampling) -> torch.Tensor:
+        """Token level, no processor (text-only prompts): new ids (b, n); stopped rows padded with the stop id."""
+        from vl.runtime.generate import generate_ids
+
+        with self._lock:
+            return generate_ids(self.lm, input_ids.to(self._device()), attention_mask=attention_mask,
+                                max_new_tokens=max_new_tokens, stop_ids=self.stop_ids if stop else (),
+                                temperature=temperature, **sampling)
+
+
+def _find_stop(text: str, stops: list[str], searched_upto: int) -> int | None:
+    """Index where the earliest stop string starts, looking only at text not already searched."""
+    best = None
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s, max(0, searched_upto - len(s) + 1))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _generation_stop_ids(path) -> set[int]:
+    """eos ids from generation_config.json (reference §11), if present."""
+    from vl.checkpoint.load import resolve_dir
+
+    f = Path(resolve_dir(path)) / "generation_config.json"
+    if not f.exists():
+        return set()
+    eos = json.loads(f.read_text()).get("eos_token_id")
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {int(eos)}

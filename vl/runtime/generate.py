@@ -1,0 +1,137 @@
+"""Token-level generation: chunked prefill into a static hybrid cache, then a decode loop.
+
+The loop speaks tokens only (nanochat `engine.py`): it yields, per step, the new token of every row.
+Per-row controllers may force tokens (the reasoning budget closes `</think>` this way); stop ids end a
+row. Batched rows are left-padded, so Mamba states never see padding and results equal single runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from vl.errors import ContextLengthError, GenerationOptionError
+from vl.runtime.cache import HybridCache
+from vl.runtime.sampling import SamplingParams, sample
+
+
+def left_pad(sequences: list[torch.Tensor], pad_id: int = 0):
+    """1-D id tensors -> (ids (b, t), attention_mask (b, t)), left-padded."""
+    t = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), t, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, t - len(s):], mask[i, t - len(s):] = s, 1
+    return ids, mask
+
+
+def left_pad_embeds(embeds: list[torch.Tensor]):
+    """(t_i, d) embeddings -> ((b, t, d), attention_mask (b, t)), left-padded with zeros."""
+    t = max(e.shape[0] for e in embeds)
+    out = embeds[0].new_zeros(len(embeds), t, embeds[0].shape[-1])
+    mask = torch.zeros(len(embeds), t, dtype=torch.long, device=out.device)
+    for i, e in enumerate(embeds):
+        out[i, t - e.shape[0]:], mask[i, t - e.shape[0]:] = e, 1
+    return out, mask
+
+
+@dataclass
+class StepEvent:
+    step: int
+    tokens: list[int | None]  # new token per row; None once a row has finished
+    finished: list[bool]
+
+
+def check_lengths(prompt_len: int, max_new_tokens: int, context_length: int):
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
+    if prompt_len > context_length:
+        raise ContextLengthError(f"the prompt has {prompt_len} tokens but the model's context is {context_length}; "
+                                 f"shorten it (fewer pages, frames or tiles)")
+    if prompt_len + max_new_tokens > context_length:
+        raise ContextLengthError(f"the prompt has {prompt_len} tokens and max_new_tokens is {max_new_tokens}: "
+                                 f"{prompt_len + max_new_tokens} exceeds the model's context of {context_length}; "
+                                 f"lower max_new_tokens to at most {context_length - prompt_len}")
+
+
+@torch.no_grad()
+def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=None, max_new_tokens: int,
+                   params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int = 2048,
+                   controllers: list | None = None, context_length: int | None = None, context_ids=None,
+                   on_prefill_done: Callable[[], None] | None = None) -> Iterator[StepEvent]:
+    """Prefill then decode; yields one `StepEvent` per generated position.
+
+    `lm` is a Nemotron-H LM (or anything with its forward signature and `.config`). `controllers[i]`, when
+    given, has `.next_forced(row_ids) -> int | None` and `.observe(token_id)`; a forced token replaces the
+    sampled one for that row. `context_ids` (b, n): the ids the repetition penalty counts as seen (defaults to
+    input_ids; pass them when prefilling from embeddings).
+    """
+    x = input_ids if inputs_embeds is None else inputs_embeds
+    b, t = x.shape[0], x.shape[1]
+    cfg = lm.config
+    check_lengths(t, max_new_tokens, context_length or cfg.max_position_embeddings)
+    if prefill_chunk < 1:
+        raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
+    device = x.device
+    dtype = inputs_embeds.dtype if inputs_embeds is not None else lm.backbone.embeddings.weight.dtype
+    cache = HybridCache(cfg, b, t + max_new_tokens, dtype=dtype, device=device)
+    gen = torch.Generator(device="cpu")
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    logits = None
+    for start in range(0, t, prefill_chunk):
+        part = slice(start, start + prefill_chunk)
+        logits = lm(input_ids=None if input_ids is None or inputs_embeds is not None else input_ids[:, part],
+                    inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, part], cache=cache,
+                    attention_mask=None if attention_mask is None else attention_mask[:, part],
+                    logits_to_keep=1).logits[:, -1]
+    if on_prefill_done is not None:
+        on_prefill_done()
+    stop = torch.tensor(sorted(set(int(s) for s in stop_ids)), dtype=torch.long)
+    finished = [False] * b
+    context_ids = input_ids if context_ids is None else context_ids
+    seen = context_ids.cpu() if (context_ids is not None and params.repetition_penalty != 1.0) else None
+    history: list[list[int]] = [[] for _ in range(b)]
+    for step in range(max_new_tokens):
+        nxt = sample(logits, params, seen, gen).cpu()
+        tokens: list[int | None] = []
+        for i in range(b):
+            if finished[i]:
+                tokens.append(None)
+                continue
+            tok = int(nxt[i])
+            if controllers is not None and controllers[i] is not None:
+                forced = controllers[i].next_forced(history[i])
+                if forced is not None:
+                    tok = forced
+                controllers[i].observe(tok)
+            history[i].append(tok)
+            tokens.append(tok)
+            nxt[i] = tok
+            if stop.numel() and bool((stop == tok).any()):
+                finished[i] = True
+        yield StepEvent(step, tokens, list(finished))
+        if all(finished) or step == max_new_tokens - 1:
+            return
+        feed = nxt.to(device)[:, None]
+        if seen is not None:
+            seen = torch.cat([seen, feed.cpu()], 1)
+        logits = lm(input_ids=feed, cache=cache).logits[:, -1]
+
+
+def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), **sampling):
+    """Token level, no processor: -> new ids (b, n), rows that stopped early padded with their stop id."""
+    params = SamplingParams.from_kwargs(**sampling)
+    rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+    for ev in generate_steps(lm, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                             params=params, stop_ids=stop_ids):
+        for i, tok in enumerate(ev.tokens):
+            if tok is not None:
+                rows[i].append(tok)
+    n = max(len(r) for r in rows)
+    return torch.tensor([r + [r[-1]] * (n - len(r)) for r in rows], dtype=torch.long)
