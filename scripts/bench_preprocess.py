@@ -1,14 +1,16 @@
 """Media preprocessing throughput on CPU: images (ours vs transformers), video frames, PDF pages.
 
 Measures, in one process, on inputs generated here (nothing downloaded):
-  * a 12-tile page: a 2048 x 1536 picture -> 4 x 3 tiles + thumbnail = 13 normalized 512 px tiles.
+  * a 12-tile page: a 2048 x 1536 picture -> 4 x 3 tiles + thumbnail = 13 normalized 512 px tiles, and a
+    4032 x 3024 (12 MP) photo, where the whole-image bicubic resize to 2048 x 1536 dominates.
     Ours from the decoded PIL image (same input transformers gets), ours from JPEG bytes (decode included),
     ours from bytes in the sandbox worker (isolate=True), and transformers' GotOcr2 image processors
     (the same InternVL tiling; torchvision and PIL backends) -> images/s;
   * a 720p, 30 fps, 10 s H.264 clip sampled to 128 frames (one 512 px tile each) with decord and PyAV,
     in-process and isolated -> sampled frames/s;
   * a 50-page Letter PDF of vector drawings rendered at scale 2 (144 dpi, 1224 x 1584 px) -> seconds.
-Figures are medians of --rounds after one warm-up; on a shared machine quote ratios, not absolutes.
+Figures are medians of interleaved rounds after one warm-up (images: 2 x --rounds + 1); on a shared machine
+quote ratios, not absolutes.
 
 Usage: .venv/bin/python scripts/bench_preprocess.py [--rounds 3] [--threads 2] [--json out.json]
 """
@@ -34,14 +36,18 @@ from vl.processing.video import load_video
 MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
-def timed(fn, rounds: int) -> float:
-    fn()  # warm-up (imports, worker start, allocator pools)
-    times = []
+def timed(cases, rounds: int) -> list[float]:
+    """Median seconds per case; rounds are interleaved across cases so that load changes on a shared
+    machine hit every case alike."""
+    for _, fn in cases:
+        fn()  # warm-up (imports, worker start, allocator pools)
+    times = [[] for _ in cases]
     for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for k, (_, fn) in enumerate(cases):
+            start = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def photo(width: int, height: int) -> Image.Image:
@@ -126,30 +132,39 @@ def main():
         ("transformers GotOcr2 (torchvision)", lambda: hf_tv(images=[image], return_tensors="pt")),
         ("transformers GotOcr2 (PIL)", lambda: hf_pil(images=[image], return_tensors="pt")),
     ]
-    base = None
-    for name, fn in image_cases:
-        seconds = timed(fn, args.rounds)
-        base = base or seconds
+    image_seconds = timed(image_cases, 2 * args.rounds + 1)
+    for (name, _), seconds in zip(image_cases, image_seconds):
         rows.append(("12-tile page 2048x1536 -> 13 tiles", name, f"{1 / seconds:.1f} images/s",
-                     f"{base / seconds:.2f}x of ours(PIL)"))
+                     f"{image_seconds[0] / seconds:.2f}x of ours(PIL)"))
+    phone = photo(4032, 3024)  # a 12 MP camera picture: the whole-image resize to 2048 x 1536 dominates
+    phone_cases = [
+        ("ours, PIL input", lambda: preprocess_image(phone, norm_mean=MEAN, norm_std=STD)),
+        ("transformers GotOcr2 (torchvision)", lambda: hf_tv(images=[phone], return_tensors="pt")),
+        ("transformers GotOcr2 (PIL)", lambda: hf_pil(images=[phone], return_tensors="pt")),
+    ]
+    phone_seconds = timed(phone_cases, 2 * args.rounds + 1)
+    for (name, _), seconds in zip(phone_cases, phone_seconds):
+        rows.append(("12 MP photo 4032x3024 -> 13 tiles", name, f"{1 / seconds:.1f} images/s",
+                     f"{phone_seconds[0] / seconds:.2f}x of ours(PIL)"))
 
     with tempfile.TemporaryDirectory() as tmp:
         clip = make_clip(os.path.join(tmp, "clip720p.mp4"))
-        for backend in ("decord", "pyav"):
-            for isolate in (False, True):
-                out = load_video(clip, norm_mean=MEAN, norm_std=STD, backend=backend, target_fps=30,
-                                 max_frames=128, isolate=isolate)
-                assert len(out.frame_indices) == 128
-                seconds = timed(lambda: load_video(clip, norm_mean=MEAN, norm_std=STD, backend=backend,
-                                                   target_fps=30, max_frames=128, isolate=isolate), args.rounds)
-                rows.append(("128 of 300 frames, 1280x720 H.264", f"{backend}{', isolate=True' if isolate else ''}",
-                             f"{128 / seconds:.1f} frames/s", f"{seconds:.2f} s per video"))
+        video_cases = [
+            (f"{backend}{', isolate=True' if isolate else ''}",
+             lambda b=backend, i=isolate: load_video(clip, norm_mean=MEAN, norm_std=STD, backend=b, target_fps=30,
+                                                     max_frames=128, isolate=i))
+            for backend in ("decord", "pyav") for isolate in (False, True)
+        ]
+        assert len(video_cases[0][1]().frame_indices) == 128
+        for (name, _), seconds in zip(video_cases, timed(video_cases, args.rounds)):
+            rows.append(("128 of 300 frames, 1280x720 H.264", name, f"{128 / seconds:.1f} frames/s",
+                         f"{seconds:.2f} s per video"))
 
     pdf = make_pdf(50)
-    for isolate in (False, True):
-        seconds = timed(lambda: render_pdf(pdf, scale=2.0, isolate=isolate), args.rounds)
-        rows.append(("50-page Letter PDF at scale 2", f"pypdfium2{', isolate=True' if isolate else ''}",
-                     f"{seconds:.2f} s", f"{50 / seconds:.1f} pages/s"))
+    pdf_cases = [(f"pypdfium2{', isolate=True' if i else ''}", lambda i=i: render_pdf(pdf, scale=2.0, isolate=i))
+                 for i in (False, True)]
+    for (name, _), seconds in zip(pdf_cases, timed(pdf_cases, args.rounds)):
+        rows.append(("50-page Letter PDF at scale 2", name, f"{seconds:.2f} s", f"{50 / seconds:.1f} pages/s"))
 
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     print(f"torch threads={args.threads}, rounds={args.rounds} (median), cpu_count={os.cpu_count()}")

@@ -372,6 +372,7 @@ def _mutated(draw):
     return bytes(data)
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # mutated headers; refused by our cap
 @settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated())
 def test_i12_fuzz_only_typed_errors_escape(data):

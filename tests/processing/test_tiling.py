@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from media_fixtures import encode, noise_image  # noqa: E402
 
 from vl.errors import ConfigError  # noqa: E402
-from vl.processing.images import find_grid, preprocess_image, tile_uint8  # noqa: E402
+from vl.processing.images import find_grid, normalize, preprocess_image, tile_uint8  # noqa: E402
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
@@ -116,6 +116,13 @@ def test_normalization_uses_given_mean_std():
     assert out.pixel_values.is_contiguous()  # NCHW, not a channels-last view of the HWC pixels
     with pytest.raises(ConfigError):
         preprocess_image(im, norm_mean=(0.5, 0.5), norm_std=(1, 1, 1), tile_size=16)
+
+
+def test_table_normalization_is_bit_identical_to_the_formula():
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float()
+    mean, std = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    assert torch.equal(normalize(pixels, CLIP_MEAN, CLIP_STD), (x / 255.0 - mean) / std)
 
 
 @pytest.mark.parametrize("size", [(1000, 600), (300, 200), (1024, 768), (64, 64)])

