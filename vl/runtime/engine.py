@@ -22,6 +22,7 @@ from vl.errors import GenerationOptionError
 from vl.processing.chat import ThinkSplitter, split_reasoning
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.generate import generate_steps, left_pad, left_pad_embeds
+from vl.runtime.placement import execution_device
 from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.sampling import SamplingParams
 
@@ -126,7 +127,7 @@ class Engine:
         return torch.cat(outs)
 
     def _device(self):
-        return self.lm.backbone.embeddings.weight.device
+        return execution_device(self.model)
 
     def _dtype(self):
         return self.lm.backbone.embeddings.weight.dtype
