@@ -6,8 +6,8 @@ salted `hash`), so a sample never depends on global state, on call order, or on 
 Answer classes are balanced by construction: within each block of `n_classes` consecutive indices of a
 family, every class is the answer exactly once (`balanced_class`).
 
-Frame times come from the one place the prompt format lives, `vl.processing.chat.frame_timestamps`
-(the Nano V2 VL rule, shared/reference/nemotron_nano_v2_vl.md section 6.3: `t_i = i * int(1000 / fps) / 1000`),
+Frame times come from `vl.processing.video.frame_timestamps` with the reference convention, the same call
+the processor makes (the Nano V2 VL rule, shared/reference/nemotron_nano_v2_vl.md section 6.3: `t_i = i * int(1000 / fps) / 1000`),
 written with two decimals as the frame header writes them.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from vl.errors import ConfigError
-from vl.processing.chat import frame_timestamps
+from vl.processing.video import frame_timestamps
 
 # Strong, well separated hues; names are the canonical answers of the colour questions.
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -98,7 +98,7 @@ def sample_id(family: str, seed: int, index: int) -> str:
 
 def frame_time(frame_index: int, fps: float) -> float:
     """Seconds at which frame `frame_index` (0-based) is shown, by the prompt's frame-header rule."""
-    return frame_timestamps([frame_index], fps)[0]
+    return frame_timestamps([frame_index], fps, "reference")[0]
 
 
 def frame_time_str(frame_index: int, fps: float) -> str:

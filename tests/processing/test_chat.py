@@ -16,7 +16,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from vl.errors import ConfigError, InputError
 from vl.processing.chat import (
     CHAT_TEMPLATE, MediaTokens, PlaceholderMismatchError, PromptFormatError, ThinkSplitter, expand_placeholders,
-    frame_timestamps, image_placeholder, render_messages, render_prompt, split_reasoning, strip_reasoning,
+    image_placeholder, render_messages, render_prompt, split_reasoning, strip_reasoning,
     video_placeholder,
 )
 
@@ -223,12 +223,6 @@ def test_video_placeholder_golden():
         video_placeholder([1, 1], timestamps=[0.0])
     with pytest.raises(PlaceholderMismatchError):
         video_placeholder([])
-
-
-def test_frame_timestamps_truncate_frame_duration_to_ms():
-    assert frame_timestamps([0, 1, 30], fps=30.0) == [0.0, 0.033, 0.99]  # int(1000 / 30) = 33 ms
-    with pytest.raises(InputError):
-        frame_timestamps([0], fps=0)
 
 
 def test_expand_placeholders_in_order():

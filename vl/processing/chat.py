@@ -335,13 +335,6 @@ def video_placeholder(frame_tokens: Sequence[int], timestamps: Sequence[float] |
                                                for head, n in zip(heads, frame_tokens))
 
 
-def frame_timestamps(frame_indices: Sequence[int], fps: float) -> list[float]:
-    """t_i = index_i * int(1000 / fps) / 1000: the reference truncates the frame duration to whole ms (§6.3)."""
-    if not fps or fps <= 0:
-        raise InputError(f"expected a positive video fps, found {fps!r}")
-    return [i * int(1000 / fps) / 1000 for i in frame_indices]
-
-
 def expand_placeholders(text: str, replacements: Sequence[str], tokens: MediaTokens = DEFAULT_TOKENS) -> str:
     """Replaces each `<image>` / `<video>` placeholder, in order, by its `image_placeholder` /
     `video_placeholder` run. Each run is checked against its placeholder kind."""
