@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from eval.data import Item, row_to_item
-from eval.metrics import _strip_reasoning
 from vl.errors import InputError
+from vl.processing.chat import strip_reasoning
 
 HARNESS = "lmms-eval@75571cf"  # eval_metrics.md: primary harness, pinned
 
@@ -86,7 +86,7 @@ class Task:
     def postprocess(self, raw: str) -> str:
         """LE strip_reasoning_tags (drops complete think blocks, keeps text after a lone `</think>`,
         strips whitespace). Nothing else: further rewriting would be a logged variant."""
-        return _strip_reasoning(raw)
+        return strip_reasoning(raw)
 
     def prediction_record(self, item: Item, prediction: str, **extra: Any) -> dict:
         """The predictions-JSONL record `score_record` reads back (plus whatever the runner adds)."""
