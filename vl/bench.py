@@ -1,0 +1,227 @@
+"""`vl bench`: speed and memory of our runtime against transformers, measured in one process.
+
+Every figure is a ratio against a named reference run in the same process on the same weights, with the
+runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits both; we report the median.
+- prefill tokens/s: ours = chunked prefill into the static cache (what the engine does); transformers =
+  `model(input_ids, use_cache=True, logits_to_keep=1)` (what its `generate` does for the prompt);
+- decode tokens/s after a context of n tokens: (time to generate k+1 tokens - time to generate 1) / k, for
+  our `generate_steps` and transformers' `generate`, greedy;
+- roofline: every weight matrix of the model multiplied once by one token, back to back (the bandwidth-bound
+  floor of a decode step) against the measured time per token;
+- cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
+from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.runtime.cache import HybridCache
+from vl.runtime.generate import generate_steps
+from vl.runtime.sampling import SamplingParams
+
+CONFIGS = {
+    "180m": bench_180m_lm,
+    "tiny": lambda: LMConfig(vocab_size=4096, hidden_size=128, pattern="M-M*-M-", num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, intermediate_size=256, mamba_num_heads=8,
+                             mamba_head_dim=32, n_groups=2, ssm_state_size=32, chunk_size=128),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, sampled every 2 ms in a thread."""
+
+    def __enter__(self):
+        import psutil
+
+        self.proc, self.stop, self.peak = psutil.Process(), False, 0
+        self.base = self.proc.memory_info().rss
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join()
+
+
+def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
+    out = {k: [] for k in fns}
+    for f in fns.values():  # warm-up
+        f()
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            out[k].append(time.perf_counter() - t0)
+    return out
+
+
+def build_pair(cfg: LMConfig, dtype):
+    import transformers
+
+    torch.manual_seed(0)
+    ours = NemotronHForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.02)
+    hf = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**lm_config_to_hf(cfg))).eval()
+    hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
+    return ours.to(dtype), hf.to(dtype)
+
+
+@torch.no_grad()
+def our_prefill(model, ids):
+    cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=model.backbone.embeddings.weight.dtype)
+    for s in range(0, ids.shape[1], 2048):
+        model(ids[:, s:s + 2048], cache=cache, logits_to_keep=1)
+
+
+@torch.no_grad()
+def hf_prefill(model, ids):
+    model(ids, use_cache=True, logits_to_keep=1)
+
+
+@torch.no_grad()
+def our_generate(model, ids, n):
+    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n, params=SamplingParams()):
+        pass
+
+
+@torch.no_grad()
+def hf_generate(model, ids, n):
+    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@torch.no_grad()
+def weight_matmuls(model):
+    """Every weight matrix once against one token: the floor of a bandwidth-bound decode step."""
+    mats = [p for n, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in n]
+    experts = [p for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in n]
+    xs = {}
+
+    def run():
+        for w in mats:
+            x = xs.setdefault((w.shape[1], w.dtype), torch.randn(1, w.shape[1], dtype=w.dtype))
+            torch.nn.functional.linear(x, w)
+        for w in experts:  # a routed token touches k experts; all of them bound the floor from above
+            for e in w:
+                x = xs.setdefault((e.shape[1], e.dtype), torch.randn(1, e.shape[1], dtype=e.dtype))
+                torch.nn.functional.linear(x, e)
+    return run
+
+
+def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
+    ours = HybridCache(cfg, 1, length, dtype=torch.bfloat16, device="meta").nbytes()
+    attn = cfg.replace(pattern="".join("*" if c in "M*" else c for c in cfg.pattern))
+    full = HybridCache(attn, 1, length, dtype=torch.bfloat16, device="meta").nbytes()
+    return {"context": length, "hybrid_bytes": ours, "all_attention_bytes": full, "ratio": ours / full}
+
+
+def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(128, 4096), new_tokens=32,
+             repeats=3) -> list[dict]:
+    cfg = CONFIGS[name]()
+    dtype = DTYPES[dtype_name]
+    ours, hf = build_pair(cfg, dtype)
+    params = sum(p.numel() for p in ours.parameters())
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for t in prefill:
+        ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen)
+        with PeakRSS() as m_ours:
+            our_prefill(ours, ids)
+        with PeakRSS() as m_hf:
+            hf_prefill(hf, ids)
+        times = interleaved({"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}, repeats)
+        o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
+        rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
+                         ours=t / o, transformers=t / h, ratio=h / o,
+                         ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak))
+    floor = weight_matmuls(ours)
+    for ctx in decode_ctx:
+        ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen)
+        times = interleaved({
+            "ours1": lambda: our_generate(ours, ids, 1), "oursN": lambda: our_generate(ours, ids, new_tokens + 1),
+            "hf1": lambda: hf_generate(hf, ids, 1), "hfN": lambda: hf_generate(hf, ids, new_tokens + 1),
+            "floor": floor,
+        }, repeats)
+        o = (statistics.median(times["oursN"]) - statistics.median(times["ours1"])) / new_tokens
+        h = (statistics.median(times["hfN"]) - statistics.median(times["hf1"])) / new_tokens
+        fl = statistics.median(times["floor"])
+        rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx}",
+                         ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
+                         ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'config':<6} {'dtype':<5} {'metric':<24} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        note = ""
+        if "roofline_tok_s" in r:
+            note = (f"roofline {r['roofline_tok_s']:.1f} tok/s; ours {r['ours_vs_roofline']:.2f}x, "
+                    f"transformers {r['transformers_vs_roofline']:.2f}x of it")
+        elif "ours_peak_rss" in r:
+            note = f"peak RSS +{r['ours_peak_rss'] / 2**20:.0f} MiB vs +{r['transformers_peak_rss'] / 2**20:.0f} MiB"
+        elif "hybrid_bytes" in r:
+            lines.append(f"{r['config']:<6} {'bf16':<5} {'cache bytes @32k':<24} {r['hybrid_bytes'] / 2**20:>9.1f}M "
+                         f"{r['all_attention_bytes'] / 2**20:>12.1f}M {r['ratio']:>7.3f}  all-attention model of "
+                         f"the same size = the reference")
+            continue
+        lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<24} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
+                     f"{r['ratio']:>6.2f}x  {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="vl bench", description=__doc__.split("\n")[0])
+    p.add_argument("--configs", default="180m,tiny", help="comma list of: " + ", ".join(CONFIGS))
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--prefill", default="512,2048,8192", help="prompt lengths for prefill throughput")
+    p.add_argument("--decode-ctx", default="128,4096", help="context lengths before decode")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
+    p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.quick:
+        a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
+    rows = []
+    for name in a.configs.split(","):
+        for dt in a.dtypes.split(","):
+            rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
+                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats)
+        rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {a.repeats} interleaved runs")
+    print(format_table(rows))
+    if a.json:
+        text = json.dumps(rows, indent=2)
+        if a.json == "-":
+            print(text)
+        else:
+            with open(a.json, "w") as f:
+                f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
