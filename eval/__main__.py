@@ -1,0 +1,150 @@
+"""`vl eval ...` / `python -m eval ...` / `accelerate launch -m eval ...`: batch evaluation from the command line.
+
+    vl eval --model PATH --task TASK --data PATH --out DIR [--limit N] [--batch-size B] [--resume]
+            [--thinking on|off] [--max-tiles N] [--fps F --max-frames N] [--video-pruning-rate Q]
+            [--sweep KEY=V1,V2,...] [--max-new-tokens N]
+    vl eval score --task TASK --predictions FILE.jsonl      re-score a predictions file (no model)
+    vl eval tasks                                           list the task names
+
+Exit status: 0 when every item has a final record (item errors are results, counted in the summary);
+1 when items are missing (resume); 2 for a usage, data or model problem; 3 when the predictions log could
+not be written (disk full): the records so far are intact, rerun with --resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, found {text!r}")
+    return text == "on"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from eval.tasks import task_names
+
+    p = argparse.ArgumentParser(prog="vl eval", description="Batch evaluation: resumable, distributed "
+                                "(accelerate launch -m eval ...), scored exactly like lmms-eval. "
+                                "`vl eval score --help` re-scores a predictions file.")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model vl/demo)")
+    p.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
+    p.add_argument("--data", required=True, help="local dataset: JSONL/JSON with media paths, parquet file or "
+                   "folder of shards, arrow file, or a datasets.save_to_disk folder")
+    p.add_argument("--out", required=True, help="output folder (records/, predictions.jsonl, summary.json/.md)")
+    p.add_argument("--split", default=None, help="split of a parquet folder / save_to_disk DatasetDict")
+    p.add_argument("--media-root", default=None, help="folder media paths are relative to (default: the data "
+                   "file's folder); paths may not leave it")
+    p.add_argument("--limit", type=int, default=None, help="first N items only")
+    p.add_argument("--batch-size", type=int, default=1, help="conversations generated together (default 1)")
+    p.add_argument("--resume", action="store_true", help="continue a run in --out: skip finished items, redo "
+                   "unfinished and retriable ones; records of another configuration are never reused")
+    p.add_argument("--thinking", type=_on_off, default=False, help="reasoning on|off (default off: /no_think, "
+                   "the primary configuration; with on, raise --max-new-tokens)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's harness budget")
+    p.add_argument("--max-tiles", type=int, default=None, help="max_num_tiles per image (default: the model's)")
+    p.add_argument("--fps", type=float, default=2.0, help="video sampling rate (default 2)")
+    p.add_argument("--max-frames", type=int, default=128, help="video frame cap (default 128)")
+    p.add_argument("--video-pruning-rate", type=float, default=None, help="EVS rate in [0, 1) (default: the "
+                   "model's)")
+    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...", help="one run per value of video_pruning_rate,"
+                   " max_tiles, fps, max_frames, max_new_tokens or thinking; writes sweep.json/.md/.png")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the checkpoint's)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: cuda:LOCAL_RANK if "
+                   "available, else cpu)")
+    p.add_argument("--item-timeout", type=float, default=None, help="seconds per item; past it the item is "
+                   "recorded as timeout (the worker is replaced)")
+    p.add_argument("--retries", type=int, default=2, help="in-run retries of a transient failure (default 2)")
+    p.add_argument("--max-attempts", type=int, default=3, help="runs that may redo a retriable failure on "
+                   "--resume (default 3)")
+    p.add_argument("--isolation", choices=["process", "inline"], default="process", help="run the model in a "
+                   "worker process (default; survives hangs and crashes) or inline")
+    p.add_argument("--decode-sandbox", type=_on_off, default=True, help="decode media in killable subprocesses "
+                   "(default on)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args: argparse.Namespace):
+    from eval.runner import RunConfig
+
+    model = args.model
+    if model is None:
+        from vl.cli import default_model
+
+        model = default_model()
+        if not (Path(model) / "config.json").exists():
+            from eval.runner import RunOptionError
+
+            raise RunOptionError(f"no --model given and the shipped demo model is not in {model} (no config.json); "
+                                 "pass --model PATH")
+    return RunConfig(task=args.task, data=args.data, out=args.out, model=model, split=args.split,
+                     media_root=args.media_root, limit=args.limit, batch_size=args.batch_size,
+                     thinking=args.thinking, max_new_tokens=args.max_new_tokens, max_num_tiles=args.max_tiles,
+                     fps=args.fps, max_frames=args.max_frames, video_pruning_rate=args.video_pruning_rate,
+                     seed=args.seed, dtype=args.dtype, device=args.device, retries=args.retries,
+                     max_attempts=args.max_attempts, item_timeout_s=args.item_timeout, isolation=args.isolation,
+                     decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["score"]:
+        from eval.score import main as score_main
+
+        return score_main(argv[1:])
+    if argv[:1] == ["tasks"]:
+        from eval.tasks import get_task, task_names
+
+        for name in task_names():
+            print(f"{name:16s} {get_task(name).reference}")
+        return 0
+    args = build_parser().parse_args(argv)
+    from eval.records import RecordsWriteError
+    from vl.errors import VLError
+
+    try:
+        from eval.runner import Dist, Runner
+
+        cfg = config_from_args(args)
+        dist = Dist.from_env()
+        if args.sweep:
+            from eval.sweep import parse_sweep, run_sweep
+
+            field, values = parse_sweep(args.sweep)
+            table = run_sweep(cfg, field, values, dist=dist)
+            if table is not None:
+                print(json.dumps({"sweep": str(Path(cfg.out) / "sweep.json"), "plot": str(Path(cfg.out) / "sweep.png"),
+                                  "rows": [{k: r[k] for k in ("label", "score", "vision_tokens_after", "n_error")}
+                                           for r in table["rows"]]}, indent=2))
+            return 0
+        summary = Runner(cfg, dist=dist).run()
+    except RecordsWriteError as e:
+        print(f"error [{e.code}]: {e}", file=sys.stderr)
+        return 3
+    except FileNotFoundError as e:
+        print(f"error [not_found]: {e}", file=sys.stderr)
+        return 2
+    except VLError as e:
+        print(f"error [{e.code}]: {e}", file=sys.stderr)
+        return 2
+    if summary is None:  # not the main process
+        return 0
+    s, c = summary["scores"], summary["counts"]
+    print(json.dumps({"task": s["task"], "score": s["score"], "scale": s["scale"], "metric": s["metric"],
+                      "n": c["items"], "ok": c["ok"], "error": c["error"], "timeout": c["timeout"],
+                      "missing": c["missing"], "summary": str(Path(cfg.out) / "summary.json")}, indent=2))
+    if not c["complete"]:
+        print(f"warning: {c['missing']} items have no record; rerun with --resume", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

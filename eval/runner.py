@@ -1,0 +1,726 @@
+"""Batch evaluation runner: dataset items -> generations -> append-only predictions log -> summary.
+
+Follows reliability_matrix.md section 5 ("Our batch eval") and eval_metrics.md section 0:
+- Every item ends with one final record keyed by item id, item content hash and a run fingerprint
+  (model directory and weights/config/tokenizer digests, precision, device type, task prompt, decoding
+  and media/token-reduction settings). Records go to `out/records/rank<R>.jsonl`, one fsync'd line each
+  (eval/records.py). A change of any fingerprinted setting, or of the item itself, never reuses a record.
+- `resume=True` skips items whose record is ok or a deterministic error, redoes retriable failures
+  (up to `max_attempts` runs) and items never finished (a torn last line is cut off first).
+- A bad item (bomb image, corrupt video, encrypted PDF, URL media) becomes an `error` record with the
+  stable code of its typed error (vl/errors.py); transient failures are retried with exponential backoff;
+  an item past its timeout becomes `timeout` (the process backend replaces its worker). The run goes on.
+- A batch that fails is redone item by item, so one bad item never costs its batch-mates.
+- Distributed (`accelerate launch -m eval ...`, or any launcher that sets RANK/WORLD_SIZE): item i
+  belongs to rank i % world; each rank appends to its own log; after a barrier rank 0 merges the logs
+  once into `predictions.jsonl` (dataset order, one record per item) and writes `summary.json` and
+  `summary.md` (via temp file + rename). Records carry nothing rank-specific, so one process and two
+  give the same files apart from timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from eval.backend import (
+    EngineBackend,
+    Generation,
+    GenerationSettings,
+    ItemTimeoutError,
+    ProcessBackend,
+    TransientError,
+    WorkerCrashedError,
+)
+from eval.data import MEDIA_COLUMNS, DatasetFormatError, Item, MediaRef, iter_rows, row_to_item
+from eval.records import RecordsWriteError, RecordWriter, dumps, iter_records, write_atomic
+from eval.score import summarize
+from eval.tasks import RecordError, Task, get_task
+from vl.errors import (
+    CheckpointError,
+    ConfigError,
+    DecoderCrashedError,
+    DecodeTimeoutError,
+    InputError,
+    VLError,
+)
+
+RECORD_FORMAT = 1  # bump when the meaning of a record changes; part of the fingerprint
+ISOLATION = ("process", "inline")
+
+
+class RunOptionError(InputError):
+    code = "bad_option"
+
+
+class OutputExistsError(InputError):
+    code = "output_exists"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    data: str
+    out: str
+    model: str | None = None
+    split: str | None = None
+    media_root: str | None = None
+    limit: int | None = None
+    batch_size: int = 1
+    thinking: bool = False  # eval_metrics.md section 0: primary runs are /no_think
+    max_new_tokens: int | None = None  # None: the task's harness budget
+    max_num_tiles: int | None = None  # None: the checkpoint's default
+    fps: float = 2.0
+    max_frames: int = 128
+    video_pruning_rate: float | None = None  # None: the checkpoint's default
+    seed: int = 0
+    dtype: str | None = None
+    device: str | None = None  # None/"auto": cuda:LOCAL_RANK when CUDA is there, else cpu
+    retries: int = 2  # in-run retries of a transient failure
+    backoff_s: float = 1.0  # first retry delay; doubles each time
+    max_attempts: int = 3  # runs (this one included) that may redo a retriable failure
+    item_timeout_s: float | None = None
+    isolation: str = "process"  # "process": model in a worker process; "inline": in this process
+    decode_sandbox: bool = True  # media decoding in killable subprocesses (vl/processing/sandbox.py)
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        checks = [
+            (self.batch_size >= 1, "batch_size", "an integer >= 1"),
+            (self.limit is None or self.limit >= 1, "limit", "an integer >= 1"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1"),
+            (self.max_num_tiles is None or 1 <= self.max_num_tiles <= 40, "max_num_tiles", "1..40"),
+            (self.fps > 0 and math.isfinite(self.fps), "fps", "a positive number"),
+            (self.max_frames >= 1, "max_frames", "an integer >= 1"),
+            (self.video_pruning_rate is None or 0.0 <= self.video_pruning_rate < 1.0, "video_pruning_rate",
+             "a fraction in [0, 1)"),
+            (self.retries >= 0, "retries", "an integer >= 0"),
+            (self.backoff_s >= 0, "backoff_s", "seconds >= 0"),
+            (self.max_attempts >= 1, "max_attempts", "an integer >= 1"),
+            (self.item_timeout_s is None or self.item_timeout_s > 0, "item_timeout_s", "seconds > 0"),
+            (self.isolation in ISOLATION, "isolation", f"one of {ISOLATION}"),
+            (isinstance(self.thinking, bool), "thinking", "True (/think) or False (/no_think)"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise RunOptionError(f"{name}={getattr(self, name)!r}: expected {expected}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# digests and fingerprints
+
+
+def file_digest(path: str | os.PathLike, full_below: int = 32 << 20, samples: int = 16, chunk: int = 1 << 16) -> str:
+    """sha256 of a file: the whole content below `full_below` bytes, else its size, the safetensors header
+    (when it is one) and `samples` evenly spaced chunks. Sampling keeps a 24 GB checkpoint to milliseconds;
+    any retraining or re-quantization changes every tensor, so the samples catch it."""
+    p = Path(path)
+    h = hashlib.sha256()
+    size = p.stat().st_size
+    h.update(str(size).encode())
+    with open(p, "rb") as f:
+        if size <= full_below:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            return "sha256:" + h.hexdigest()
+        if p.suffix == ".safetensors":
+            n = int.from_bytes(f.read(8), "little")
+            if 0 < n <= min(size - 8, 100 << 20):
+                h.update(f.read(n))
+        for i in range(samples):
+            f.seek((size - chunk) * i // (samples - 1))
+            h.update(f.read(chunk))
+    return "sampled-sha256:" + h.hexdigest()
+
+
+def media_digest(ref: MediaRef) -> str:
+    if ref.data is not None:
+        return "sha256:" + hashlib.sha256(ref.data).hexdigest()
+    try:
+        return file_digest(ref.path)
+    except OSError:
+        return f"missing:{ref.path}"  # fails at run time as a per-item error; a later fix changes the hash
+
+
+def item_digest(task: Task, item: Item) -> str:
+    """What the model is asked plus what the item is scored against: a change of either is a new item."""
+    payload = {"prompt": task.prompt_text(item), "answers": list(item.answers), "fields": item.fields,
+               "media": [[ref.kind, media_digest(ref)] for ref in item.media]}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def model_facts(model: str, dtype: str | None = None) -> dict:
+    """What identifies the model without loading it: path, digests, precision, media defaults."""
+    from vl.checkpoint.load import read_config, resolve_dir, resolve_dtype
+    from vl.config import vl_config_from_hf
+
+    directory = resolve_dir(model)
+    raw = read_config(directory)
+    cfg = vl_config_from_hf(raw, where=str(directory / "config.json"))
+    weights, files = hashlib.sha256(), hashlib.sha256()
+    for p in sorted(directory.iterdir()):
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        target = weights if p.suffix == ".safetensors" else files
+        target.update(f"{p.name}\0{file_digest(p)}\0".encode())
+    compute = str(resolve_dtype(dtype, raw)).replace("torch.", "")
+    quant = None
+    hf_quant = directory / "hf_quant_config.json"
+    if hf_quant.exists():
+        quant = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
+    q = raw.get("quantization_config") or (raw.get("llm_config") or {}).get("quantization_config") or {}
+    quant = quant or q.get("quant_algo") or q.get("quant_method")
+    return {"path": str(directory.resolve()), "weights_digest": weights.hexdigest(),
+            "config_digest": file_digest(directory / "config.json"), "files_digest": files.hexdigest(),
+            "dtype": compute, "precision": f"{quant} (compute {compute})" if quant else compute,
+            "max_num_tiles": cfg.max_num_tiles, "video_pruning_rate": cfg.video_pruning_rate}
+
+
+def effective_settings(cfg: RunConfig, task: Task, facts: dict) -> GenerationSettings:
+    return GenerationSettings(
+        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
+        thinking=cfg.thinking,
+        max_num_tiles=cfg.max_num_tiles if cfg.max_num_tiles is not None else facts.get("max_num_tiles"),
+        fps=float(cfg.fps), max_frames=int(cfg.max_frames),
+        video_pruning_rate=(cfg.video_pruning_rate if cfg.video_pruning_rate is not None
+                            else facts.get("video_pruning_rate")),
+        seed=cfg.seed, timeout_s=cfg.item_timeout_s)
+
+
+def fingerprint(task: Task, facts: dict, settings: GenerationSettings, device_type: str) -> str:
+    model = {k: facts.get(k) for k in ("path", "weights_digest", "config_digest", "files_digest", "precision")}
+    decided = {k: v for k, v in dataclasses.asdict(settings).items() if k != "timeout_s"}
+    payload = {"format": RECORD_FORMAT, "model": model, "device_type": device_type,
+               "task": {"name": task.name, "pre_prompt": task.pre_prompt, "post_prompt": task.post_prompt},
+               "generation": {**decided, "temperature": 0.0}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------
+# items
+
+
+@dataclass
+class Planned:
+    index: int
+    id: str
+    digest: str
+    attempt: int = 1
+    problem: VLError | None = None  # the item could not be built (URL / out-of-root media): no model call
+
+
+def _media_free_item(task: Task, row: dict, index: int, root: str) -> Item:
+    clean = {k: v for k, v in row.items() if k not in MEDIA_COLUMNS and k != "content"}
+    return row_to_item(clean, index, root, id_keys=task.id_keys)
+
+
+def iter_items(task: Task, cfg: RunConfig, wanted: set[int] | None = None) -> Iterator[tuple[int, Item, VLError | None]]:
+    """(row index, item, problem) in file order. A row whose media reference is refused (a URL, a path
+    outside the media root) still yields an item, without media, plus the typed error it gets recorded with.
+    A row the task cannot score at all (no question, no required field) stops the run: that is a broken
+    dataset, not a bad item."""
+    data = Path(cfg.data)
+    root = cfg.media_root or str(data if data.is_dir() else data.parent)
+    for index, row in enumerate(iter_rows(data, split=cfg.split)):
+        if cfg.limit is not None and index >= cfg.limit:
+            return
+        if wanted is not None and index not in wanted:
+            continue
+        problem = None
+        try:
+            item = task.item_from_row(row, index, root)
+        except DatasetFormatError:
+            raise
+        except InputError as e:
+            item, problem = _media_free_item(task, row, index, root), e
+        yield index, item, problem
+
+
+def plan_items(task: Task, cfg: RunConfig) -> list[Planned]:
+    plan, seen = [], set()
+    for index, item, problem in iter_items(task, cfg):
+        if item.id in seen:
+            raise DatasetFormatError(f"{cfg.data}: duplicate item id {item.id!r} at row {index}; ids must be "
+                                     "unique (records are keyed by id)")
+        seen.add(item.id)
+        try:
+            task.prediction_record(item, "")
+            digest = item_digest(task, item)
+        except RecordError as e:
+            raise DatasetFormatError(f"{cfg.data}: row {index} (id {item.id!r}) cannot be scored by "
+                                     f"{task.name}: {e}") from e
+        plan.append(Planned(index, item.id, digest, problem=problem))
+    if not plan:
+        raise DatasetFormatError(f"{cfg.data}: no items (split={cfg.split!r}, limit={cfg.limit})")
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------------
+# distributed
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Dist:
+        """RANK/WORLD_SIZE/LOCAL_RANK as set by `accelerate launch` (torchrun). The barrier is a gloo process
+        group with a week-long timeout: ranks finish their shards at different times, and NCCL's default
+        10-minute collective timeout would kill a long eval."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        if world > 1:
+            import torch.distributed as td
+
+            if not td.is_initialized():
+                if not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+                    raise RunOptionError("WORLD_SIZE > 1 but MASTER_ADDR/MASTER_PORT are not set; launch with "
+                                         "`accelerate launch -m eval ...` or torchrun")
+                td.init_process_group("gloo", timeout=timedelta(days=7))
+        return cls(rank, world, local)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as td
+
+            td.barrier()
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def default_device(device: str | None, local_rank: int) -> str:
+    if device not in (None, "auto"):
+        return device
+    import torch
+
+    return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+
+
+def make_backend(cfg: RunConfig, device: str):
+    kwargs = {"model": cfg.model, "dtype": cfg.dtype, "device": device, "decode_sandbox": cfg.decode_sandbox}
+    if cfg.isolation == "inline":
+        return EngineBackend(**kwargs)
+    return ProcessBackend("eval.backend:make_engine_backend", kwargs, item_timeout_s=cfg.item_timeout_s)
+
+
+# ---------------------------------------------------------------------------------------------------
+# outcomes
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok" | "error" | "timeout"
+    generation: Generation | None = None
+    error: BaseException | None = None
+    retriable: bool = False
+    retries: int = 0
+    elapsed_s: float = 0.0
+
+
+def classify(e: BaseException) -> tuple[str, bool, bool]:
+    """(status, retry now, retriable later). Input errors are deterministic: never retried. Timeouts are
+    not retried in the run (they cost the most) but are redone by --resume. Worker/decoder crashes,
+    out-of-memory and I/O errors are retried with backoff. Anything else is a bug for that input."""
+    if isinstance(e, (ItemTimeoutError, DecodeTimeoutError)):
+        return "timeout", False, True
+    if isinstance(e, (InputError, ConfigError, CheckpointError)):
+        return "error", False, False
+    transient = (TransientError, WorkerCrashedError, DecoderCrashedError, MemoryError, ConnectionError, TimeoutError)
+    if isinstance(e, transient) or type(e).__name__ == "OutOfMemoryError" or (
+            isinstance(e, OSError) and not isinstance(e, VLError)):
+        return "error", True, True
+    return "error", False, False
+
+
+def error_code(e: BaseException) -> str:
+    if isinstance(e, VLError):
+        return e.code
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return "out_of_memory"
+    if isinstance(e, OSError):
+        return "os_error"
+    return "internal_error"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def final_record(records: list[dict]) -> dict | None:
+    """The record that stands for an item: its latest ok record, else its latest attempt."""
+    if not records:
+        return None
+    ok = [r for r in records if r.get("status") == "ok"]
+    return max(ok or records, key=lambda r: r.get("attempt", 0))
+
+
+class Runner:
+    """One evaluation of one task with one configuration. `backend`/`facts` are injectable (tests, sweeps)."""
+
+    def __init__(self, cfg: RunConfig, backend=None, facts: dict | None = None, dist: Dist | None = None,
+                 log: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.cfg, self.dist = cfg, dist or Dist()
+        self.task = get_task(cfg.task)
+        self.log = log or (_stderr if self.dist.main else (lambda msg: None))
+        self.sleep = sleep
+        self.device = default_device(cfg.device, self.dist.local_rank)
+        if facts is None:
+            if cfg.model is None:
+                raise RunOptionError("no model: pass --model PATH (a Nano V2 VL checkpoint directory)")
+            facts = model_facts(cfg.model, cfg.dtype)
+        self.facts = facts
+        self.settings = effective_settings(cfg, self.task, facts)
+        self.fingerprint = fingerprint(self.task, facts, self.settings, self.device.split(":")[0])
+        self._backend, self._own_backend = backend, backend is None
+        self.out = Path(cfg.out)
+        self.records_dir = self.out / "records"
+        self.stats = {"items_run": 0, "retries": 0, "batch_splits": 0, "errors": 0}
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            self._backend = make_backend(self.cfg, self.device)
+        return self._backend
+
+    # --- logs ------------------------------------------------------------------------------------
+    def _logs(self) -> list[Path]:
+        return sorted(self.records_dir.glob("rank*.jsonl")) if self.records_dir.exists() else []
+
+    def _read_all(self) -> list[dict]:
+        return [r for path in self._logs() for r in iter_records(path)]
+
+    def _index(self, plan: list[Planned], records: list[dict]) -> tuple[dict[str, list[dict]], int]:
+        """Records of this configuration per item id (content hash must match too), and how many records
+        were set aside because they belong to another configuration or an older version of the item."""
+        digests = {p.id: p.digest for p in plan}
+        mine, other = defaultdict(list), 0
+        for r in records:
+            if r.get("fingerprint") == self.fingerprint and digests.get(str(r.get("id"))) == r.get("content_hash"):
+                mine[str(r["id"])].append(r)
+            else:
+                other += 1
+        return mine, other
+
+    def _pending(self, plan: list[Planned], done: dict[str, list[dict]]) -> list[Planned]:
+        pending = []
+        for p in plan:
+            if p.index % self.dist.world != self.dist.rank:
+                continue
+            recs = done.get(p.id, [])
+            if any(r.get("status") == "ok" for r in recs):
+                continue
+            if recs:
+                last = max(recs, key=lambda r: r.get("attempt", 0))
+                if not last.get("retriable") or last.get("attempt", 1) >= self.cfg.max_attempts:
+                    continue
+                p.attempt = last.get("attempt", 1) + 1
+            pending.append(p)
+        return pending
+
+    # --- generation ------------------------------------------------------------------------------
+    def _one(self, conversation) -> Outcome:
+        retries = 0
+        while True:
+            start = time.monotonic()
+            try:
+                (gen,) = self.backend.generate([conversation], self.settings)
+                status = "timeout" if gen.finish_reason == "timeout" else "ok"
+                return Outcome(status, gen, retriable=status == "timeout", retries=retries,
+                               elapsed_s=time.monotonic() - start)
+            except Exception as e:  # noqa: BLE001 - every failure becomes a typed record
+                status, retry_now, retriable = classify(e)
+                if retry_now and retries < self.cfg.retries:
+                    self.sleep(self.cfg.backoff_s * 2 ** retries)
+                    retries += 1
+                    self.stats["retries"] += 1
+                    continue
+                return Outcome(status, None, e, retriable, retries, time.monotonic() - start)
+
+    def _batch(self, items: list[Item]) -> list[Outcome]:
+        conversations = [self.task.build_messages(item) for item in items]
+        if len(items) > 1:
+            start = time.monotonic()
+            try:
+                gens = self.backend.generate(conversations, self.settings)
+            except Exception:  # noqa: BLE001 - redo one by one: the failing item is found and recorded alone
+                self.stats["batch_splits"] += 1
+            else:
+                each = (time.monotonic() - start) / len(items)
+                return [Outcome("timeout" if g.finish_reason == "timeout" else "ok", g,
+                                retriable=g.finish_reason == "timeout", elapsed_s=each) for g in gens]
+        return [self._one(c) for c in conversations]
+
+    def _record(self, item: Item, planned: Planned, outcome: Outcome) -> dict:
+        gen, err = outcome.generation, outcome.error
+        raw = gen.text if gen is not None else ""
+        extra: dict[str, Any] = {
+            "fingerprint": self.fingerprint, "content_hash": planned.digest, "status": outcome.status,
+            "attempt": planned.attempt, "retries": outcome.retries, "raw": raw,
+            "finish_reason": gen.finish_reason if gen is not None else None,
+            "reasoning_truncated": gen.reasoning_truncated if gen is not None else False,
+            "tokens": None if gen is None else {"prompt": gen.prompt_tokens, "vision_before": gen.vision_tokens_before,
+                                                "vision_after": gen.vision_tokens_after, "new": gen.new_tokens},
+            "notes": list(gen.notes) if gen is not None else [],
+            "error_class": None if err is None else error_code(err),
+            "error_type": None if err is None else type(err).__name__,
+            "error_message": None if err is None else str(err)[:2000],
+            "retriable": outcome.retriable if outcome.status != "ok" else False,
+            "timing": {"finished_at": _now(), "elapsed_s": round(outcome.elapsed_s, 4)},
+        }
+        if outcome.status == "timeout" and err is None:
+            extra["error_class"] = "timeout"
+        return self.task.prediction_record(item, self.task.postprocess(raw), **extra)
+
+    # --- main ------------------------------------------------------------------------------------
+    def run(self) -> dict | None:
+        """Run (or resume) the evaluation. Rank 0 returns the summary; other ranks return None."""
+        t0, started = time.monotonic(), _now()
+        cfg, dist = self.cfg, self.dist
+        plan = plan_items(self.task, cfg)
+        existing = self._read_all()
+        if existing and not cfg.resume:
+            raise OutputExistsError(f"{self.records_dir} already holds {len(existing)} records; pass --resume to "
+                                    "continue that run (records of another configuration are never reused), "
+                                    "or choose another --out")
+        dist.barrier()  # every rank has looked before any rank appends
+        done, other = self._index(plan, existing)
+        pending = self._pending(plan, done)
+        mine = sum(1 for p in plan if p.index % dist.world == dist.rank)
+        self.log(f"[eval] {self.task.name}: {len(plan)} items, fingerprint {self.fingerprint}; rank {dist.rank}/"
+                 f"{dist.world}: {mine - len(pending)} done, {len(pending)} to run"
+                 + (f"; {other} records of another configuration, item version or item set ignored" if other else ""))
+        writer = RecordWriter(self.records_dir / f"rank{dist.rank}.jsonl")
+        if writer.repaired_bytes:
+            self.log(f"[eval] cut a torn last line ({writer.repaired_bytes} bytes) off {writer.path}; that item "
+                     "is redone")
+        try:
+            self._run_pending(pending, writer)
+        finally:
+            writer.close()
+            if self._own_backend and self._backend is not None:
+                self._backend.close()
+        self.stats["wall_s"] = time.monotonic() - t0
+        self.stats["worker_restarts"] = getattr(self._backend, "restarts", 0)
+        write_atomic(self.records_dir / f"rank{dist.rank}.stats.json", json.dumps(self.stats))
+        dist.barrier()  # all shards are final
+        if not dist.main:
+            return None
+        return self.finish(plan, started, time.monotonic() - t0)
+
+    def _run_pending(self, pending: list[Planned], writer: RecordWriter) -> None:
+        if not pending:
+            return
+        from tqdm import tqdm
+
+        by_index = {p.index: p for p in pending}
+        bar = tqdm(total=len(pending), desc=self.task.name, unit="item", file=sys.stderr, dynamic_ncols=True,
+                   disable=not (self.cfg.progress and self.dist.main), smoothing=0.05)
+        batch: list[tuple[Item, Planned]] = []
+
+        def flush():
+            outcomes = self._batch([item for item, _ in batch])
+            for (item, planned), outcome in zip(batch, outcomes):
+                writer.append(self._record(item, planned, outcome))
+                self.stats["items_run"] += 1
+                self.stats["errors"] += outcome.status != "ok"
+            bar.update(len(batch))
+            bar.set_postfix(errors=self.stats["errors"], retries=self.stats["retries"], refresh=False)
+            batch.clear()
+
+        try:
+            for index, item, problem in iter_items(self.task, self.cfg, wanted=set(by_index)):
+                planned = by_index[index]
+                if problem is not None or planned.problem is not None:
+                    e = problem or planned.problem
+                    writer.append(self._record(item, planned, Outcome("error", None, e, False)))
+                    self.stats["items_run"] += 1
+                    self.stats["errors"] += 1
+                    bar.update(1)
+                    continue
+                batch.append((item, planned))
+                if len(batch) >= self.cfg.batch_size:
+                    flush()
+            if batch:
+                flush()
+        finally:
+            bar.close()
+
+    # --- merge and summary -----------------------------------------------------------------------
+    def merged_records(self, plan: list[Planned]) -> tuple[list[dict], list[str]]:
+        done, _ = self._index(plan, self._read_all())
+        records, missing = [], []
+        for p in plan:
+            final = final_record(done.get(p.id, []))
+            if final is None:
+                missing.append(p.id)
+            else:
+                records.append(final)
+        return records, missing
+
+    def finish(self, plan: list[Planned], started: str, wall_s: float) -> dict:
+        records, missing = self.merged_records(plan)
+        write_atomic(self.out / "predictions.jsonl", b"".join(dumps(r) for r in records))
+        rank_stats = []
+        for r in range(self.dist.world):
+            f = self.records_dir / f"rank{r}.stats.json"
+            rank_stats.append(json.loads(f.read_text()) if f.exists() else {})
+        summary = build_summary(self.task, records, self.header(), missing)
+        items_run = sum(s.get("items_run", 0) for s in rank_stats)
+        summary["run"] = {
+            "started_at": started, "finished_at": _now(), "wall_s": round(wall_s, 3),
+            "items_run": items_run, "items_per_s": round(items_run / wall_s, 4) if wall_s > 0 and items_run else None,
+            "generation_s_in_records": round(sum((r.get("timing") or {}).get("elapsed_s", 0.0) for r in records), 3),
+            "world_size": self.dist.world, "batch_size": self.cfg.batch_size, "isolation": self.cfg.isolation,
+            "decode_sandbox": self.cfg.decode_sandbox, "item_timeout_s": self.cfg.item_timeout_s,
+            "retries": sum(s.get("retries", 0) for s in rank_stats),
+            "batch_splits": sum(s.get("batch_splits", 0) for s in rank_stats),
+            "worker_restarts": sum(s.get("worker_restarts", 0) for s in rank_stats),
+            "device": self.device, "code": code_versions(),
+        }
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        write_atomic(self.out / "summary.md", summary_markdown(summary))
+        return summary
+
+    def header(self) -> dict:
+        """The run header of eval_metrics.md section 0 (everything that makes two numbers comparable)."""
+        head = self.task.header()
+        s = self.settings
+        head.update({
+            "split": self.cfg.split, "data": str(Path(self.cfg.data).resolve()), "limit": self.cfg.limit,
+            "prompt_suffix": self.task.post_prompt, "max_new_tokens": s.max_new_tokens,
+            "max_new_tokens_source": "--max-new-tokens" if self.cfg.max_new_tokens else head["max_new_tokens_source"],
+            "reasoning_mode": "/think" if s.thinking else "/no_think",
+            "decoding": {"temperature": 0.0, "do_sample": False, "top_p": 1.0, "num_beams": 1},
+            "fps": s.fps, "max_frames": s.max_frames, "max_num_tiles": s.max_num_tiles,
+            "evs_rate": s.video_pruning_rate, "precision": self.facts.get("precision"),
+            "device_type": self.device.split(":")[0], "seeds": {"torch": s.seed},
+            "model": self.facts.get("path"),
+            "model_digests": {k: self.facts.get(k) for k in ("weights_digest", "config_digest", "files_digest")},
+            "fingerprint": self.fingerprint, "record_format": RECORD_FORMAT,
+        })
+        return head
+
+
+def code_versions() -> dict:
+    import platform
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers"):
+        mod = sys.modules.get(name)
+        out[name] = getattr(mod, "__version__", None) if mod else None
+    try:
+        from importlib.metadata import version
+
+        out["nemotron-vl"] = version("nemotron-vl")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        out["nemotron-vl"] = None
+    try:
+        repo = Path(__file__).resolve().parent.parent
+        out["git_commit"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                           text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        out["git_commit"] = None
+    return out
+
+
+def _token_stats(records: list[dict]) -> dict:
+    ok = [r["tokens"] for r in records if r.get("status") == "ok" and r.get("tokens")]
+    out: dict[str, Any] = {"items": len(ok)}
+    for key in ("prompt", "vision_before", "vision_after", "new"):
+        total = sum(t.get(key, 0) for t in ok)
+        out[key] = {"total": total, "mean": round(total / len(ok), 3) if ok else None}
+    before, after = out["vision_before"]["total"], out["vision_after"]["total"]
+    out["vision_kept_fraction"] = round(after / before, 6) if before else None
+    return out
+
+
+def build_summary(task: Task, records: list[dict], header: dict, missing: list[str]) -> dict:
+    scores = summarize(task, records)
+    statuses = defaultdict(int)
+    for r in records:
+        statuses[r.get("status", "ok")] += 1
+    return {
+        "header": header,
+        "scores": scores,
+        "tokens": _token_stats(records),
+        "counts": {"items": len(records) + len(missing), "ok": statuses.get("ok", 0),
+                   "error": statuses.get("error", 0), "timeout": statuses.get("timeout", 0),
+                   "missing": len(missing), "missing_ids": missing[:20], "complete": not missing,
+                   "errors_by_class": scores.get("errors_by_class", {})},
+    }
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return "" if v is None else str(v)
+
+
+def summary_markdown(summary: dict) -> str:
+    h, s, t, c, run = summary["header"], summary["scores"], summary["tokens"], summary["counts"], summary.get("run", {})
+    lines = [f"# {h['task']}: {s['metric']} = {_fmt(s['score'])} ({s['scale']} scale, {h['harness']})", ""]
+    lines += [f"{c['ok']} ok, {c['error']} errors, {c['timeout']} timeouts, {c['missing']} missing of "
+              f"{c['items']} items" + ("" if c["complete"] else " (INCOMPLETE: resume the run)"), ""]
+    if c["errors_by_class"]:
+        lines += ["Errors by class: " + ", ".join(f"{k} {v}" for k, v in c["errors_by_class"].items()), ""]
+    lines += ["## Run header", "", "| field | value |", "|---|---|"]
+    for key in ("reference", "dataset", "data", "split", "limit", "pre_prompt", "prompt_suffix", "max_new_tokens",
+                "max_new_tokens_source", "reasoning_mode", "fps", "max_frames", "max_num_tiles", "evs_rate",
+                "precision", "device_type", "seeds", "model", "fingerprint"):
+        lines.append(f"| {key} | {json.dumps(h.get(key), ensure_ascii=False)} |")
+    categories = s.get("categories") or {}
+    for name, values in categories.items():
+        lines += ["", f"## Per {name}", "", "| value | score | n |", "|---|---|---|"]
+        for value, entry in values.items():
+            lines.append(f"| {value} | {_fmt(entry.get('score'))} | {entry.get('n')} |")
+    extra = {k: v for k, v in s.items() if k not in ("task", "harness", "reference", "metric", "scale", "score",
+                                                      "categories", "errors_by_class") and not isinstance(v, dict)}
+    if extra:
+        lines += ["", "## Other numbers", "", "| key | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in extra.items()]
+    lines += ["", "## Tokens (per ok item)", "", "| tokens | mean | total |", "|---|---|---|"]
+    for key in ("prompt", "vision_before", "vision_after", "new"):
+        lines.append(f"| {key} | {_fmt(t[key]['mean'])} | {t[key]['total']} |")
+    lines.append(f"| vision kept fraction | {_fmt(t['vision_kept_fraction'])} | |")
+    if run:
+        lines += ["", "## Time", "", f"{run.get('items_run')} items run in {run.get('wall_s')} s "
+                  f"({run.get('items_per_s')} items/s) on {run.get('world_size')} process(es), batch "
+                  f"{run.get('batch_size')}, device {run.get('device')}; retries {run.get('retries')}, batch splits "
+                  f"{run.get('batch_splits')}, worker restarts {run.get('worker_restarts')}."]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: RunConfig, **kwargs) -> dict | None:
+    """Convenience: `Runner(cfg, **kwargs).run()`."""
+    return Runner(cfg, **kwargs).run()
+
+
+__all__ = ["RunConfig", "Runner", "Dist", "run", "model_facts", "fingerprint", "file_digest", "item_digest",
+           "plan_items", "iter_items", "classify", "RecordsWriteError", "OutputExistsError", "RunOptionError"]

@@ -1,0 +1,128 @@
+"""`vl eval --sweep KEY=V1,V2,...`: one resumable run per setting, then score vs tokens in a table and a plot.
+
+Each setting is an ordinary run in `<out>/<KEY>=<V>/` (own fingerprint, predictions, summary), sharing one
+loaded model. The sweep writes `sweep.json`, `sweep.md` and `sweep.png`: the headline score against the
+mean vision tokens per item after token reduction (the cost EVS and tiling trade against accuracy),
+one labelled point per setting. matplotlib runs with the Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from eval.records import write_atomic
+from eval.runner import Dist, RunConfig, RunOptionError, Runner, default_device, make_backend, model_facts
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "1", "think"):
+        return True
+    if text.lower() in ("off", "false", "0", "no_think"):
+        return False
+    raise ValueError(f"expected on or off, found {text!r}")
+
+
+# sweep key -> (RunConfig field, parser)
+SWEEP_KEYS = {
+    "video_pruning_rate": ("video_pruning_rate", float),
+    "evs": ("video_pruning_rate", float),
+    "max_tiles": ("max_num_tiles", int),
+    "max_num_tiles": ("max_num_tiles", int),
+    "fps": ("fps", float),
+    "max_frames": ("max_frames", int),
+    "max_new_tokens": ("max_new_tokens", int),
+    "thinking": ("thinking", _on_off),
+}
+
+
+def parse_sweep(spec: str) -> tuple[str, list]:
+    """"video_pruning_rate=0,0.5,0.75" -> ("video_pruning_rate", [0.0, 0.5, 0.75])."""
+    key, sep, values = spec.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or key not in SWEEP_KEYS:
+        raise RunOptionError(f"--sweep {spec!r}: expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
+    field, parse = SWEEP_KEYS[key]
+    try:
+        parsed = [parse(v.strip()) for v in values.split(",") if v.strip()]
+    except ValueError as e:
+        raise RunOptionError(f"--sweep {spec!r}: {e}") from None
+    if not parsed or len(set(parsed)) != len(parsed):
+        raise RunOptionError(f"--sweep {spec!r}: expected distinct values, found {values!r}")
+    return field, parsed
+
+
+def _label(value) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dict | None = None,
+              dist: Dist | None = None, log=None) -> dict | None:
+    """One run per value of `field`; rank 0 returns the sweep table (other ranks None)."""
+    dist = dist or Dist()
+    facts = facts or model_facts(cfg.model, cfg.dtype)
+    own = backend is None
+    if own:
+        backend = make_backend(cfg, default_device(cfg.device, dist.local_rank))
+    rows = []
+    try:
+        for value in values:
+            sub = dataclasses.replace(cfg, out=str(Path(cfg.out) / f"{field}={_label(value)}"), **{field: value})
+            summary = Runner(sub, backend=backend, facts=facts, dist=dist, log=log).run()
+            if summary is None:
+                continue
+            tokens, scores = summary["tokens"], summary["scores"]
+            rows.append({"value": value, "label": _label(value), "score": scores["score"], "scale": scores["scale"],
+                         "metric": scores["metric"], "n": summary["counts"]["items"],
+                         "n_error": summary["counts"]["error"] + summary["counts"]["timeout"],
+                         "vision_tokens_after": tokens["vision_after"]["mean"],
+                         "vision_tokens_before": tokens["vision_before"]["mean"],
+                         "prompt_tokens": tokens["prompt"]["mean"], "items_per_s": summary["run"]["items_per_s"],
+                         "fingerprint": summary["header"]["fingerprint"], "out": sub.out})
+    finally:
+        if own:
+            backend.close()
+    if not dist.main:
+        return None
+    table = {"task": cfg.task, "key": field, "rows": rows}
+    out = Path(cfg.out)
+    write_atomic(out / "sweep.json", json.dumps(table, indent=2) + "\n")
+    write_atomic(out / "sweep.md", sweep_markdown(table))
+    plot_sweep(table, out / "sweep.png")
+    return table
+
+
+def sweep_markdown(table: dict) -> str:
+    key = table["key"]
+    lines = [f"# Sweep of {key} on {table['task']}", "",
+             f"| {key} | score | mean vision tokens (after / before) | mean prompt tokens | errors | items/s |",
+             "|---|---|---|---|---|---|"]
+    for r in table["rows"]:
+        lines.append(f"| {r['label']} | {r['score']:.4f} | {r['vision_tokens_after']} / {r['vision_tokens_before']} "
+                     f"| {r['prompt_tokens']} | {r['n_error']} of {r['n']} | {r['items_per_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(table: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in table["rows"] if r["vision_tokens_after"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    xs, ys = [r["vision_tokens_after"] for r in rows], [r["score"] for r in rows]
+    ax.plot(xs, ys, marker="o")
+    for r, x, y in zip(rows, xs, ys):
+        ax.annotate(f"{table['key']}={r['label']}", (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    metric = rows[0]["metric"] if rows else ""
+    scale = rows[0]["scale"] if rows else ""
+    ax.set_xlabel("mean vision tokens per item (after token reduction)")
+    ax.set_ylabel(f"{metric} ({scale})")
+    ax.set_title(f"{table['task']}: score vs tokens, sweep of {table['key']}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
