@@ -164,3 +164,19 @@ def test_unclosed_reasoning_is_reported_truncated(tiny_dir):
     eng, _ = scripted_engine(tiny_dir, [])
     res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=8)
     assert res.reasoning_truncated and res.answer == "" and res.finish_reason == "length"
+
+
+def test_document_token_reduction_paths(engine):
+    from PIL import ImageDraw
+
+    page = Image.new("RGB", (256, 128), "white")
+    ImageDraw.Draw(page).rectangle([10, 10, 50, 40], fill="black")  # ink in one corner tile only
+    msgs = [{"role": "user", "content": [{"type": "image", "image": page}, {"type": "text", "text": "Read it."}]}]
+    full = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8)
+    skipped = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8, skip_blank_tiles=True)
+    assert any("blank tile" in n for n in skipped.stats.notes)
+    assert skipped.stats.vision_tokens_before < full.stats.vision_tokens_before
+    assert skipped.stats.prompt_tokens < full.stats.prompt_tokens
+    pruned = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8, token_pruning_rate=0.9)
+    assert pruned.stats.vision_tokens_after <= pruned.stats.vision_tokens_before
+    assert pruned.stats.reductions and pruned.stats.reductions[0]["method"] == "redundant_tokens"

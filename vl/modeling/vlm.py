@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from token_reduction import EVS, TokenLayout
+from token_reduction import EVS, RedundantTokenPruner, ReductionError, TokenLayout
 from vl.config import VLConfig
 from vl.errors import ConfigError, InputError
 from vl.modeling.nemotron_h import CausalLMOutput, NemotronHForCausalLM
@@ -77,22 +77,32 @@ class NemotronVL(nn.Module):
                                                                    self.config.lm.hidden_size)
 
     def reduce(self, tile_vectors: torch.Tensor, media: list[MediaSpan] | None,
-               video_pruning_rate: float | None = None) -> VisionInputs:
-        """Apply EVS per video (rate from the call, else the checkpoint's `video_pruning_rate`)."""
+               video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0) -> VisionInputs:
+        """Token reduction between the projector and the merge: EVS per video (rate from the call, else the
+        checkpoint's `video_pruning_rate`) and, when asked, redundant-token pruning per image."""
         n, tpt, d = tile_vectors.shape
         flat = tile_vectors.reshape(n * tpt, d)
         q = self.config.video_pruning_rate if video_pruning_rate is None else video_pruning_rate
-        if not media or q == 0 or not any(m.kind == "video" for m in media):
+        active = {"video": q > 0, "image": token_pruning_rate > 0}
+        if not media or not any(active[m.kind] for m in media):
             return VisionInputs(flat)
         if sum(m.num_tiles for m in media) != n:
             raise InputError(f"media spans describe {sum(m.num_tiles for m in media)} tiles but {n} were given")
         side = int(round(tpt ** 0.5))
+        try:
+            reducers = {"video": EVS(q), "image": RedundantTokenPruner(rate=token_pruning_rate)}
+        except ReductionError as exc:
+            raise InputError(str(exc)) from None
         keep, counts, info, start = [], [], [], 0
-        evs = EVS(q)
         for m in media:
             rows = m.num_tiles * tpt
-            if m.kind == "video":
-                red = evs(flat[start:start + rows], TokenLayout.video(m.num_tiles, side, side))
+            if active[m.kind]:
+                layout = (TokenLayout.video(m.num_tiles, side, side) if m.kind == "video"
+                          else TokenLayout.page(m.num_tiles, side, side))
+                try:
+                    red = reducers[m.kind](flat[start:start + rows], layout)
+                except ReductionError as exc:
+                    raise InputError(str(exc)) from None
                 keep.append(red.keep)
                 counts.append(red.counts)
                 info.append(red.info)
@@ -135,14 +145,14 @@ class NemotronVL(nn.Module):
         return out, (mask if bool((lengths != t).any()) or attention_mask is not None else None)
 
     def prepare_inputs(self, input_ids, pixel_values=None, media=None, attention_mask=None,
-                       video_pruning_rate=None, tile_vectors=None):
+                       video_pruning_rate=None, tile_vectors=None, token_pruning_rate: float = 0.0):
         """input_ids + tiles -> (inputs_embeds, attention_mask, VisionInputs). `tile_vectors` (precomputed
         `encode_tiles` output, e.g. from a cache) skips the vision tower."""
         vision = None
         if tile_vectors is None and pixel_values is not None and pixel_values.shape[0] > 0:
             tile_vectors = self.encode_tiles(pixel_values)
         if tile_vectors is not None:
-            vision = self.reduce(tile_vectors, media, video_pruning_rate)
+            vision = self.reduce(tile_vectors, media, video_pruning_rate, token_pruning_rate)
         embeds, attention_mask = self.merge(input_ids, vision, attention_mask)
         return embeds, attention_mask, vision
 

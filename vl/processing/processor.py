@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from token_reduction import BlankTileSkipper, TokenLayout
 from vl.config import VLConfig
-from vl.errors import ConfigError, InputError, RemoteMediaError
+from vl.errors import ConfigError, CorruptMediaError, InputError, RemoteMediaError
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
 from vl.processing.documents import DEFAULT_SCALE, plan_document_budget, render_pdf
@@ -106,7 +107,7 @@ class Processor:
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
                  max_num_tiles: int | None = None, fps: float = 2.0, max_frames: int = 128,
                  pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
-                 reserved_tokens: int = 1024) -> ProcessedInputs:
+                 reserved_tokens: int = 1024, skip_blank_tiles: bool = False) -> ProcessedInputs:
         cfg = self.config
         max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else max_num_tiles
         if not 1 <= max_num_tiles <= 40:
@@ -138,18 +139,20 @@ class Processor:
                 img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
                                        tile_size=cfg.force_image_size, max_num_tiles=int(opts.get("max_num_tiles", cap)),
                                        use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
-                tiles.append(img.pixel_values)
-                spans.append(MediaSpan("image", img.num_tiles))
-                infos.append(MediaInfo("image", img.num_tiles, img.grid, img.image_size,
+                pixels = img.pixel_values
+                if skip_blank_tiles and img.num_tiles > 1:
+                    pixels, note = self._skip_blank(pixels, img.has_thumbnail)
+                    notes += [note] if note else []
+                n = int(pixels.shape[0])
+                tiles.append(pixels)
+                spans.append(MediaSpan("image", n))
+                infos.append(MediaInfo("image", n, img.grid, img.image_size,
                                        document=None if item.document is None else str(item.document)[:200],
                                        page=item.page))
-                runs.append(chat.image_placeholder(img.num_tiles, cfg.tokens_per_tile, self.tokens))
+                runs.append(chat.image_placeholder(n, cfg.tokens_per_tile, self.tokens))
             else:
-                vid = load_video(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
-                                 tile_size=cfg.force_image_size, target_fps=float(opts.get("fps", fps)),
-                                 max_frames=int(opts.get("max_frames", max_frames)), backend=self.video_backend,
-                                 timestamp_convention=self.timestamp_convention, limits=self.limits,
-                                 isolate=self.isolate)
+                vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
+                                       int(opts.get("max_frames", max_frames)), notes)
                 n = vid.pixel_values.shape[0]
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
@@ -168,6 +171,30 @@ class Processor:
             raise InputError(f"the prompt text itself contains {found - expected} extra {cfg.tokens.img_context!r} "
                              f"tokens; remove them from the messages")
         return ProcessedInputs(input_ids, pixel_values, spans, infos, prompt, text, notes)
+
+    def _load_video(self, source, fps: float, max_frames: int, notes: list):
+        """decord first; a file decord cannot decode (it mishandles some valid streams, e.g. odd widths) is
+        retried once with PyAV, which is stricter and better tested against broken input."""
+        kwargs = dict(norm_mean=self.config.norm_mean, norm_std=self.config.norm_std,
+                      tile_size=self.config.force_image_size, target_fps=fps, max_frames=max_frames,
+                      timestamp_convention=self.timestamp_convention, limits=self.limits, isolate=self.isolate)
+        try:
+            return load_video(source, backend=self.video_backend, **kwargs)
+        except CorruptMediaError:
+            if self.video_backend != "decord":
+                raise
+            notes.append("decord could not decode the video; decoded with PyAV instead")
+            return load_video(source, backend="pyav", **kwargs)
+
+    def _skip_blank(self, pixels, has_thumbnail: bool):
+        """Drop whitespace tiles before the encoder (the thumbnail stays); returns (tiles, note or None)."""
+        side = int(round(self.config.tokens_per_tile ** 0.5))
+        layout = TokenLayout.page(int(pixels.shape[0]), side, side, has_thumbnail=has_thumbnail)
+        red = BlankTileSkipper(pixel_std=tuple(self.config.norm_std))(pixels, layout)
+        removed = red.info["tiles_removed"]
+        note = (f"skipped {len(removed)} blank tile(s) of {layout.groups} "
+                f"({len(removed) * self.config.tokens_per_tile} tokens)") if removed else None
+        return red.tokens, note
 
     # --- helpers -----------------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

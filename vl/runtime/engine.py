@@ -27,7 +27,7 @@ from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.sampling import SamplingParams
 
 _PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
-                   "add_generation_prompt")
+                   "add_generation_prompt", "skip_blank_tiles")
 
 
 @dataclass
@@ -132,7 +132,8 @@ class Engine:
     def _dtype(self):
         return self.lm.backbone.embeddings.weight.dtype
 
-    def prepare(self, messages, *, thinking=None, video_pruning_rate=None, stats: Stats | None = None, **proc):
+    def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
+                stats: Stats | None = None, **proc):
         """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced."""
         stats = stats or Stats()
         proc.setdefault("context_length", self.context_length)
@@ -142,7 +143,8 @@ class Engine:
         if hasattr(self.model, "prepare_inputs"):
             vectors = self._tile_vectors(inputs.pixel_values, inputs.media, stats)
             embeds, mask, vision = self.model.prepare_inputs(ids, media=inputs.media, tile_vectors=vectors,
-                                                             video_pruning_rate=video_pruning_rate)
+                                                             video_pruning_rate=video_pruning_rate,
+                                                             token_pruning_rate=token_pruning_rate)
             if vision is not None:
                 stats.vision_tokens_before = int(vision.vectors.shape[0])
                 stats.vision_tokens_after = int(vision.keep.sum()) if vision.keep is not None else \
@@ -157,8 +159,8 @@ class Engine:
     def chat(self, messages, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None, thinking=None,
              reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
-             video_pruning_rate: float | None = None, cancel: threading.Event | None = None,
-             timeout_s: float | None = None, **processor_kwargs):
+             video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0,
+             cancel: threading.Event | None = None, timeout_s: float | None = None, **processor_kwargs):
         unknown = sorted(set(processor_kwargs) - set(_PROCESSOR_KEYS))
         if unknown:
             raise GenerationOptionError(f"unknown option(s) {unknown}; sampling: temperature, top_p, top_k, "
@@ -169,6 +171,7 @@ class Engine:
             raise GenerationOptionError(f"reasoning_budget must be an int >= 0, found {reasoning_budget!r}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
+        processor_kwargs["token_pruning_rate"] = token_pruning_rate
         gen = self._chat_events(messages, max_new_tokens, params, thinking, reasoning_budget, stop or [],
                                 video_pruning_rate, cancel, timeout_s, processor_kwargs)
         if stream:
@@ -246,6 +249,7 @@ class Engine:
         max_new_tokens = kwargs.pop("max_new_tokens", 256)
         thinking = kwargs.pop("thinking", None)
         vpr = kwargs.pop("video_pruning_rate", None)
+        tpr = kwargs.pop("token_pruning_rate", 0.0)
         proc = {k: kwargs.pop(k) for k in list(kwargs) if k in _PROCESSOR_KEYS}
         for k in ("reasoning_budget", "stop", "cancel", "timeout_s"):
             if kwargs.get(k) is not None:
@@ -254,7 +258,8 @@ class Engine:
         params = SamplingParams.from_kwargs(**kwargs)
         with self._lock:
             t0 = time.perf_counter()
-            prepared = [self.prepare(m, thinking=thinking, video_pruning_rate=vpr, **proc) for m in conversations]
+            prepared = [self.prepare(m, thinking=thinking, video_pruning_rate=vpr, token_pruning_rate=tpr, **proc)
+                        for m in conversations]
             embeds, mask = left_pad_embeds([e[0] for e, _, _ in prepared])
             ctx, _ = left_pad([p.input_ids[0] for _, p, _ in prepared])
             rows = [[] for _ in prepared]

@@ -1,0 +1,74 @@
+"""The processor: messages with images, PDFs and videos -> ids and tiles, through the one prompt format."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vl
+from data_recipes.synthetic.export import write_mp4, write_pdf
+from tiny_models import make_tiny_vl_dir
+from vl.errors import RemoteMediaError, TooManyItemsError
+from vl.processing.chat import PromptFormatError
+
+
+@pytest.fixture(scope="module")
+def proc(tmp_path_factory):
+    return vl.load_processor(make_tiny_vl_dir(tmp_path_factory.mktemp("p")))
+
+
+def user(*parts):
+    return [{"role": "user", "content": list(parts)}]
+
+
+def test_image_tiles_and_placeholders(proc):
+    out = proc(user({"type": "image", "image": Image.new("RGB", (128, 64), "red")}, {"type": "text", "text": "hi"}))
+    tpt = proc.config.tokens_per_tile
+    assert out.pixel_values.shape == (3, 3, 64, 64)  # 2x1 grid + thumbnail
+    assert int((out.input_ids == proc.image_token_id).sum()) == 3 * tpt
+    assert out.text.count("<img>") == 1 and "<image>" * (3 * tpt) in out.text
+    assert out.media[0].kind == "image" and out.items[0].grid == (2, 1)
+    assert proc.tokenizer.decode(out.input_ids[0]) == out.text  # no BOS, nothing added
+
+
+def test_video_frames_and_timestamps(proc, tmp_path):
+    frames = [Image.fromarray(np.full((32, 48, 3), i * 20, np.uint8)) for i in range(8)]
+    path = write_mp4(frames, 4.0, tmp_path / "clip.mp4")
+    out = proc(user({"type": "video", "video": str(path)}, {"type": "text", "text": "what happens?"}), fps=2.0)
+    info = out.items[0]
+    assert out.media[0].kind == "video" and info.num_tiles == len(info.frame_indices) == 4  # 2 s at 2 fps
+    assert "This is a video:\nFrame 1 sampled at 0.00 seconds: <img>" in out.text
+    assert f"Frame 2 sampled at {info.timestamps[1]:.2f} seconds" in out.text
+    assert out.pixel_values.shape[0] == 4
+
+
+def test_pdf_pages_and_budget(proc, tmp_path):
+    pages = [Image.new("RGB", (200, 260), c) for c in ("white", "gray", "white")]
+    path = write_pdf(pages, tmp_path / "doc.pdf")
+    out = proc(user({"type": "pdf", "pdf": str(path)}, {"type": "text", "text": "sum?"}), pages="1-2")
+    assert len(out.items) == 2 and all(m.kind == "image" for m in out.media)
+    tight = proc(user({"type": "pdf", "pdf": str(path)}, {"type": "text", "text": "sum?"}),
+                 context_length=1024 + 3 * 3 * proc.config.tokens_per_tile, reserved_tokens=1024)
+    assert tight.notes and "capped" in tight.notes[0]
+    assert sum(m.num_tiles for m in tight.media) < sum(m.num_tiles for m in proc(user(
+        {"type": "pdf", "pdf": str(path)}, {"type": "text", "text": "sum?"})).media)
+
+
+def test_urls_and_paths_outside_roots_are_refused(proc, tmp_path):
+    with pytest.raises(RemoteMediaError, match="never fetched"):
+        proc(user({"type": "image", "image": "http://169.254.169.254/latest/meta-data"}))
+    confined = vl.processing.processor.Processor(proc.tokenizer, proc.config, allowed_roots=[tmp_path / "ok"])
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (8, 8)).save(secret)
+    with pytest.raises(RemoteMediaError, match="outside the allowed media folders"):
+        confined(user({"type": "image", "image": str(secret)}))
+    with pytest.raises(RemoteMediaError):
+        confined(user({"type": "image", "image": str(tmp_path / "ok" / ".." / "secret.png")}))
+
+
+def test_too_many_images_and_placeholders_in_text(proc):
+    img = {"type": "image", "image": Image.new("RGB", (8, 8))}
+    with pytest.raises(TooManyItemsError, match="at most 4 image"):
+        proc(user(*([img] * 5)))
+    with pytest.raises(PromptFormatError, match="placeholder"):
+        proc(user({"type": "text", "text": "sneaky <image> token"}))
