@@ -163,7 +163,7 @@ class ProcessBackend:
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(paths), str(child_sock.fileno())],
                                          pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
-                                         stdout=sys.stderr.fileno(), env={**os.environ, **(self.env or {})})
+                                         stdout=_stderr_fd(), env={**os.environ, **(self.env or {})})
         finally:
             child_sock.close()
         self.conn = Connection(parent_sock.detach())
@@ -203,13 +203,17 @@ class ProcessBackend:
             raise ItemTimeoutError(f"{what} did not finish within {timeout:.1f} s; the worker was stopped and "
                                    "will be restarted for the next item")
         try:
-            status, value = pickle.loads(self.conn.recv_bytes())
+            data = self.conn.recv_bytes()
         except (EOFError, ConnectionResetError, OSError):
             code = self.proc.wait() if self.proc is not None else None
             self._kill()
             raise WorkerCrashedError(f"the generation worker died ({_exit_text(code)}) after "
                                      f"{time.monotonic() - start:.1f} s while {what}; it is restarted for the "
                                      "next item") from None
+        try:
+            status, value = pickle.loads(data)
+        except Exception as e:  # noqa: BLE001 - e.g. an exception class that cannot be rebuilt here
+            return "err", VLError(f"the generation worker sent an unreadable reply while {what}: {e!r}")
         if status == "fail":
             self._kill()
             raise WorkerCrashedError(f"the generation worker failed while {what}: {value}")
@@ -240,6 +244,14 @@ class ProcessBackend:
             except subprocess.TimeoutExpired:
                 pass
         self._kill()
+
+
+def _stderr_fd() -> int:
+    """The worker prints to our stderr (stdout stays clean for the summary), even when sys.stderr is replaced."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
 
 
 def _exit_text(code) -> str:

@@ -516,6 +516,10 @@ class Runner:
         self.log(f"[eval] {self.task.name}: {len(plan)} items, fingerprint {self.fingerprint}; rank {dist.rank}/"
                  f"{dist.world}: {mine - len(pending)} done, {len(pending)} to run"
                  + (f"; {other} records of another configuration, item version or item set ignored" if other else ""))
+        if cfg.thinking and cfg.max_new_tokens is None and pending:
+            self.log(f"[eval] warning: reasoning on with the harness budget of {self.settings.max_new_tokens} new "
+                     "tokens: generation usually ends inside the think block (eval_metrics.md section 0); pass "
+                     "--max-new-tokens")
         writer = RecordWriter(self.records_dir / f"rank{dist.rank}.jsonl")
         if writer.repaired_bytes:
             self.log(f"[eval] cut a torn last line ({writer.repaired_bytes} bytes) off {writer.path}; that item "
@@ -540,9 +544,15 @@ class Runner:
         from tqdm import tqdm
 
         by_index = {p.index: p for p in pending}
+        if any(p.problem is None for p in pending):  # load the model now, so item timings exclude it
+            start = time.monotonic()
+            if hasattr(self.backend, "info"):
+                self.backend.info()
+            self.stats["backend_start_s"] = round(time.monotonic() - start, 3)
         bar = tqdm(total=len(pending), desc=self.task.name, unit="item", file=sys.stderr, dynamic_ncols=True,
                    disable=not (self.cfg.progress and self.dist.main), smoothing=0.05)
         batch: list[tuple[Item, Planned]] = []
+        loop_start = time.monotonic()
 
         def flush():
             outcomes = self._batch([item for item, _ in batch])
@@ -571,6 +581,7 @@ class Runner:
                 flush()
         finally:
             bar.close()
+            self.stats["loop_s"] = round(time.monotonic() - loop_start, 3)
 
     # --- merge and summary -----------------------------------------------------------------------
     def merged_records(self, plan: list[Planned]) -> tuple[list[dict], list[str]]:
@@ -593,9 +604,13 @@ class Runner:
             rank_stats.append(json.loads(f.read_text()) if f.exists() else {})
         summary = build_summary(self.task, records, self.header(), missing)
         items_run = sum(s.get("items_run", 0) for s in rank_stats)
+        loop_s = max((s.get("loop_s", 0.0) for s in rank_stats), default=0.0)
         summary["run"] = {
             "started_at": started, "finished_at": _now(), "wall_s": round(wall_s, 3),
-            "items_run": items_run, "items_per_s": round(items_run / wall_s, 4) if wall_s > 0 and items_run else None,
+            "items_run": items_run,
+            "items_per_s": round(items_run / loop_s, 4) if loop_s > 0 and items_run else None,
+            "items_per_s_note": "items run by all processes / the longest process's loop time (model load excluded)",
+            "backend_start_s": max((s.get("backend_start_s", 0.0) for s in rank_stats), default=0.0),
             "generation_s_in_records": round(sum((r.get("timing") or {}).get("elapsed_s", 0.0) for r in records), 3),
             "world_size": self.dist.world, "batch_size": self.cfg.batch_size, "isolation": self.cfg.isolation,
             "decode_sandbox": self.cfg.decode_sandbox, "item_timeout_s": self.cfg.item_timeout_s,

@@ -323,7 +323,7 @@ def test_per_item_timeout_kills_the_worker_and_the_run_goes_on(tmp_path):  # E8
 
 
 def test_a_crashing_worker_is_replaced_and_the_crash_recorded(tmp_path):
-    data = make_data(tmp_path / "d", n=3, special={0: "Q0 CRASH"})
+    data = make_data(tmp_path / "d", n=3, special={0: "Q0 CRASH", 2: "Q2 BADINPUT"})
     backend = ProcessBackend("runner_fakes:make_fake", {}, load_timeout_s=60)
     try:
         summary = run(config(data, tmp_path / "o", retries=1, backoff_s=0), backend)
@@ -332,7 +332,8 @@ def test_a_crashing_worker_is_replaced_and_the_crash_recorded(tmp_path):
     by_id = {r["id"]: r for r in predictions(tmp_path / "o")}
     assert by_id["q0"]["status"] == "error" and by_id["q0"]["error_class"] == "worker_crashed"
     assert by_id["q0"]["retries"] == 1 and by_id["q0"]["retriable"] is True
-    assert by_id["q1"]["status"] == by_id["q2"]["status"] == "ok" and summary["run"]["retries"] == 1
+    assert by_id["q1"]["status"] == "ok" and summary["run"]["retries"] == 1
+    assert by_id["q2"]["error_class"] == "corrupt_media"  # typed errors cross the process boundary intact
 
 
 def test_url_and_escaping_media_are_recorded_as_errors_without_a_model_call(tmp_path):
