@@ -52,7 +52,8 @@ def check_plan(plan: Plan, files: CheckpointFiles, expected: dict, storage_dtype
 
     `quantized` lists native names whose tensors are checked by the quantization loader instead.
     `storage_dtype` is the dtype the config declares (e.g. bfloat16); floating tensors must be in it or in
-    float32 (kept precision), anything else (F16 where BF16 is declared, integers) is an error.
+    float32 (kept precision), anything else (F16 where BF16 is declared, integers) is an error. An expected
+    dtype outside those (the packed uint8 / float8 tensors of a quantized Linear) must match exactly.
     """
     problems = []
     for native in sorted(set(expected) - set(plan.sources) - quantized):
@@ -69,7 +70,10 @@ def check_plan(plan: Plan, files: CheckpointFiles, expected: dict, storage_dtype
             continue
         for src in plan.sources[native]:
             dt = files.infos[src].dtype
-            if not dt.is_floating_point or dt not in FLOAT_STORAGE:
+            if want_dtype not in FLOAT_STORAGE:  # packed FP8 / NVFP4 tensors (vl.checkpoint.quantized): exact
+                if dt != want_dtype:
+                    problems.append(f"tensor {src!r}: expected {want_dtype}, found {dt}")
+            elif not dt.is_floating_point or dt not in FLOAT_STORAGE:
                 problems.append(f"tensor {src!r}: expected a floating dtype, found {dt}")
             elif storage_dtype is not None and dt not in (storage_dtype, torch.float32):
                 problems.append(f"tensor {src!r}: expected {storage_dtype} (declared by the config) or float32, "

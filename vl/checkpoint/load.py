@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from vl.checkpoint import adapter as ad
+from vl.checkpoint import quantized
 from vl.checkpoint.files import CheckpointFiles, scan_non_finite
 from vl.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 
@@ -92,12 +93,14 @@ def declared_storage_dtype(raw: dict) -> torch.dtype | None:
     return DTYPES.get(declared) if isinstance(declared, str) else None
 
 
-def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype):
-    """Assign tensors into a meta-device model; floating ones cast to `dtype` except fp32-kept ones."""
+def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                   keep_dtype: set[str] = frozenset()):
+    """Assign tensors into a meta-device model; floating ones cast to `dtype` except fp32-kept ones and
+    `keep_dtype` (packed FP8 / NVFP4 weights and their scales, whose dtype is their format)."""
     keep_fp32 = tuple(getattr(model, "keep_in_fp32", ()))
     out = {}
     for name, t in tensors.items():
-        if t.is_floating_point():
+        if t.is_floating_point() and name not in keep_dtype:
             target = torch.float32 if name.endswith(keep_fp32) else dtype
             t = t.to(target)
         out[name] = t
@@ -109,6 +112,8 @@ def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: to
 
 def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan: bool = False,
                     quant_mode: str | None = None):
+    """quant_mode (FP8 / NVFP4 checkpoints only): None or "auto" (per device), "weight-only", "native",
+    "dequantize"; see vl/checkpoint/quantized.py. `model.quantization` says what was chosen (None if plain)."""
     directory = resolve_dir(path)
     raw = read_config(directory)
     kind = checkpoint_kind(raw, directory)
@@ -127,6 +132,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
         from vl.checkpoint import nano_vl
 
         model, plan = nano_vl.build_and_plan(raw, files, directory)
+    qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   what=f"{kind} checkpoint")
     tensors = ad.materialize(plan, files)
@@ -134,8 +140,13 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":
         nano_vl.check_buffers(model, files, plan)
-    model = assign_tensors(model, tensors, target).eval()
+    if qload is not None:
+        tensors = quantized.finish(model, tensors, plan, qload, target)
+        fallback = qload.requested in (None, "auto") and qload.mode == "weight-only"
+        log.log(logging.WARNING if fallback else logging.INFO, qload.notice(str(directory)))
+    model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()
     model.checkpoint_dir = str(directory)
+    model.quantization = qload
     if device_map is not None:
         from vl.runtime.placement import place
 

@@ -1,0 +1,289 @@
+"""Quantized checkpoints in the loader: which Linears an FP8 / NVFP4 (NVIDIA ModelOpt) directory stores packed,
+the checks made from the safetensors headers before any tensor is read, and the execution mode that runs them.
+
+Follows vLLM's ModelOpt path (reference notes §7.1, §7.2, §7.6): the config comes from `hf_quant_config.json`
+or `config.json` `quantization_config`; the per-module truth is the tensors (a Linear is quantized iff its
+weight is uint8 / float8 *and* its scales exist); the vision tower, `mlp1`, conv1d, norms, `A_log`, `D`,
+`dt_bias` and embeddings are never quantized. The model code stays plain math: the loader builds the meta
+model, then swaps the checkpoint's quantized Linears in from outside (`vl.quant.swap_quantized_linears`), so
+the strict key / shape / dtype check of `vl.checkpoint.adapter` sees each quantized Linear's own ModelOpt
+tensors as what the model expects.
+
+Modes (`quant_mode`): None / "auto" picks per device (CPU: weight-only; CUDA >= 8.9 with FP8: native
+`torch._scaled_mm` per forward where the layer allows it; NVFP4: weight-only, native FP4 GEMM is not
+implemented), "weight-only" keeps packed weights and dequantizes per forward, "native" demands the native
+FP8 path (an error where it cannot run), "dequantize" expands once at load to plain Linears. One log line
+says which mode runs and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vl.checkpoint.adapter import Plan
+from vl.checkpoint.files import CheckpointFiles, TensorInfo
+from vl.errors import CheckpointError, ConfigError
+from vl.quant.config import (
+    FP8_WEIGHT_DTYPES,
+    QUANT_SUFFIXES,
+    LinearQuantSpec,
+    QuantConfig,
+    QuantFormatError,
+    QuantUnavailableError,
+    detect_quantized_linears,
+    never_quantized,
+    read_quant_config,
+)
+
+log = logging.getLogger(__name__)
+
+QUANT_MODES = ("auto", "weight-only", "native", "dequantize")
+PACKED_DTYPES = (torch.uint8,) + FP8_WEIGHT_DTYPES
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")  # ModelOpt FP8 KV-cache scales on attention k/v projections
+# Modules expanded at load in every mode: NemotronHForCausalLM.forward casts the lm_head input to
+# `lm_head.weight.dtype` (vl/modeling/nemotron_h.py), which is uint8 / float8 for a packed lm_head. Remove the
+# entry once the model casts to its compute dtype instead.
+DEQUANTIZE_AT_LOAD = ("lm_head",)
+
+
+@dataclass
+class QuantizedLoad:
+    """What the loader decided for a quantized checkpoint (kept on the model as `model.quantization`)."""
+
+    config: QuantConfig | None
+    specs: dict[str, LinearQuantSpec]  # native module name -> spec (spec.name is the native name)
+    checkpoint_names: dict[str, str]  # native module name -> checkpoint module name
+    requested: str | None  # quant_mode as given
+    mode: str  # "weight-only" | "native" | "auto" | "dequantize": what the quantized modules do
+    why: str
+    expanded: list[str] = field(default_factory=list)  # native modules dequantized at load in any mode
+    originals: dict[str, nn.Module] = field(default_factory=dict, repr=False)  # meta Linears, for expansion
+
+    @property
+    def fmt(self) -> str:
+        fmts = sorted({s.fmt for s in self.specs.values()})
+        return "/".join(f.upper() for f in fmts) or "none"
+
+    @property
+    def packed(self) -> list[str]:
+        """Native modules that stay packed (quantized) in memory."""
+        if self.mode == "dequantize":
+            return []
+        return [n for n in self.specs if n not in self.expanded]
+
+    def packed_keys(self) -> set[str]:
+        """Native tensor names whose dtype the loader must not touch (packed weights and their scales)."""
+        out = set()
+        for name in self.packed:
+            spec = self.specs[name]
+            out.update(f"{name}.{s}" for s in spec.shapes if s != "bias")
+        return out
+
+    def notice(self, where: str = "") -> str:
+        src = self.config.source.rsplit("/", 1)[-1] if self.config is not None else "no quantization config"
+        algo = f"{self.config.quant_algo}, " if self.config is not None else ""
+        extra = f"; {', '.join(self.expanded)} dequantized at load (see DEQUANTIZE_AT_LOAD)" if (
+            self.expanded and self.mode != "dequantize") else ""
+        return (f"vl: {where + ': ' if where else ''}{self.fmt} checkpoint ({algo}{len(self.specs)} quantized "
+                f"Linears, {src}); running {self.mode}: {self.why}{extra}")
+
+
+# --- header-only detection ---------------------------------------------------------------------------
+def _checkpoint_sources(plan: Plan) -> dict[str, str]:
+    """checkpoint tensor name -> native name, for the one-to-one entries of the plan."""
+    return {srcs[0]: native for native, srcs in plan.sources.items() if native not in plan.stacked and len(srcs) == 1}
+
+
+def _scalar(info: TensorInfo) -> None:
+    if info.dtype != torch.float32:
+        raise QuantFormatError(f"{info.name}: expected dtype float32, found {info.dtype}")
+    n = 1
+    for s in info.shape:
+        n *= s
+    if n != 1:
+        raise QuantFormatError(f"{info.name}: expected a scalar (1 element), found shape {list(info.shape)}")
+
+
+def _header_spec(ck: str, native: str, infos: dict[str, TensorInfo]) -> LinearQuantSpec:
+    """Spec of checkpoint module `ck` from its headers; QuantFormatError naming the tensor when inconsistent."""
+    from vl.quant.fp8 import fp8_scale_granularity
+    from vl.quant.nvfp4 import check_nvfp4_shapes
+
+    w = infos[f"{ck}.weight"]
+    fmt = "nvfp4" if w.dtype == torch.uint8 else "fp8"
+    if never_quantized(ck):
+        raise QuantFormatError(
+            f"{ck}.weight: found a {fmt.upper()} weight ({w.dtype}) in a module the reference stack never quantizes "
+            "(vision tower, mlp1, conv1d, norms, embeddings); expected a BF16/FP32 weight here.")
+    if len(w.shape) != 2:
+        raise QuantFormatError(f"{ck}.weight: expected a 2-D Linear weight, found shape {list(w.shape)}")
+    present = {s: f"{ck}.{s}" in infos for s in QUANT_SUFFIXES}
+    if not present["weight_scale"]:
+        raise QuantFormatError(
+            f"{ck}.weight_scale: missing; a {fmt.upper()} weight ({ck}.weight, {w.dtype}) needs its scale. "
+            "The checkpoint is incomplete; re-export or re-download it.")
+    ws = infos[f"{ck}.weight_scale"]
+    if present["input_scale"]:
+        _scalar(infos[f"{ck}.input_scale"])
+    shapes = {s: infos[f"{ck}.{s}"].shape for s in ("weight", "bias") + QUANT_SUFFIXES if f"{ck}.{s}" in infos}
+    bias = f"{ck}.bias" in infos
+    if fmt == "nvfp4":
+        if not present["weight_scale_2"]:
+            raise QuantFormatError(
+                f"{ck}.weight_scale_2: missing; an NVFP4 weight ({ck}.weight) needs its float32 global scale "
+                "(amax / 2688). The checkpoint is incomplete; re-export or re-download it.")
+        check_nvfp4_shapes(w.shape, ws.shape, ws.dtype, name=f"{ck}.weight_scale")
+        _scalar(infos[f"{ck}.weight_scale_2"])
+        return LinearQuantSpec(native, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
+                               weight_dtype=w.dtype, shapes=shapes)
+    if present["weight_scale_2"]:
+        raise QuantFormatError(f"{ck}.weight_scale_2: unexpected for an FP8 weight ({w.dtype}); expected none")
+    if ws.dtype != torch.float32:
+        raise QuantFormatError(f"{ck}.weight_scale: expected dtype float32 for FP8, found {ws.dtype}")
+    try:
+        gran = fp8_scale_granularity(w.shape, ws.shape)
+    except QuantFormatError as e:
+        raise QuantFormatError(f"{ck}.weight_scale: {e}") from None
+    return LinearQuantSpec(native, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
+                           fp8_granularity=gran, weight_dtype=w.dtype, shapes=shapes)
+
+
+def header_specs(plan: Plan, files: CheckpointFiles) -> tuple[dict[str, LinearQuantSpec], dict[str, str]]:
+    """({native module: spec}, {native module: checkpoint module}) from the headers alone.
+
+    Also refuses scales whose weight is not packed, and packed tensors the model holds stacked (MoE experts).
+    KV-cache scales (`k_scale` / `v_scale`) move to the plan's ignored list: the KV cache runs in the
+    compute dtype.
+    """
+    infos = files.infos
+    to_native = _checkpoint_sources(plan)
+    for native in list(plan.sources):
+        srcs = plan.sources[native]
+        if len(srcs) == 1 and srcs[0].endswith(KV_SCALE_SUFFIXES):
+            plan.ignored[srcs[0]] = "FP8 KV-cache scale: the KV cache is kept in the compute dtype"
+            del plan.sources[native]
+        elif native in plan.stacked and any(infos[s].dtype in PACKED_DTYPES for s in srcs):
+            raise QuantFormatError(
+                f"{srcs[0]}: packed ({infos[srcs[0]].dtype}) MoE expert weights are not supported yet; the model "
+                f"holds {native} as one fused tensor, not as Linears. Use a checkpoint whose routed experts are "
+                "BF16 (exclude them at export).")
+    specs, names = {}, {}
+    for ck_tensor, native_tensor in to_native.items():
+        if not ck_tensor.endswith(".weight") or infos[ck_tensor].dtype not in PACKED_DTYPES:
+            continue
+        ck, native = ck_tensor[: -len(".weight")], native_tensor[: -len(".weight")]
+        specs[native] = _header_spec(ck, native, infos)
+        names[native] = ck
+    for name, info in infos.items():  # scales without a packed weight next to them
+        for s in QUANT_SUFFIXES:
+            if name.endswith("." + s):
+                ck = name[: -len(s) - 1]
+                w = infos.get(f"{ck}.weight")
+                if w is None or w.dtype not in PACKED_DTYPES:
+                    found = "no weight" if w is None else f"{ck}.weight is {w.dtype}"
+                    raise QuantFormatError(
+                        f"{name}: a quantization scale but {found}; expected a uint8 (NVFP4) or float8 (FP8) "
+                        f"{ck}.weight next to it. The checkpoint is inconsistent.")
+    return specs, names
+
+
+# --- mode ----------------------------------------------------------------------------------------------
+def _target_device(device_map) -> torch.device:
+    if device_map is None or device_map == "cpu":
+        return torch.device("cpu")
+    if device_map == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device_map, dict):
+        devs = [d for d in device_map.values() if d not in ("cpu", "disk")]
+        return torch.device(devs[0] if isinstance(devs[0], str) else f"cuda:{devs[0]}") if devs else torch.device(
+            "cpu")
+    return torch.device(device_map)
+
+
+def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str, str]:
+    """(module mode, why) for the quantized Linears of a checkpoint with formats `fmts` placed by `device_map`."""
+    from vl.quant.linear import native_fp8_support
+
+    if requested is not None and requested not in QUANT_MODES:
+        raise ConfigError(f"quant_mode={requested!r}: expected None or one of {QUANT_MODES}")
+    dev = _target_device(device_map)
+    ok, why = native_fp8_support(dev) if dev.type == "cuda" else (False, f"tensors are on {dev.type}")
+    if requested == "dequantize":
+        return "dequantize", "requested; weights expanded once at load to the compute dtype (full-size memory)"
+    if requested == "weight-only":
+        return "weight-only", "requested; packed weights stay resident and are dequantized per layer in forward"
+    if requested == "native":
+        if "nvfp4" in fmts:
+            raise QuantUnavailableError(
+                "quant_mode='native': native NVFP4 GEMM is not implemented; use 'auto' or 'weight-only' (packed "
+                "FP4 weights dequantized per forward) or 'dequantize'")
+        if not ok:
+            raise QuantUnavailableError(
+                f"quant_mode='native': FP8 torch._scaled_mm cannot run here ({why}); expected a CUDA device of "
+                "capability >= 8.9 in device_map. Use 'auto' or 'weight-only'.")
+        return "native", f"requested; FP8 torch._scaled_mm ({why})"
+    # auto
+    if dev.type != "cuda":
+        return "weight-only", (f"auto on {dev.type}: no FP8/FP4 tensor cores, packed weights are dequantized per "
+                               "layer in forward")
+    if fmts == {"fp8"} and ok:
+        return "auto", f"auto: FP8 torch._scaled_mm where the layer allows it ({why}), weight-only elsewhere"
+    reason = why if "fp8" in fmts and not ok else "native NVFP4 GEMM is not implemented"
+    return "weight-only", f"auto: {reason}; packed weights are dequantized per layer in forward"
+
+
+# --- the two loader hooks ---------------------------------------------------------------------------------
+def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: str | None = None, device_map=None,
+            compute_dtype: torch.dtype = torch.bfloat16) -> QuantizedLoad | None:
+    """Before `check_plan`: detect packed Linears from the headers and swap them into the meta model, so that
+    the model's expected tensors are their ModelOpt tensors. None for an unquantized checkpoint."""
+    from vl.quant.linear import swap_quantized_linears
+
+    if quant_mode is not None and quant_mode not in QUANT_MODES:
+        raise ConfigError(f"quant_mode={quant_mode!r}: expected None or one of {QUANT_MODES}")
+    config = read_quant_config(files.directory)
+    specs, names = header_specs(plan, files)
+    if not specs:
+        if config is not None:
+            log.warning("vl: %s: %s declares quant_algo=%s but no tensor is packed (uint8/float8 with scales); "
+                        "loading it as an unquantized checkpoint", files.directory, config.source, config.quant_algo)
+        if quant_mode not in (None, "auto"):
+            raise ConfigError(
+                f"quant_mode={quant_mode!r}: {files.directory} is not a quantized checkpoint (no packed FP8/NVFP4 "
+                "weights); quant_mode applies to ModelOpt FP8/NVFP4 checkpoints. To make one, run "
+                "`vl quantize --format fp8|nvfp4`.")
+        return None
+    mode, why = resolve_mode(quant_mode, {s.fmt for s in specs.values()}, device_map)
+    originals = {name: model.get_submodule(name) for name in specs}
+    swap_quantized_linears(model, specs, "weight-only" if mode == "dequantize" else mode,
+                           compute_dtype=compute_dtype)
+    expanded = [n for n in specs if n.rsplit(".", 1)[-1] in DEQUANTIZE_AT_LOAD or n in DEQUANTIZE_AT_LOAD]
+    return QuantizedLoad(config, specs, names, quant_mode, mode, why, expanded, originals)
+
+
+def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload: QuantizedLoad,
+           compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """After the tensors are read: value checks (finite, positive scales; config cross-check), then, for the
+    modules that do not stay packed, expansion to plain weights and the plain meta Linear put back."""
+    from vl.quant.linear import _dequantized_weight_from  # one dequantize formula for every path
+
+    to_native = _checkpoint_sources(plan)
+    ck_view = {ck: tensors[native] for ck, native in to_native.items() if native in tensors}
+    found = detect_quantized_linears(ck_view, qload.config)
+    if set(found) != set(qload.checkpoint_names.values()):
+        raise CheckpointError("quantized modules from the headers and from the tensors disagree: "
+                              f"{sorted(set(found) ^ set(qload.checkpoint_names.values()))[:5]}")
+    expand = list(qload.specs) if qload.mode == "dequantize" else list(qload.expanded)
+    for name in expand:
+        spec = qload.specs[name]
+        tensors[f"{name}.weight"] = _dequantized_weight_from(spec, tensors, compute_dtype)
+        for s in QUANT_SUFFIXES:
+            tensors.pop(f"{name}.{s}", None)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, qload.originals[name])
+    qload.originals = {}
+    return tensors

@@ -1,0 +1,277 @@
+"""Post-training quantization of a BF16 / FP32 checkpoint directory into a ModelOpt FP8 / NVFP4 one
+(`vl quantize`; the library call is `quantize_checkpoint`).
+
+The recipe is ModelOpt's PTQ (`mtq.quantize` with FP8_DEFAULT_CFG / NVFP4_DEFAULT_CFG, then
+`export_hf_checkpoint`), reduced to what the released checkpoints hold (notes §7.3, §7.4): weights are
+quantized from the loaded high-precision values; each quantized Linear's static `input_scale` comes from the
+largest |input| seen while the model runs on calibration prompts (the user's text lines, or built-in synthetic
+documents and clips sent through the real Processor, so that image tiles and video frames reach the LLM the
+way they will at inference). The vision tower, `mlp1`, conv1d, norms and embeddings are never quantized;
+`lm_head` is excluded unless asked (ModelOpt's default); routed MoE experts (fused tensors, not Linears) stay
+in high precision. Optional: the residual-stream Hadamard fold (vl/quant/rotate.py) and NVFP4 16x16 2-D weight
+blocks. The output directory is a complete checkpoint: weights, `config.json` with `quantization_config`,
+`hf_quant_config.json`, and every tokenizer / generation / processor file of the input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from vl.errors import CheckpointError, ConfigError
+from vl.quant.config import is_excluded, never_quantized
+from vl.quant.export import (
+    PRODUCER,
+    collect_input_amax,
+    exclude_patterns,
+    make_hf_quant_config,
+    quantize_state_dict,
+    write_hf_quant_config,
+)
+
+log = logging.getLogger(__name__)
+
+FORMATS = {"fp8": "FP8", "nvfp4": "NVFP4"}
+# MoE parts that are not Linears: fused routed-expert tensors and the fp32 router; listed so readers know
+MOE_UNQUANTIZED = ("*mixer.experts.*", "*mixer.gate")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "config.json", "hf_quant_config.json")
+NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+@dataclass
+class Calibration:
+    """One calibration input: keyword arguments of the model's forward, plus what it is for the report."""
+
+    kwargs: dict
+    what: str
+
+
+@dataclass
+class QuantizeResult:
+    out_dir: Path
+    algo: str
+    quantized: list[str]  # checkpoint module names now packed
+    excluded: list[str]  # Linear module names left in high precision (patterns or never-quantized)
+    calibration: list[str]  # one description per calibration input
+    input_amax: dict[str, float]
+    options: dict
+    in_bytes: int
+    out_bytes: int
+    seconds: float
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # what was written
+
+    def summary(self) -> str:
+        mb = 1 / 2**20
+        return (f"wrote {self.out_dir}: {self.algo}, {len(self.quantized)} Linears quantized, "
+                f"{len(self.excluded)} left in high precision; calibrated on {len(self.calibration)} inputs; "
+                f"weights {self.in_bytes * mb:.1f} MiB -> {self.out_bytes * mb:.1f} MiB; {self.seconds:.1f} s")
+
+
+# --- calibration inputs --------------------------------------------------------------------------------
+def read_prompts(path) -> list[str]:
+    """One prompt per non-empty line of a UTF-8 text file."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--calib-prompts {path}: expected a readable UTF-8 text file, found: {e}") from None
+    prompts = [ln.strip() for ln in lines if ln.strip()]
+    if not prompts:
+        raise ConfigError(f"--calib-prompts {path}: expected at least one non-empty line, found none")
+    return prompts
+
+
+def synthetic_messages(n: int, tile_size: int, seed: int = 0) -> list[tuple[list[dict], str]]:
+    """n chat conversations (user question with media + the answer), documents and clips alternating, from
+    data_recipes.synthetic's validation split; clips are encoded to MP4 so they go through the video decoder."""
+    from data_recipes.synthetic import make_dataset, write_mp4
+
+    tile = max(32, min(1024, int(tile_size)))
+    n_video = n // 2
+    docs = make_dataset("document", "val", n - n_video, seed=seed, tile_size=tile)
+    clips = make_dataset("video", "val", n_video, seed=seed, tile_size=tile)
+    out, next_doc, next_clip = [], iter(docs), iter(clips)
+    with tempfile.TemporaryDirectory(prefix="vl-calib-") as tmp:
+        for i in range(n):
+            s = next(next_clip) if i % 2 == 1 else next(next_doc)
+            if s.kind == "video":
+                path = write_mp4(list(s.media), s.fps or 2.0, Path(tmp) / f"clip{i}.mp4")
+                media = [{"type": "video", "video": path.read_bytes()}]
+                what = f"synthetic video {s.family} ({len(s.media)} frames)"
+            else:
+                media = [{"type": "image", "image": page} for page in s.media]
+                what = f"synthetic document {s.family} ({len(s.media)} page(s))"
+            msgs = [{"role": "user", "content": media + [{"type": "text", "text": s.question}]},
+                    {"role": "assistant", "content": s.answer}]
+            out.append((msgs, what))
+    return out
+
+
+def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | None, n: int,
+                       seed: int = 0) -> list[Calibration]:
+    """Model inputs for calibration: the user's prompts (text) or `n` synthetic documents / clips."""
+    if n < 1 and prompts is None:
+        raise ConfigError(f"num_calib={n}: expected at least one calibration input")
+    if hasattr(model, "prepare_inputs"):  # a VL model: the Processor is the one path from messages to inputs
+        import vl
+
+        try:
+            proc = vl.load_processor(model_dir)
+        except OSError as e:
+            raise CheckpointError(f"{model_dir}: the tokenizer could not be loaded ({e}); calibration needs it") from None
+        if prompts is not None:
+            items = [([{"role": "user", "content": p}], f"prompt {i + 1}") for i, p in enumerate(prompts)]
+        else:
+            items = synthetic_messages(n, proc.config.force_image_size, seed)
+        out = []
+        for msgs, what in items:
+            x = proc(msgs, add_generation_prompt=False)
+            out.append(Calibration(dict(input_ids=x.input_ids, pixel_values=x.pixel_values, media=x.media), what))
+        return out
+    texts = prompts
+    if texts is None:  # text-only: the synthetic questions and answers as plain text
+        from data_recipes.synthetic import make_dataset
+
+        texts = [f"{s.question} {s.reasoning} {s.answer}" for s in make_dataset("document", "val", n, seed=seed,
+                                                                                 tile_size=32)]
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        if prompts is not None:
+            raise CheckpointError(f"{model_dir}: --calib-prompts needs the checkpoint's tokenizer, which could not "
+                                  f"be loaded ({e})") from None
+        vocab = model.config.vocab_size
+        g = torch.Generator().manual_seed(seed)
+        log.warning("vl quantize: %s has no tokenizer; calibrating on %d sequences of random token ids", model_dir, n)
+        return [Calibration(dict(input_ids=torch.randint(0, vocab, (1, 64), generator=g)), f"random ids {i + 1}")
+                for i in range(n)]
+    return [Calibration(dict(input_ids=torch.tensor([tok(t, add_special_tokens=False)["input_ids"]])), f"text {i + 1}")
+            for i, t in enumerate(texts)]
+
+
+# --- the pass -----------------------------------------------------------------------------------------------
+def _bar(items, desc: str, progress: bool, total: int | None = None):
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False)
+
+
+def _checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors under the checkpoint names of its own format (hub layout)."""
+    if hasattr(model, "prepare_inputs"):
+        from vl.checkpoint.nano_vl import export_state_dict
+
+        return export_state_dict(model)
+    from vl.checkpoint.nemotron_h import export_lm
+
+    return export_lm(model.state_dict())
+
+
+def _copy_side_files(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for p in sorted(src.iterdir()):
+        if not p.is_file() or p.name in WEIGHT_FILES or p.name.endswith(NOT_COPIED_SUFFIXES):
+            continue
+        shutil.copy2(p, dst / p.name)
+        copied.append(p.name)
+    return copied
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iterable[str] | None = None,
+                        num_calib: int = 8, hadamard: bool = False, block_2d: bool = False,
+                        exclude_lm_head: bool = True, exclude: Iterable[str] = (), dtype="float32", seed: int = 0,
+                        progress: bool = True, overwrite: bool = False) -> QuantizeResult:
+    """BF16 / FP32 checkpoint at `model_dir` -> ModelOpt `fmt` ("fp8" | "nvfp4") checkpoint at `out_dir`."""
+    import vl
+    from vl.checkpoint.files import CheckpointFiles, save_tensors
+    from vl.checkpoint.load import read_config, resolve_dir
+    from vl.quant.rotate import rotate_residual_stream
+
+    t0 = time.perf_counter()
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: expected one of {sorted(FORMATS)}")
+    algo = FORMATS[fmt]
+    if block_2d and algo != "NVFP4":
+        raise ConfigError("--block-2d applies to NVFP4 weight blocks only; drop it for --format fp8")
+    src = resolve_dir(model_dir)
+    out = Path(out_dir).expanduser()
+    if out.resolve() == src.resolve():
+        raise ConfigError(f"--out {out} is the input directory; expected a new directory for the quantized copy")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"--out {out} exists and is not empty; expected a new or empty directory (or --overwrite)")
+    raw = read_config(src)
+    model = vl.load_pretrained(src, dtype=dtype)
+    if model.quantization is not None:
+        raise ConfigError(f"{src} is already a {model.quantization.fmt} checkpoint; quantize the BF16/FP32 original")
+    lm = getattr(model, "language_model", model)
+    prefix = "language_model." if lm is not model else ""
+    if hadamard:
+        rotate_residual_stream(model, seed=seed)
+    extra = tuple(exclude) + (MOE_UNQUANTIZED if "E" in lm.config.pattern else ())
+    pats = exclude_patterns(exclude_lm_head, extra)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith(prefix)]
+    names = [n for n in linears if not never_quantized(n) and not is_excluded(n, pats)]
+    excluded = [n for n in linears if n not in names]
+
+    calib = calibration_inputs(src, model, list(prompts) if prompts is not None else None, num_calib, seed)
+
+    def run():
+        for c in _bar(calib, "calibrating", progress):
+            model(**c.kwargs, logits_to_keep=1)
+
+    amax = collect_input_amax(model, run, names)
+
+    sd = _checkpoint_state_dict(model)
+    files = CheckpointFiles(src)
+    declared = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(
+        raw.get("torch_dtype") or raw.get("dtype") or "", None)
+    in_bytes = sum(math.prod(i.shape) * i.dtype.itemsize for i in files.infos.values())
+    weights = {f"{n}.weight" for n in names}
+    tensors: dict[str, torch.Tensor] = {}
+    for key, t in sd.items():  # high-precision tensors go back in the dtype they came in
+        if key in weights or not t.is_floating_point():
+            continue
+        stored = files.infos[key].dtype if key in files.infos else declared or t.dtype
+        tensors[key] = t.detach().to(stored if stored.is_floating_point else t.dtype)
+    for key, t in sd.items():
+        if not t.is_floating_point():
+            tensors[key] = t
+    for name in _bar(names, "quantizing", progress):
+        q = quantize_state_dict({f"{name}.weight": sd[f"{name}.weight"]}, [name], algo, amax, exclude=pats,
+                                block_2d=block_2d)
+        tensors.update(q)
+    options = dict(format=fmt, algo=algo, hadamard=hadamard, block_2d=block_2d, exclude_lm_head=exclude_lm_head,
+                   num_calib=len(calib), seed=seed, calib_dtype=str(dtype))
+    skipped = [n for n in excluded if not is_excluded(n, pats)]
+    hf_cfg = make_hf_quant_config(algo, pats + tuple(skipped))
+    out.mkdir(parents=True, exist_ok=True)
+    save_tensors(tensors, out, metadata={"vl_quantize": json.dumps(options)})
+    cfg = dict(raw)
+    q = hf_cfg["quantization"]
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo,
+                                  "kv_cache_quant_algo": q["kv_cache_quant_algo"],
+                                  "exclude_modules": q["exclude_modules"], "producer": dict(PRODUCER),
+                                  **({"group_size": q["group_size"]} if "group_size" in q else {})}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_hf_quant_config(out, hf_cfg)
+    _copy_side_files(src, out)
+    return QuantizeResult(out, algo, names, excluded, [c.what for c in calib], amax, options, in_bytes,
+                          _nbytes(tensors.values()), time.perf_counter() - t0, tensors)
