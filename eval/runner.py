@@ -257,7 +257,7 @@ def plan_items(task: Task, cfg: RunConfig) -> list[Planned]:
                                      "unique (records are keyed by id)")
         seen.add(item.id)
         try:
-            task.prediction_record(item, "")
+            task.check_record(task.prediction_record(item, ""))  # fail now, not after hours of generation
             digest = item_digest(task, item)
         except RecordError as e:
             raise DatasetFormatError(f"{cfg.data}: row {index} (id {item.id!r}) cannot be scored by "

@@ -23,6 +23,7 @@ from runner_fakes import FACTS, FakeBackend
 import eval.records as records_mod
 from eval.__main__ import main as cli_main
 from eval.backend import ProcessBackend
+from eval.data import DatasetFormatError
 from eval.records import RecordsWriteError, RecordWriter, iter_records, repair_tail
 from eval.runner import Dist, OutputExistsError, RunConfig, Runner, classify, file_digest
 from eval.score import summarize
@@ -349,6 +350,17 @@ def test_url_and_escaping_media_are_recorded_as_errors_without_a_model_call(tmp_
     assert backend.calls == 1 and summary["counts"]["error"] == 2 and summary["counts"]["items"] == 3
 
 
+def test_an_unscorable_dataset_stops_before_any_generation(tmp_path):
+    data = make_data(tmp_path / "d", n=3)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    del rows[1]["answer"]  # e.g. a submission-only test split
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    backend = FakeBackend()
+    with pytest.raises(DatasetFormatError, match="row 1 .*answers"):
+        run(config(data, tmp_path / "o"), backend)
+    assert backend.calls == 0 and not (tmp_path / "o" / "records").exists()
+
+
 def test_classify_errors():
     assert classify(CorruptMediaError("x")) == ("error", False, False)
     assert classify(DecodeTimeoutError("x")) == ("timeout", False, True)
@@ -424,3 +436,40 @@ def test_cli_score_subcommand_delegates_and_bad_options_exit_2(tmp_path, capsys)
                      "--model", str(tmp_path), "--batch-size", "0"]) == 2
     assert "batch_size" in capsys.readouterr().err
     assert cli_main(["tasks"]) == 0 and "videomme" in capsys.readouterr().out
+
+
+_ORPHAN_SCRIPT = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from runner_fakes import FACTS
+from eval.backend import ProcessBackend
+from eval.data import DatasetFormatError
+from eval.runner import RunConfig, Runner
+backend = ProcessBackend("runner_fakes:make_fake", {"delay_s": 0.2}, load_timeout_s=60)
+print(backend.info()["pid"], flush=True)
+Runner(RunConfig(**json.loads(sys.argv[2])), backend=backend, facts=FACTS, log=lambda m: None).run()
+"""
+
+
+def test_a_sigkilled_runner_leaves_no_worker_process_behind(tmp_path):
+    data = make_data(tmp_path / "d", n=30)
+    cfg = dataclasses.asdict(config(data, tmp_path / "o"))
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, json.dumps(sys.path), json.dumps(cfg)],
+                            stdout=subprocess.PIPE, text=True)
+    worker = int(proc.stdout.readline())
+    log = tmp_path / "o" / "records" / "rank0.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and log.read_bytes().count(b"\n") >= 1):
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived its SIGKILLed runner by 10 s")
