@@ -29,3 +29,4 @@ def __getattr__(name):
 
         return Engine
     raise AttributeError(f"module 'vl' has no attribute {name!r}")
+from vl import hf as _hf  # registers the transformers Auto classes
