@@ -1,0 +1,225 @@
+"""`vl app`: the Gradio app for document and long-video question answering.
+
+    vl app [--model PATH] [--host 127.0.0.1] [--port 7860] [--device-map ...] [--dtype ...]
+
+Loads the model once (the shipped demo model, vl/demo, unless --model is given), then serves three tabs
+(Document QA, Video QA, Chat) over one engine. Configuration follows reliability_matrix.md §3.2's safe-run
+checklist: bound to localhost, no share link, an upload size cap, a bounded queue with one model slot shared by
+every tab, the REST routes closed to queue skipping, monitoring off, and file serving limited to uploads and
+the bundled examples (the model folder and the working directory are blocked). Uploads are decoded in sandbox
+workers (`Processor(isolate=True)`) and only from the upload folder or the examples (`allowed_roots`).
+Nothing happens at import time; `main` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ui.limits import AppLimits
+
+TITLE = "Nemotron Nano V2 VL · documents and video"
+
+
+# --- progress on the console while the app starts ----------------------------------------------------------
+class _Step:
+    """`[i/n] what… 1.2 s` on stderr; on a terminal the seconds tick while the step runs."""
+
+    def __init__(self, i: int, n: int, what: str):
+        self.label, self._stop = f"[{i}/{n}] {what}", threading.Event()
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        if sys.stderr.isatty():
+            threading.Thread(target=self._tick, daemon=True).start()
+        else:
+            print(f"{self.label}…", file=sys.stderr, flush=True)
+        return self
+
+    def _tick(self):
+        while not self._stop.wait(0.25):
+            print(f"\r{self.label}… {time.perf_counter() - self.t0:.1f} s", end="", file=sys.stderr, flush=True)
+
+    def __exit__(self, kind, exc, tb):
+        self._stop.set()
+        status = "done" if kind is None else "failed"
+        print(f"\r{self.label}: {status} in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+        return False
+
+
+# --- building ----------------------------------------------------------------------------------------------
+def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Path | None = None,
+              examples: list[dict] | None = None, model_name: str = ""):
+    """The Blocks app over `engine` (a `ui.runner.UIEngine`); call `launch_app` to serve it.
+
+    Set `GRADIO_TEMP_DIR` before calling: Gradio components fix their upload folder when they are built.
+    """
+    import gradio as gr
+
+    from ui.chat import build_chat_tab
+    from ui.controls import MODEL, AppContext, build_controls
+    from ui.documents import build_document_tab
+    from ui.examples import tab_examples
+    from ui.video import build_video_tab
+    from gradio.utils import get_upload_folder
+
+    limits = limits or AppLimits()
+    roots = [Path(get_upload_folder()).resolve()] + ([Path(examples_dir).resolve()] if examples_dir else [])
+    ctx = AppContext(engine, limits, roots)
+    by_tab = tab_examples(Path(examples_dir), examples) if examples_dir and examples else {}
+    m = limits.media
+    with gr.Blocks(title=TITLE, delete_cache=(1800, 3600), analytics_enabled=False) as demo:
+        gr.Markdown(f"## {TITLE}\n"
+                    f"Model: `{model_name or type(engine.model).__name__}` · "
+                    f"uploads up to {limits.max_upload_mb} MB · "
+                    f"up to {m.max_images} images or one PDF of at most {m.max_pdf_pages} pages · one video of at "
+                    f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
+                    f"{limits.request_timeout_s:g} s")
+        controls = build_controls(limits)
+        with gr.Tabs():
+            with gr.Tab("Document QA", id="document"):
+                build_document_tab(ctx, controls, by_tab.get("document", []))
+            with gr.Tab("Video QA", id="video"):
+                build_video_tab(ctx, controls, by_tab.get("video", []))
+            with gr.Tab("Chat", id="chat"):
+                build_chat_tab(ctx, controls)
+    _share_model_slot(demo, MODEL)
+    demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency, api_open=False)
+    return demo
+
+
+def _share_model_slot(demo, concurrency_id: str) -> None:
+    """ChatInterface takes no `concurrency_id`; put its generation events in the model's group so that one
+    queue and one slot govern every tab (a chat request must not run beside a document request).
+
+    Its generation events are the queued ones with an explicit concurrency limit (the one we passed); its
+    bookkeeping events keep Gradio's default group.
+    """
+    found = 0
+    for block_fn in demo.fns.values():
+        if block_fn.queue and block_fn.concurrency_limit != "default" and block_fn.concurrency_id != concurrency_id:
+            block_fn.concurrency_id = concurrency_id
+            found += 1
+    if not found:
+        raise RuntimeError("could not find the chat tab's generation events; Gradio's ChatInterface changed")
+
+
+def served_paths(model_dir, examples_dir, cwd=None) -> tuple[list[str], list[str]]:
+    """(allowed_paths, blocked_paths) for launch: serve the examples; block the model folder and the CWD.
+
+    When the CWD holds the examples or the upload folder (running from the repository), everything in it
+    except the way down to them is blocked instead.
+    """
+    from gradio.utils import get_upload_folder
+
+    keep = [Path(get_upload_folder()).resolve()] + ([Path(examples_dir).resolve()] if examples_dir else [])
+    blocked = [Path(model_dir).resolve()] if model_dir else []
+    blocked += _block_all_but(Path(cwd or os.getcwd()).resolve(), keep)
+    allowed = [str(Path(examples_dir).resolve())] if examples_dir else []
+    return allowed, sorted({str(p) for p in blocked})
+
+
+def _block_all_but(root: Path, keep: list[Path]) -> list[Path]:
+    inside = [k for k in keep if k.is_relative_to(root)]
+    if not inside:
+        return [root]
+    if any(k == root for k in inside):
+        return []
+    out = []
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return []
+    for child in children:
+        child = child.resolve() if not child.is_symlink() else child.absolute()
+        if any(k.is_relative_to(child) for k in inside):
+            out += _block_all_but(child, inside)
+        else:
+            out.append(child)
+    return out
+
+
+def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLimits | None = None,
+               model_dir=None, examples_dir=None, prevent_thread_lock: bool = False, quiet: bool = False):
+    limits = limits or AppLimits()
+    allowed, blocked = served_paths(model_dir, examples_dir)
+    return demo.launch(server_name=host, server_port=port, share=False, max_file_size=limits.max_upload_mb << 20,
+                       allowed_paths=allowed, blocked_paths=blocked, show_error=False, enable_monitoring=False,
+                       strict_cors=True, ssr_mode=False, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
+                       inbrowser=False)
+
+
+# --- command line ------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vl app", description="Serve the Gradio app (documents, video, chat).")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model, vl/demo)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; put a proxy in front "
+                   "for anything else)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--device-map", default=None, help='accelerate device map, e.g. "auto" (default: CPU, or the '
+                   "first GPU)")
+    p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: the checkpoint's)")
+    p.add_argument("--max-upload-mb", type=int, default=AppLimits.max_upload_mb)
+    p.add_argument("--queue-size", type=int, default=AppLimits.queue_size)
+    p.add_argument("--timeout", type=float, default=AppLimits.request_timeout_s,
+                   help="seconds after which an answer is cut off")
+    p.add_argument("--examples-dir", default=None, help="where the bundled examples are written on first run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    steps = 4
+    try:
+        limits = AppLimits(max_upload_mb=args.max_upload_mb, queue_size=args.queue_size,
+                           request_timeout_s=args.timeout)
+    except ValueError as exc:
+        print(f"vl app: {exc}", file=sys.stderr)
+        return 2
+    from vl.cli import default_model
+
+    model = args.model or default_model()
+    if not (Path(model) / "config.json").is_file() and args.model is None:
+        print(f"vl app: the demo model is not in {model} yet; pass --model DIR (a checkpoint directory)",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a local app
+    with _Step(1, steps, "preparing the upload folder and the bundled examples"):
+        if not os.environ.get("GRADIO_TEMP_DIR"):
+            os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
+        from ui.examples import ensure_examples
+
+        examples_dir, examples = ensure_examples(args.examples_dir)
+    from vl.errors import VLError
+
+    try:
+        with _Step(2, steps, f"loading the model from {model}"):
+            from ui.runner import UIEngine
+            from gradio.utils import get_upload_folder
+
+            engine = UIEngine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map, isolate=True,
+                                              limits=limits.media,
+                                              allowed_roots=[get_upload_folder(), examples_dir])
+    except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
+        print(f"vl app: could not load the model: {exc}", file=sys.stderr)
+        return 2
+    with _Step(3, steps, "building the interface"):
+        demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
+                         model_name=Path(model).name)
+    print(f"[4/4] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        launch_app(demo, host=args.host, port=args.port, limits=limits, model_dir=model, examples_dir=examples_dir)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

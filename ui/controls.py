@@ -1,0 +1,64 @@
+"""Generation controls shared by the three tabs, and the pieces every tab's handler needs.
+
+One set of widgets (reasoning toggle, reasoning budget, max new tokens, temperature) sits above the tabs and
+feeds every handler, so a setting means the same thing everywhere. Slider values are re-checked on the server:
+the HTTP API accepts any JSON, not only what a slider can produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from ui.limits import AppLimits, check_float, check_int
+from ui.runner import GenOptions
+
+MODEL = "model"  # the one concurrency group: every event that runs the engine shares its slot(s)
+
+
+@dataclass
+class AppContext:
+    """What the tab builders need: the engine, the limits and the folders files may come from."""
+
+    engine: object  # ui.runner.UIEngine
+    limits: AppLimits
+    media_roots: list[Path]  # the upload folder and the bundled examples
+
+    @property
+    def config(self):
+        return self.engine.model.config
+
+
+@dataclass
+class Controls:
+    thinking: gr.Checkbox
+    reasoning_budget: gr.Slider
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+
+    @property
+    def inputs(self) -> list:
+        return [self.thinking, self.reasoning_budget, self.max_new_tokens, self.temperature]
+
+
+def build_controls(limits: AppLimits) -> Controls:
+    with gr.Accordion("Generation settings (all tabs)", open=False, elem_id="settings"):
+        with gr.Row():
+            thinking = gr.Checkbox(value=False, label="Reasoning (/think)",
+                                   info="on: the model thinks first, shown in a collapsible section; off: /no_think")
+            budget = gr.Slider(0, limits.max_reasoning_budget, value=0, step=16, label="Reasoning budget (tokens)",
+                               info="0 = no budget; otherwise the think block is closed after this many tokens")
+            max_new = gr.Slider(1, limits.max_new_tokens, value=min(256, limits.max_new_tokens), step=1,
+                                label="Max new tokens", elem_id="max-new-tokens")
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature", info="0 = greedy")
+    return Controls(thinking, budget, max_new, temperature)
+
+
+def gen_options(limits: AppLimits, thinking, reasoning_budget, max_new_tokens, temperature) -> GenOptions:
+    budget = check_int("reasoning budget", reasoning_budget or 0, 0, limits.max_reasoning_budget)
+    return GenOptions(thinking=bool(thinking), reasoning_budget=budget or None,
+                      max_new_tokens=check_int("max new tokens", max_new_tokens, 1, limits.max_new_tokens),
+                      temperature=check_float("temperature", temperature, 0.0, 2.0))
+

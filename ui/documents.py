@@ -1,0 +1,133 @@
+"""Document QA tab: page images or one PDF (page range), a question, tile / token-budget control.
+
+The answer streams; reasoning streams into a collapsible section; the gallery shows the tiles the vision tower
+saw (thumbnail last, as the reference tiler orders them); stats show the token counts and speeds. Files are
+classified by extension only to choose the message part; the processor sniffs the bytes (a `.png` holding a PDF
+is refused) and decodes them in a sandbox worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from ui.controls import MODEL, AppContext, Controls, gen_options
+from ui.limits import check_int, check_upload, user_error
+from ui.runner import previews, stats_markdown, stream_chat
+from vl.errors import InputError
+from vl.processing.documents import parse_page_range
+
+IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"]
+MAX_QUESTION_CHARS = 4000
+
+
+def _paths(files) -> list:
+    if files is None:
+        return []
+    return list(files) if isinstance(files, (list, tuple)) else [files]
+
+
+def document_messages(paths: list[str], question: str) -> list[dict]:
+    """The engine messages for files already checked by `check_upload`: media parts first, then the question."""
+    content = []
+    for p in paths:
+        kind = "pdf" if Path(p).suffix.lower() == ".pdf" else "image"
+        content.append({"type": kind, kind: p})
+    content.append({"type": "text", "text": question})
+    return [{"role": "user", "content": content}]
+
+
+def check_question(question) -> str:
+    question = (question or "").strip()
+    if not question:
+        raise InputError("type a question about the document")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InputError(f"the question has {len(question)} characters; at most {MAX_QUESTION_CHARS} are accepted")
+    return question
+
+
+def document_request(ctx: AppContext, files, pages, question, max_tiles, token_budget):
+    """Checked inputs -> (messages, processor kwargs, page numbers for captions)."""
+    paths = [check_upload(f, ctx.media_roots, ctx.limits.max_upload_mb << 20) for f in _paths(files)]
+    if not paths:
+        raise InputError("upload page images or a PDF first")
+    question = check_question(question)
+    pages = (pages or "").strip() or None
+    if pages and not any(Path(p).suffix.lower() == ".pdf" for p in paths):
+        raise InputError("a page range applies to a PDF; no PDF was uploaded")
+    proc = {"max_num_tiles": check_int("tiles per page", max_tiles, 1, ctx.limits.max_tiles), "pages": pages}
+    budget = check_int("vision token budget", token_budget or 0, 0, ctx.engine.context_length)
+    if budget:
+        reserved = 1024  # the processor's default room for the question and the answer
+        proc["context_length"] = min(ctx.engine.context_length, budget + reserved)
+        proc["reserved_tokens"] = reserved
+    page_numbers = None
+    if pages:
+        page_numbers = [i + 1 for i in parse_page_range(pages, 10**6)]
+    return document_messages(paths, question), proc, page_numbers
+
+
+def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_budget, thinking, reasoning_budget,
+                    max_new_tokens, temperature):
+    try:
+        options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
+        messages, proc, page_numbers = document_request(ctx, files, pages, question, max_tiles, token_budget)
+        yield "", "", [], "*reading the document…*"
+        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s, **proc):
+            if not snap.done:
+                yield snap.reasoning, snap.answer, gr.skip(), "*generating…*"
+                continue
+            shown = previews(snap.result.stats, ctx.config, ctx.limits.max_gallery, page_numbers)
+            stats = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
+            yield snap.reasoning, snap.answer, [(p.image, p.caption) for p in shown], stats
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
+        raise user_error(exc) from None
+
+
+def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
+    cfg = ctx.config
+    tpt = cfg.tokens_per_tile
+    with gr.Row():
+        with gr.Column(scale=1):
+            files = gr.File(file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
+                            label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files")
+            pages = gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
+                               f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1)
+            question = gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
+                                  max_length=MAX_QUESTION_CHARS, elem_id="doc-question")
+            with gr.Row():
+                max_tiles = gr.Slider(1, ctx.limits.max_tiles, value=min(cfg.max_num_tiles, ctx.limits.max_tiles),
+                                      step=1, label="Tiles per page (max)")
+                budget = gr.Slider(0, min(ctx.engine.context_length, 32 * 13 * tpt), value=0, step=tpt,
+                                   label="Vision token budget for PDF pages",
+                                   info="0 = fit the model's context; otherwise pages get fewer tiles to fit")
+            with gr.Row():
+                ask = gr.Button("Ask", variant="primary", elem_id="doc-ask")
+                stop = gr.Button("Stop", variant="stop", elem_id="doc-stop")
+            if examples:
+                gr.Examples([[[e["path"]], e.get("pages", ""), e["question"]] for e in examples],
+                            inputs=[files, pages, question], label="Bundled examples (click one, then Ask)")
+        with gr.Column(scale=1):
+            with gr.Accordion("Reasoning", open=False):
+                reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
+                                       interactive=False, autoscroll=True)
+            answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="doc-answer")
+            stats = gr.Markdown(elem_id="doc-stats")
+            gallery = gr.Gallery(label="Tiles the model saw", elem_id="doc-gallery", columns=5, height=260,
+                                 object_fit="contain", format="png")
+
+    def handler(files, pages, question, max_tiles, token_budget, thinking, reasoning_budget, max_new_tokens,
+                temperature):
+        yield from answer_document(ctx, files, pages, question, max_tiles, token_budget, thinking,
+                                   reasoning_budget, max_new_tokens, temperature)
+
+    inputs = [files, pages, question, max_tiles, budget] + controls.inputs
+    outputs = [reasoning, answer, gallery, stats]
+    event = ask.click(handler, inputs, outputs, api_name="document", concurrency_id=MODEL,
+                      concurrency_limit=ctx.limits.concurrency)
+    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
+                                concurrency_limit=ctx.limits.concurrency)
+    # the browser asks the server to cancel: Gradio closes our generator, whose `finally` closes the engine stream
+    stop.click(None, None, None, cancels=[event, submitted])
+    return event

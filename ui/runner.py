@@ -1,0 +1,171 @@
+"""The one loop every tab runs: engine token stream -> growing (reasoning, answer) snapshots -> final stats.
+
+The UI is a thin shell over `vl.Engine.chat(stream=True)` (DESIGN §2, nanochat `engine.py`): it never
+tokenizes, renders prompts or splits reasoning itself. It adds only what a server needs around the stream:
+a time limit (`timeout_s`), a stop that really stops (closing the stream releases the engine at the next
+token; Gradio's cancel closes our generator, see `stream_chat`), throttled yields, and the previews and
+statistics that the page shows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vl.runtime.engine import ChatResult, Engine, Stats
+
+YIELD_EVERY_S = 0.05  # at most ~20 page updates a second; every kind change and the end are always sent
+
+
+class UIEngine(Engine):
+    """`vl.Engine` that also keeps, on each call's `Stats`, what the processor produced.
+
+    The page shows the tiles and frames the model saw and the timestamps of the EVS chart; both come from the
+    `ProcessedInputs` of that very call, so nothing is decoded twice. `chat` itself is the base class's.
+    """
+
+    def prepare(self, messages, **kwargs):
+        embeds, inputs, stats = super().prepare(messages, **kwargs)
+        stats.media_items = inputs.items  # [MediaInfo]
+        stats.pixel_values = inputs.pixel_values  # (num_tiles, 3, S, S) | None
+        return embeds, inputs, stats
+
+
+@dataclass(frozen=True)
+class GenOptions:
+    """The generation controls shared by every tab."""
+
+    thinking: bool = False
+    reasoning_budget: int | None = None  # None = no budget
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+
+    def engine_kwargs(self) -> dict:
+        return dict(thinking=self.thinking, reasoning_budget=self.reasoning_budget,
+                    max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+
+
+@dataclass
+class Snapshot:
+    reasoning: str = ""
+    answer: str = ""
+    done: bool = False
+    result: ChatResult | None = None
+    client_ttft_s: float | None = None  # first streamed text, from the start of this request's handler
+    events: int = 0
+
+
+def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: float, **processor_kwargs):
+    """Yields `Snapshot`s as text arrives; the last one has `done=True` and the `ChatResult`.
+
+    Errors from the processor or the engine propagate (the caller turns them into messages). When the
+    consumer stops iterating (Gradio cancel, client gone) `finally` closes the engine stream, which ends the
+    generation at its next token and releases the engine's lock for the next request.
+    """
+    t0 = time.perf_counter()
+    stream = engine.chat(messages, stream=True, timeout_s=timeout_s, **options.engine_kwargs(), **processor_kwargs)
+    snap, last_kind, last_yield = Snapshot(), None, 0.0
+    it = iter(stream)
+    try:
+        for event in it:
+            if event.kind == "reasoning":
+                snap.reasoning += event.text
+            else:
+                snap.answer += event.text
+            snap.events += 1
+            if snap.client_ttft_s is None and event.text:
+                snap.client_ttft_s = time.perf_counter() - t0
+            now = time.perf_counter()
+            if event.kind != last_kind or now - last_yield >= YIELD_EVERY_S:
+                last_kind, last_yield = event.kind, now
+                yield snap
+        snap.result, snap.done = stream.result, True
+        yield snap
+    finally:
+        it.close()
+
+
+# --- what the page shows next to the answer ------------------------------------------------------------
+FINISH_TEXT = {"stop": "end of answer", "length": "max new tokens reached", "stop_string": "stop string",
+               "cancelled": "stopped", "timeout": "time limit reached"}
+
+
+def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: list[str] | None = None) -> str:
+    if result is None:
+        return "*generating…*"
+    s: Stats = result.stats
+    reduced = (f"{s.vision_tokens_before} → {s.vision_tokens_after}" if s.vision_tokens_before else "—")
+    rows = [("prompt tokens (after reduction)", f"{s.prompt_tokens}"),
+            ("vision tokens before → after reduction", reduced),
+            ("time to first token", f"{s.time_to_first_token_s:.2f} s"),
+            ("decode speed", f"{s.decode_tokens_per_s:.1f} tokens/s"),
+            ("new tokens", f"{s.new_tokens}"),
+            ("total time", f"{s.total_s:.2f} s"),
+            ("finished by", FINISH_TEXT.get(result.finish_reason, result.finish_reason))]
+    if s.vision_cache_hits:
+        rows.append(("vision encoder cache hits", f"{s.vision_cache_hits}"))
+    lines = ["| this answer | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    notes = list(s.notes) + list(extra or [])
+    if result.finish_reason == "timeout":
+        notes.append(f"generation was stopped at this server's time limit of {timeout_s:g} s")
+    if result.reasoning_truncated:
+        notes.append("the reasoning did not finish within the token limit, so there is no answer; raise "
+                     "max new tokens or set a reasoning budget")
+    if notes:
+        lines.append("")
+        lines += [f"- {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def tile_images(pixel_values: torch.Tensor, mean, std) -> list[Image.Image]:
+    """Normalized tiles (N, 3, S, S) back to RGB pictures of what the vision tower saw."""
+    x = pixel_values.detach().float().cpu()
+    x = x * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)
+    arr = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()  # (N, S, S, 3)
+    return [Image.fromarray(np.ascontiguousarray(a)) for a in arr]
+
+
+@dataclass
+class Preview:
+    image: Image.Image
+    caption: str
+    item: int  # index into media_items
+    timestamp_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def previews(stats: Stats, config, limit: int, page_numbers: list[int] | None = None) -> list[Preview]:
+    """One captioned picture per tile / frame that went into the prompt, in prompt order, at most `limit`.
+
+    `page_numbers`: the 1-based PDF page of each rendered page, when a page range selected them.
+    """
+    items = getattr(stats, "media_items", None) or []
+    pixels = getattr(stats, "pixel_values", None)
+    if pixels is None or not items:
+        return []
+    out, start = [], 0
+    for k, info in enumerate(items):
+        n = info.num_tiles
+        if len(out) < limit:
+            pics = tile_images(pixels[start:start + min(n, limit - len(out))], config.norm_mean, config.norm_std)
+            for j, pic in enumerate(pics):
+                if info.kind == "video":
+                    t = info.timestamps[j] if j < len(info.timestamps) else None
+                    cap = f"{t:.2f} s" if t is not None else f"frame {j + 1}/{n}"
+                    out.append(Preview(pic, cap, k, t))
+                    continue
+                if info.page is None:
+                    where = f"image {k + 1} · " if len(items) > 1 else ""
+                elif page_numbers and info.page < len(page_numbers):
+                    where = f"p{page_numbers[info.page]} · "
+                else:
+                    where = f"p{info.page + 1} · "
+                cols, rows = info.grid or (1, 1)
+                thumb = n > cols * rows and j == n - 1
+                out.append(Preview(pic, where + ("thumbnail" if thumb else f"tile {j + 1}/{cols * rows}"), k))
+        start += n
+    return out

@@ -1,0 +1,127 @@
+"""Video QA tab: one clip, fps / max frames / EVS rate, a streamed answer, and what EVS kept per frame.
+
+Frames are sampled by the processor (reference sampling: `fps`, capped at `max frames`, uniform); EVS
+(token_reduction/evs.py) then drops the tokens that repeat the previous frame. The chart draws, per sampled
+frame at its timestamp, the tokens kept and the tokens removed, from `Stats.reductions[...]["counts"]` of
+this very request; at rate 0 every frame keeps all its tokens.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+from matplotlib.figure import Figure
+
+from ui.controls import MODEL, AppContext, Controls, gen_options
+from ui.documents import check_question
+from ui.limits import check_float, check_int, check_upload, user_error
+from ui.runner import previews, stats_markdown, stream_chat
+from vl.errors import InputError
+
+VIDEO_TYPES = [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"]
+
+
+def kept_per_frame(stats, tokens_per_frame: int) -> tuple[list[float], list[int], dict]:
+    """(timestamps_s, kept tokens per frame, EVS info) of the request's video."""
+    items = [m for m in getattr(stats, "media_items", None) or [] if m.kind == "video"]
+    if not items:
+        return [], [], {}
+    video = items[0]
+    evs = [r for r in stats.reductions if r.get("method") == "evs"]
+    if evs:
+        return list(video.timestamps), list(evs[0]["counts"]), evs[0]
+    return list(video.timestamps), [tokens_per_frame] * video.num_tiles, {}
+
+
+def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, info: dict) -> Figure:
+    """Stacked bars per sampled frame: kept tokens, and the ones EVS removed; x = frame timestamp."""
+    fig = Figure(figsize=(7.0, 2.6), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    n = len(kept)
+    xs = list(range(n))
+    removed = [tokens_per_frame - k for k in kept]
+    ax.bar(xs, kept, color="#76b900", label="kept")
+    ax.bar(xs, removed, bottom=kept, color="#d0d0d0", label="removed by EVS")
+    step = max(1, n // 12)
+    ax.set_xticks(xs[::step], [f"{t:.1f}" for t in timestamps[::step]])
+    ax.set_xlabel("frame timestamp (s)")
+    ax.set_ylabel("tokens")
+    ax.set_ylim(0, tokens_per_frame * 1.05)
+    total = sum(kept)
+    q = info.get("q", 0.0)
+    ax.set_title(f"{n} frames: {total} of {n * tokens_per_frame} vision tokens kept (EVS rate {q:g})", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, thinking, reasoning_budget,
+                 max_new_tokens, temperature):
+    try:
+        options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
+        if not video:
+            raise InputError("upload a video first")
+        path = check_upload(video, ctx.media_roots, ctx.limits.max_upload_mb << 20)
+        question = check_question(question)
+        proc = dict(fps=check_float("fps", fps, 0.1, ctx.limits.max_fps),
+                    max_frames=check_int("max frames", max_frames, 1, ctx.limits.max_frames),
+                    video_pruning_rate=check_float("EVS rate", evs_rate, 0.0, 0.95))
+        messages = [{"role": "user", "content": [{"type": "video", "video": path},
+                                                 {"type": "text", "text": question}]}]
+        yield "", "", None, [], "*sampling frames…*"
+        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s, **proc):
+            if not snap.done:
+                yield snap.reasoning, snap.answer, gr.skip(), gr.skip(), "*generating…*"
+                continue
+            stats = snap.result.stats
+            tpf = ctx.config.tokens_per_tile
+            ts, kept, info = kept_per_frame(stats, tpf)
+            chart = evs_chart(ts, kept, tpf, info) if kept else None
+            frames = [(p.image, f"{p.caption} · {kept[i]}/{tpf} kept" if i < len(kept) else p.caption)
+                      for i, p in enumerate(previews(stats, ctx.config, ctx.limits.max_gallery))]
+            text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
+            yield snap.reasoning, snap.answer, chart, frames, text
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
+        raise user_error(exc) from None
+
+
+def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
+    lim = ctx.limits
+    default_rate = float(ctx.config.video_pruning_rate or 0.0)
+    with gr.Row():
+        with gr.Column(scale=1):
+            video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", height=260,
+                             elem_id="video-file")
+            question = gr.Textbox(label="Question", placeholder="Which way does the square move?", lines=2)
+            with gr.Row():
+                fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Frames per second sampled")
+                max_frames = gr.Slider(1, lim.max_frames, value=min(128, lim.max_frames), step=1,
+                                       label="Max frames")
+                rate = gr.Slider(0.0, 0.95, value=default_rate, step=0.05, label="EVS pruning rate",
+                                 info="fraction of video tokens removed (0 = off)")
+            with gr.Row():
+                ask = gr.Button("Ask", variant="primary", elem_id="video-ask")
+                stop = gr.Button("Stop", variant="stop", elem_id="video-stop")
+            if examples:
+                gr.Examples([[e["path"], e["question"]] for e in examples], inputs=[video, question],
+                            label="Bundled examples (click one, then Ask)")
+        with gr.Column(scale=1):
+            with gr.Accordion("Reasoning", open=False):
+                reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
+                                       interactive=False, autoscroll=True)
+            answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="video-answer")
+            chart = gr.Plot(label="Vision tokens kept per frame")
+            stats = gr.Markdown(elem_id="video-stats")
+            frames = gr.Gallery(label="Frames the model saw", columns=8, height=200, object_fit="contain",
+                                format="png")
+
+    def handler(video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature):
+        yield from answer_video(ctx, video, question, fps, max_frames, rate, thinking, reasoning_budget,
+                                max_new_tokens, temperature)
+
+    inputs = [video, question, fps, max_frames, rate] + controls.inputs
+    outputs = [reasoning, answer, chart, frames, stats]
+    event = ask.click(handler, inputs, outputs, api_name="video", concurrency_id=MODEL,
+                      concurrency_limit=lim.concurrency)
+    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
+                                concurrency_limit=lim.concurrency)
+    stop.click(None, None, None, cancels=[event, submitted])
+    return event
