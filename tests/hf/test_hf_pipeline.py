@@ -2,12 +2,12 @@
 
 The real `transformers.pipeline` runs on a tiny random checkpoint (tests/tiny_models.py) and, once it is shipped,
 on the demo model (vl/demo/). Answers are compared with `vl.Engine.chat` loaded independently from the same
-directory. The random model rarely stops on its own, so its comparisons use the raw text
-(`skip_special_tokens=False`); a stop token, which transformers keeps in the sequence, is accounted for.
+directory. The random model's comparisons use the raw text (`skip_special_tokens=False`), so that any token it
+draws counts; `engine_text` asserts it did not stop early (transformers keeps a stop token in the sequence, the
+engine does not). The demo model, which does stop, is compared with special tokens skipped.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -42,7 +42,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipe(tiny_dir):
-    return pipeline("image-text-to-text", model=str(tiny_dir))
+    return pipeline("image-text-to-text", model=str(tiny_dir), device="cpu")  # CPU like the engine, also on GPU hosts
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_auto_map_remote_code_never_runs(tiny_dir, tmp_path, capfd):
     (evil / "preprocessor_config.json").write_text(json.dumps(
         {"processor_class": "NemotronNanoVLV2Processor", "auto_map": {"AutoProcessor": "evil_code.EvilProcessor"}}))
     for trust in (None, True):
-        p = pipeline("image-text-to-text", model=str(evil), trust_remote_code=trust)
+        p = pipeline("image-text-to-text", model=str(evil), trust_remote_code=trust, device="cpu")
         assert type(p.model).__module__ == "vl.hf.model" and type(p.processor).__module__ == "vl.hf.processor"
         assert p(text=chat(), max_new_tokens=2, return_full_text=False)[0]["generated_text"] is not None
     assert not marker.exists()
@@ -240,6 +240,16 @@ def test_sampling_options_follow_transformers(pipe, engine):
         pipe(text=chat(), max_new_tokens=2, generate_kwargs={"do_sample": True, "temperature": 0.0})
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_pipeline_on_gpu_equals_engine_on_gpu(tiny_dir):
+    """transformers' default device on a GPU host is cuda:0: the pipeline moves our model there."""
+    gpu_pipe = pipeline("image-text-to-text", model=str(tiny_dir))
+    assert gpu_pipe.model.device.type == "cuda"
+    gpu_engine = vl.Engine.from_pretrained(tiny_dir, device_map="cuda")
+    for messages in (chat(), [{"role": "user", "content": "left right"}]):
+        assert answer(gpu_pipe, messages) == engine_text(gpu_engine, messages)
+
+
 # --- the boundary (reliability_matrix §1.2, row S12) ---------------------------------------------------------
 @pytest.fixture()
 def http_server():
@@ -327,7 +337,7 @@ def test_save_pretrained_round_trips(pipe, tmp_path):
     before = pipe.model.model.state_dict()
     after = vl.load_pretrained(out).state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
-    again = pipeline("image-text-to-text", model=str(out))
+    again = pipeline("image-text-to-text", model=str(out), device="cpu")
     assert type(again.processor).__name__ == "NemotronNanoVLV2Processor"
     assert again.model.generation_config.eos_token_id == pipe.model.generation_config.eos_token_id
     assert answer(again, chat()) == answer(pipe, chat())
@@ -341,7 +351,7 @@ needs_demo = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
 
 @pytest.fixture(scope="module")
 def demo():
-    return pipeline("image-text-to-text", model=str(DEMO_DIR)), vl.Engine.from_pretrained(DEMO_DIR)
+    return pipeline("image-text-to-text", model=str(DEMO_DIR), device="cpu"), vl.Engine.from_pretrained(DEMO_DIR)
 
 
 def demo_samples(n):
