@@ -291,11 +291,12 @@ def tiny_lm(**changes) -> LMConfig:
 
 
 def bench_180m_lm(**changes) -> LMConfig:
-    """~180M parameters, the same shape family as the 12B model (for CPU benchmarks)."""
+    """~180M parameters with the 12B model's proportions (d_inner = 2 x hidden, 8 groups, state 128,
+    a quarter of the layers Mamba-2, a few attention layers, the rest ReLU^2 MLPs), for CPU benchmarks."""
     base = dict(
-        vocab_size=32000, hidden_size=1024, pattern="M-M-M*-M-M-M-M*-M-M-M-", num_attention_heads=8,
+        vocab_size=16384, hidden_size=1024, pattern="M-M-M*-M-M-M-M*-M-M-M-", num_attention_heads=8,
         num_key_value_heads=2, head_dim=128, intermediate_size=3072, mamba_num_heads=32, mamba_head_dim=64,
-        n_groups=4, ssm_state_size=64, chunk_size=128,
+        n_groups=8, ssm_state_size=128, chunk_size=128,
     )
     base.update(changes)
     return LMConfig(**base)
