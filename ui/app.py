@@ -174,7 +174,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    steps = 4
+    steps = 5
     try:
         limits = AppLimits(max_upload_mb=args.max_upload_mb, queue_size=args.queue_size,
                            request_timeout_s=args.timeout)
@@ -189,29 +189,32 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a local app
-    with _Step(1, steps, "preparing the upload folder and the bundled examples"):
+    with _Step(1, steps, "importing torch, transformers and gradio"):
+        import gradio  # noqa: F401 - imported here so that the steps below time only their own work
+        import transformers  # noqa: F401
+
+        from ui.runner import UIEngine
+        from vl.errors import VLError
+    with _Step(2, steps, "preparing the upload folder and the bundled examples"):
         if not os.environ.get("GRADIO_TEMP_DIR"):
             os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
+        from gradio.utils import get_upload_folder
+
         from ui.examples import ensure_examples
 
         examples_dir, examples = ensure_examples(args.examples_dir)
-    from vl.errors import VLError
-
     try:
-        with _Step(2, steps, f"loading the model from {model}"):
-            from ui.runner import UIEngine
-            from gradio.utils import get_upload_folder
-
+        with _Step(3, steps, f"loading the model from {model}"):
             engine = UIEngine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map, isolate=True,
                                               limits=limits.media,
                                               allowed_roots=[get_upload_folder(), examples_dir])
     except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
         print(f"vl app: could not load the model: {exc}", file=sys.stderr)
         return 2
-    with _Step(3, steps, "building the interface"):
+    with _Step(4, steps, "building the interface"):
         demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
                          model_name=Path(model).name)
-    print(f"[4/4] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(f"[5/5] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     try:
         launch_app(demo, host=args.host, port=args.port, limits=limits, model_dir=model, examples_dir=examples_dir)
     except KeyboardInterrupt:

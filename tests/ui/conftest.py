@@ -1,0 +1,135 @@
+"""Fixtures for the app tests: one tiny random checkpoint, the bundled examples, and the app served in-process.
+
+Everything is session-scoped (the tiny checkpoint's tokenizer takes the longest to build). The upload folder is
+a fresh directory set through GRADIO_TEMP_DIR before any component is built, as `vl app` does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from ui_helpers import free_port, vl_command, wait_ready
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    from tiny_models import make_tiny_vl_dir
+
+    return Path(make_tiny_vl_dir(tmp_path_factory.mktemp("tiny_vl")))
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory):
+    from ui.examples import ensure_examples, tab_examples
+
+    directory, records = ensure_examples(tmp_path_factory.mktemp("ui_examples"))
+    return SimpleNamespace(dir=directory, records=records, tabs=tab_examples(directory, records))
+
+
+@pytest.fixture(scope="session")
+def upload_dir(tmp_path_factory):
+    before = {k: os.environ.get(k) for k in ("GRADIO_TEMP_DIR", "GRADIO_ANALYTICS_ENABLED")}
+    path = tmp_path_factory.mktemp("gradio_uploads")
+    os.environ["GRADIO_TEMP_DIR"] = str(path)
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    yield path.resolve()
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def ui_engine(tiny_dir, examples, upload_dir):
+    from ui.limits import AppLimits
+    from ui.runner import UIEngine
+
+    return UIEngine.from_pretrained(tiny_dir, isolate=True, limits=AppLimits().media,
+                                    allowed_roots=[upload_dir, examples.dir])
+
+
+@pytest.fixture(scope="session")
+def reference_engine(tiny_dir):
+    """A plain `vl.Engine` (no UI subclass, in-process decoding): what the app's answers must equal."""
+    import vl
+
+    return vl.Engine.from_pretrained(tiny_dir)
+
+
+def _serve(engine, examples, tiny_dir, limits):
+    from ui.app import build_app, launch_app
+
+    demo = build_app(engine, limits=limits, examples_dir=examples.dir, examples=examples.records,
+                     model_name="tiny")
+    launch_app(demo, port=free_port(), limits=limits, model_dir=tiny_dir, examples_dir=examples.dir,
+               prevent_thread_lock=True, quiet=True)
+    return demo
+
+
+@pytest.fixture(scope="session")
+def app(ui_engine, examples, tiny_dir):
+    from ui.limits import AppLimits
+
+    limits = AppLimits()
+    demo = _serve(ui_engine, examples, tiny_dir, limits)
+    yield SimpleNamespace(url=demo.local_url, demo=demo, engine=ui_engine, limits=limits)
+    demo.close()
+
+
+CLI_LIMITS = dict(queue_size=2, timeout_s=10.0, max_upload_mb=1)
+
+
+@pytest.fixture(scope="session")
+def cli_proc(tiny_dir, examples, tmp_path_factory):
+    """The real `vl app` command in a subprocess, with tight limits: a 2-deep queue, answers cut at 10 s, 1 MB
+    uploads. Started without waiting for it (see `_boot_cli_app_early`)."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("cli_uploads")),
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(vl_command() + ["app", "--model", str(tiny_dir), "--port", str(port),
+                                            "--examples-dir", str(examples.dir),
+                                            "--queue-size", str(CLI_LIMITS["queue_size"]),
+                                            "--timeout", str(CLI_LIMITS["timeout_s"]),
+                                            "--max-upload-mb", str(CLI_LIMITS["max_upload_mb"])],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        yield SimpleNamespace(proc=proc, url=f"http://127.0.0.1:{port}/", t0=t0, **CLI_LIMITS)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _boot_cli_app_early(request):
+    """When this session will use `cli_app`, start it now, so it boots while the in-process tests run."""
+    if any("cli_app" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("cli_proc")
+
+
+@pytest.fixture(scope="session")
+def cli_app(cli_proc):
+    """`cli_proc` once it serves its page; `startup_s` is the time from starting the command to a served page."""
+    wait_ready(cli_proc.url, cli_proc.proc, timeout=180)
+    if not hasattr(cli_proc, "startup_s"):
+        cli_proc.startup_s = time.perf_counter() - cli_proc.t0
+    return cli_proc
+
+
+@pytest.fixture()
+def client(app):
+    from gradio_client import Client
+
+    return Client(app.url, verbose=False, download_files=False)

@@ -1,0 +1,202 @@
+"""gradio_client against the launched app: streamed answers equal `vl.Engine.chat`; errors are messages; limits.
+
+The app runs in-process (`launch(prevent_thread_lock=True)` on a free port) over a tiny random checkpoint, with
+uploads decoded in sandbox workers. Equality is checked against a separate plain `vl.Engine` over the same
+checkpoint, given the original files (the app sees its own uploaded copies).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from gradio_client import handle_file
+from gradio_client.exceptions import AppError
+from ui_helpers import assert_streamed, document_args, run_streamed, video_args
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _doc(examples, ext):
+    return next(e for e in examples.tabs["document"] if e["path"].endswith(ext))
+
+
+def _messages(kind, path, question):
+    return [{"role": "user", "content": [{"type": kind, kind: str(path)}, {"type": "text", "text": question}]}]
+
+
+def test_document_answer_streams_and_equals_engine(client, examples, reference_engine):
+    ex = _doc(examples, ".png")
+    seen, final, _, _ = run_streamed(client, "/document", document_args([handle_file(ex["path"])], ex["question"],
+                                                                         max_new_tokens=24))
+    assert_streamed(seen, final)
+    want = reference_engine.chat(_messages("image", ex["path"], ex["question"]), max_new_tokens=24, thinking=False)
+    assert final[1] == want.answer and final[0] == want.reasoning == ""
+    captions = [g["caption"] for g in final[2]]
+    assert captions[-1] == "thumbnail" and len(captions) == want.stats.vision_tokens_before // 4
+    assert f"| prompt tokens (after reduction) | {want.stats.prompt_tokens} |" in final[3]
+
+
+def test_pdf_page_range_with_reasoning_equals_engine(client, examples, reference_engine):
+    ex = _doc(examples, ".pdf")
+    args = document_args([handle_file(ex["path"])], ex["question"], pages="2-3", max_tiles=2, thinking=True,
+                         max_new_tokens=20)
+    seen, final, _, _ = run_streamed(client, "/document", args)
+    assert_streamed(seen, final, field=0)  # /think: the text streams into the reasoning box
+    want = reference_engine.chat(_messages("pdf", ex["path"], ex["question"]), max_new_tokens=20, thinking=True,
+                                 pages="2-3", max_num_tiles=2)
+    assert (final[0], final[1]) == (want.reasoning, want.answer)
+    captions = [g["caption"] for g in final[2]]
+    assert {c.split(" · ")[0] for c in captions} == {"p2", "p3"}, captions
+    assert "did not finish within the token limit" in final[3]  # 20 tokens of reasoning, no answer: said so
+
+
+def test_document_token_budget_reduces_tiles(client, examples, reference_engine):
+    ex = _doc(examples, ".pdf")
+    args = document_args([handle_file(ex["path"])], ex["question"], token_budget=48, max_new_tokens=4)
+    _, final, _, _ = run_streamed(client, "/document", args)
+    want = reference_engine.chat(_messages("pdf", ex["path"], ex["question"]), max_new_tokens=4, thinking=False,
+                                 context_length=48 + 1024, reserved_tokens=1024)
+    assert final[1] == want.answer
+    assert want.stats.vision_tokens_before <= 48 and len(final[2]) * 4 == want.stats.vision_tokens_before
+
+
+def test_video_answer_streams_equals_engine_and_charts_evs(client, examples, reference_engine):
+    ex = examples.tabs["video"][0]
+    seen, final, _, _ = run_streamed(client, "/video", video_args(handle_file(ex["path"]), ex["question"],
+                                                                  max_frames=8, rate=0.5))
+    assert_streamed(seen, final)
+    want = reference_engine.chat(_messages("video", ex["path"], ex["question"]), max_new_tokens=24, thinking=False,
+                                 fps=2.0, max_frames=8, video_pruning_rate=0.5)
+    assert final[1] == want.answer
+    assert final[2]["type"] == "matplotlib" and final[2]["plot"].startswith("data:image/")
+    counts = want.stats.reductions[0]["counts"]
+    kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[3]]
+    assert kept == counts and sum(counts) == want.stats.vision_tokens_after < want.stats.vision_tokens_before
+    assert [g["caption"].split(" · ")[0] for g in final[3]][:2] == ["0.00 s", "1.00 s"]  # 16 frames at 2 fps -> 8
+
+
+def test_chat_multimodal_equals_engine(client, examples, reference_engine):
+    ex = _doc(examples, ".png")
+    message = {"text": ex["question"], "files": [handle_file(ex["path"])]}
+    job = client.submit(message, False, 0, 16, 0.0, 12, 2.0, 16, 0.0, api_name="/chat")
+    outs = list(job)
+    final = job.result(timeout=60)
+    want = reference_engine.chat([{"role": "user", "content": [{"type": "image", "image": ex["path"]},
+                                                                {"type": "text", "text": ex["question"]}]}],
+                                 max_new_tokens=16, thinking=False)
+    assert len(outs) >= 2
+    assert final[0]["content"] == want.answer and final[1]["metadata"]["title"] == "Stats"
+
+
+@pytest.mark.parametrize("name,data,words", [
+    ("bad.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "png"),
+    ("bad.pdf", b"this is not a pdf at all", "%PDF-"),
+    ("page.png", b"%PDF-1.4\n%fake pdf posing as a png\n", "image"),
+])
+def test_corrupt_upload_is_a_message_and_the_next_request_works(client, examples, tmp_path, name, data, words):
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    with pytest.raises(AppError) as err:
+        client.predict(*document_args([handle_file(bad)], "What is the total?"), api_name="/document")
+    msg = str(err.value)
+    assert words.lower() in msg.lower() and "Traceback" not in msg and str(tmp_path) not in msg, msg
+    ex = _doc(examples, ".png")
+    out = client.predict(*document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4),
+                         api_name="/document")
+    assert out[1] and "finished by" in out[3]
+
+
+def test_corrupt_video_is_a_message_and_the_next_request_works(client, examples, tmp_path):
+    bad = tmp_path / "clip.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x13" * 4000)
+    with pytest.raises(AppError) as err:
+        client.predict(*video_args(handle_file(bad), "What happens?"), api_name="/video")
+    assert "Traceback" not in str(err.value) and "video" in str(err.value).lower()
+    ex = examples.tabs["video"][0]
+    out = client.predict(*video_args(handle_file(ex["path"]), ex["question"], max_new_tokens=4), api_name="/video")
+    assert out[1]
+
+
+@pytest.mark.parametrize("over,words", [
+    (dict(pages="7-9"), "outside 1..4"),
+    (dict(max_new_tokens=10**6), "greater than maximum value 2048"),  # Gradio checks slider bounds itself
+    (dict(max_tiles=0), "less than minimum value 1"),
+    (dict(max_tiles=2.5), "tiles per page must be a whole number between 1 and 12"),  # ours, behind Gradio's
+])
+def test_bad_options_are_clear_messages(client, examples, over, words):
+    ex = _doc(examples, ".pdf")
+    with pytest.raises(AppError, match=words):
+        client.predict(*document_args([handle_file(ex["path"])], ex["question"], **over), api_name="/document")
+
+
+def test_wrong_type_is_refused_without_internals(client, examples):
+    ex = _doc(examples, ".png")
+    with pytest.raises(AppError) as err:
+        client.predict(*document_args([handle_file(ex["path"])], ex["question"], temperature="hot"),
+                       api_name="/document")
+    assert "Traceback" not in str(err.value) and "/work" not in str(err.value), str(err.value)
+
+
+def test_too_many_images_and_missing_question(client, examples):
+    png = handle_file(_doc(examples, ".png")["path"])
+    with pytest.raises(AppError, match=r"at most 4 image"):
+        client.predict(*document_args([png] * 5, "What is the total?"), api_name="/document")
+    with pytest.raises(AppError, match="type a question"):
+        client.predict(*document_args([png], "   "), api_name="/document")
+
+
+def test_stop_really_stops_generation(client, app, examples):
+    """Cancelling (what the Stop button asks the server to do) ends the engine's decoding within a token."""
+    steps = []
+    hook = app.engine.lm.register_forward_hook(lambda *_: steps.append(time.perf_counter()))
+    try:
+        ex = _doc(examples, ".png")
+        # /think on this example runs past 600 tokens on the tiny model (about 20 s here): only a stop ends it early
+        job = client.submit(*document_args([handle_file(ex["path"])], ex["question"], thinking=True,
+                                           max_new_tokens=2048), api_name="/document")
+        t0 = time.perf_counter()
+        while not any(isinstance(o[0], str) and len(o[0]) > 3 for o in job.outputs()):
+            assert time.perf_counter() - t0 < 60, "no streamed text"
+            time.sleep(0.05)
+        job.cancel()
+        time.sleep(1.5)
+        n = len(steps)
+        time.sleep(1.0)
+        assert len(steps) == n, f"the model kept decoding after the stop ({len(steps) - n} more steps)"
+        assert n < 300
+        t1 = time.perf_counter()
+        out = client.predict(*document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4),
+                             api_name="/document")
+        assert out[1] and time.perf_counter() - t1 < 30
+    finally:
+        hook.remove()
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+
+
+def test_only_uploads_and_examples_are_served(app, client, examples, tiny_dir):
+    base = app.url + "gradio_api/file="
+    secret = (tiny_dir / "config.json").read_bytes()
+    repo_file = __file__
+    for target in [str(tiny_dir / "config.json"), repo_file, "/etc/passwd",
+                   str(examples.dir) + "/../" + tiny_dir.name + "/config.json"]:
+        for form in (target, urllib.parse.quote(target, safe="")):
+            status, body = _get(base + form)
+            assert status in (403, 404) and secret not in body, (target, status)
+    status, body = _get(base + str(examples.dir / "examples.json"))
+    assert status == 200 and b"question" in body
+    # an uploaded file is served back (that is how the page shows it)
+    out = client.predict(*document_args([handle_file(_doc(examples, ".png")["path"])], "What is the total?",
+                                        max_new_tokens=2), api_name="/document")
+    status, _ = _get(base + out[2][0]["image"]["path"])
+    assert status == 200

@@ -1,0 +1,65 @@
+"""`vl app` as a user meets it: started as a command, driven by headless Chromium.
+
+The app runs in a subprocess (the real `vl app` entry point) over a tiny random checkpoint; Playwright drives
+Debian's chromium (`/usr/bin/chromium`; `playwright install` cannot download browsers here). The page opens,
+a bundled example is uploaded through the file input, a question is asked, the streamed answer is waited for
+and a screenshot is saved under the test's tmp directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not shutil.which(CHROMIUM),
+                    reason=f"needs Debian chromium at {CHROMIUM} (apt-get install chromium; make test's setup)")
+def test_browser_document_question_streams_an_answer(cli_app, examples, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    url = cli_app.url
+    print(f"vl app start -> page served: {cli_app.startup_s:.1f} s")
+    ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator("#doc-files input[type=file]").set_input_files(ex["path"])
+            page.locator("#doc-files").get_by_text(Path(ex["path"]).name).first.wait_for(timeout=30_000)
+            page.locator("#doc-question textarea").fill(ex["question"])
+            page.locator("#settings").get_by_text("Generation settings").click()
+            tokens = page.locator("#max-new-tokens input[type=number]")
+            tokens.fill("24")
+            tokens.press("Enter")
+            t0 = time.perf_counter()
+            page.locator("#doc-ask").click()
+            answer, stats = page.locator("#doc-answer textarea"), page.locator("#doc-stats")
+            seen, first_text_s = [], None
+            while "finished by" not in stats.inner_text():
+                value = answer.input_value()
+                if value and (not seen or value != seen[-1]):
+                    seen.append(value)
+                    first_text_s = first_text_s or time.perf_counter() - t0
+                assert time.perf_counter() - t0 < 90, "no answer within 90 s"
+                time.sleep(0.02)
+            final = answer.input_value()
+            assert final and (not seen or final.startswith(seen[-1])), (seen, final)
+            assert len(seen) >= 2, f"the answer did not stream in the page: {seen!r}"
+            page.locator("#doc-gallery img").first.wait_for(timeout=30_000)
+            print(f"browser: first answer text after {first_text_s:.2f} s")
+            assert "thumbnail" in page.locator("#doc-gallery").inner_text()
+            shot = tmp_path / "document_qa.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            print(f"screenshot: {shot}")
+        finally:
+            browser.close()

@@ -1,0 +1,71 @@
+"""`vl app` as a command: its limit flags take effect, and a model that cannot load is never served (S13)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from gradio_client import Client, handle_file
+from ui_helpers import document_args
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_time_limit_cuts_the_answer(cli_app, examples):
+    ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+    c = Client(cli_app.url, verbose=False, download_files=False)
+    t0 = time.perf_counter()
+    # /think on this example runs past 600 tokens on the tiny model: only the time limit ends it early
+    out = c.predict(*document_args([handle_file(ex["path"])], ex["question"], thinking=True, max_new_tokens=2048),
+                    api_name="/document")
+    assert "time limit reached" in out[3] and f"time limit of {cli_app.timeout_s:g} s" in out[3], out[3]
+    assert out[0] and time.perf_counter() - t0 < 40
+
+
+def test_upload_over_the_cap_is_refused(cli_app):
+    body = b"\x89PNG\r\n\x1a\n" + b"\x00" * (2 << 20)  # 2 MB against --max-upload-mb 1
+    req = urllib.request.Request(cli_app.url + "gradio_api/upload", method="POST",
+                                 data=b"--B\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.png\"\r\n"
+                                      b"Content-Type: image/png\r\n\r\n" + body + b"\r\n--B--\r\n",
+                                 headers={"Content-Type": "multipart/form-data; boundary=B"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 413
+
+
+def test_startup_fails_cleanly_without_a_model(tmp_path, examples, monkeypatch, capsys):
+    """Matrix S13: a missing or broken checkpoint exits non-zero with a clear message; nothing is served."""
+    from ui import app
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    assert app.main(["--model", str(tmp_path / "nowhere"), "--examples-dir", str(examples.dir)]) == 2
+    assert "could not load the model" in capsys.readouterr().err
+
+    import vl.cli
+
+    monkeypatch.setattr(vl.cli, "default_model", lambda: str(tmp_path / "demo"))
+    assert app.main(["--examples-dir", str(examples.dir)]) == 2
+    assert "the demo model is not in" in capsys.readouterr().err
+
+
+def test_startup_fails_cleanly_with_a_missing_shard(tmp_path, tiny_dir, examples, monkeypatch, capsys):
+    from ui import app
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dir, broken)
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    assert app.main(["--model", str(broken), "--examples-dir", str(examples.dir)]) == 2
+    err = capsys.readouterr().err
+    assert "could not load the model" in err and "safetensors" in err, err
+
+
+def test_bad_limit_flags_are_refused(capsys):
+    from ui import app
+
+    assert app.main(["--queue-size", "0"]) == 2
+    assert "queue_size must be a positive int" in capsys.readouterr().err

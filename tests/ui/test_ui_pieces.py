@@ -1,0 +1,182 @@
+"""The app's parts without a server: the stream loop, stop-by-close, previews, the EVS chart, chat history,
+option checks, error messages and the served-path rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ui.limits import AppLimits, check_upload, user_error
+from ui.runner import GenOptions, previews, stream_chat, tile_images
+from vl.errors import CorruptMediaError, GenerationOptionError, InputError, RemoteMediaError
+
+
+def _doc_messages(examples, question="What is the total?"):
+    png = next(e["path"] for e in examples.tabs["document"] if e["path"].endswith(".png"))
+    return [{"role": "user", "content": [{"type": "image", "image": png}, {"type": "text", "text": question}]}]
+
+
+def test_stream_chat_snapshots_grow_and_end_equal_to_engine(ui_engine, reference_engine, examples, monkeypatch):
+    import ui.runner
+
+    monkeypatch.setattr(ui.runner, "YIELD_EVERY_S", 0.0)  # a snapshot per event: the test sees every step
+    messages = _doc_messages(examples)
+    opts = GenOptions(thinking=True, max_new_tokens=12)
+    snaps = [(s.reasoning, s.answer, s.done) for s in stream_chat(ui_engine, messages, opts, timeout_s=60)]
+    want = reference_engine.chat(messages, **opts.engine_kwargs())
+    assert snaps[-1] == (want.reasoning, want.answer, True)
+    assert all(not d for _, _, d in snaps[:-1]) and len(snaps) >= 3, snaps
+    for (r0, a0, _), (r1, a1, _) in zip(snaps, snaps[1:]):
+        assert r1.startswith(r0) and a1.startswith(a0)
+
+
+def test_closing_the_stream_stops_the_engine_at_once(ui_engine, examples):
+    """What the Stop button causes: Gradio closes our generator; the engine must be free right after."""
+    it = stream_chat(ui_engine, _doc_messages(examples), GenOptions(thinking=True, max_new_tokens=2000), timeout_s=60)
+    next(it)
+    assert not ui_engine._lock.acquire(blocking=False)  # generating: the engine is busy
+    it.close()
+    got = ui_engine._lock.acquire(timeout=1.0)
+    assert got, "the engine stayed busy after the stream was closed"
+    ui_engine._lock.release()
+
+
+def test_previews_show_the_tiles_the_model_saw(ui_engine, examples):
+    snap = list(stream_chat(ui_engine, _doc_messages(examples), GenOptions(max_new_tokens=1), timeout_s=60))[-1]
+    stats, cfg = snap.result.stats, ui_engine.model.config
+    shown = previews(stats, cfg, limit=100)
+    assert len(shown) == stats.pixel_values.shape[0] == stats.vision_tokens_before // cfg.tokens_per_tile
+    assert shown[-1].caption == "thumbnail" and shown[0].caption == "tile 1/9"
+    assert len(previews(stats, cfg, limit=4)) == 4
+    # the thumbnail is the whole page: mostly white paper, like the PNG itself
+    assert sum(shown[-1].image.convert("L").getdata()) / (64 * 64) > 150
+
+
+def test_tile_images_invert_the_normalization():
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    rgb = torch.tensor([0.2, 0.6, 0.8])
+    x = ((rgb - torch.tensor(mean)) / torch.tensor(std)).view(1, 3, 1, 1).expand(1, 3, 2, 2)
+    img = tile_images(x, mean, std)[0]
+    assert img.getpixel((1, 1)) == tuple(round(v * 255) for v in rgb.tolist())
+
+
+def test_evs_chart_draws_kept_and_removed_per_frame():
+    from ui.video import evs_chart
+
+    fig = evs_chart([0.0, 0.5, 1.0], [4, 1, 2], 4, {"q": 0.5})
+    ax = fig.axes[0]
+    bars = [p.get_height() for p in ax.patches]
+    assert bars == [4, 1, 2, 0, 3, 2]  # kept, then removed on top
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0", "0.5", "1.0"]
+    assert "7 of 12" in ax.get_title()
+
+
+def test_kept_per_frame_without_evs_is_every_token():
+    from types import SimpleNamespace
+
+    from ui.video import kept_per_frame
+
+    item = SimpleNamespace(kind="video", num_tiles=3, timestamps=[0.0, 0.5, 1.0])
+    stats = SimpleNamespace(media_items=[item], reductions=[])
+    assert kept_per_frame(stats, 256) == ([0.0, 0.5, 1.0], [256, 256, 256], {})
+
+
+def test_chat_history_becomes_engine_turns(tmp_path):
+    from types import SimpleNamespace
+
+    from ui.chat import chat_messages
+
+    root = tmp_path / "uploads"
+    root.mkdir()
+    img = root / "a.png"
+    img.write_bytes(b"x")
+    ctx = SimpleNamespace(media_roots=[root.resolve()], limits=AppLimits())
+    history = [
+        {"role": "user", "content": [{"type": "file", "file": {"path": str(img)}}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "thinking..."}],
+         "metadata": {"title": "Reasoning"}},
+        {"role": "assistant", "content": [{"type": "text", "text": "A page."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "| stats |"}], "metadata": {"title": "Stats"}},
+    ]
+    turns = chat_messages(ctx, {"text": "And the total?", "files": []}, history)
+    assert turns == [
+        {"role": "user", "content": [{"type": "image", "image": str(img.resolve())},
+                                     {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A page."}]},
+        {"role": "user", "content": [{"type": "text", "text": "And the total?"}]},
+    ]
+    with pytest.raises(RemoteMediaError):  # a path the client made up, outside the upload folder
+        chat_messages(ctx, {"text": "hi", "files": ["/etc/hostname"]}, [])
+    with pytest.raises(InputError, match="type a message"):
+        chat_messages(ctx, {"text": " ", "files": [str(img)]}, [])
+
+
+def test_upload_checks(tmp_path):
+    root = tmp_path / "up"
+    root.mkdir()
+    f = root / "x.pdf"
+    f.write_bytes(b"%PDF-" + b"0" * 100)
+    assert check_upload(str(f), [root.resolve()], 1000) == str(f.resolve())
+    with pytest.raises(InputError, match="capped at"):
+        check_upload(str(f), [root.resolve()], 10)
+    with pytest.raises(RemoteMediaError):
+        check_upload(str(root / ".." / "elsewhere.pdf"), [root.resolve()], 1000)
+    with pytest.raises(InputError, match="is gone"):
+        check_upload(str(root / "missing.pdf"), [root.resolve()], 1000)
+
+
+def test_generation_options_are_checked_on_the_server():
+    from ui.controls import gen_options
+
+    lim = AppLimits(max_new_tokens=64)
+    assert gen_options(lim, True, 0, 10, 0.5) == GenOptions(True, None, 10, 0.5)
+    assert gen_options(lim, False, 32, 10.0, 0).reasoning_budget == 32
+    for bad in [(False, 0, 65, 0), (False, 0, 1.5, 0), (False, -1, 8, 0), (False, 0, 8, 3.0), (False, 0, "x", 0)]:
+        with pytest.raises(GenerationOptionError):
+            gen_options(lim, *bad)
+    with pytest.raises(GenerationOptionError):
+        AppLimits(queue_size=0)
+
+
+def test_errors_become_safe_messages():
+    import gradio as gr
+
+    e = user_error(CorruptMediaError("cannot decode <b>evil.png</b>"))
+    assert isinstance(e, gr.Error) and "&lt;b&gt;" in e.message and "corrupt_media" in e.message
+    e = user_error(RuntimeError("secret /work/path detail"))
+    assert "request id" in e.message and "secret" not in e.message
+
+
+def test_served_paths_block_everything_but_the_examples(tmp_path, monkeypatch):
+    from ui.app import served_paths
+
+    repo = tmp_path / "repo"
+    for d in ["ui/examples", "ui/other", "vl/demo", ".venv"]:
+        (repo / d).mkdir(parents=True)
+    (repo / "README.md").write_text("x")
+    (repo / "ui" / "app.py").write_text("x")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    allowed, blocked = served_paths(repo / "vl" / "demo", repo / "ui" / "examples", cwd=repo)
+    assert allowed == [str((repo / "ui" / "examples").resolve())]
+    r = repo.resolve()
+    assert set(blocked) == {str(r / p) for p in ["README.md", ".venv", "vl", "vl/demo", "ui/other", "ui/app.py"]}
+    # launched elsewhere: the whole working directory is blocked
+    _, blocked = served_paths(repo / "vl" / "demo", tmp_path / "ex", cwd=repo)
+    assert str(r) in blocked
+
+
+def test_nothing_happens_at_import():
+    """`vl app` imports ui.app first: that import must not load gradio, torch or a model, nor start threads."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, threading, ui.app; heavy = {'gradio', 'torch', 'transformers'} & set(sys.modules); "
+            "assert not heavy, heavy; assert threading.active_count() == 1; print('ok')")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

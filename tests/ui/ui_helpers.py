@@ -1,0 +1,78 @@
+"""Helpers shared by the app tests: call an endpoint, collect every streamed output, compare with the engine."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+DOC_ARGS = dict(pages="", max_tiles=12, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=24,
+                temperature=0.0)
+
+
+def document_args(files, question, **over):
+    a = {**DOC_ARGS, **over}
+    return [files, a["pages"], question, a["max_tiles"], a["token_budget"], a["thinking"], a["reasoning_budget"],
+            a["max_new_tokens"], a["temperature"]]
+
+
+def video_args(video, question, *, fps=2.0, max_frames=8, rate=0.5, thinking=False, reasoning_budget=0,
+               max_new_tokens=24, temperature=0.0):
+    return [video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature]
+
+
+def run_streamed(client, api_name: str, args: list, timeout: float = 90.0):
+    """(every intermediate output tuple, the final one, client-side seconds to first answer text, total seconds)."""
+    t0 = time.perf_counter()
+    job = client.submit(*args, api_name=api_name)
+    seen, first_text = [], None
+    for out in job:
+        seen.append(out)
+        if first_text is None and (out[0] or out[1]):
+            first_text = time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            job.cancel()
+            raise TimeoutError(f"{api_name} did not finish within {timeout} s")
+    final = job.result(timeout=timeout)
+    return seen, final, first_text, time.perf_counter() - t0
+
+
+def assert_streamed(seen, final, field: int = 1):
+    """More than one partial text, each a prefix of the next, the last equal to the final output."""
+    texts = [s[field] for s in seen if isinstance(s[field], str)]
+    grown = [t for i, t in enumerate(texts) if t and (i == 0 or t != texts[i - 1])]
+    assert len(grown) >= 2, f"expected the text to arrive in several pieces, saw {len(grown)}: {grown!r}"
+    for a, b in zip(grown, grown[1:]):
+        assert b.startswith(a), (a, b)
+    assert grown[-1] == final[field]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vl_command() -> list[str]:
+    """The installed `vl` entry point of this interpreter's environment (or the module behind it)."""
+    exe = Path(sys.executable).parent / "vl"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds until `url` serves the Gradio page; fails with the app's stderr if it exits first."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise AssertionError(f"vl app exited with {proc.returncode}:\n{proc.stderr.read()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and b"gradio" in r.read().lower():
+                    return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"vl app did not serve {url} within {timeout} s")

@@ -1,0 +1,108 @@
+"""What a user of `vl app` waits for, measured from outside: start -> ready page, and per question the time to
+the first answer text and the tokens/s as a client sees them (gradio_client streaming, bundled examples).
+
+    python -m ui.measure [--model PATH] [--port 7861] [--max-new-tokens 64] [--json]
+
+Starts the real `vl app` command in a subprocess (so the start-up time includes imports and model loading,
+with `.venv` already installed), waits for its page, then asks the document and video examples. Client
+tokens/s = (new tokens - 1) / (time of the last text - time of the first text), new tokens from the app's stats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"vl app exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"vl app did not serve {url} within {timeout} s")
+
+
+def ask(client, api_name: str, args: list) -> dict:
+    t0 = time.perf_counter()
+    job = client.submit(*args, api_name=api_name)
+    first = last = None
+    text = ""
+    for out in job:
+        now = time.perf_counter()
+        grown = (out[0] or "") + (out[1] or "")
+        if grown and grown != text:
+            first = first or now
+            last, text = now, grown
+    final = job.result()
+    stats = final[-1]
+    new = int(re.search(r"\| new tokens \| (\d+) \|", stats).group(1))
+    server_ttft = float(re.search(r"\| time to first token \| ([\d.]+) s \|", stats).group(1))
+    span = (last - first) if first and last else 0.0
+    return {"client_first_text_s": round((first or time.perf_counter()) - t0, 3),
+            "client_tokens_per_s": round((new - 1) / span, 1) if span > 0 and new > 1 else None,
+            "server_ttft_s": server_ttft, "new_tokens": new, "total_s": round(time.perf_counter() - t0, 3),
+            "answer": final[1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ui.measure", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    from gradio_client import Client, handle_file
+
+    from ui.examples import ensure_examples, tab_examples
+
+    examples_dir, records = ensure_examples()
+    tabs = tab_examples(examples_dir, records)
+    port = args.port or _port()
+    exe = Path(sys.executable).parent / "vl"
+    cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]) + ["app", "--port", str(port)]
+    cmd += ["--model", args.model] if args.model else []
+    env = {**os.environ, "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="vl-measure-")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        report = {"command": " ".join(cmd), "start_to_ready_page_s": round(_wait(url, proc, 600), 2)}
+        client = Client(url, verbose=False, download_files=False)
+        doc = next(e for e in tabs["document"] if e["path"].endswith(".png"))
+        n = args.max_new_tokens
+        ask(client, "/document", [[handle_file(doc["path"])], "", doc["question"], 12, 0, False, 0, 2, 0.0])  # warm
+        report["document"] = ask(client, "/document", [[handle_file(doc["path"])], "", doc["question"], 12, 0,
+                                                        False, 0, n, 0.0])
+        vid = tabs["video"][0]
+        report["video"] = ask(client, "/video", [handle_file(vid["path"]), vid["question"], 2.0, 128, 0.5, False, 0,
+                                                 n, 0.0])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(json.dumps(report, indent=None if args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
