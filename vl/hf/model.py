@@ -248,27 +248,10 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         return sequences
 
     def _embed_row(self, ids, tiles, spans, video_pruning_rate, token_pruning_rate):
-        """One row -> (1, t', d), as vl.Engine.prepare builds it: each media item through the vision tower on
-        its own (same micro-batches, hence the same numbers), then merge and token reduction."""
-        from vl.runtime.placement import execution_device
+        """One row -> (1, t', d), exactly as vl.Engine.prepare builds it (one shared function)."""
+        from vl.runtime.engine import embed_inputs
 
-        device = execution_device(self.model)
-        ids = ids[None].to(device)
-        if not hasattr(self.model, "prepare_inputs"):
-            if spans:
-                raise InputError("this is a text-only model; it takes no images or videos")
-            return self.lm.embed(ids)
-        vectors = None
-        if spans:
-            outs, start = [], 0
-            for span in spans:
-                outs.append(self.model.encode_tiles(tiles[start:start + span.num_tiles].to(device, self.dtype)))
-                start += span.num_tiles
-            vectors = torch.cat(outs)
-        embeds, _, _ = self.model.prepare_inputs(ids, media=spans, tile_vectors=vectors,
-                                                 video_pruning_rate=video_pruning_rate,
-                                                 token_pruning_rate=token_pruning_rate)
-        return embeds
+        return embed_inputs(self.model, ids[None], tiles, spans, video_pruning_rate, token_pruning_rate)
 
 
 # --- option and input plumbing ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vl.errors import GenerationOptionError
+from vl.errors import GenerationOptionError, InputError
 from vl.processing.chat import ThinkSplitter, split_reasoning
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.generate import generate_steps, left_pad, left_pad_embeds
@@ -82,8 +82,7 @@ class Engine:
         self.tokenizer = processor.tokenizer
         self.stop_ids = set(stop_ids) | processor.stop_token_ids()
         self.prefill_chunk = prefill_chunk
-        self._vision_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self._vision_cache_size = vision_cache_size
+        self._vision_cache = VisionCache(vision_cache_size)
         self._lock = threading.Lock()
 
     @classmethod
@@ -104,28 +103,6 @@ class Engine:
     def context_length(self) -> int:
         return self.lm.config.max_position_embeddings
 
-    # --- vision ------------------------------------------------------------------------------------
-    def _tile_vectors(self, pixel_values, media, stats: Stats):
-        """Encode tiles item by item through the cache; returns (n_tiles, tokens_per_tile, d) or None."""
-        if pixel_values is None:
-            return None
-        outs, start = [], 0
-        for span in media:
-            tiles = pixel_values[start:start + span.num_tiles]
-            start += span.num_tiles
-            key = hashlib.sha1(tiles.numpy().tobytes()).hexdigest() + f":{span.kind}"
-            if key in self._vision_cache:
-                self._vision_cache.move_to_end(key)
-                stats.vision_cache_hits += 1
-                outs.append(self._vision_cache[key])
-                continue
-            vec = self.model.encode_tiles(tiles.to(self._device(), self._dtype()))
-            self._vision_cache[key] = vec
-            while len(self._vision_cache) > self._vision_cache_size:
-                self._vision_cache.popitem(last=False)
-            outs.append(vec)
-        return torch.cat(outs)
-
     def _device(self):
         return execution_device(self.model)
 
@@ -139,20 +116,8 @@ class Engine:
         proc.setdefault("context_length", self.context_length)
         inputs = self.processor(messages, thinking=thinking, **proc)
         stats.notes += inputs.notes
-        ids = inputs.input_ids.to(self._device())
-        if hasattr(self.model, "prepare_inputs"):
-            vectors = self._tile_vectors(inputs.pixel_values, inputs.media, stats)
-            embeds, mask, vision = self.model.prepare_inputs(ids, media=inputs.media, tile_vectors=vectors,
-                                                             video_pruning_rate=video_pruning_rate,
-                                                             token_pruning_rate=token_pruning_rate)
-            if vision is not None:
-                stats.vision_tokens_before = int(vision.vectors.shape[0])
-                stats.vision_tokens_after = int(vision.keep.sum()) if vision.keep is not None else \
-                    stats.vision_tokens_before
-                stats.reductions = vision.info
-        else:
-            embeds = self.lm.embed(ids)
-        stats.prompt_tokens = int(embeds.shape[1])
+        embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media, video_pruning_rate,
+                              token_pruning_rate, self._vision_cache, stats)
         return embeds, inputs, stats
 
     # --- chat ----------------------------------------------------------------------------------------
@@ -293,6 +258,63 @@ class Engine:
             return generate_ids(self.lm, input_ids.to(self._device()), attention_mask=attention_mask,
                                 max_new_tokens=max_new_tokens, stop_ids=self.stop_ids if stop else (),
                                 temperature=temperature, **sampling)
+
+
+def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_rate=None,
+                 token_pruning_rate: float = 0.0, vision_cache: "VisionCache | None" = None,
+                 stats: Stats | None = None) -> torch.Tensor:
+    """Processed inputs of one prompt -> inputs_embeds (1, t', d): each media item through the vision tower
+    on its own (through `vision_cache` when given), then token reduction and the placeholder merge."""
+    lm = getattr(model, "language_model", model)
+    device, dtype = execution_device(model), lm.backbone.embeddings.weight.dtype
+    ids = input_ids.to(device)
+    if not hasattr(model, "prepare_inputs"):
+        if media:
+            raise InputError("this is a text-only model; it takes no images or videos")
+        embeds = lm.embed(ids)
+    else:
+        vectors = None
+        if pixel_values is not None and media:
+            outs, start = [], 0
+            for span in media:
+                tiles = pixel_values[start:start + span.num_tiles]
+                start += span.num_tiles
+                encode = lambda t=tiles: model.encode_tiles(t.to(device, dtype))  # noqa: E731
+                outs.append(vision_cache.get(tiles, span.kind, encode, stats) if vision_cache is not None
+                            else encode())
+            vectors = torch.cat(outs)
+        embeds, _, vision = model.prepare_inputs(ids, media=media, tile_vectors=vectors,
+                                                 video_pruning_rate=video_pruning_rate,
+                                                 token_pruning_rate=token_pruning_rate)
+        if vision is not None and stats is not None:
+            stats.vision_tokens_before = int(vision.vectors.shape[0])
+            stats.vision_tokens_after = (int(vision.keep.sum()) if vision.keep is not None
+                                         else stats.vision_tokens_before)
+            stats.reductions = vision.info
+    if stats is not None:
+        stats.prompt_tokens = int(embeds.shape[1])
+    return embeds
+
+
+class VisionCache:
+    """Projected tile vectors per media item, keyed by the tiles' bytes: a follow-up question on the same
+    image or document does not run the vision tower again. Least recently used entries go first."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def get(self, tiles: torch.Tensor, kind: str, encode, stats: Stats | None = None) -> torch.Tensor:
+        key = hashlib.sha1(tiles.contiguous().numpy().tobytes()).hexdigest() + ":" + kind
+        if key in self._items:
+            self._items.move_to_end(key)
+            if stats is not None:
+                stats.vision_cache_hits += 1
+            return self._items[key]
+        value = self._items[key] = encode()
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
 
 
 def _find_stop(text: str, stops: list[str], searched_upto: int) -> int | None:
