@@ -6,23 +6,31 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 ARGS    ?=
 
-.PHONY: app test install clean bench
+.PHONY: app test install browser clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, from the pinned local wheels (a bare `torch` would pull a multi-GB CUDA build)
+	# torch first, from the pinned wheels (a bare `torch` would pull a multi-GB CUDA build)
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# Debian's chromium for the browser test (test tools cannot download browsers here); skipped when apt is
+# unavailable, and the browser test then skips saying so.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: chromium not installed (needs root + apt); the browser test will skip"; fi; }
+
 app: $(STAMP)
 	$(BIN)/vl app $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+test: $(STAMP) browser
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/vl bench $(ARGS)
