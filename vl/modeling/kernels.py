@@ -25,15 +25,22 @@ REF_CHUNK = 32
 
 @functools.cache
 def _fast_ops():
+    """mamba-ssm's Triton SSD kernels (required for the fast path) and causal-conv1d's CUDA conv (optional:
+    without it the conv stays on PyTorch, which is cheap next to the scan)."""
     try:
-        from causal_conv1d import causal_conv1d_fn, causal_conv1d_update
         from mamba_ssm.ops.triton.selective_state_update import selective_state_update
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
-        log.info("mamba-ssm / causal-conv1d kernels unavailable (%s); using the PyTorch reference", exc)
+        log.info("mamba-ssm kernels unavailable (%s); using the PyTorch reference", exc)
         return None
-    return dict(conv=causal_conv1d_fn, conv_update=causal_conv1d_update,
-                scan=mamba_chunk_scan_combined, step=selective_state_update)
+    ops = dict(scan=mamba_chunk_scan_combined, step=selective_state_update, conv=None)
+    try:
+        from causal_conv1d import causal_conv1d_fn
+
+        ops["conv"] = causal_conv1d_fn
+    except Exception:  # noqa: BLE001
+        log.info("causal-conv1d unavailable; the Mamba conv runs in PyTorch")
+    return ops
 
 
 def fast_available() -> bool:
@@ -47,7 +54,7 @@ def override(impl: str | None):
     if impl not in (None, "ref", "fast"):
         raise ValueError(f"override expects 'ref', 'fast' or None, got {impl!r}")
     if impl == "fast" and not fast_available():
-        raise RuntimeError("the fast Mamba kernels need CUDA and the [gpu] extra (mamba-ssm, causal-conv1d)")
+        raise RuntimeError("the fast Mamba kernels need CUDA and mamba-ssm (the [gpu] extra)")
     old, _override = _override, impl
     try:
         yield
@@ -67,7 +74,7 @@ def causal_conv(x, weight, bias, conv_state=None):
     With a state, the state holds the previous k-1 inputs and is updated in place to the last k-1.
     """
     k = weight.shape[-1]
-    if use_fast(x) and conv_state is None:
+    if conv_state is None and use_fast(x) and _fast_ops()["conv"] is not None:
         return _fast_ops()["conv"](x, weight, bias, activation="silu")
     if conv_state is None:
         xp = torch.nn.functional.pad(x, (k - 1, 0))
