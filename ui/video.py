@@ -45,11 +45,11 @@ def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, i
     ax.set_xticks(xs[::step], [f"{t:.1f}" for t in timestamps[::step]])
     ax.set_xlabel("frame timestamp (s)")
     ax.set_ylabel("tokens")
-    ax.set_ylim(0, tokens_per_frame * 1.05)
+    ax.set_ylim(0, tokens_per_frame * 1.4)  # room for the legend above full bars
     total = sum(kept)
     q = info.get("q", 0.0)
     ax.set_title(f"{n} frames: {total} of {n * tokens_per_frame} vision tokens kept (EVS rate {q:g})", fontsize=10)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", ncols=2, fontsize=8, frameon=False)
     return fig
 
 
@@ -75,7 +75,7 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
             tpf = ctx.config.tokens_per_tile
             ts, kept, info = kept_per_frame(stats, tpf)
             chart = evs_chart(ts, kept, tpf, info) if kept else None
-            frames = [(p.image, f"{p.caption} · {kept[i]}/{tpf} kept" if i < len(kept) else p.caption)
+            frames = [(p.image, f"{p.caption} · {kept[i]}/{tpf}" if i < len(kept) else p.caption)
                       for i, p in enumerate(previews(stats, ctx.config, ctx.limits.max_gallery))]
             text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
             yield snap.reasoning, snap.answer, chart, frames, text
@@ -108,10 +108,10 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                 reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
                                        interactive=False, autoscroll=True)
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="video-answer")
-            chart = gr.Plot(label="Vision tokens kept per frame")
+            chart = gr.Plot(label="Vision tokens kept per frame", show_label=False)
             stats = gr.Markdown(elem_id="video-stats")
-            frames = gr.Gallery(label="Frames the model saw", columns=8, height=200, object_fit="contain",
-                                format="png")
+            frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept)", columns=6, height=200,
+                                object_fit="contain", format="png")
 
     def handler(video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature):
         yield from answer_video(ctx, video, question, fps, max_frames, rate, thinking, reasoning_budget,

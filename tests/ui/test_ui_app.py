@@ -74,22 +74,27 @@ def test_video_answer_streams_equals_engine_and_charts_evs(client, examples, ref
     assert final[1] == want.answer
     assert final[2]["type"] == "matplotlib" and final[2]["plot"].startswith("data:image/")
     counts = want.stats.reductions[0]["counts"]
-    kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[3]]
+    kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[3]]  # "0.00 s · 3/4"
     assert kept == counts and sum(counts) == want.stats.vision_tokens_after < want.stats.vision_tokens_before
     assert [g["caption"].split(" · ")[0] for g in final[3]][:2] == ["0.00 s", "1.00 s"]  # 16 frames at 2 fps -> 8
 
 
-def test_chat_multimodal_equals_engine(client, examples, reference_engine):
+@pytest.mark.parametrize("thinking", [False, True])
+def test_chat_multimodal_equals_engine(client, examples, reference_engine, thinking):
     ex = _doc(examples, ".png")
     message = {"text": ex["question"], "files": [handle_file(ex["path"])]}
-    job = client.submit(message, False, 0, 16, 0.0, 12, 2.0, 16, 0.0, api_name="/chat")
+    job = client.submit(message, thinking, 0, 16, 0.0, 12, 2.0, 16, 0.0, api_name="/chat")
     outs = list(job)
     final = job.result(timeout=60)
     want = reference_engine.chat([{"role": "user", "content": [{"type": "image", "image": ex["path"]},
                                                                 {"type": "text", "text": ex["question"]}]}],
-                                 max_new_tokens=16, thinking=False)
+                                 max_new_tokens=16, thinking=thinking)
     assert len(outs) >= 2
-    assert final[0]["content"] == want.answer and final[1]["metadata"]["title"] == "Stats"
+    if thinking:  # a collapsible reasoning bubble first, closed when done
+        thought, final = final[0], final[1:]
+        assert thought["metadata"]["title"] == "Reasoning" and thought["metadata"]["status"] == "done"
+        assert thought["content"] == want.reasoning
+    assert final[0]["content"] == (want.answer or "*(no answer)*") and final[1]["metadata"]["title"] == "Stats"
 
 
 @pytest.mark.parametrize("name,data,words", [
@@ -131,6 +136,20 @@ def test_bad_options_are_clear_messages(client, examples, over, words):
     ex = _doc(examples, ".pdf")
     with pytest.raises(AppError, match=words):
         client.predict(*document_args([handle_file(ex["path"])], ex["question"], **over), api_name="/document")
+
+
+def test_page_cap_is_a_clear_message_and_a_range_gets_past_it(client, tmp_path):
+    from PIL import Image
+
+    from data_recipes.synthetic.export import write_pdf
+
+    pdf = write_pdf([Image.new("RGB", (64, 64), "white")] * 40, tmp_path / "long.pdf")
+    with pytest.raises(AppError, match="32") as err:
+        client.predict(*document_args([handle_file(pdf)], "How many pages?", max_new_tokens=2), api_name="/document")
+    assert "page" in str(err.value)
+    out = client.predict(*document_args([handle_file(pdf)], "How many pages?", pages="1-2", max_new_tokens=2),
+                         api_name="/document")
+    assert out[1] is not None and "finished by" in out[3]
 
 
 def test_wrong_type_is_refused_without_internals(client, examples):
