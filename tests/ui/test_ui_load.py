@@ -45,6 +45,9 @@ def test_eight_concurrent_clients_complete_or_are_refused(cli_app, examples):
     assert set(kinds) <= {"ok", "queue_full"}, outcome
     assert kinds.count("ok") >= 1 and kinds.count("queue_full") >= 1, outcome
     refused_after = [s for k, s, _ in outcome if k == "queue_full"]
+    done_after = [s for k, s, _ in outcome if k == "ok"]
+    print(f"load: {len(done_after)} completed (slowest {max(done_after):.1f} s), {len(refused_after)} refused as "
+          f"queue-full (slowest refusal {max(refused_after):.2f} s)")
     assert max(refused_after) < 10, f"refusals must be immediate, took {refused_after}"
 
     t0 = time.perf_counter()
