@@ -125,17 +125,46 @@ def test_native_is_refused_on_cpu_with_the_reason(exported):
         vl.load_pretrained(exported["nvfp4"], quant_mode="native")
 
 
-@pytest.mark.skipif(not native_fp8_support("cuda")[0] if torch.cuda.is_available() else True,
-                    reason="native FP8 needs a CUDA GPU of capability >= 8.9 (torch._scaled_mm); this machine has none")
-def test_native_fp8_equals_weight_only_with_activation_emulation_on_cuda(exported, inputs):
-    native = vl.load_pretrained(exported["fp8"], quant_mode="native", device_map="cuda")
+CUDA_FP8 = pytest.mark.skipif(not (torch.cuda.is_available() and native_fp8_support("cuda")[0]),
+                              reason="native FP8 needs a CUDA GPU of capability >= 8.9 (torch._scaled_mm); this "
+                                     "machine has none")
+
+
+@CUDA_FP8
+def test_auto_on_cuda_runs_native_fp8_where_it_can_and_matches_w8a8_emulation(exported, inputs, caplog):
+    """Layer by layer (a random model amplifies 2e-4 per layer into ~3e-2 at the logits, measured on an H200):
+    each native layer, fed the input its W8A8-emulating twin saw, gives the twin's output."""
+    auto = vl.load_pretrained(exported["fp8"], device_map="cuda")
+    assert auto.quantization.mode == "auto"
     emulated = vl.load_pretrained(exported["fp8"], quant_mode="weight-only", device_map="cuda")
-    for m in emulated.modules():
-        if isinstance(m, QuantizedLinear):
-            m.emulate_activations = True  # W8A8 numerics, as the native kernel
+    probe = torch.zeros(1, device="cuda")
+    errors = {}
+    for name, m in auto.named_modules():
+        if isinstance(m, QuantizedLinear) and m._native_ok(probe)[0]:
+            twin = emulated.get_submodule(name)
+            twin.emulate_activations = True  # W8A8 numerics, as the native kernel
+
+            def check(mod, args, out, native=m, name=name):
+                errors[name] = rel_err(native(args[0]), out)
+
+            twin.register_forward_hook(check)
     cuda = {k: v.cuda() if torch.is_tensor(v) else v for k, v in inputs.items()}
-    a, b = native(**cuda).logits, emulated(**cuda).logits
-    assert rel_err(a, b) < 1e-2
+    with caplog.at_level(logging.INFO, logger="vl.quant.linear"):
+        logits = auto(**cuda).logits
+    emulated(**cuda)
+    assert errors  # the tiny model's in_proj (328 rows) is the one kind of layer left weight-only
+    worst = max(errors, key=errors.get)
+    print(f"native FP8 vs W8A8 emulation, {len(errors)} layers: worst {worst} rel err {errors[worst]:.2e}")
+    assert errors[worst] < 1e-3
+    plain = vl.load_pretrained(exported["fp8"], quant_mode="dequantize")(**inputs).logits
+    assert rel_err(logits.cpu(), plain) < 0.3  # W8A8 vs W8A16 on the whole model: activation error on top
+    assert any("run native" in r.getMessage() for r in caplog.records)
+
+
+@CUDA_FP8
+def test_native_names_the_layers_it_cannot_run(exported):
+    with pytest.raises(QuantUnavailableError, match="in_proj: in/out features 64/328 not divisible by 16"):
+        vl.load_pretrained(exported["fp8"], quant_mode="native", device_map="cuda")
 
 
 def test_auto_notice_says_which_mode_and_why(exported, caplog):

@@ -236,6 +236,19 @@ def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str
     return "weight-only", f"auto: {reason}; packed weights are dequantized per layer in forward"
 
 
+def native_blockers(specs: dict[str, LinearQuantSpec]) -> list[str]:
+    """Why each layer cannot take the native FP8 path (the same conditions as FP8Linear._native_ok)."""
+    out = []
+    for name, s in specs.items():
+        if s.fmt != "fp8":
+            out.append(f"{name}: {s.fmt.upper()} has no native path")
+        elif s.fp8_granularity != "tensor" or s.weight_dtype != torch.float8_e4m3fn:
+            out.append(f"{name}: per-{s.fp8_granularity} {s.weight_dtype} scales (native covers per-tensor E4M3)")
+        elif s.in_features % 16 or s.out_features % 16:
+            out.append(f"{name}: in/out features {s.in_features}/{s.out_features} not divisible by 16")
+    return out
+
+
 # --- the two loader hooks ---------------------------------------------------------------------------------
 def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: str | None = None, device_map=None,
             compute_dtype: torch.dtype = torch.bfloat16) -> QuantizedLoad | None:
@@ -258,6 +271,12 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
                 "`vl quantize --format fp8|nvfp4`.")
         return None
     mode, why = resolve_mode(quant_mode, {s.fmt for s in specs.values()}, device_map)
+    if mode == "native":
+        blockers = native_blockers(specs)
+        if blockers:
+            raise QuantUnavailableError(
+                f"quant_mode='native': {len(blockers)} quantized Linears cannot run torch._scaled_mm, e.g. "
+                f"{'; '.join(blockers[:3])}. Use 'auto' (native where possible, weight-only elsewhere).")
     originals = {name: model.get_submodule(name) for name in specs}
     swap_quantized_linears(model, specs, "weight-only" if mode == "dequantize" else mode,
                            compute_dtype=compute_dtype)

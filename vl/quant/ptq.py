@@ -254,12 +254,16 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     for key, t in sd.items():
         if not t.is_floating_point():
             tensors[key] = t
+    one_d = [n for n in names if block_2d and sd[f"{n}.weight"].shape[0] % 16]  # 16x16 tiles need rows % 16 == 0
+    if one_d:
+        log.warning("vl quantize: --block-2d: %d Linears have a row count that is not a multiple of 16 and keep "
+                    "1-D blocks: %s", len(one_d), ", ".join(one_d))
     for name in _bar(names, "quantizing", progress):
         q = quantize_state_dict({f"{name}.weight": sd[f"{name}.weight"]}, [name], algo, amax, exclude=pats,
-                                block_2d=block_2d)
+                                block_2d=block_2d and name not in one_d)
         tensors.update(q)
     options = dict(format=fmt, algo=algo, hadamard=hadamard, block_2d=block_2d, exclude_lm_head=exclude_lm_head,
-                   num_calib=len(calib), seed=seed, calib_dtype=str(dtype))
+                   num_calib=len(calib), seed=seed, calib_dtype=str(dtype), block_2d_skipped=one_d)
     skipped = [n for n in excluded if not is_excluded(n, pats)]
     hf_cfg = make_hf_quant_config(algo, pats + tuple(skipped))
     out.mkdir(parents=True, exist_ok=True)
