@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -154,6 +156,10 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
                        inbrowser=False)
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 # --- command line ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vl app", description="Serve the Gradio app (documents, video, chat).")
@@ -196,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         from ui.runner import UIEngine
         from vl.errors import VLError
     with _Step(2, steps, "preparing the upload folder and the bundled examples"):
-        if not os.environ.get("GRADIO_TEMP_DIR"):
-            os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
+        own_uploads = None
+        if not os.environ.get("GRADIO_TEMP_DIR"):  # a fresh folder per run, removed when the app stops
+            own_uploads = os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
         from gradio.utils import get_upload_folder
 
         from ui.examples import ensure_examples
@@ -210,17 +217,23 @@ def main(argv: list[str] | None = None) -> int:
                                               allowed_roots=[get_upload_folder(), examples_dir])
     except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
         print(f"vl app: could not load the model: {exc}", file=sys.stderr)
+        if own_uploads:
+            shutil.rmtree(own_uploads, ignore_errors=True)
         return 2
     with _Step(4, steps, "building the interface"):
         demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
                          model_name=Path(model).name)
     print(f"[5/5] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C: uploads are removed
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         launch_app(demo, host=args.host, port=args.port, limits=limits, model_dir=model, examples_dir=examples_dir)
     except KeyboardInterrupt:
         pass
     finally:
         demo.close()
+        if own_uploads:
+            shutil.rmtree(own_uploads, ignore_errors=True)
     return 0
 
 

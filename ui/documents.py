@@ -109,7 +109,7 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
                 gr.Examples([[[e["path"]], e.get("pages", ""), e["question"]] for e in examples],
                             inputs=[files, pages, question], label="Bundled examples (click one, then Ask)")
         with gr.Column(scale=1):
-            with gr.Accordion("Reasoning", open=False):
+            with gr.Accordion("Reasoning", open=False) as reasoning_box:
                 reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
                                        interactive=False, autoscroll=True)
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="doc-answer")
@@ -130,4 +130,7 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
                                 concurrency_limit=ctx.limits.concurrency)
     # the browser asks the server to cancel: Gradio closes our generator, whose `finally` closes the engine stream
     stop.click(None, None, None, cancels=[event, submitted])
+    # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
+    controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
+                             api_visibility="private")
     return event

@@ -104,7 +104,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                 gr.Examples([[e["path"], e["question"]] for e in examples], inputs=[video, question],
                             label="Bundled examples (click one, then Ask)")
         with gr.Column(scale=1):
-            with gr.Accordion("Reasoning", open=False):
+            with gr.Accordion("Reasoning", open=False) as reasoning_box:
                 reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
                                        interactive=False, autoscroll=True)
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="video-answer")
@@ -124,4 +124,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
                                 concurrency_limit=lim.concurrency)
     stop.click(None, None, None, cancels=[event, submitted])
+    # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
+    controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
+                             api_visibility="private")
     return event
