@@ -8,10 +8,9 @@ from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """fp32 statistics and weight multiply, result in the input dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight.float() * xf).to(x.dtype)
+    """fp32 statistics and weight multiply, result in the input dtype: x·rsqrt(mean(x²)+eps)·w, the same
+    products as the reference, through torch's fused op (fewer dispatches per decode step)."""
+    return nn.functional.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -37,6 +36,6 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y, z):
         y = y.float() * nn.functional.silu(z.float())
         shape = y.shape
-        yg = y.view(*shape[:-1], self.n_groups, shape[-1] // self.n_groups)
-        yg = yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + self.eps)
+        group = shape[-1] // self.n_groups
+        yg = nn.functional.rms_norm(y.view(*shape[:-1], self.n_groups, group), (group,), None, self.eps)
         return self.weight.float() * yg.view(shape)

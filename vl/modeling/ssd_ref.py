@@ -82,18 +82,16 @@ def ssd_step(state, x, dt, A, B, C):
     """One recurrence step, updating `state` in place.
 
     state (b, h, p, n) fp32, x (b, h, p), dt (b, h), A (h,), B and C (b, g, n). Returns y (b, h, p) fp32
-    (without the D skip): S <- exp(dt·A)·S + dt·x⊗B ; y = S·C.
+    (without the D skip): S <- exp(dt·A)·S + dt·x⊗B ; y = S·C. Heads are viewed as (groups, heads per group)
+    so B and C broadcast without being copied to every head.
     """
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
-    r = h // g
     dt = dt.float()
-    decay = torch.exp(dt * A.float())  # (b, h)
-    Bh = B.float()[:, :, None].expand(b, g, r, n).reshape(b, h, 1, n)
-    Ch = C.float()[:, :, None].expand(b, g, r, n).reshape(b, h, n, 1)
-    new = state * decay[..., None, None] + (x.float() * dt[..., None])[..., None] * Bh
-    state.copy_(new)
-    return (new @ Ch).squeeze(-1)
+    s = state.view(b, g, h // g, p, n)
+    s.mul_(torch.exp(dt * A.float()).view(b, g, h // g, 1, 1))
+    s.add_((x.float() * dt[..., None]).view(b, g, h // g, p, 1) * B.float().view(b, g, 1, 1, n))
+    return (s @ C.float().view(b, g, 1, n, 1)).view(b, h, p)
 
 
 def ssd_sequential(x, dt, A, B, C, initial_state=None):
