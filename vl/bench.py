@@ -30,6 +30,8 @@ from vl.runtime.sampling import SamplingParams
 
 CONFIGS = {
     "180m": bench_180m_lm,
+    "1b": lambda: bench_180m_lm(hidden_size=2048, pattern="M-M-M*-M-M-M-M*-M-M-M-M-M-M*-M-M-", mamba_num_heads=64,
+                                intermediate_size=6144, num_attention_heads=16, num_key_value_heads=4, vocab_size=32768),
     "tiny": lambda: LMConfig(vocab_size=4096, hidden_size=128, pattern="M-M*-M-", num_attention_heads=4,
                              num_key_value_heads=2, head_dim=32, intermediate_size=256, mamba_num_heads=8,
                              mamba_head_dim=32, n_groups=2, ssm_state_size=32, chunk_size=128),
@@ -38,9 +40,18 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class PeakRSS:
-    """Peak resident memory above the starting point, sampled every 2 ms in a thread."""
+    """Peak resident memory above the starting point, sampled every 2 ms in a thread (CPU), or the CUDA
+    allocator's peak above the starting allocation (GPU)."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
 
     def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base, self.peak = torch.cuda.memory_allocated(), 0
+            return self
         import psutil
 
         self.proc, self.stop, self.peak = psutil.Process(), False, 0
@@ -55,8 +66,17 @@ class PeakRSS:
             time.sleep(0.002)
 
     def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+            return
         self.stop = True
         self.thread.join()
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
@@ -65,13 +85,15 @@ def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
         f()
     for _ in range(repeats):
         for k, f in fns.items():
+            _sync()
             t0 = time.perf_counter()
             f()
+            _sync()
             out[k].append(time.perf_counter() - t0)
     return out
 
 
-def build_pair(cfg: LMConfig, dtype):
+def build_pair(cfg: LMConfig, dtype, device="cpu"):
     import transformers
 
     torch.manual_seed(0)
@@ -82,12 +104,13 @@ def build_pair(cfg: LMConfig, dtype):
                 p.normal_(0, 0.02)
     hf = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**lm_config_to_hf(cfg))).eval()
     hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
-    return ours.to(dtype), hf.to(dtype)
+    return ours.to(device, dtype), hf.to(device, dtype)
 
 
 @torch.no_grad()
 def our_prefill(model, ids):
-    cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=model.backbone.embeddings.weight.dtype)
+    w = model.backbone.embeddings.weight
+    cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=w.dtype, device=w.device)
     for s in range(0, ids.shape[1], 2048):
         model(ids[:, s:s + 2048], cache=cache, logits_to_keep=1)
 
@@ -114,14 +137,15 @@ def weight_matmuls(model):
     mats = [p for n, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in n]
     experts = [p for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in n]
     xs = {}
+    device = mats[0].device
 
     def run():
         for w in mats:
-            x = xs.setdefault((w.shape[1], w.dtype), torch.randn(1, w.shape[1], dtype=w.dtype))
+            x = xs.setdefault((w.shape[1], w.dtype), torch.randn(1, w.shape[1], dtype=w.dtype, device=device))
             torch.nn.functional.linear(x, w)
         for w in experts:  # a routed token touches k experts; all of them bound the floor from above
             for e in w:
-                x = xs.setdefault((e.shape[1], e.dtype), torch.randn(1, e.shape[1], dtype=e.dtype))
+                x = xs.setdefault((e.shape[1], e.dtype), torch.randn(1, e.shape[1], dtype=e.dtype, device=device))
                 torch.nn.functional.linear(x, e)
     return run
 
@@ -134,18 +158,18 @@ def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
 
 
 def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(128, 4096), new_tokens=32,
-             repeats=3) -> list[dict]:
+             repeats=3, device="cpu") -> list[dict]:
     cfg = CONFIGS[name]()
     dtype = DTYPES[dtype_name]
-    ours, hf = build_pair(cfg, dtype)
+    ours, hf = build_pair(cfg, dtype, device)
     params = sum(p.numel() for p in ours.parameters())
     rows = []
     gen = torch.Generator().manual_seed(0)
     for t in prefill:
-        ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen)
-        with PeakRSS() as m_ours:
+        ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen).to(device)
+        with PeakRSS(device) as m_ours:
             our_prefill(ours, ids)
-        with PeakRSS() as m_hf:
+        with PeakRSS(device) as m_hf:
             hf_prefill(hf, ids)
         times = interleaved({"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}, repeats)
         o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
@@ -154,7 +178,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                          ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak))
     floor = weight_matmuls(ours)
     for ctx in decode_ctx:
-        ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen)
+        ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
         times = interleaved({
             "ours1": lambda: our_generate(ours, ids, 1), "oursN": lambda: our_generate(ours, ids, new_tokens + 1),
             "hf1": lambda: hf_generate(hf, ids, 1), "hfN": lambda: hf_generate(hf, ids, new_tokens + 1),
@@ -163,9 +187,13 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         o = (statistics.median(times["oursN"]) - statistics.median(times["ours1"])) / new_tokens
         h = (statistics.median(times["hfN"]) - statistics.median(times["hf1"])) / new_tokens
         fl = statistics.median(times["floor"])
-        rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx}",
-                         ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
-                         ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl))
+        row = dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx}",
+                   ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
+                   ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl)
+        if torch.device(device).type == "cuda":  # achieved weight bandwidth: every weight read once per token
+            weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+            row["ours_weight_GBps"] = weight_bytes / o / 1e9
+        rows.append(row)
     return rows
 
 
@@ -177,6 +205,8 @@ def format_table(rows: list[dict]) -> str:
         if "roofline_tok_s" in r:
             note = (f"roofline {r['roofline_tok_s']:.1f} tok/s; ours {r['ours_vs_roofline']:.2f}x, "
                     f"transformers {r['transformers_vs_roofline']:.2f}x of it")
+            if "ours_weight_GBps" in r:
+                note += f"; ours reads weights at {r['ours_weight_GBps']:.0f} GB/s"
         elif "ours_peak_rss" in r:
             note = f"peak RSS +{r['ours_peak_rss'] / 2**20:.0f} MiB vs +{r['transformers_peak_rss'] / 2**20:.0f} MiB"
         elif "hybrid_bytes" in r:
@@ -198,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
@@ -209,9 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.configs.split(","):
         for dt in a.dtypes.split(","):
             rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
-                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats)
+                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device)
         rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {a.repeats} interleaved runs")
+    where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs")
     print(format_table(rows))
     if a.json:
         text = json.dumps(rows, indent=2)
