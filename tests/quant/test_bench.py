@@ -11,7 +11,8 @@ from tiny_quant import tiny_vl
 def test_quant_table_rows(tmp_path_factory, tmp_path):
     threads = torch.get_num_threads()
     rows = quant_table(tiny_vl(tmp_path_factory), formats=("nvfp4",), modes=("weight-only", "native"),
-                       hadamard=(False,), prompt_tokens=8, new_tokens=3, rounds=1, num_calib=1, num_eval=1,
+                       hadamard=(False,), block_2d=False, prompt_tokens=8, new_tokens=3, rounds=1, num_calib=1,
+                       num_eval=1,
                        work_dir=tmp_path)
     assert torch.get_num_threads() == threads  # restored
     speed = {(r["format"], r["mode"]): r for r in rows if r["kind"] == "speed"}

@@ -292,3 +292,38 @@ def test_engine_chats_on_a_quantized_checkpoint(exported):
     b = plain.chat(msgs, max_new_tokens=6, thinking=False)
     assert a.stats.new_tokens >= 1 and a.stats.vision_tokens_before > 0
     assert a.token_ids == b.token_ids  # weight-only computes with exactly the dequantized weights
+
+
+def _pack_experts(tensors, layer="backbone.layers.1.mixer.experts", n=8):
+    """NVFP4-pack every routed expert of one MoE layer in a hub-layout state dict, as ModelOpt would."""
+    from vl.quant.nvfp4 import nvfp4_global_scale, quantize_nvfp4
+
+    for i in range(n):
+        for proj in ("up_proj", "down_proj"):
+            key = f"{layer}.{i}.{proj}"
+            w, s, s2 = quantize_nvfp4(tensors[f"{key}.weight"].float())
+            tensors.update({f"{key}.weight": w, f"{key}.weight_scale": s, f"{key}.weight_scale_2": s2,
+                            f"{key}.input_scale": nvfp4_global_scale(4.0)})
+
+
+def test_packed_moe_experts_are_dequantized_at_load(tmp_path, caplog):
+    from tiny_models import save_hf_nemotron
+
+    d, _ = save_hf_nemotron(tmp_path, "moe")
+    packed = copy_checkpoint(d, tmp_path / "packed", _pack_experts)
+    tensors = load_file(str(packed / "model.safetensors"))
+    ref = vl.load_pretrained(d)
+    with torch.no_grad():
+        for proj in ("up_proj", "down_proj"):
+            ref.get_parameter(f"backbone.layers.1.mixer.experts.{proj}").copy_(torch.stack([
+                dequantized_from_file(tensors, f"backbone.layers.1.mixer.experts.{i}.{proj}") for i in range(8)]))
+    with caplog.at_level(logging.INFO, logger="vl.checkpoint.load"):
+        model = vl.load_pretrained(packed)
+    assert "packed routed experts" in caplog.records[-1].getMessage()
+    assert model.backbone.layers[1].mixer.experts.up_proj.dtype == torch.float32
+    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(model(ids).logits, ref(ids).logits, atol=1e-5, rtol=1e-5)
+    key = "backbone.layers.1.mixer.experts.3.down_proj.weight_scale_2"
+    bad = copy_checkpoint(packed, tmp_path / "bad", lambda t: t.pop(key))
+    with pytest.raises(QuantFormatError, match=f"{key}: missing"):
+        vl.load_pretrained(bad)

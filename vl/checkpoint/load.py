@@ -134,7 +134,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
         model, plan = nano_vl.build_and_plan(raw, files, directory)
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
-                  what=f"{kind} checkpoint")
+                  quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
     tensors = ad.materialize(plan, files)
     if scan_nan:
         scan_non_finite(tensors)

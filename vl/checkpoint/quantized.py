@@ -61,11 +61,15 @@ class QuantizedLoad:
     mode: str  # "weight-only" | "native" | "auto" | "dequantize": what the quantized modules do
     why: str
     expanded: list[str] = field(default_factory=list)  # native modules dequantized at load in any mode
+    # fused MoE expert tensors stored packed per expert: native name -> per-expert specs (named by checkpoint
+    # module); always dequantized at load (the model holds them as one tensor, not as Linears)
+    stacked: dict[str, list[LinearQuantSpec]] = field(default_factory=dict)
     originals: dict[str, nn.Module] = field(default_factory=dict, repr=False)  # meta Linears, for expansion
+    files: CheckpointFiles | None = field(default=None, repr=False)
 
     @property
     def fmt(self) -> str:
-        fmts = sorted({s.fmt for s in self.specs.values()})
+        fmts = sorted({s.fmt for s in self.specs.values()} | {p.fmt for per in self.stacked.values() for p in per})
         return "/".join(f.upper() for f in fmts) or "none"
 
     @property
@@ -88,6 +92,9 @@ class QuantizedLoad:
         algo = f"{self.config.quant_algo}, " if self.config is not None else ""
         extra = f"; {', '.join(self.expanded)} dequantized at load (see DEQUANTIZE_AT_LOAD)" if (
             self.expanded and self.mode != "dequantize") else ""
+        if self.stacked:
+            extra += (f"; packed routed experts of {len(self.stacked)} fused tensors dequantized at load (the model "
+                      "holds them as one tensor, not as Linears)")
         return (f"vl: {where + ': ' if where else ''}{self.fmt} checkpoint ({algo}{len(self.specs)} quantized "
                 f"Linears, {src}); running {self.mode}: {self.why}{extra}")
 
@@ -152,10 +159,33 @@ def _header_spec(ck: str, native: str, infos: dict[str, TensorInfo]) -> LinearQu
                            fp8_granularity=gran, weight_dtype=w.dtype, shapes=shapes)
 
 
-def header_specs(plan: Plan, files: CheckpointFiles) -> tuple[dict[str, LinearQuantSpec], dict[str, str]]:
-    """({native module: spec}, {native module: checkpoint module}) from the headers alone.
+def stacked_specs(plan: Plan, files: CheckpointFiles) -> dict[str, list[LinearQuantSpec]]:
+    """Fused natives (MoE routed experts) whose per-expert sources are packed: native -> per-expert specs.
 
-    Also refuses scales whose weight is not packed, and packed tensors the model holds stacked (MoE experts).
+    The experts' scale tensors have no native home (the adapter planned them as loose names); they leave the
+    plan here and are read by `finish`, which dequantizes the experts into the fused tensor.
+    """
+    infos = files.infos
+    out: dict[str, list[LinearQuantSpec]] = {}
+    for native in list(plan.stacked):
+        srcs = plan.sources.get(native, [])
+        packed = [src for src in srcs if infos[src].dtype in PACKED_DTYPES]
+        if not packed:
+            continue
+        if len(packed) != len(srcs):
+            raise QuantFormatError(f"{packed[0]}: some experts of {native} are packed and some are not "
+                                   f"({srcs[0]} is {infos[srcs[0]].dtype}); expected one format for all experts")
+        out[native] = [_header_spec(src[: -len(".weight")], src[: -len(".weight")], infos) for src in srcs]
+    scale_names = {sp.key(sfx) for specs in out.values() for sp in specs for sfx in sp.shapes if sfx != "weight"}
+    for native in [n for n, srcs in plan.sources.items() if len(srcs) == 1 and srcs[0] in scale_names]:
+        del plan.sources[native]
+    return out
+
+
+def header_specs(plan: Plan, files: CheckpointFiles) -> tuple[dict[str, LinearQuantSpec], dict[str, str]]:
+    """({native module: spec}, {native module: checkpoint module}) from the headers alone, for the Linears.
+
+    Also refuses scales whose weight is not packed. Packed fused MoE experts are `stacked_specs`'s.
     KV-cache scales (`k_scale` / `v_scale`) move to the plan's ignored list: the KV cache runs in the
     compute dtype.
     """
@@ -166,11 +196,6 @@ def header_specs(plan: Plan, files: CheckpointFiles) -> tuple[dict[str, LinearQu
         if len(srcs) == 1 and srcs[0].endswith(KV_SCALE_SUFFIXES):
             plan.ignored[srcs[0]] = "FP8 KV-cache scale: the KV cache is kept in the compute dtype"
             del plan.sources[native]
-        elif native in plan.stacked and any(infos[s].dtype in PACKED_DTYPES for s in srcs):
-            raise QuantFormatError(
-                f"{srcs[0]}: packed ({infos[srcs[0]].dtype}) MoE expert weights are not supported yet; the model "
-                f"holds {native} as one fused tensor, not as Linears. Use a checkpoint whose routed experts are "
-                "BF16 (exclude them at export).")
     specs, names = {}, {}
     for ck_tensor, native_tensor in to_native.items():
         if not ck_tensor.endswith(".weight") or infos[ck_tensor].dtype not in PACKED_DTYPES:
@@ -259,8 +284,16 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
     if quant_mode is not None and quant_mode not in QUANT_MODES:
         raise ConfigError(f"quant_mode={quant_mode!r}: expected None or one of {QUANT_MODES}")
     config = read_quant_config(files.directory)
+    stacked = stacked_specs(plan, files)
     specs, names = header_specs(plan, files)
-    if not specs:
+    for native, per in stacked.items():  # the fused tensor the experts expand into
+        want = tuple(model.get_parameter(native).shape)
+        got = (len(per), per[0].out_features, per[0].in_features)
+        if want != got or len({(p.out_features, p.in_features) for p in per}) != 1:
+            raise CheckpointError(f"{per[0].key('weight')}: expected {want[0]} experts of out={want[1]}, in={want[2]} "
+                                  f"for {native}, found {len(per)} of out={per[0].out_features}, "
+                                  f"in={per[0].in_features}")
+    if not specs and not stacked:
         if config is not None:
             log.warning("vl: %s: %s declares quant_algo=%s but no tensor is packed (uint8/float8 with scales); "
                         "loading it as an unquantized checkpoint", files.directory, config.source, config.quant_algo)
@@ -270,7 +303,8 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
                 "weights); quant_mode applies to ModelOpt FP8/NVFP4 checkpoints. To make one, run "
                 "`vl quantize --format fp8|nvfp4`.")
         return None
-    mode, why = resolve_mode(quant_mode, {s.fmt for s in specs.values()}, device_map)
+    fmts = {s.fmt for s in specs.values()} | {p.fmt for per in stacked.values() for p in per}
+    mode, why = resolve_mode(quant_mode, fmts, device_map)
     if mode == "native":
         blockers = native_blockers(specs)
         if blockers:
@@ -281,7 +315,7 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
     swap_quantized_linears(model, specs, "weight-only" if mode == "dequantize" else mode,
                            compute_dtype=compute_dtype)
     expanded = [n for n in specs if n.rsplit(".", 1)[-1] in DEQUANTIZE_AT_LOAD or n in DEQUANTIZE_AT_LOAD]
-    return QuantizedLoad(config, specs, names, quant_mode, mode, why, expanded, originals)
+    return QuantizedLoad(config, specs, names, quant_mode, mode, why, expanded, stacked, originals, files)
 
 
 def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload: QuantizedLoad,
@@ -296,6 +330,12 @@ def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload
     if set(found) != set(qload.checkpoint_names.values()):
         raise CheckpointError("quantized modules from the headers and from the tensors disagree: "
                               f"{sorted(set(found) ^ set(qload.checkpoint_names.values()))[:5]}")
+    for native, per in qload.stacked.items():
+        scales = qload.files.load_all([p.key(sfx) for p in per for sfx in p.shapes if sfx != "weight"])
+        for i, p in enumerate(per):
+            scales[p.key("weight")] = tensors[native][i]
+        detect_quantized_linears(scales, qload.config)  # finite, positive scales
+        tensors[native] = torch.stack([_dequantized_weight_from(p, scales, compute_dtype) for p in per])
     expand = list(qload.specs) if qload.mode == "dequantize" else list(qload.expanded)
     for name in expand:
         spec = qload.specs[name]
@@ -304,5 +344,5 @@ def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload
             tensors.pop(f"{name}.{s}", None)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, qload.originals[name])
-    qload.originals = {}
+    qload.originals, qload.files = {}, None
     return tensors

@@ -141,7 +141,7 @@ def _errors(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
                 top1_agreement=agree / total, positions=total)
 
 
-def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadamard=(False, True),
+def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadamard=(False, True), block_2d=True,
                 dtype: str = "float32", prompt_tokens: int = 32, new_tokens: int = 16, rounds: int = 3,
                 num_calib: int = 2, num_eval: int = 2, seed: int = 0, outlier_gain: float = 0.0,
                 threads: int | None = 1, progress: bool = False, work_dir=None) -> list[dict]:
@@ -150,8 +150,9 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
     kind="speed":    format, mode, status, resolved_mode, resident_weight_bytes (whole model), lm_bytes,
                      quantized_linear_bytes (the packed Linears as held), packable_bytes_bf16 (those Linears as
                      BF16), decode_tokens_per_s (median over `rounds` interleaved rounds), speed_vs_bf16.
-    kind="accuracy": format, hadamard, logit_rel_err (||l_q - l_bf16|| / ||l_bf16|| over every position of
-                     `num_eval` synthetic documents with their question and answer), logit_max_abs_err,
+    kind="accuracy": format, hadamard, block_2d (NVFP4 16x16 weight tiles; one extra row), logit_rel_err
+                     (||l_q - l_bf16|| / ||l_bf16|| over every position of `num_eval` synthetic documents
+                     with their question and answer), logit_max_abs_err,
                      top1_agreement (teacher-forced argmax agreement on those positions), greedy_prefix (how many
                      of `new_tokens` greedy tokens equal BF16's before the first difference), all with BF16
                      activations (weight-only); act_logit_rel_err / act_top1_agreement: the same with the inputs
@@ -181,23 +182,26 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
         ref_logits = _logits(ref, inputs)
         _, ref_tokens = _decode_speed(ref, prompt_tokens, new_tokens, seed)
         rows, exports = [], {}
-        for fmt in formats:
-            for rot in hadamard:
-                out = root / f"{fmt}{'-hadamard' if rot else ''}"
-                res = quantize_checkpoint(model_dir, out, fmt, num_calib=num_calib, hadamard=rot, seed=seed,
-                                          progress=progress, overwrite=True, dtype="float32")
+        variants = [(fmt, rot, False) for fmt in formats for rot in hadamard]
+        variants += [("nvfp4", False, True)] if block_2d and "nvfp4" in formats else []
+        for fmt, rot, b2d in variants:
+            out = root / f"{fmt}{'-hadamard' if rot else ''}{'-2d' if b2d else ''}"
+            res = quantize_checkpoint(model_dir, out, fmt, num_calib=num_calib, hadamard=rot, block_2d=b2d,
+                                      seed=seed, progress=progress, overwrite=True, dtype="float32")
+            if not b2d:
                 exports[(fmt, rot)] = res
-                m = vl.load_pretrained(out, dtype=dtype, quant_mode="weight-only")
-                _, toks = _decode_speed(m, prompt_tokens, new_tokens, seed)
-                prefix = next((i for i, (a, b) in enumerate(zip(toks, ref_tokens)) if a != b), len(ref_tokens))
-                row = dict(kind="accuracy", format=fmt, hadamard=rot, **_errors(ref_logits, _logits(m, inputs)),
-                           greedy_prefix=prefix, new_tokens=new_tokens, quantized_linears=len(res.quantized))
-                for q in m.modules():  # the checkpoint's own W8A8 / W4A4 numerics (static input_scale)
-                    if isinstance(q, QuantizedLinear):
-                        q.emulate_activations = True
-                act = _errors(ref_logits, _logits(m, inputs))
-                rows.append(dict(row, act_logit_rel_err=act["logit_rel_err"], act_top1_agreement=act["top1_agreement"]))
-                del m
+            m = vl.load_pretrained(out, dtype=dtype, quant_mode="weight-only")
+            _, toks = _decode_speed(m, prompt_tokens, new_tokens, seed)
+            prefix = next((i for i, (a, b) in enumerate(zip(toks, ref_tokens)) if a != b), len(ref_tokens))
+            row = dict(kind="accuracy", format=fmt, hadamard=rot, block_2d=b2d,
+                       **_errors(ref_logits, _logits(m, inputs)),
+                       greedy_prefix=prefix, new_tokens=new_tokens, quantized_linears=len(res.quantized))
+            for q in m.modules():  # the checkpoint's own W8A8 / W4A4 numerics (static input_scale)
+                if isinstance(q, QuantizedLinear):
+                    q.emulate_activations = True
+            act = _errors(ref_logits, _logits(m, inputs))
+            rows.append(dict(row, act_logit_rel_err=act["logit_rel_err"], act_top1_agreement=act["top1_agreement"]))
+            del m
         # speed and memory: every (format, mode) loaded side by side, decoded in interleaved rounds
         runs = {("bf16", "-"): ref}
         speed_rows = {("bf16", "-"): dict(kind="speed", format="bf16", mode="-", status="ok", resolved_mode="-",
@@ -244,16 +248,19 @@ def format_table(rows: list[dict]) -> str:
         if r["status"] != "ok":
             lines.append(f"{r['format']:<7} {r['mode']:<12} {r['status'][:100]}")
             continue
+        ratio = r["quantized_linear_bytes"] / r["packable_bytes_bf16"] if r.get("packable_bytes_bf16") else 0.0
         lines.append(f"{r['format']:<7} {r['mode']:<12} ok      {r['resident_weight_bytes'] * mib:12.1f} "
-                     f"{r['lm_bytes'] * mib:8.1f} {r['quantized_linear_bytes'] * mib:11.1f} "
-                     f"{r['quantized_linear_bytes'] / r['packable_bytes_bf16'] if r.get('packable_bytes_bf16') else 0:12.3f}"
+                     f"{r['lm_bytes'] * mib:8.1f} {r['quantized_linear_bytes'] * mib:11.1f} {ratio:12.3f}"
                      f" {r['decode_tokens_per_s']:13.1f} {r['speed_vs_bf16']:8.2f}")
     lines.append("")
-    lines.append("format  hadamard  logit rel err  max abs err  top-1 agree  greedy prefix  | W8A8/W4A4: rel err  top-1")
+    lines.append("format  variant   logit rel err  max abs err  top-1 agree  greedy prefix  "
+                 "| W8A8/W4A4: rel err  top-1")
     for r in rows:
         if r["kind"] == "accuracy":
-            lines.append(f"{r['format']:<7} {str(r['hadamard']):<9} {r['logit_rel_err']:13.4f} "
-                         f"{r['logit_max_abs_err']:12.3f} {r['top1_agreement']:12.3f} {r['greedy_prefix']:8d}/{r['new_tokens']:<5d}"
+            variant = "hadamard" if r["hadamard"] else "2-D" if r["block_2d"] else "plain"
+            lines.append(f"{r['format']:<7} {variant:<9} {r['logit_rel_err']:13.4f} "
+                         f"{r['logit_max_abs_err']:12.3f} {r['top1_agreement']:12.3f} "
+                         f"{r['greedy_prefix']:8d}/{r['new_tokens']:<5d}"
                          f"  | {r['act_logit_rel_err']:18.4f} {r['act_top1_agreement']:6.3f}")
     return "\n".join(lines)
 
@@ -268,12 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads while measuring (0: torch's default)")
     p.add_argument("--outlier-gain", type=float, default=0.0, help="plant outlier channels in the random model")
     p.add_argument("--no-hadamard", action="store_true", help="skip the Hadamard exports")
+    p.add_argument("--no-block-2d", action="store_true", help="skip the NVFP4 2-D block export")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()
     rows = quant_table(args.model, dtype=args.dtype, new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
                        rounds=args.rounds, threads=args.threads or None,
-                       outlier_gain=args.outlier_gain, hadamard=(False,) if args.no_hadamard else (False, True))
+                       outlier_gain=args.outlier_gain, hadamard=(False,) if args.no_hadamard else (False, True),
+                       block_2d=not args.no_block_2d)
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
     else:

@@ -128,7 +128,8 @@ def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | N
         try:
             proc = vl.load_processor(model_dir)
         except OSError as e:
-            raise CheckpointError(f"{model_dir}: the tokenizer could not be loaded ({e}); calibration needs it") from None
+            raise CheckpointError(f"{model_dir}: the tokenizer could not be loaded ({e}); calibration needs "
+                                  "it") from None
         if prompts is not None:
             items = [([{"role": "user", "content": p}], f"prompt {i + 1}") for i, p in enumerate(prompts)]
         else:
