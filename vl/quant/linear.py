@@ -243,7 +243,7 @@ class FP8Linear(QuantizedLinear):
             s_in = self.input_scale.float().reshape(())
         else:  # dynamic per-tensor scale, as ModelOpt FP8 without calibration
             s_in = (x2.abs().amax().float() / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-        xq = cast_to_fp8(x2 / s_in)
+        xq = cast_to_fp8(x2.float() / s_in)  # divide in fp32: one rounding (to e4m3), as the emulation does
         out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=s_in, scale_b=self.weight_scale.float().reshape(()),
                              out_dtype=out_dtype)
