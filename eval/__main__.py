@@ -2,7 +2,7 @@
 
     vl eval --model PATH --task TASK --data PATH --out DIR [--limit N] [--batch-size B] [--resume]
             [--thinking on|off] [--max-tiles N] [--fps F --max-frames N] [--video-pruning-rate Q]
-            [--sweep KEY=V1,V2,...] [--max-new-tokens N]
+            [--skip-blank-tiles on|off] [--token-pruning-rate R] [--sweep KEY=V1,V2,...] [--max-new-tokens N]
     vl eval score --task TASK --predictions FILE.jsonl      re-score a predictions file (no model)
     vl eval tasks                                           list the task names
 
@@ -52,8 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frames", type=int, default=128, help="video frame cap (default 128)")
     p.add_argument("--video-pruning-rate", type=float, default=None, help="EVS rate in [0, 1) (default: the "
                    "model's)")
-    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...", help="one run per value of video_pruning_rate,"
-                   " max_tiles, fps, max_frames, max_new_tokens or thinking; writes sweep.json/.md/.png")
+    p.add_argument("--skip-blank-tiles", type=_on_off, default=False, help="documents: drop whitespace tiles "
+                   "before the encoder (default off)")
+    p.add_argument("--token-pruning-rate", type=float, default=0.0, help="documents: prune redundant tokens after "
+                   "the projector at this rate in [0, 1) (default 0 = off)")
+    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...", help="one run per value of video_pruning_rate, "
+                   "skip_blank_tiles, token_pruning_rate, max_tiles, fps, max_frames, max_new_tokens or thinking; "
+                   "writes sweep.json/.md/.png")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: cuda:LOCAL_RANK if "
@@ -88,6 +93,7 @@ def config_from_args(args: argparse.Namespace):
                      media_root=args.media_root, limit=args.limit, batch_size=args.batch_size,
                      thinking=args.thinking, max_new_tokens=args.max_new_tokens, max_num_tiles=args.max_tiles,
                      fps=args.fps, max_frames=args.max_frames, video_pruning_rate=args.video_pruning_rate,
+                     skip_blank_tiles=args.skip_blank_tiles, token_pruning_rate=args.token_pruning_rate,
                      seed=args.seed, dtype=args.dtype, device=args.device, retries=args.retries,
                      max_attempts=args.max_attempts, item_timeout_s=args.item_timeout, isolation=args.isolation,
                      decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress)

@@ -57,12 +57,15 @@ class GenerationSettings:
     fps: float = 2.0
     max_frames: int = 128
     video_pruning_rate: float | None = None  # None: the checkpoint's default
+    skip_blank_tiles: bool = False  # document reduction before the encoder (token_reduction.BlankTileSkipper)
+    token_pruning_rate: float = 0.0  # document reduction after the projector (RedundantTokenPruner)
     seed: int = 0
     timeout_s: float | None = None  # soft per-item limit inside the engine (stops decoding cleanly)
 
     def chat_kwargs(self) -> dict:
         kw = {"max_new_tokens": self.max_new_tokens, "temperature": 0.0, "thinking": self.thinking,
-              "fps": self.fps, "max_frames": self.max_frames, "video_pruning_rate": self.video_pruning_rate}
+              "fps": self.fps, "max_frames": self.max_frames, "video_pruning_rate": self.video_pruning_rate,
+              "skip_blank_tiles": self.skip_blank_tiles, "token_pruning_rate": self.token_pruning_rate}
         if self.max_num_tiles is not None:
             kw["max_num_tiles"] = self.max_num_tiles
         return kw
@@ -80,6 +83,7 @@ class Generation:
     vision_tokens_after: int = 0
     new_tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    time_to_first_token_s: float | None = None
 
 
 class EngineBackend:
@@ -112,7 +116,7 @@ class EngineBackend:
             results = self.engine.chat_batch(conversations, **kw)
         return [Generation(r.text, r.finish_reason, bool(r.reasoning_truncated), r.stats.prompt_tokens,
                            r.stats.vision_tokens_before, r.stats.vision_tokens_after, r.stats.new_tokens,
-                           list(r.stats.notes)) for r in results]
+                           list(r.stats.notes), r.stats.time_to_first_token_s) for r in results]
 
     def close(self) -> None:
         pass

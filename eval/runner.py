@@ -85,6 +85,8 @@ class RunConfig:
     fps: float = 2.0
     max_frames: int = 128
     video_pruning_rate: float | None = None  # None: the checkpoint's default
+    skip_blank_tiles: bool = False
+    token_pruning_rate: float = 0.0
     seed: int = 0
     dtype: str | None = None
     device: str | None = None  # None/"auto": cuda:LOCAL_RANK when CUDA is there, else cpu
@@ -107,6 +109,7 @@ class RunConfig:
             (self.max_frames >= 1, "max_frames", "an integer >= 1"),
             (self.video_pruning_rate is None or 0.0 <= self.video_pruning_rate < 1.0, "video_pruning_rate",
              "a fraction in [0, 1)"),
+            (0.0 <= self.token_pruning_rate < 1.0, "token_pruning_rate", "a fraction in [0, 1)"),
             (self.retries >= 0, "retries", "an integer >= 0"),
             (self.backoff_s >= 0, "backoff_s", "seconds >= 0"),
             (self.max_attempts >= 1, "max_attempts", "an integer >= 1"),
@@ -197,6 +200,7 @@ def effective_settings(cfg: RunConfig, task: Task, facts: dict) -> GenerationSet
         fps=float(cfg.fps), max_frames=int(cfg.max_frames),
         video_pruning_rate=(cfg.video_pruning_rate if cfg.video_pruning_rate is not None
                             else facts.get("video_pruning_rate")),
+        skip_blank_tiles=bool(cfg.skip_blank_tiles), token_pruning_rate=float(cfg.token_pruning_rate),
         seed=cfg.seed, timeout_s=cfg.item_timeout_s)
 
 
@@ -492,7 +496,9 @@ class Runner:
             "error_type": None if err is None else type(err).__name__,
             "error_message": None if err is None else str(err)[:2000],
             "retriable": outcome.retriable if outcome.status != "ok" else False,
-            "timing": {"finished_at": _now(), "elapsed_s": round(outcome.elapsed_s, 4)},
+            "timing": {"finished_at": _now(), "elapsed_s": round(outcome.elapsed_s, 4),
+                       "ttft_s": None if gen is None or gen.time_to_first_token_s is None
+                       else round(gen.time_to_first_token_s, 4)},
         }
         if outcome.status == "timeout" and err is None:
             extra["error_class"] = "timeout"
@@ -634,7 +640,8 @@ class Runner:
             "reasoning_mode": "/think" if s.thinking else "/no_think",
             "decoding": {"temperature": 0.0, "do_sample": False, "top_p": 1.0, "num_beams": 1},
             "fps": s.fps, "max_frames": s.max_frames, "max_num_tiles": s.max_num_tiles,
-            "evs_rate": s.video_pruning_rate, "precision": self.facts.get("precision"),
+            "evs_rate": s.video_pruning_rate, "skip_blank_tiles": s.skip_blank_tiles,
+            "token_pruning_rate": s.token_pruning_rate, "precision": self.facts.get("precision"),
             "device_type": self.device.split(":")[0], "seeds": {"torch": s.seed},
             "model": self.facts.get("path"),
             "model_digests": {k: self.facts.get(k) for k in ("weights_digest", "config_digest", "files_digest")},
@@ -673,6 +680,10 @@ def _token_stats(records: list[dict]) -> dict:
         out[key] = {"total": total, "mean": round(total / len(ok), 3) if ok else None}
     before, after = out["vision_before"]["total"], out["vision_after"]["total"]
     out["vision_kept_fraction"] = round(after / before, 6) if before else None
+    ttft = [(r.get("timing") or {}).get("ttft_s") for r in records if r.get("status") == "ok"]
+    ttft = [t for t in ttft if t is not None]
+    out["time_to_first_token_s"] = {"mean": round(sum(ttft) / len(ttft), 4) if ttft else None,
+                                    "note": "timing: differs between runs (not in the fingerprint)"}
     return out
 
 

@@ -34,6 +34,8 @@ SWEEP_KEYS = {
     "max_frames": ("max_frames", int),
     "max_new_tokens": ("max_new_tokens", int),
     "thinking": ("thinking", _on_off),
+    "skip_blank_tiles": ("skip_blank_tiles", _on_off),
+    "token_pruning_rate": ("token_pruning_rate", float),
 }
 
 
@@ -79,6 +81,7 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
                          "vision_tokens_after": tokens["vision_after"]["mean"],
                          "vision_tokens_before": tokens["vision_before"]["mean"],
                          "prompt_tokens": tokens["prompt"]["mean"], "items_per_s": summary["run"]["items_per_s"],
+                         "ttft_s": (tokens.get("time_to_first_token_s") or {}).get("mean"),
                          "fingerprint": summary["header"]["fingerprint"], "out": sub.out})
     finally:
         if own:
@@ -96,11 +99,12 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
 def sweep_markdown(table: dict) -> str:
     key = table["key"]
     lines = [f"# Sweep of {key} on {table['task']}", "",
-             f"| {key} | score | mean vision tokens (after / before) | mean prompt tokens | errors | items/s |",
+             f"| {key} | score | mean vision tokens (after / before) | mean prompt tokens | mean TTFT s | errors | "
+             f"items/s |",
              "|---|---|---|---|---|---|"]
     for r in table["rows"]:
         lines.append(f"| {r['label']} | {r['score']:.4f} | {r['vision_tokens_after']} / {r['vision_tokens_before']} "
-                     f"| {r['prompt_tokens']} | {r['n_error']} of {r['n']} | {r['items_per_s']} |")
+                     f"| {r['prompt_tokens']} | {r.get('ttft_s')} | {r['n_error']} of {r['n']} | {r['items_per_s']} |")
     return "\n".join(lines) + "\n"
 
 
