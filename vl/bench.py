@@ -25,7 +25,7 @@ import torch
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime.cache import HybridCache
-from vl.runtime.generate import generate_steps
+from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams
 
 CONFIGS = {
@@ -111,8 +111,9 @@ def build_pair(cfg: LMConfig, dtype, device="cpu"):
 def our_prefill(model, ids):
     w = model.backbone.embeddings.weight
     cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=w.dtype, device=w.device)
-    for s in range(0, ids.shape[1], 2048):
-        model(ids[:, s:s + 2048], cache=cache, logits_to_keep=1)
+    chunk = default_prefill_chunk(w.device)
+    for s in range(0, ids.shape[1], chunk):
+        model(ids[:, s:s + chunk], cache=cache, logits_to_keep=1)
 
 
 @torch.no_grad()
@@ -121,8 +122,8 @@ def hf_prefill(model, ids):
 
 
 @torch.no_grad()
-def our_generate(model, ids, n):
-    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n, params=SamplingParams()):
+def our_generate(model, ids, n, decode="eager"):
+    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n, params=SamplingParams(), decode=decode):
         pass
 
 
@@ -158,7 +159,7 @@ def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
 
 
 def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(128, 4096), new_tokens=32,
-             repeats=3, device="cpu") -> list[dict]:
+             repeats=3, device="cpu", decode_modes=("eager",)) -> list[dict]:
     cfg = CONFIGS[name]()
     dtype = DTYPES[dtype_name]
     ours, hf = build_pair(cfg, dtype, device)
@@ -179,26 +180,29 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
     floor = weight_matmuls(ours)
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
-        times = interleaved({
-            "ours1": lambda: our_generate(ours, ids, 1), "oursN": lambda: our_generate(ours, ids, new_tokens + 1),
-            "hf1": lambda: hf_generate(hf, ids, 1), "hfN": lambda: hf_generate(hf, ids, new_tokens + 1),
-            "floor": floor,
-        }, repeats)
-        o = (statistics.median(times["oursN"]) - statistics.median(times["ours1"])) / new_tokens
+        fns = {"hf1": lambda: hf_generate(hf, ids, 1), "hfN": lambda: hf_generate(hf, ids, new_tokens + 1),
+               "floor": floor}
+        for mode in decode_modes:
+            fns[f"{mode}1"] = lambda m=mode: our_generate(ours, ids, 1, m)
+            fns[f"{mode}N"] = lambda m=mode: our_generate(ours, ids, new_tokens + 1, m)
+        times = interleaved(fns, repeats)
         h = (statistics.median(times["hfN"]) - statistics.median(times["hf1"])) / new_tokens
         fl = statistics.median(times["floor"])
-        row = dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx}",
-                   ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
-                   ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl)
-        if torch.device(device).type == "cuda":  # achieved weight bandwidth: every weight read once per token
-            weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-            row["ours_weight_GBps"] = weight_bytes / o / 1e9
-        rows.append(row)
+        for mode in decode_modes:
+            o = (statistics.median(times[f"{mode}N"]) - statistics.median(times[f"{mode}1"])) / new_tokens
+            label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
+            row = dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
+                       ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
+                       ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl)
+            if torch.device(device).type == "cuda":  # achieved weight bandwidth: every weight read once per token
+                weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+                row["ours_weight_GBps"] = weight_bytes / o / 1e9
+            rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'config':<6} {'dtype':<5} {'metric':<24} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
+    head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
     lines = [head, "-" * len(head)]
     for r in rows:
         note = ""
@@ -210,11 +214,11 @@ def format_table(rows: list[dict]) -> str:
         elif "ours_peak_rss" in r:
             note = f"peak RSS +{r['ours_peak_rss'] / 2**20:.0f} MiB vs +{r['transformers_peak_rss'] / 2**20:.0f} MiB"
         elif "hybrid_bytes" in r:
-            lines.append(f"{r['config']:<6} {'bf16':<5} {'cache bytes @32k':<24} {r['hybrid_bytes'] / 2**20:>9.1f}M "
+            lines.append(f"{r['config']:<6} {'bf16':<5} {'cache bytes @32k':<36} {r['hybrid_bytes'] / 2**20:>9.1f}M "
                          f"{r['all_attention_bytes'] / 2**20:>12.1f}M {r['ratio']:>7.3f}  all-attention model of "
                          f"the same size = the reference")
             continue
-        lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<24} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
+        lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
                      f"{r['ratio']:>6.2f}x  {note}")
     return "\n".join(lines)
 
@@ -229,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, static, "
+                   "compiled, cuda-graphs (default: eager on cpu, eager,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
@@ -240,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.configs.split(","):
         for dt in a.dtypes.split(","):
             rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
-                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device)
+                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
+                             tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda") else "eager"))
+                                   .split(",")))
         rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs")

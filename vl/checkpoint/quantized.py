@@ -44,10 +44,9 @@ log = logging.getLogger(__name__)
 QUANT_MODES = ("auto", "weight-only", "native", "dequantize")
 PACKED_DTYPES = (torch.uint8,) + FP8_WEIGHT_DTYPES
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")  # ModelOpt FP8 KV-cache scales on attention k/v projections
-# Modules expanded at load in every mode: NemotronHForCausalLM.forward casts the lm_head input to
-# `lm_head.weight.dtype` (vl/modeling/nemotron_h.py), which is uint8 / float8 for a packed lm_head. Remove the
-# entry once the model casts to its compute dtype instead.
-DEQUANTIZE_AT_LOAD = ("lm_head",)
+# Modules expanded at load in every mode (none: the model casts the lm_head input to its compute dtype, so a
+# packed lm_head runs in the chosen mode like any other Linear).
+DEQUANTIZE_AT_LOAD: tuple[str, ...] = ()
 
 
 @dataclass

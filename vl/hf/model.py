@@ -221,7 +221,7 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         engine = self._engine
         steps = generate_steps(self.lm, inputs_embeds=x, attention_mask=mask, max_new_tokens=max_new,
                                params=gc["params"], stop_ids=gc["stop_ids"],
-                               prefill_chunk=engine.prefill_chunk if engine is not None else 2048,
+                               prefill_chunk=engine.prefill_chunk if engine is not None else None,
                                context_length=ctx_len, context_ids=ctx.to(x.device))
         pad = gc["pad_token_id"]
         new: list[list[int]] = [[] for _ in range(b)]

@@ -19,13 +19,25 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
 
-    def forward(self, h, kv=None, pos: int = 0, key_valid=None):
+    def forward(self, h, kv=None, pos=0, key_valid=None):
         """h (b, t, d). kv: a `KVCache` written at [pos, pos+t) and read over [0, pos+t), or None.
-        key_valid (b, pos+t) bool marks real (non-padding) keys, or None when there is no padding."""
+        key_valid (b, pos+t) bool marks real (non-padding) keys, or None when there is no padding.
+
+        `pos` may be a 0-d tensor (one-token decode with fixed shapes, for torch.compile / CUDA graphs): the
+        whole cache is read, and keys past `pos` (and padding, `key_valid` over the whole cache) are masked.
+        """
         b, t, _ = h.shape
         q = self.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if isinstance(pos, torch.Tensor):
+            kv.k.index_copy_(2, pos.view(1), k)
+            kv.v.index_copy_(2, pos.view(1), v)
+            seen = torch.arange(kv.k.shape[2], device=h.device) <= pos  # (max_len,)
+            mask = (seen & key_valid)[:, None, None, :] if key_valid is not None else seen[None, None, None, :]
+            out = nn.functional.scaled_dot_product_attention(q, kv.k, kv.v, attn_mask=mask,
+                                                             enable_gqa=self.n_heads != self.n_kv)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         if kv is not None:
             kv.k[:, :, pos:pos + t] = k
             kv.v[:, :, pos:pos + t] = v

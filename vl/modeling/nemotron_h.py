@@ -83,9 +83,14 @@ class NemotronHForCausalLM(nn.Module):
         token (default: the cache's length, or 0). attention_mask (b, t): 1 for real tokens, 0 for left
         padding of the new tokens; the cache remembers it for later steps. logits_to_keep: 0 = all positions,
         k = the last k only (prefill needs only the last).
+
+        A 0-d tensor `input_pos` selects fixed-shape one-token decode (`decode_step`): nothing on the Python
+        side depends on the position, so the step can be compiled and captured as a CUDA graph.
         """
         h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         b, t, _ = h.shape
+        if isinstance(input_pos, torch.Tensor):
+            return self._static_step(h, cache, input_pos)
         pos = input_pos if input_pos is not None else (cache.length if cache is not None else 0)
         mask = None if attention_mask is None else attention_mask.bool()
         key_valid = None
@@ -103,5 +108,16 @@ class NemotronHForCausalLM(nn.Module):
         if cache is not None:
             cache.length = pos + t
         kept = h[:, -logits_to_keep:] if logits_to_keep else h
-        logits = self.lm_head(kept.to(self.lm_head.weight.dtype)).float()
+        logits = self.lm_head(kept.to(self.backbone.embeddings.weight.dtype)).float()
+        return CausalLMOutput(logits=logits, last_hidden_state=h)
+
+    def _static_step(self, h, cache, pos):
+        """One decode token at tensor position `pos` (b, 1, d) -> CausalLMOutput; the caller advances `pos`."""
+        key_valid = cache.valid if cache.padded else None
+        if self.config.residual_in_fp32:
+            h = h.float()
+        for i, block in enumerate(self.backbone.layers):
+            h = block(h, cache.layers[i], pos, None, key_valid)
+        h = self.backbone.norm_f(h)
+        logits = self.lm_head(h.to(self.backbone.embeddings.weight.dtype)).float()
         return CausalLMOutput(logits=logits, last_hidden_state=h)

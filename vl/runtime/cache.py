@@ -65,6 +65,13 @@ class HybridCache:
             self.valid[:, pos:pos + t] = True
         return self.valid[:, :pos + t] if self.padded else None
 
+    def tensors(self):
+        """Every tensor the cache holds (for static-address marking under CUDA graphs)."""
+        yield self.valid
+        for layer in self.layers:
+            if layer is not None:
+                yield from vars(layer).values()
+
     def nbytes(self) -> int:
         total = 0
         for layer in self.layers:

@@ -21,7 +21,7 @@ import torch
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.chat import ThinkSplitter, split_reasoning
 from vl.runtime.detokenize import IncrementalDecoder
-from vl.runtime.generate import generate_steps, left_pad, left_pad_embeds
+from vl.runtime.generate import decode_step, generate_steps, left_pad, left_pad_embeds
 from vl.runtime.placement import execution_device
 from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.sampling import SamplingParams
@@ -77,23 +77,32 @@ class ChatStream:
 
 
 class Engine:
-    def __init__(self, model, processor, *, stop_ids=(), vision_cache_size: int = 32, prefill_chunk: int = 2048):
+    def __init__(self, model, processor, *, stop_ids=(), vision_cache_size: int = 32,
+                 prefill_chunk: int | None = None,
+                 decode: str = "auto"):
+        """`decode`: how one-token steps run (vl/runtime/generate.py `decode_step`); "auto" = CUDA graphs on a
+        GPU, eager on the CPU (where compiling costs a minute per model and shape family)."""
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
         self.stop_ids = set(stop_ids) | processor.stop_token_ids()
         self.prefill_chunk = prefill_chunk
         self._vision_cache = VisionCache(vision_cache_size)
         self._lock = threading.Lock()
+        if decode == "auto":
+            decode = "cuda-graphs" if execution_device(model).type == "cuda" else "eager"
+        decode_step(self.lm, decode)  # validates the name
+        self.decode = decode
 
     @classmethod
-    def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, **processor_kwargs):
+    def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, quant_mode=None,
+                        decode: str = "auto", **processor_kwargs):
         import vl
 
-        model = vl.load_pretrained(path, dtype=dtype, device_map=device_map)
+        model = vl.load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None:
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
         processor = vl.load_processor(path, **processor_kwargs)
-        return cls(model, processor, stop_ids=_generation_stop_ids(path))
+        return cls(model, processor, stop_ids=_generation_stop_ids(path), decode=decode)
 
     @property
     def lm(self):
@@ -162,7 +171,7 @@ class Engine:
             steps = generate_steps(self.lm, inputs_embeds=embeds, max_new_tokens=max_new_tokens, params=params,
                                    stop_ids=self.stop_ids, prefill_chunk=self.prefill_chunk,
                                    controllers=[budget], context_length=self.context_length,
-                                   context_ids=inputs.input_ids)
+                                   context_ids=inputs.input_ids, decode=self.decode)
             for ev in steps:
                 tok = ev.tokens[0]
                 first = first or time.perf_counter()
@@ -232,7 +241,7 @@ class Engine:
             for ev in generate_steps(self.lm, inputs_embeds=embeds, attention_mask=mask,
                                      max_new_tokens=max_new_tokens, params=params, stop_ids=self.stop_ids,
                                      prefill_chunk=self.prefill_chunk, context_length=self.context_length,
-                                     context_ids=ctx):
+                                     context_ids=ctx, decode=self.decode):
                 first = first or time.perf_counter()
                 for i, tok in enumerate(ev.tokens):
                     if tok is not None and tok not in self.stop_ids:
@@ -257,6 +266,7 @@ class Engine:
         with self._lock:
             return generate_ids(self.lm, input_ids.to(self._device()), attention_mask=attention_mask,
                                 max_new_tokens=max_new_tokens, stop_ids=self.stop_ids if stop else (),
+                                decode=self.decode,
                                 temperature=temperature, **sampling)
 
 

@@ -38,6 +38,42 @@ def left_pad_embeds(embeds: list[torch.Tensor]):
     return out, mask
 
 
+DECODE_MODES = ("eager", "static", "compiled", "cuda-graphs")
+
+
+def decode_step(lm, mode: str):
+    """The one-token step for `mode`: "eager" (Python positions, the reference), "static" (fixed shapes,
+    a tensor position), "compiled" (static under torch.compile) or "cuda-graphs" (static, compiled with
+    mode="reduce-overhead" so each step replays one CUDA graph). Compiled steps are kept on the model."""
+    if mode not in DECODE_MODES:
+        raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
+    if mode == "eager":
+        return lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1]
+
+    def step(tok, cache, pos):
+        return lm(input_ids=tok, cache=cache, input_pos=pos).logits[:, -1]
+
+    if mode == "static":
+        return step
+    cached = getattr(lm, "_vl_compiled_steps", None)
+    if cached is None:
+        cached = lm._vl_compiled_steps = {}
+    if mode not in cached:
+        cached[mode] = torch.compile(step, mode="reduce-overhead" if mode == "cuda-graphs" else None)
+    return cached[mode]
+
+
+def default_prefill_chunk(device) -> int:
+    """Tokens per prefill call: bounded activations on the CPU; on a GPU, long chunks keep the flash kernels
+    busy (a chunk after the first attends through an explicit mask)."""
+    return 16384 if torch.device(device).type == "cuda" else 2048
+
+
+def _bucket(n: int, step: int = 256) -> int:
+    """Cache lengths rounded up, so compiled steps see a few shapes rather than one per request."""
+    return -(-n // step) * step
+
+
 @dataclass
 class StepEvent:
     step: int
@@ -59,25 +95,33 @@ def check_lengths(prompt_len: int, max_new_tokens: int, context_length: int):
 
 @torch.no_grad()
 def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=None, max_new_tokens: int,
-                   params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int = 2048,
+                   params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
                    controllers: list | None = None, context_length: int | None = None, context_ids=None,
-                   on_prefill_done: Callable[[], None] | None = None) -> Iterator[StepEvent]:
+                   on_prefill_done: Callable[[], None] | None = None,
+                   decode: str = "eager") -> Iterator[StepEvent]:
     """Prefill then decode; yields one `StepEvent` per generated position.
 
     `lm` is a Nemotron-H LM (or anything with its forward signature and `.config`). `controllers[i]`, when
     given, has `.next_forced(row_ids) -> int | None` and `.observe(token_id)`; a forced token replaces the
     sampled one for that row. `context_ids` (b, n): the ids the repetition penalty counts as seen (defaults to
-    input_ids; pass them when prefilling from embeddings).
+    input_ids; pass them when prefilling from embeddings). `decode`: see `decode_step`.
     """
     x = input_ids if inputs_embeds is None else inputs_embeds
     b, t = x.shape[0], x.shape[1]
     cfg = lm.config
     check_lengths(t, max_new_tokens, context_length or cfg.max_position_embeddings)
+    prefill_chunk = prefill_chunk or default_prefill_chunk(x.device)
     if prefill_chunk < 1:
         raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
     device = x.device
     dtype = inputs_embeds.dtype if inputs_embeds is not None else lm.backbone.embeddings.weight.dtype
-    cache = HybridCache(cfg, b, t + max_new_tokens, dtype=dtype, device=device)
+    step_fn = decode_step(lm, decode)
+    static = decode != "eager"
+    cache = HybridCache(cfg, b, _bucket(t + max_new_tokens) if static else t + max_new_tokens, dtype=dtype,
+                        device=device)
+    if decode == "cuda-graphs":
+        for tensor in cache.tensors():
+            torch._dynamo.mark_static_address(tensor)
     gen = torch.Generator(device="cpu")
     if params.seed is not None:
         gen.manual_seed(params.seed)
@@ -92,6 +136,7 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
                     logits_to_keep=1).logits[:, -1]
     if on_prefill_done is not None:
         on_prefill_done()
+    pos = torch.tensor(t, device=device) if static else None  # next position, advanced in place
     stop = torch.tensor(sorted(set(int(s) for s in stop_ids)), dtype=torch.long)
     finished = [False] * b
     context_ids = input_ids if context_ids is None else context_ids
@@ -121,15 +166,18 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
         feed = nxt.to(device)[:, None]
         if seen is not None:
             seen = torch.cat([seen, feed.cpu()], 1)
-        logits = lm(input_ids=feed, cache=cache).logits[:, -1]
+        logits = step_fn(feed, cache, pos)
+        if static:
+            pos.add_(1)
 
 
-def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), **sampling):
+def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), decode: str = "eager",
+                 **sampling):
     """Token level, no processor: -> new ids (b, n), rows that stopped early padded with their stop id."""
     params = SamplingParams.from_kwargs(**sampling)
     rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     for ev in generate_steps(lm, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                             params=params, stop_ids=stop_ids):
+                             params=params, stop_ids=stop_ids, decode=decode):
         for i, tok in enumerate(ev.tokens):
             if tok is not None:
                 rows[i].append(tok)
