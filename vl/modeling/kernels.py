@@ -76,17 +76,20 @@ def causal_conv(x, weight, bias, conv_state=None):
     k = weight.shape[-1]
     if conv_state is None and use_fast(x) and _fast_ops()["conv"] is not None:
         return _fast_ops()["conv"](x, weight, bias, activation="silu")
-    if conv_state is None:
-        xp = torch.nn.functional.pad(x, (k - 1, 0))
-    else:
-        xp = torch.cat([conv_state.to(x.dtype), x], dim=-1)
-        conv_state.copy_(xp[..., xp.shape[-1] - (k - 1):])
-    if x.shape[-1] == 1:  # decode: a dot product per channel is cheaper than a conv call
-        out = (xp * weight).sum(-1, keepdim=True)
-        if bias is not None:
-            out = out + bias[:, None]
-    else:
-        out = torch.nn.functional.conv1d(xp, weight[:, None], bias, groups=x.shape[1])
+    t = x.shape[-1]
+    if t == 1 and conv_state is not None:  # decode: a dot product per channel is cheaper than a conv call
+        window = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # (b, c, k)
+        conv_state.copy_(window[..., 1:])
+        out = (window * weight).sum(-1, keepdim=True)
+        return torch.nn.functional.silu(out if bias is None else out + bias[:, None])
+    # prefill: the conv pads with zeros itself (no padded copy of x); with a state, the first k-1 outputs are
+    # redone from the real history
+    out = torch.nn.functional.conv1d(x, weight[:, None], bias, padding=k - 1, groups=x.shape[1])[..., :t]
+    if conv_state is not None:
+        head = torch.cat([conv_state.to(x.dtype), x[..., :k - 1]], dim=-1)  # (b, c, k-1+min(t, k-1))
+        out[..., :k - 1] = torch.nn.functional.conv1d(head, weight[:, None], bias, groups=x.shape[1])
+        tail = torch.cat([conv_state.to(x.dtype), x[..., -(k - 1):]], dim=-1)
+        conv_state.copy_(tail[..., tail.shape[-1] - (k - 1):])
     return torch.nn.functional.silu(out)
 
 

@@ -60,19 +60,17 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
     xd = (xg * decay_to_end[..., None]).transpose(-1, -2).reshape(b, c, g, r * p, l)
     chunk_states = (xd @ Bc).view(b, c, g, r, p, n)  # (b, c, g, r, p, n)
 
-    # 3. carry states across chunks (a short sequential recurrence over c)
+    # 3 + 4. carry the state across chunks (a short sequential recurrence over c); the state carried into
+    # chunk k reaches each of its positions decayed by exp(acs) and read out through C
     chunk_decay = torch.exp(acs[..., -1])  # (b, c, g, r)
-    state = (initial_state.float().view(b, g, r, p, n) if initial_state is not None
-             else x.new_zeros(b, g, r, p, n))
-    starts = []
+    decay_in = torch.exp(acs)  # (b, c, g, r, l)
+    state = initial_state.float().view(b, g, r, p, n) if initial_state is not None else None
     for k in range(c):
-        starts.append(state)
+        if state is None:  # nothing carried into the first chunk
+            state = chunk_states[:, k].clone()
+            continue
+        y[:, k] += (Cc[:, k, :, None] @ state.transpose(-1, -2)) * decay_in[:, k, ..., None]
         state = state * chunk_decay[:, k, ..., None, None] + chunk_states[:, k]
-    start_states = torch.stack(starts, dim=1)  # (b, c, g, r, p, n)
-
-    # 4. the carried-in state seen from each position of the chunk
-    y_off = (Cc[:, :, :, None] @ start_states.transpose(-1, -2))  # (b, c, g, r, l, p)
-    y = y + y_off * torch.exp(acs)[..., None]
 
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * l, h, p)[:, :t]
     return y, state.reshape(b, h, p, n)
