@@ -10,6 +10,7 @@ of videos are full-length: token reduction drops positions inside the model afte
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,23 @@ def _is_url(s: str) -> bool:
     return "://" in s[:16] or s.startswith(("www.", "//"))
 
 
+_COUNTED = {"image": "image", "video": "video", "pdf": "document"}
+
+
+def _count_media_parts(messages) -> dict[str, int]:
+    """Media parts by kind, counted on the raw messages so that the per-request caps apply before any PDF is
+    rendered (rendering happens while the prompt is built). Malformed messages count what they can; the
+    prompt builder reports what is wrong with them."""
+    counts = dict.fromkeys(_COUNTED.values(), 0)
+    for message in messages if isinstance(messages, (list, tuple)) else ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for item in content if isinstance(content, (list, tuple)) else ():
+            kind = _COUNTED.get(item.get("type")) if isinstance(item, Mapping) else None
+            if kind:
+                counts[kind] += 1
+    return counts
+
+
 class Processor:
     def __init__(self, tokenizer, config: VLConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
                  allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
@@ -112,6 +130,8 @@ class Processor:
         max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else max_num_tiles
         if not 1 <= max_num_tiles <= 40:
             raise InputError(f"max_num_tiles={max_num_tiles}: expected 1..40 (the models were trained with <= 12)")
+        for kind, count in _count_media_parts(messages).items():  # before anything is decoded (matrix I10)
+            self.limits.check_count(kind, count)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt,
                                     pdf_pages=self._pdf_pages(pdf_scale, pages), tokens=self.tokens)
