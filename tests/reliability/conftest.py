@@ -6,9 +6,13 @@ other process-wide settings, so these tests can run in one session with tests/ui
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# media_fixtures.py (hand-made PNG headers, encrypted PDFs, encoded videos) is shared with tests/processing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "processing"))
 
 
 @pytest.fixture(scope="session")

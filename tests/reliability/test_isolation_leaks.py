@@ -1,0 +1,172 @@
+"""Untrusted uploads are decoded where a decoder crash or hang cannot take the server down, and many requests
+leak nothing (issue 12, item 2; matrix rows I10, V7, and S11's resource criteria in-process).
+
+- `vl app` builds its engine with `isolate=True` (every image, video and PDF decode runs in a sandbox worker of
+  vl/processing/sandbox.py), confined to the upload folder and the bundled examples;
+- per-request item caps are applied to the raw messages, before any image, video or PDF is decoded (I10);
+- 100 requests through `Processor(isolate=True)`, valid and bad ones mixed, leave the fd count, the temp folder
+  and the number of worker processes where they were, and grow RSS (this process + workers) by under 10 %.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import psutil
+import pytest
+import torch
+from media_fixtures import encode, make_pdf, make_video, noise_image, png_header_only, red_square_page
+
+import vl
+from vl.errors import MediaError, TooManyItemsError
+from vl.processing import processor as processor_module
+from vl.processing.sandbox import shutdown_workers
+
+
+# --- the app isolates decoding --------------------------------------------------------------------------------
+def test_vl_app_builds_its_engine_with_sandboxed_decoding(monkeypatch, tmp_path, rel_tiny_dir):
+    from ui import app
+    from ui.limits import AppLimits
+    from ui.runner import UIEngine
+
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(path, **kwargs):
+        captured.update(kwargs, path=path)
+        raise Captured
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    monkeypatch.setattr(UIEngine, "from_pretrained", staticmethod(capture))
+    with pytest.raises(Captured):
+        app.main(["--model", str(rel_tiny_dir), "--examples-dir", str(tmp_path / "examples")])
+    assert captured["isolate"] is True
+    assert captured["limits"] == AppLimits().media
+    roots = {os.path.realpath(r) for r in captured["allowed_roots"]}
+    assert roots == {os.path.realpath(tmp_path / "uploads"), os.path.realpath(tmp_path / "examples")}
+
+
+# --- I10: caps before decoding --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_processor(rel_tiny_dir):
+    return vl.load_processor(rel_tiny_dir)
+
+
+@pytest.fixture()
+def decoded(monkeypatch):
+    """Counts calls of the three decoders the processor uses."""
+    calls = []
+    for name in ("preprocess_image", "render_pdf", "load_video"):
+        real = getattr(processor_module, name)
+        monkeypatch.setattr(processor_module, name,
+                            lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    return calls
+
+
+def _user(*parts):
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this?"}]}]
+
+
+def test_i10_one_item_over_a_cap_is_refused_before_anything_is_decoded(tiny_processor, decoded):
+    png = encode(noise_image(32, 32), "PNG")
+    pdf = make_pdf([red_square_page()] * 3)
+    cases = {
+        "image": _user(*[{"type": "image", "image": png}] * 5),
+        "document": _user({"type": "pdf", "pdf": pdf}, {"type": "pdf", "pdf": bytes(bytearray(pdf))}),
+        "video": _user({"type": "video", "video": b"\x00" * 64}, {"type": "video", "video": b"\x00" * 64}),
+    }
+    for kind, messages in cases.items():
+        with pytest.raises(TooManyItemsError, match=f"at most 1 {kind}|at most 4 {kind}"):
+            tiny_processor(messages)
+    assert decoded == [], f"decoded before the cap was checked: {decoded}"
+    # the same PDF object twice is two documents (it was counted once, by object identity)
+    with pytest.raises(TooManyItemsError, match="at most 1 document"):
+        tiny_processor(_user({"type": "pdf", "pdf": pdf}, {"type": "pdf", "pdf": pdf}))
+    assert decoded == []
+    # at the caps everything is accepted: the refusals above are the caps, not the inputs
+    tiny_processor(_user(*[{"type": "image", "image": png}] * 4))
+    tiny_processor(_user({"type": "pdf", "pdf": pdf}, {"type": "image", "image": png}))
+    assert decoded.count("preprocess_image") == 4 + 3 + 1 and decoded.count("render_pdf") == 1
+
+
+# --- many isolated requests leak nothing --------------------------------------------------------------------
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _workers() -> list[psutil.Process]:
+    return [c for c in psutil.Process().children() if "vl.processing.sandbox" in " ".join(c.cmdline())]
+
+
+def _rss_tree() -> int:
+    total = psutil.Process().memory_info().rss
+    for w in _workers():
+        try:
+            total += w.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+@pytest.fixture()
+def private_tmp(tmp_path, monkeypatch):
+    """A temp folder of our own, inherited by the sandbox workers started from now on, so that only this
+    test's temp files are counted (other tests may run beside us)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    shutdown_workers()
+    yield tmp
+    shutdown_workers()  # later workers go back to the normal temp folder
+
+
+def test_many_isolated_requests_leak_no_fds_temp_files_workers_or_memory(rel_tiny_dir, tmp_path, private_tmp):
+    from ui.limits import AppLimits
+
+    proc = vl.load_processor(rel_tiny_dir, isolate=True, limits=AppLimits().media)
+    png = encode(noise_image(200, 120), "PNG")
+    pdf = make_pdf([red_square_page()] * 3)
+    clip = make_video(tmp_path / "clip.mp4", frames=20, fps=10, size=(64, 48))
+    valid = [
+        _user({"type": "image", "image": png}),
+        _user({"type": "pdf", "pdf": pdf}),
+        _user({"type": "video", "video": clip, "max_frames": 8}),
+        _user({"type": "video", "video": open(clip, "rb").read(), "max_frames": 4}),
+    ]
+    bad = [
+        _user({"type": "image", "image": png[: len(png) // 2]}),  # truncated
+        _user({"type": "image", "image": png_header_only(40000, 40000)}),  # bomb header
+        _user({"type": "image", "image": pdf}),  # a PDF posing as an image
+        _user({"type": "video", "video": os.urandom(2000)}),
+        _user({"type": "pdf", "pdf": make_pdf([red_square_page()], user_password="s3cret")}),
+        _user({"type": "pdf", "pdf": b"%PDF-1.7\n" + os.urandom(1500)}),
+    ]
+
+    def one_round():
+        for messages in valid:
+            out = proc(messages)
+            assert out.pixel_values is not None and torch.isfinite(out.pixel_values).all()
+        for messages in bad:
+            with pytest.raises(MediaError):
+                proc(messages)
+
+    for _ in range(2):  # warm-up: libraries, allocator pools, one pooled worker
+        one_round()
+    fds, workers, rss = _fds(), len(_workers()), _rss_tree()
+    temp_entries = sorted(os.listdir(private_tmp))
+    assert workers >= 1, "decoding must have happened in a sandbox worker"
+    rounds = 10
+    for _ in range(rounds):
+        one_round()
+    grown = (_rss_tree() - rss) / rss
+    print(f"isolation: {rounds * (len(valid) + len(bad))} requests; fds {fds} -> {_fds()}, workers {workers} -> "
+          f"{len(_workers())}, temp entries {len(temp_entries)} -> {len(os.listdir(private_tmp))}, "
+          f"RSS (self + workers) {rss / 2**20:.0f} MiB -> {_rss_tree() / 2**20:.0f} MiB ({grown:+.1%})")
+    assert _fds() == fds
+    assert len(_workers()) <= workers
+    assert sorted(os.listdir(private_tmp)) == temp_entries
+    assert grown < 0.10
