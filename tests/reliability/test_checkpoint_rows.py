@@ -1,5 +1,5 @@
 """Checkpoint rows of reliability_matrix.md §6.4 not covered elsewhere, on the VL layout: C2 (a static scan:
-no unsafe deserialisation anywhere in the product), C3 timing and memory (malformed headers fail in well under
+no unsafe deserialisation anywhere in the product, no `trust_remote_code`, no `ignore_mismatched_sizes`), C3 timing and memory (malformed headers fail in well under
 a second without allocating the claimed sizes), C5 (the unexpected-tensor allowlist), C8 (NaN / Inf in a vision
 or projector weight), C10 (a sharded VL checkpoint with a missing or truncated shard).
 
@@ -86,7 +86,9 @@ def test_c2_every_torch_load_is_weights_only_and_pickle_is_confined():
                     unsafe.append((rel, node.lineno))
                 if k.arg == "trust_remote_code" and not (isinstance(k.value, ast.Constant) and k.value.value is False):
                     unsafe.append((rel, node.lineno))
-    assert not unsafe, f"weights_only=False / allow_pickle=True / trust_remote_code set: {unsafe}"
+                if k.arg == "ignore_mismatched_sizes":  # matrix C6: a mismatch is never silently re-initialised
+                    unsafe.append((rel, node.lineno))
+    assert not unsafe, f"weights_only=False / allow_pickle=True / trust_remote_code / ignore_mismatched_sizes: {unsafe}"
     assert all(ok for _, _, ok in torch_loads), f"torch.load without weights_only=True: {torch_loads}"
     outside = [p for p in pickle_loads if p[0] not in PICKLE_ALLOWED]
     assert not outside, f"unpickling outside the child-process channels: {outside}"
