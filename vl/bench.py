@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, static, "
-                   "compiled, cuda-graphs (default: eager on cpu, eager,cuda-graphs on cuda)")
+                   "compiled, cuda-graphs (default: eager,compiled on cpu, eager,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         for dt in a.dtypes.split(","):
             rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
                              [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
-                             tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda") else "eager"))
+                             tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda") else "eager,compiled"))
                                    .split(",")))
         rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
