@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     if a.quick:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
+        a.decode = a.decode or "eager"
     rows = []
     for name in a.configs.split(","):
         for dt in a.dtypes.split(","):
