@@ -406,7 +406,47 @@ def render(results: dict, junit_note: str, soak: Path) -> str:
         "| row | fault | pass criterion | tests | result | notes |",
         "|---|---|---|---|---|---|",
     ]
-    return "\n".join(head + rows) + "\n"
+    return "\n".join(head + rows + soak_section(soak)) + "\n"
+
+
+def soak_section(path: Path) -> list[str]:
+    """The last full soak's figures, from the JSON that scripts/soak.py --out wrote."""
+    if not path.is_file():
+        return []
+    s = json.loads(path.read_text())
+    mib = 2**20
+    out = ["", "## Soak (row S11)", "",
+           f"`python scripts/soak.py --duration {s['duration_s']:g} --out {path.relative_to(REPO)}` against "
+           f"`vl app` serving the {s['model']}: {s['requests_sent']} requests in {s['wall_s']} s "
+           f"({s['requests_per_s']} per second, {s['bad_fraction']:.0%} bad), after a warm-up of one request per "
+           f"class. Result: **{'PASS' if s.get('passed') else 'FAIL'}**.", "",
+           "| figure | value |", "|---|---|",
+           f"| valid requests served | {s['valid']['served']} of {s['valid']['sent']} (p50 {s['valid']['latency_p50_s']} s, "
+           f"p95 {s['valid']['latency_p95_s']} s) |",
+           f"| bad inputs refused with a clear message | {s['bad']['refused_clearly']} of {s['bad']['sent']} |",
+           f"| bad inputs answered anyway / internal errors | {len(s['bad']['answered_anyway'])} / "
+           f"{len(s['bad']['internal_errors'])} |",
+           f"| crashes contained (bad inputs refused while the server stayed up) | {s['crashes_contained']} |",
+           f"| server alive at the end | {s['server_alive_at_end']} |",
+           f"| RSS, server + decode workers | {s['start']['rss_bytes'] / mib:.0f} MiB -> {s['end']['rss_bytes'] / mib:.0f} MiB "
+           f"({s['memory_growth']:+.1%}); peak {s['peak_rss_bytes'] / mib:.0f} MiB |"]
+    if "memory_growth_server_only" in s:
+        out.append(f"| RSS, server process only | {s['start']['rss_server_bytes'] / mib:.0f} MiB -> "
+                   f"{s['end']['rss_server_bytes'] / mib:.0f} MiB ({s['memory_growth_server_only']:+.1%}) |")
+    if s.get("rss_slope_second_half_mb_per_min") is not None:
+        out.append(f"| RSS slope over the second half | {s['rss_slope_second_half_mb_per_min']:+.2f} MiB/min |")
+    out += [f"| open fds (server) | {s['start']['fds_server']} -> {s['end']['fds_server']} |",
+            f"| processes (server + workers) | {s['start']['processes']} -> {s['end']['processes']} "
+            f"(peak {s['peak_processes']}) |",
+            f"| app temp-dir entries | {s['start']['temp_entries']} -> {s['end']['temp_entries']} |",
+            f"| upload-folder files (removed by delete_cache after 1 h) | {s['start']['upload_files']} -> "
+            f"{s['end']['upload_files']} |", "",
+            "| class | tried | refused | example message |", "|---|---|---|---|"]
+    for kind, c in s["by_class"].items():
+        out.append(f"| {kind} | {c['tried']} | {c['refused']} | {esc(c['example_message'][:140]) or '(answered)'} |")
+    checks = ", ".join(f"{k} {'yes' if v else '**no**'}" for k, v in s["checks"].items())
+    out += ["", f"Checks: {checks}."]
+    return out
 
 
 def main(argv=None) -> int:

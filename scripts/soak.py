@@ -3,9 +3,10 @@
 Reliability matrix row S11 / load level L4 (reliability_matrix.md §6.6): `vl app` runs as a subprocess on a
 free port; gradio_client sends about `--rate` requests per second for `--duration` seconds, a fifth of them
 (`--bad-fraction`) bad inputs drawn class by class (corrupt image, bomb PNG header, truncated MP4, encrypted
-PDF, garbage PDF, PDF posing as a PNG, upload over the cap, bad parameters). The app's process tree is sampled
-throughout: RSS of the server plus its decode workers, open fds, process count, upload-folder and temp-dir
-entries. Pass criteria (matrix §6 "Service stays up" and row S11):
+PDF, garbage PDF, PDF posing as a PNG, upload over the cap, bad parameters). The over-cap upload is sent
+straight to /gradio_api/upload (gradio_client would refuse it before sending), so the server's 413 is what is
+exercised. The app's process tree is sampled throughout: RSS of the server plus its decode workers, open
+fds, process count, upload-folder and temp-dir entries. Pass criteria (matrix §6 "Service stays up" and row S11):
 
 - errors only for the bad inputs: every valid request is answered, every bad one is refused with a clear
   message (an "Internal error" answer would mean an exception we did not type, so it counts as a failure);
@@ -136,8 +137,8 @@ def sample(pid: int, work: Path) -> dict:
     uploads = work / "uploads"
     files = [f for f in uploads.rglob("*") if f.is_file()] if uploads.exists() else []
     tmp = os.listdir(work / "tmp") if (work / "tmp").exists() else []
-    return {"t": time.time(), "rss_bytes": rss, "rss_server_bytes": server_rss, "fds_tree": fds, "fds_server": server_fds,
-            "processes": len(procs), "pids": procs, "upload_files": len(files),
+    return {"t": time.time(), "rss_bytes": rss, "rss_server_bytes": server_rss, "fds_tree": fds,
+            "fds_server": server_fds, "processes": len(procs), "pids": procs, "upload_files": len(files),
             "upload_bytes": sum(f.stat().st_size for f in files), "temp_entries": len(tmp)}
 
 
@@ -231,15 +232,58 @@ class Tally:
             self.outcomes.append(o)
 
 
+def raw_upload(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    """POST one file to the app's /gradio_api/upload over a raw socket: (HTTP status, body).
+
+    gradio_client refuses an over-cap file itself, before sending it (it reads max_file_size from the app's
+    config); the soak sends the oversize class straight to the server, so that the server's 413 is what is
+    exercised. A raw socket reads the answer even when the server stops reading the body early.
+    """
+    host, port = url.split("//")[1].strip("/").split(":")
+    body = Path(path).read_bytes()
+    payload = (b'--B\r\nContent-Disposition: form-data; name="files"; filename="' + Path(path).name.encode()
+               + b'"\r\nContent-Type: image/png\r\n\r\n' + body + b"\r\n--B--\r\n")
+    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            f"Content-Type: multipart/form-data; boundary=B\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        s.sendall(head)
+        try:
+            for i in range(0, len(payload), 1 << 16):
+                s.sendall(payload[i:i + (1 << 16)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading everything
+        data = b""
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    if not data:
+        return 0, b""
+    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[-1]
+
+
 def one_request(client, kind: str, seq: int, inputs: dict, max_new_tokens: int, timeout_s: float) -> Outcome:
     t0 = time.perf_counter()
     bad = kind in BAD
+    if kind == "oversize_upload":
+        try:
+            path = inputs["bad"][kind][0]
+            status, body = raw_upload(inputs["url"], path, timeout_s)
+        except OSError as exc:
+            return Outcome(seq, kind, bad, False, time.perf_counter() - t0, f"no HTTP answer: {exc!r}"[:300])
+        if status == 413:
+            return Outcome(seq, kind, bad, False, time.perf_counter() - t0,
+                           f"HTTP 413: {body.decode(errors='replace')}"[:300])
+        return Outcome(seq, kind, bad, status == 200, time.perf_counter() - t0,
+                       f"HTTP {status}: {body[:200]!r}" if status != 200 else "")
     try:
         api, args = request_for(kind, inputs, seq, max_new_tokens)
         job = client.submit(*args, api_name=api)
         out = job.result(timeout=timeout_s)
         answered = bool(out) and (api == "/chat" or "finished by" in str(out[-1]))
-        return Outcome(seq, kind, bad, answered, time.perf_counter() - t0, "" if answered else f"no answer: {out!r}"[:300])
+        message = "" if answered else f"no answer: {out!r}"[:300]
+        return Outcome(seq, kind, bad, answered, time.perf_counter() - t0, message)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded and classified
         return Outcome(seq, kind, bad, False, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:300])
 
@@ -273,6 +317,7 @@ def run(args) -> dict:
         examples = [dict(e, kind="pdf" if e["path"].endswith(".pdf") else "image") for e in tabs["document"]]
         examples += [dict(e, kind="video") for e in tabs["video"]]
         inputs = make_inputs(work, examples, ex_dir, args.max_upload_mb)
+        inputs["url"] = url
         clients = [Client(url, verbose=False, download_files=False) for _ in range(args.clients)]
 
         # warm-up: one request of every class, so that pools, workers and caches exist before the baseline
@@ -376,8 +421,8 @@ def summarize(outcomes: list[Outcome], start: dict, end: dict | None, samples: l
         "end": None if end is None else {k: v for k, v in end.items() if k != "pids"},
         "peak_rss_bytes": max(s["rss_bytes"] for s in samples),
         "peak_processes": max(s["processes"] for s in samples),
-        "samples": [{k: s[k] for k in ("t", "rss_bytes", "rss_server_bytes", "fds_tree", "fds_server", "processes", "upload_files",
-                                              "temp_entries")}
+        "samples": [{k: s[k] for k in ("t", "rss_bytes", "rss_server_bytes", "fds_tree", "fds_server", "processes",
+                                       "upload_files", "temp_entries")}
                     for s in samples],
     }
     checks = {"server_alive": alive,
