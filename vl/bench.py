@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, static, "
                    "compiled, cuda-graphs (default: eager,compiled on cpu, eager,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
+    p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/quant/bench.py): resident "
+                   "weight bytes, decode tok/s per mode, logit error and greedy agreement against BF16")
+    p.add_argument("--quant-only", action="store_true", help="only the FP8 / NVFP4 table")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.threads:
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
         a.decode = a.decode or "eager"
     rows = []
-    for name in a.configs.split(","):
+    for name in ([] if a.quant_only else a.configs.split(",")):
         for dt in a.dtypes.split(","):
             rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
                              [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
@@ -253,7 +256,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs")
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
+    if a.quant or a.quant_only:
+        from vl.quant import bench as quant_bench
+
+        qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False)
+        print("\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py):")
+        print(quant_bench.format_table(qrows))
+        rows += [dict(section="quant", **r) for r in qrows]
     if a.json:
         text = json.dumps(rows, indent=2)
         if a.json == "-":
