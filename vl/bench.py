@@ -151,6 +151,23 @@ def weight_matmuls(model):
     return run
 
 
+@torch.no_grad()
+def ssd_scan_fns(cfg: LMConfig, t: int, device="cpu"):
+    """The SSD scan alone, on one Mamba layer's shapes (b=1): ours and transformers' torch path."""
+    from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
+
+    from vl.modeling import kernels
+
+    g = torch.Generator().manual_seed(0)
+    h, p, n, grp = cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.n_groups
+    x = torch.randn(1, t, h, p, generator=g).to(device)
+    dt = (torch.rand(1, t, h, generator=g) * 0.1).to(device)
+    A = -torch.rand(h, generator=g).to(device)
+    B, C = (torch.randn(1, t, grp, n, generator=g).to(device) for _ in range(2))
+    return (lambda: kernels.ssd_scan(x, dt, A, B, C, cfg.chunk_size),
+            lambda: mamba2_chunk_scan(x, dt, A, B, C, cfg.chunk_size, return_final_states=True))
+
+
 def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
     ours = HybridCache(cfg, 1, length, dtype=torch.bfloat16, device="meta").nbytes()
     attn = cfg.replace(pattern="".join("*" if c in "M*" else c for c in cfg.pattern))
@@ -172,11 +189,19 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             our_prefill(ours, ids)
         with PeakRSS(device) as m_hf:
             hf_prefill(hf, ids)
-        times = interleaved({"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}, repeats)
+        fns = {"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}
+        if t == 2048:  # the SSD scan's share of prefill (issue 2): the scan alone x the number of Mamba layers
+            fns["ssd_ours"], fns["ssd_hf"] = ssd_scan_fns(cfg, t, device)
+        times = interleaved(fns, repeats)
         o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
-        rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
-                         ours=t / o, transformers=t / h, ratio=h / o,
-                         ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak))
+        row = dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
+                   ours=t / o, transformers=t / h, ratio=h / o,
+                   ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak)
+        if "ssd_ours" in times:
+            layers = len(cfg.mamba_layers)
+            row["ours_ssd_share"] = min(1.0, layers * statistics.median(times["ssd_ours"]) / o)
+            row["transformers_ssd_share"] = min(1.0, layers * statistics.median(times["ssd_hf"]) / h)
+        rows.append(row)
     floor = weight_matmuls(ours)
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
@@ -213,6 +238,8 @@ def format_table(rows: list[dict]) -> str:
                 note += f"; ours reads weights at {r['ours_weight_GBps']:.0f} GB/s"
         elif "ours_peak_rss" in r:
             note = f"peak RSS +{r['ours_peak_rss'] / 2**20:.0f} MiB vs +{r['transformers_peak_rss'] / 2**20:.0f} MiB"
+            if "ours_ssd_share" in r:
+                note += (f"; SSD scan share {r['ours_ssd_share']:.0%} vs {r['transformers_ssd_share']:.0%}")
         elif "hybrid_bytes" in r:
             lines.append(f"{r['config']:<6} {'bf16':<5} {'cache bytes @32k':<36} {r['hybrid_bytes'] / 2**20:>9.1f}M "
                          f"{r['all_attention_bytes'] / 2**20:>12.1f}M {r['ratio']:>7.3f}  all-attention model of "
