@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import gradio as gr
+import gradio_client.utils as client_utils
+from gradio.utils import NamedString
 
 from ui.controls import MODEL, AppContext, Controls, gen_options
 from ui.limits import check_int, check_upload, user_error
@@ -20,6 +22,29 @@ from vl.processing.documents import parse_page_range
 
 IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"]
 MAX_QUESTION_CHARS = 4000
+
+
+def without_stray_temp_files(files: gr.File) -> gr.File:
+    """`files` (a `gr.File(type="filepath")`) made to hand over upload paths without Gradio 6.31's stray file.
+
+    Gradio's `File._process_single_file` opens `NamedTemporaryFile(delete=False)` in the upload folder, then
+    returns the upload's own path and drops the temp file: one empty file per file per request, which
+    `delete_cache` never removes (it is in no list of the app's files). The 10-minute soak counted the upload
+    folder growing from 25 to 358 files. This instance's method returns the upload's path after the same
+    file-type check and creates nothing. (An instance attribute, not a subclass: Gradio's component metaclass
+    writes a `.pyi` stub next to the module of every component subclass.)
+    """
+    if files.type != "filepath":
+        raise ValueError(f"expected a gr.File with type='filepath', found type={files.type!r}")
+
+    def process_single_file(f):
+        if files.file_types and not client_utils.is_valid_file(f.path, files.file_types):
+            raise gr.Error(f"Invalid file type. Please upload a file that is one of these formats: "
+                           f"{files.file_types}")
+        return NamedString(f.path)
+
+    files._process_single_file = process_single_file
+    return files
 
 
 def _paths(files) -> list:
@@ -90,8 +115,9 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     tpt = cfg.tokens_per_tile
     with gr.Row():
         with gr.Column(scale=1):
-            files = gr.File(file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
-                            label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files")
+            files = without_stray_temp_files(gr.File(
+                file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
+                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files"))
             pages = gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
                                f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1)
             question = gr.Textbox(label="Question", placeholder="What is the total?", lines=2,

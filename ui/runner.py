@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ui.heap import trim_heap
 from vl.runtime.engine import ChatResult, Engine, Stats
 
 YIELD_EVERY_S = 0.05  # at most ~20 page updates a second; every kind change and the end are always sent
@@ -64,13 +65,16 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
 
     Errors from the processor or the engine propagate (the caller turns them into messages). When the
     consumer stops iterating (Gradio cancel, client gone) `finally` closes the engine stream, which ends the
-    generation at its next token and releases the engine's lock for the next request.
+    generation at its next token and releases the engine's lock for the next request. Either way the freed
+    heap pages go back to the OS (`ui.heap.trim_heap`), so RSS stays flat over many requests.
     """
     t0 = time.perf_counter()
-    stream = engine.chat(messages, stream=True, timeout_s=timeout_s, **options.engine_kwargs(), **processor_kwargs)
-    snap, last_kind, last_yield = Snapshot(), None, 0.0
-    it = iter(stream)
+    it = None
     try:
+        stream = engine.chat(messages, stream=True, timeout_s=timeout_s, **options.engine_kwargs(),
+                             **processor_kwargs)
+        snap, last_kind, last_yield = Snapshot(), None, 0.0
+        it = iter(stream)
         for event in it:
             if event.kind == "reasoning":
                 snap.reasoning += event.text
@@ -86,7 +90,9 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
         snap.result, snap.done = stream.result, True
         yield snap
     finally:
-        it.close()
+        if it is not None:
+            it.close()
+        trim_heap()  # the request's buffers are free now; give their pages back (ui/heap.py says why)
 
 
 # --- what the page shows next to the answer ------------------------------------------------------------

@@ -219,3 +219,16 @@ def test_only_uploads_and_examples_are_served(app, client, examples, tiny_dir):
                                         max_new_tokens=2), api_name="/document")
     status, _ = _get(base + out[2][0]["image"]["path"])
     assert status == 200
+
+
+def test_document_requests_leave_no_stray_files_in_the_upload_folder(client, examples, upload_dir):
+    """Row S11's "temp dir bounded": Gradio 6.31's `gr.File(type="filepath")` left one empty temp file per
+    uploaded file per request (ui.documents.without_stray_temp_files says why); repeated requests must add nothing."""
+    ex = _doc(examples, ".png")
+    args = document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=2)
+    client.predict(*args, api_name="/document")  # the upload itself and the gallery's pictures land now
+    before = sorted(p for p in upload_dir.rglob("*") if p.is_file())
+    for _ in range(3):
+        client.predict(*args, api_name="/document")
+    after = sorted(p for p in upload_dir.rglob("*") if p.is_file())
+    assert after == before, [str(p.relative_to(upload_dir)) for p in set(after) - set(before)]
