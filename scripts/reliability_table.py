@@ -240,7 +240,10 @@ ROWS = [
         _t(R_SRV, "test_s10_png_with_other_content_is_refused_by_sniffing_and_never_served_as_html")
         + _t(T_UIA, "test_corrupt_upload_is_a_message_and_the_next_request_works")),
     Row("S11", "mixed valid/invalid soak", "errors only on the bad 20 %; RSS < +10 %; fds/processes flat",
-        _t(R + "test_soak_short.py", "test_s11_short_soak_errors_only_for_bad_inputs_and_resources_flat")),
+        _t(R + "test_soak_short.py", "test_s11_short_soak_errors_only_for_bad_inputs_and_resources_flat")
+        + _t("tests/ui/test_ui_heap.py", "test_trim_heap_gives_freed_pages_back_to_the_os",
+             "test_stream_chat_trims_the_heap_when_every_request_ends")
+        + _t(T_UIA, "test_document_requests_leave_no_stray_files_in_the_upload_folder")),
     Row("S12", "pipeline API given a URL or path string", "rejected at our boundary; transformers never sees it",
         _t(T_HF, "test_urls_are_refused_and_never_fetched", "test_local_paths_only_under_allowed_roots",
            "test_data_uri_is_decoded_here")),
