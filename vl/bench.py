@@ -4,8 +4,9 @@ Every figure is a ratio against a named reference run in the same process on the
 runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits both; we report the median.
 - prefill tokens/s: ours = chunked prefill into the static cache (what the engine does); transformers =
   `model(input_ids, use_cache=True, logits_to_keep=1)` (what its `generate` does for the prompt);
-- decode tokens/s after a context of n tokens: (time to generate k+1 tokens - time to generate 1) / k, for
-  our `generate_steps` and transformers' `generate`, greedy;
+- decode tokens/s after a context of n tokens: k / (time from the first generated token to the (k+1)-th), read
+  from timestamps taken as each token arrives (our `generate_steps` events; a streamer on transformers'
+  `generate`), greedy: the prefill never enters the figure, so no noisy subtraction of two timings;
 - roofline: every weight matrix of the model multiplied once by one token, back to back (the bandwidth-bound
   floor of a decode step) against the measured time per token;
 - cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model.
@@ -80,6 +81,7 @@ def _sync():
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each fn, runs interleaved; a fn that returns a float reports its own timing."""
     out = {k: [] for k in fns}
     for f in fns.values():  # warm-up
         f()
@@ -87,9 +89,9 @@ def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
         for k, f in fns.items():
             _sync()
             t0 = time.perf_counter()
-            f()
+            own = f()
             _sync()
-            out[k].append(time.perf_counter() - t0)
+            out[k].append(own if isinstance(own, float) else time.perf_counter() - t0)
     return out
 
 
@@ -122,14 +124,35 @@ def hf_prefill(model, ids):
 
 
 @torch.no_grad()
-def our_generate(model, ids, n, decode="eager"):
-    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n, params=SamplingParams(), decode=decode):
+def our_decode_s(model, ids, n, decode="eager") -> float:
+    """Seconds per token over tokens 2..n+1 of a greedy run (timestamps as each token arrives)."""
+    stamps = []
+    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n + 1, params=SamplingParams(), decode=decode):
+        _sync()
+        stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / n
+
+
+class _Stamps:
+    """A transformers streamer that only records when each generated token arrives (the first put is the prompt)."""
+
+    def __init__(self):
+        self.puts = []
+
+    def put(self, value):
+        _sync()
+        self.puts.append(time.perf_counter())
+
+    def end(self):
         pass
 
 
 @torch.no_grad()
-def hf_generate(model, ids, n):
-    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+def hf_decode_s(model, ids, n) -> float:
+    s = _Stamps()
+    model.generate(ids, max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False, eos_token_id=None,
+                   pad_token_id=0, streamer=s)
+    return (s.puts[-1] - s.puts[1]) / n
 
 
 @torch.no_grad()
@@ -205,16 +228,14 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
     floor = weight_matmuls(ours)
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
-        fns = {"hf1": lambda: hf_generate(hf, ids, 1), "hfN": lambda: hf_generate(hf, ids, new_tokens + 1),
-               "floor": floor}
+        fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens), "floor": floor}
         for mode in decode_modes:
-            fns[f"{mode}1"] = lambda m=mode: our_generate(ours, ids, 1, m)
-            fns[f"{mode}N"] = lambda m=mode: our_generate(ours, ids, new_tokens + 1, m)
+            fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)
         times = interleaved(fns, repeats)
-        h = (statistics.median(times["hfN"]) - statistics.median(times["hf1"])) / new_tokens
+        h = statistics.median(times["hf"])
         fl = statistics.median(times["floor"])
         for mode in decode_modes:
-            o = (statistics.median(times[f"{mode}N"]) - statistics.median(times[f"{mode}1"])) / new_tokens
+            o = statistics.median(times[mode])
             label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
             row = dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
                        ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,

@@ -32,9 +32,16 @@ def test_browser_document_question_streams_an_answer(cli_app, examples, tmp_path
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url, wait_until="domcontentloaded")
-            page.locator("#doc-files input[type=file]").set_input_files(ex["path"])
-            page.locator("#doc-files").get_by_text(Path(ex["path"]).name).first.wait_for(timeout=30_000)
+            page.goto(url, wait_until="load")
+            page.locator("#doc-ask").wait_for(timeout=60_000)  # the Gradio front end is mounted
+            for attempt in range(2):  # on a loaded machine the first upload can race the page's hydration
+                page.locator("#doc-files input[type=file]").set_input_files(ex["path"])
+                try:
+                    page.locator("#doc-files").get_by_text(Path(ex["path"]).name).first.wait_for(timeout=45_000)
+                    break
+                except sync_api.TimeoutError:
+                    if attempt:
+                        raise
             page.locator("#doc-question textarea").fill(ex["question"])
             page.locator("#settings").get_by_text("Generation settings").click()
             tokens = page.locator("#max-new-tokens input[type=number]")
