@@ -1,0 +1,228 @@
+"""Held-out accuracy of the demo model per synthetic family, with /think and /no_think (for the model card).
+
+Two paths, one scorer (eval.tasks.synthetic_docs: `strip_reasoning`, then normalized exact match):
+- `evaluate_files` is the user's path and the one the model card reports: the test split is written to disk
+  by `data_recipes.synthetic.export_split` (PNG pages, multi-page PDFs, H.264 MP4 clips), read back by
+  `eval.data.load_items` with the `synthetic_docs` / `synthetic_video` tasks, and answered by
+  `vl.Engine.chat_batch` (processor, PDF rendering, video decoding with timestamps, greedy decoding).
+- `evaluate_direct` skips the files: prompts are built from the generator's images and frames by
+  data_recipes/formatting.py (what training sees) and decoded greedily; quick checks during development.
+
+The test split's seeds are disjoint from the train split's (`data_recipes.synthetic.SPLIT_SEED_BASE`), so
+no test sample was ever trained on. Chance is the family's uniform-guess accuracy.
+
+    python -m data_recipes.demo_eval --model vl/demo --n 100 --out runs/demo_eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from data_recipes.formatting import prompt_inputs
+from data_recipes.synthetic import FAMILIES, export_split, families, generate
+from vl.errors import ConfigError
+from vl.processing.chat import split_reasoning
+
+MODES = {"no_think": False, "think": True}
+VIDEO_OPTIONS = {"num_frames": 8, "fps": 2.0}  # the recipe's clips (data_recipes.recipes.VIDEO_OPTIONS)
+
+
+def _score(prediction: str, answer: str) -> float:
+    from eval.metrics import exact_match
+
+    return float(exact_match(prediction, [answer]))
+
+
+def _summary(hits: dict, chance: dict) -> dict:
+    out = {"families": {}, "chance": chance}
+    for mode in MODES:
+        per = {f: sum(v) / len(v) for f, v in hits[mode].items() if v}
+        if per:
+            out["families"].setdefault(mode, per)
+            out.setdefault("macro", {})[mode] = sum(per.values()) / len(per)
+            out.setdefault("n", {})[mode] = {f: len(v) for f, v in hits[mode].items()}
+    return out
+
+
+@torch.no_grad()
+def evaluate_direct(model, processor, *, split: str = "val", n_per_family: int = 20, seed: int = 0,
+                    modes=("no_think", "think"), family_names=None, batch_size: int = 16,
+                    max_new_tokens: int = 40) -> dict:
+    """Greedy answers on `n_per_family` generated samples per family, prompts built in memory."""
+    from vl.runtime.generate import generate_steps, left_pad_embeds
+
+    model.eval()
+    names = list(family_names or FAMILIES)
+    tile = model.config.force_image_size
+    stop = processor.stop_token_ids()
+    hits = {m: defaultdict(list) for m in MODES}
+    chance = {}
+    for family in names:
+        opts = VIDEO_OPTIONS if FAMILIES[family].kind == "video" else {}
+        samples = [generate(family, split, i, seed=seed, tile_size=tile, **opts) for i in range(n_per_family)]
+        chance[family] = samples[0].chance if samples else None
+        for mode in modes:
+            thinking = MODES[mode]
+            for start in range(0, len(samples), batch_size):
+                chunk = samples[start:start + batch_size]
+                embeds, opened = [], []
+                for s in chunk:
+                    ids, pixels, media, prompt = prompt_inputs(s, processor, thinking)
+                    e, _, _ = model.prepare_inputs(ids, pixels, media)
+                    embeds.append(e[0])
+                    opened.append(prompt.prompt_opened_think)
+                x, mask = left_pad_embeds(embeds)
+                rows = [[] for _ in chunk]
+                for ev in generate_steps(model.language_model, inputs_embeds=x, attention_mask=mask,
+                                         max_new_tokens=max_new_tokens, stop_ids=stop):
+                    for i, tok in enumerate(ev.tokens):
+                        if tok is not None and tok not in stop:
+                            rows[i].append(tok)
+                for s, toks, op in zip(chunk, rows, opened):
+                    _, answer, _ = split_reasoning(processor.tokenizer.decode(toks), op)
+                    hits[mode][family].append(_score(answer, s.answer))
+    return _summary(hits, chance)
+
+
+def export_test_set(out_dir, n_per_family: int, *, tile_size: int, seed: int = 0) -> dict[str, Path]:
+    """Writes (once) the test split: `n_per_family` samples of every family, per kind, with media files."""
+    out_dir = Path(out_dir)
+    paths = {}
+    for kind in ("document", "video"):
+        n = n_per_family * len(families(kind))
+        jsonl = out_dir / f"{kind}_test.jsonl"
+        stamp = out_dir / f"{kind}_test.stamp.json"
+        want = {"n": n, "tile_size": tile_size, "seed": seed}
+        if not (jsonl.exists() and stamp.exists() and json.loads(stamp.read_text()) == want):
+            opts = VIDEO_OPTIONS if kind == "video" else {}
+            export_split(kind, "test", n, out_dir, seed=seed, tile_size=tile_size, **opts)
+            stamp.write_text(json.dumps(want))
+        paths[kind] = jsonl
+    return paths
+
+
+def evaluate_files(model_dir, data_dir, *, n_per_family: int = 100, seed: int = 0, modes=("no_think", "think"),
+                   batch_size: int = 16, dtype=None, progress: bool = True, records_path=None) -> dict:
+    """The real input path: exported files -> eval tasks -> `Engine.chat_batch` -> the tasks' scorer."""
+    from tqdm.auto import tqdm
+
+    from eval.data import load_items
+    from eval.tasks import get_task
+    from vl.runtime.engine import Engine
+
+    engine = Engine.from_pretrained(model_dir, dtype=dtype)
+    tile = engine.model.config.force_image_size
+    paths = export_test_set(data_dir, n_per_family, tile_size=tile, seed=seed)
+    hits = {m: defaultdict(list) for m in MODES}
+    chance = {}
+    records = []
+    t0 = time.perf_counter()
+    for kind, task_name in (("document", "synthetic_docs"), ("video", "synthetic_video")):
+        task = get_task(task_name)
+        items = list(load_items(paths[kind], task))
+        for item in items:
+            chance[item.fields["family"]] = item.fields.get("chance")
+        for mode in modes:
+            bar = tqdm(total=len(items), desc=f"{task_name} {mode}", disable=not progress, dynamic_ncols=True)
+            for start in range(0, len(items), batch_size):
+                chunk = items[start:start + batch_size]
+                results = engine.chat_batch([task.build_messages(it) for it in chunk], thinking=MODES[mode],
+                                            **task.generation_kwargs())
+                for it, res in zip(chunk, results):
+                    pred = task.postprocess(res.text)
+                    score = task.score_record(task.prediction_record(it, pred))["score"]
+                    hits[mode][it.fields["family"]].append(float(score))
+                    records.append({"id": it.id, "family": it.fields["family"], "mode": mode, "raw": res.text,
+                                    "prediction": pred, "answers": list(it.answers), "score": float(score)})
+                bar.update(len(chunk))
+            bar.close()
+    out = _summary(hits, chance)
+    out["eval_s"] = round(time.perf_counter() - t0, 1)
+    out["path"] = "files: export_split -> eval.data.load_items -> Engine.chat_batch (greedy)"
+    out["max_new_tokens"] = get_task("synthetic_docs").max_new_tokens
+    if records_path is not None:
+        Path(records_path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return out
+
+
+def table(result: dict) -> str:
+    """Markdown table: family | chance | no_think | think."""
+    fams = sorted(result["chance"], key=lambda f: (FAMILIES[f].kind, list(FAMILIES).index(f)))
+    modes = [m for m in MODES if m in result["families"]]
+    lines = ["| family | kind | chance | " + " | ".join(f"/{m}" for m in modes) + " |",
+             "|---|---|---:|" + "---:|" * len(modes)]
+    for f in fams:
+        cells = [f"{100 * result['families'][m].get(f, float('nan')):.1f}" for m in modes]
+        lines.append(f"| {f} | {FAMILIES[f].kind} | {100 * result['chance'][f]:.1f} | " + " | ".join(cells) + " |")
+    lines.append("| **macro mean** | | | " + " | ".join(f"**{100 * result['macro'][m]:.1f}**" for m in modes) + " |")
+    return "\n".join(lines)
+
+
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "generation_config.json")
+
+
+def ship(run_dir, result: dict, dest, *, n_per_family: int) -> Path:
+    """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its loss curve, training summary,
+    these results and a model card written from them."""
+    import shutil
+
+    run, dest = Path(run_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        shutil.copy2(run / "model" / name, dest / name)
+    shutil.copy2(run / "loss.png", dest / "loss.png")
+    summary = json.loads((run / "summary.json").read_text())
+    recipe = json.loads((run / "recipe.json").read_text())
+    (dest / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (dest / "eval_results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family))
+    return dest
+
+
+def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int) -> str:
+    from data_recipes.model_card import render
+
+    return render(result=result, summary=summary, recipe=recipe, n_per_family=n_per_family, table=table(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data_recipes.demo_eval", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model)")
+    p.add_argument("--n", type=int, default=100, help="test samples per family")
+    p.add_argument("--out", default="runs/demo_eval", help="where the test files and results go")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="no_think,think")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--ship", default=None, metavar="DEST", help="copy the run's model + card here (e.g. vl/demo)")
+    p.add_argument("--run", default=None, help="the training run directory (for --ship; default: --model/..)")
+    args = p.parse_args(argv)
+    from vl.cli import default_model
+
+    torch.set_num_threads(args.threads)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if bad := [m for m in modes if m not in MODES]:
+        raise ConfigError(f"--modes takes {sorted(MODES)}, found {bad}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = evaluate_files(args.model or default_model(), out / "data", n_per_family=args.n, seed=args.seed,
+                            modes=modes, batch_size=args.batch_size, dtype=args.dtype,
+                            records_path=out / "predictions.jsonl")
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    if args.ship:
+        run = Path(args.run) if args.run else Path(args.model or default_model()).parent
+        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Recipes (data_recipes/recipes.py): plain data that builds the demo model's config and schedule."""
+
+import dataclasses
+
+import pytest
+
+from data_recipes.recipes import ModelSpec, Recipe, Source, Stage, get_recipe
+from data_recipes.synthetic import FAMILIES
+from data_recipes.tokenizer import train_tokenizer
+from vl.errors import ConfigError
+
+CORPUS = ["What is the total? 42", "Frame 1 sampled at 0.50 seconds:", "left right up down"] * 10
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_tokenizer(CORPUS, 300, tmp_path_factory.mktemp("tok"))
+
+
+def test_demo_recipe_trains_on_every_family_in_two_stages():
+    r = get_recipe("demo")
+    assert {s.family for s in r.sources} == set(FAMILIES)
+    assert [s.name for s in r.stages] == ["vision", "full"]
+    # stage 1 teaches the from-scratch tower to see (probe targets only, LM untouched); stage 2 trains all
+    assert r.stages[0].trainable == ("vision.", "projector.") and r.stages[0].objective == "vision"
+    assert r.stages[1].trainable == ("",) and r.stages[1].objective == "vlm" and r.stages[1].aux_weight > 0
+    assert r.total_steps == sum(s.steps for s in r.stages)
+    assert all(s.options == (("num_frames", 8), ("fps", 2.0)) for s in r.sources if s.kind == "video")
+    assert r.sampler == "rs2" and 0 < r.think_fraction < 1
+    assert get_recipe("demo", total_steps=600).total_steps == 600
+
+
+def test_stage_boundaries_and_learning_rate_schedule():
+    r = Recipe("t", ModelSpec(), (Source("doc_count"),),
+               (Stage("a", 10, 1e-3, warmup_steps=5, min_lr_ratio=1.0), Stage("b", 20, 2e-3, warmup_steps=4)))
+    assert r.stage_at(0)[0].name == "a" and r.stage_at(9) == (r.stages[0], 9) and r.stage_at(10) == (r.stages[1], 0)
+    with pytest.raises(ConfigError):
+        r.stage_at(30)
+    assert r.lr_at(0) == pytest.approx(2e-4) and r.lr_at(4) == pytest.approx(1e-3) and r.lr_at(9) == pytest.approx(1e-3)
+    assert r.lr_at(13) == pytest.approx(2e-3)  # end of warm-up
+    lrs = [r.lr_at(k) for k in range(13, 30)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # cosine decay
+    assert lrs[-1] >= 0.1 * 2e-3 - 1e-12 and lrs[-1] < 0.2 * 2e-3
+
+
+def test_bad_recipes_are_errors():
+    with pytest.raises(ConfigError, match="unknown family"):
+        Source("doc_poem")
+    with pytest.raises(ConfigError):
+        Source("doc_count", weight=0.0)
+    with pytest.raises(ConfigError):
+        Stage("x", 0, 1e-3)
+    with pytest.raises(ConfigError, match="sampler"):
+        get_recipe("smoke").replace(sampler="uniform")
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        get_recipe("giant")
+
+
+def test_model_spec_builds_a_nano_vl_config_from_the_tokenizer(tokenizer):
+    from vl.modeling.vlm import NemotronVL
+
+    spec = get_recipe("demo").model
+    cfg = spec.vl_config(tokenizer)
+    assert cfg.lm.vocab_size == len(tokenizer)
+    assert cfg.tokens.img_context_id == tokenizer.convert_tokens_to_ids("<image>")
+    assert cfg.tokens.video_context_id == tokenizer.convert_tokens_to_ids("<video>")
+    assert cfg.lm.eos_token_id == (tokenizer.convert_tokens_to_ids("<SPECIAL_12>"),)
+    assert cfg.max_num_tiles == 1 and cfg.force_image_size == spec.tile_size
+    assert cfg.tokens_per_tile == (spec.tile_size // 32) ** 2
+    assert set(cfg.lm.pattern) == {"M", "*", "-"}  # a hybrid, like the real LLM
+    model = NemotronVL(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    assert n * 4 < 30e6  # fp32 weights well inside the 30 MB package budget
+    with pytest.raises(ConfigError, match="no id"):
+        dataclasses.replace(spec).vl_config(type("T", (), {"convert_tokens_to_ids": lambda s, t: None,
+                                                            "unk_token_id": 0, "__len__": lambda s: 1})())

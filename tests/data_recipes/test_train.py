@@ -1,0 +1,116 @@
+"""The training loop (data_recipes/train.py) on the smoke recipe: the loss falls, a resumed run continues the
+very same run, the output is a Nano V2 VL checkpoint that the loader, processor and engine take as is.
+Plus the shipped demo model (vl/demo) answering held-out samples."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from data_recipes.recipes import get_recipe
+from data_recipes.train import init_weights, main, train
+
+STEPS = 6
+DEMO = Path(__file__).resolve().parents[2] / "vl" / "demo"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    return out, train(get_recipe("smoke", total_steps=STEPS), out, resume=False, progress=False, threads=1)
+
+
+def test_smoke_training_lowers_the_loss_and_writes_its_outputs(straight):
+    out, summary = straight
+    assert summary["finished"] and summary["steps"] == STEPS
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert rows[0]["stage"] == "align" and rows[-1]["stage"] == "full"
+    assert rows[-1]["loss"] < 0.9 * rows[0]["loss"], [r["loss"] for r in rows]
+    assert all(r["samples"] == 4 and r["samples_per_s"] > 0 and 0 < r["packing_efficiency"] <= 1 for r in rows)
+    assert (out / "loss.png").stat().st_size > 1000
+    model_dir = out / "model"
+    names = {p.name for p in model_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"} <= names
+    cfg = json.loads((model_dir / "config.json").read_text())
+    assert cfg["model_type"] == "NemotronH_Nano_VL_V2" and cfg["max_num_tiles"] == 1
+    assert summary["parameters"]["total"] == sum(t.numel() for k, t in load_file(model_dir / "model.safetensors").items()
+                                                 if "input_conditioner" not in k)
+
+
+def test_resume_continues_the_same_run(straight, tmp_path):
+    out, _ = straight
+    half = train(get_recipe("smoke", total_steps=STEPS), tmp_path, resume=False, progress=False, threads=1,
+                 stop_after=STEPS // 2)
+    assert not half["finished"] and half["steps"] == STEPS // 2
+    state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == STEPS // 2 and state["consumed"] == 4 * (STEPS // 2)
+    done = train(get_recipe("smoke", total_steps=STEPS), tmp_path, resume=True, progress=False, threads=1)
+    assert done["finished"] and done["steps"] == STEPS
+    a = load_file(out / "model" / "model.safetensors")
+    b = load_file(tmp_path / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    losses = lambda d: [json.loads(x)["loss"] for x in (d / "log.jsonl").read_text().splitlines()]  # noqa: E731
+    assert losses(tmp_path) == pytest.approx(losses(out), rel=1e-5)
+
+
+def test_the_trained_directory_loads_and_answers_through_the_engine(straight, tmp_path):
+    from data_recipes.demo_eval import evaluate_direct, evaluate_files
+    from vl import load_pretrained, load_processor
+
+    out, _ = straight
+    model, proc = load_pretrained(out / "model"), load_processor(out / "model")
+    direct = evaluate_direct(model, proc, n_per_family=2, family_names=["doc_count", "video_colour"],
+                             max_new_tokens=6)
+    assert set(direct["families"]) == {"no_think", "think"}
+    assert direct["chance"]["video_colour"] == pytest.approx(1 / 6)
+    files = evaluate_files(out / "model", tmp_path / "data", n_per_family=1, progress=False, modes=("no_think",),
+                           records_path=tmp_path / "p.jsonl")
+    assert len(files["families"]["no_think"]) == 13  # every family through PNG / PDF / MP4 files
+    assert all(0.0 <= v <= 1.0 for v in files["families"]["no_think"].values())
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 13
+
+
+def test_init_weights_is_deterministic_and_sane():
+    from vl.config import tiny_vl
+    from vl.modeling.vlm import NemotronVL
+
+    a, b = NemotronVL(tiny_vl()), NemotronVL(tiny_vl())
+    init_weights(a, 3)
+    init_weights(b, 3)
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), name
+        if name.endswith("norm1.bias") or name.endswith("qkv.bias"):
+            assert not p.any(), name
+        if name.endswith("norm1.weight") or name.endswith("mlp1.0.weight"):
+            assert torch.all(p == 1), name
+        if name.endswith("A_log"):
+            assert float(p.exp().min()) >= 1 and float(p.exp().max()) <= 16
+        if name.endswith("dt_bias"):
+            dt = torch.nn.functional.softplus(p.detach())
+            assert float(dt.min()) >= 1e-3 * 0.99 and float(dt.max()) <= 0.1 * 1.01
+
+
+def test_cli_entry_point(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # set: main() would otherwise re-execute itself with it
+    code = main(["--recipe", "smoke", "--steps", "2", "--out", str(tmp_path), "--threads", "1", "--no-progress"])
+    assert code == 0 and (tmp_path / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="vl/demo has not been trained and shipped yet")
+def test_the_shipped_demo_model_answers_held_out_samples():
+    """A handful of held-out (val-split) samples per family through the in-memory path; the full test-split
+    numbers are in vl/demo/README.md (data_recipes/demo_eval.py)."""
+    from data_recipes.demo_eval import evaluate_direct
+    from vl import load_pretrained, load_processor
+
+    total = sum(p.stat().st_size for p in DEMO.iterdir() if p.is_file())
+    assert total <= 30 * 2**20
+    model, proc = load_pretrained(DEMO), load_processor(DEMO)
+    result = evaluate_direct(model, proc, n_per_family=4, modes=("no_think",), seed=7)
+    assert result["macro"]["no_think"] >= 0.7, result
