@@ -469,7 +469,11 @@ def main(argv=None) -> int:
         junit = Path(tempfile.mkdtemp(prefix="vl-reliability-")) / "junit.xml"
         run_pytest(junit, args.pytest_args)
     results = read_junit(junit)
-    when = started.strftime("%Y-%m-%d %H:%M UTC") if args.junit is None else f"from {args.junit}"
+    if args.junit is None:
+        when = started.strftime("%Y-%m-%d %H:%M UTC")
+    else:  # the run's own time (the junit file's), not where the file happens to lie
+        ran = dt.datetime.fromtimestamp(args.junit.stat().st_mtime, dt.timezone.utc)
+        when = ran.strftime("%Y-%m-%d %H:%M UTC") + " (junit XML of an earlier pytest run)"
     total = sum(float(x[2]) for x in results.values())
     note = (f"{when}; {len(results)} test cases, {total:.0f} s of test time; Python {platform.python_version()}, "
             f"{platform.machine()}, {_cpu_count()} CPUs, CUDA {'yes' if _cuda() else 'no'}")
