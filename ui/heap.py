@@ -9,7 +9,9 @@ preview pictures are allocated in several per-thread arenas; glibc gives a non-m
 from the arena's top, so free space pinned below a live chunk stays resident, request after request.
 `malloc_trim(0)` walks every arena and releases each whole free page (`MADV_DONTNEED`); the next request
 gets the pages back on demand. It is called once per request, when the request's stream closes
-(`ui.runner.stream_chat`), and costs about a millisecond per 100 MB of arena.
+(`ui.runner.stream_chat`). Measured: about 0.5 ms when little is free, 145 ms when 355 MB were released at once.
+After the fix the 10-minute soak grew 5.3 % (slope 7.3 MB/min, was 12.8): most of the growth was this, a
+smaller part is memory still in use, not yet traced to its owner.
 
 On a C library without `malloc_trim` (musl, macOS) this does nothing and says so (`trim_heap` returns
 None): those allocators have no arena retention of this kind to undo.
