@@ -168,9 +168,10 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
                "generation_config.json")
 
 
-def ship(run_dir, result: dict, dest, *, n_per_family: int) -> Path:
+def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None = None) -> Path:
     """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its loss curve, training summary,
-    these results and a model card written from them."""
+    these results (and those of its `vl quantize` exports, `quant`: format -> result) and a model card
+    written from them."""
     import shutil
 
     run, dest = Path(run_dir), Path(dest)
@@ -181,15 +182,34 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int) -> Path:
     summary = json.loads((run / "summary.json").read_text())
     recipe = json.loads((run / "recipe.json").read_text())
     (dest / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (dest / "eval_results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family))
+    (dest / "eval_results.json").write_text(json.dumps({**result, "quantized": quant or {}}, indent=1) + "\n")
+    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family, quant or {}))
     return dest
 
 
-def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int) -> str:
+def quant_table(result: dict, quant: dict) -> str:
+    """Markdown: per family and mode, the full-precision accuracy and each export's, with the change in points."""
+    fams = sorted(result["chance"], key=lambda f: (FAMILIES[f].kind, list(FAMILIES).index(f)))
+    modes = [m for m in MODES if m in result["families"]]
+    head = "| family | " + " | ".join(f"/{m} fp32" + "".join(f" | /{m} {q}" for q in quant) for m in modes) + " |"
+    lines = [head, "|---|" + "---:|" * (len(modes) * (1 + len(quant)))]
+    for f in fams + ["macro"]:
+        cells = []
+        for m in modes:
+            base = result["macro"][m] if f == "macro" else result["families"][m].get(f, float("nan"))
+            cells.append(f"{100 * base:.1f}")
+            for q in quant.values():
+                v = q["macro"][m] if f == "macro" else q["families"][m].get(f, float("nan"))
+                cells.append(f"{100 * v:.1f} ({100 * (v - base):+.1f})")
+        lines.append(f"| {'**macro mean**' if f == 'macro' else f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int, quant: dict | None = None) -> str:
     from data_recipes.model_card import render
 
-    return render(result=result, summary=summary, recipe=recipe, n_per_family=n_per_family, table=table(result))
+    return render(result=result, summary=summary, recipe=recipe, n_per_family=n_per_family, table=table(result),
+                  quant_table=quant_table(result, quant) if quant else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default=None)
     p.add_argument("--ship", default=None, metavar="DEST", help="copy the run's model + card here (e.g. vl/demo)")
     p.add_argument("--run", default=None, help="the training run directory (for --ship; default: --model/..)")
+    p.add_argument("--results", default=None, help="reuse this results.json instead of evaluating again")
+    p.add_argument("--quant-results", default=None, metavar="FMT=PATH,...",
+                   help="results.json of the model's `vl quantize` exports, for the card (with --ship)")
     args = p.parse_args(argv)
     from vl.cli import default_model
 
@@ -213,14 +236,25 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--modes takes {sorted(MODES)}, found {bad}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = evaluate_files(args.model or default_model(), out / "data", n_per_family=args.n, seed=args.seed,
-                            modes=modes, batch_size=args.batch_size, dtype=args.dtype,
-                            records_path=out / "predictions.jsonl")
-    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.results:
+        result = json.loads(Path(args.results).read_text())
+    else:
+        result = evaluate_files(args.model or default_model(), out / "data", n_per_family=args.n, seed=args.seed,
+                                modes=modes, batch_size=args.batch_size, dtype=args.dtype,
+                                records_path=out / "predictions.jsonl")
+        (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
+    quant = {}
+    for pair in filter(None, (args.quant_results or "").split(",")):
+        name, _, path = pair.partition("=")
+        if not path:
+            raise ConfigError(f"--quant-results takes FMT=PATH pairs, found {pair!r}")
+        quant[name] = json.loads(Path(path).read_text())
+    if quant:
+        print(quant_table(result, quant))
     if args.ship:
         run = Path(args.run) if args.run else Path(args.model or default_model()).parent
-        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n)}")
+        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant)}")
     return 0
 
 

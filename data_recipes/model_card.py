@@ -6,14 +6,23 @@ trained (`recipe.json`) and the held-out results of data_recipes/demo_eval.py; n
 
 from __future__ import annotations
 
-RETRAIN = "OMP_WAIT_POLICY=PASSIVE scripts/train_demo.sh"
+RETRAIN = "scripts/train_demo.sh"
+
+
+def _quant_section(quant_table: str | None) -> str:
+    if quant_table is None:
+        return "FP8 / NVFP4 exports (`vl quantize`) of this model: not evaluated in this run."
+    return ("FP8 and NVFP4 exports of this model (`vl quantize --format fp8|nvfp4`, calibrated on built-in synthetic "
+            "samples, lm_head kept in high precision), same test files and scorer; in brackets the change in "
+            "points against the fp32 model:\n\n" + quant_table)
 
 
 def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, table: str) -> str:
+def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, table: str,
+           quant_table: str | None = None) -> str:
     model = recipe["model"]
     params = summary["parameters"]
     stages = "\n".join(
@@ -99,7 +108,7 @@ reasoning). Chance = uniform guessing over the family's answers. Percent:
 
 Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory).
 Expected: within a few points of the table (training on a shared CPU changes the wall time, not the numbers).
-FP8 / NVFP4 exports (`vl quantize`) of this model: pending (owned by the quantization work).
+{_quant_section(quant_table)}
 
 ## Limitations
 
