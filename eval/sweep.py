@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 from eval.records import write_atomic
@@ -69,6 +70,16 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
         backend = make_backend(cfg, default_device(cfg.device, dist.local_rank))
     rows = []
     try:
+        # Untimed warm-up on two items of the first setting: otherwise the first run alone pays the one-time
+        # costs (lazy imports, allocator growth, first pass of each shape) and its time to first token looks
+        # worse than the settings after it (measured: 0.64 s vs 0.17 s for identical prompts).
+        warm = dataclasses.replace(cfg, out=str(Path(cfg.out) / "_warmup"), limit=2, resume=False,
+                                   **{field: values[0]})
+        if dist.main:
+            shutil.rmtree(warm.out, ignore_errors=True)  # left by an interrupted sweep
+        Runner(warm, backend=backend, facts=facts, dist=dist, log=log).run()
+        if dist.main:
+            shutil.rmtree(warm.out, ignore_errors=True)
         for value in values:
             sub = dataclasses.replace(cfg, out=str(Path(cfg.out) / f"{field}={_label(value)}"), **{field: value})
             summary = Runner(sub, backend=backend, facts=facts, dist=dist, log=log).run()
