@@ -30,7 +30,7 @@ app: $(STAMP)
 	$(BIN)/vl app $(ARGS)
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 $(ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/vl bench $(ARGS)

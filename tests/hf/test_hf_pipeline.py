@@ -345,8 +345,8 @@ def test_save_pretrained_round_trips(pipe, tmp_path):
 
 # --- the shipped demo model ----------------------------------------------------------------------------------
 needs_demo = pytest.mark.skipif(not (DEMO_DIR / "config.json").exists(),
-                                reason="the demo model is not shipped yet (vl/demo/ has no config.json); "
-                                       "it is being trained by another helper")
+                                reason="the demo model is not shipped in this checkout (vl/demo/ has no "
+                                       "config.json); scripts/train_demo.sh builds it")
 
 
 @pytest.fixture(scope="module")
