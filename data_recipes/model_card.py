@@ -107,7 +107,7 @@ reasoning). Chance = uniform guessing over the family's answers. Percent:
 {verdict}
 
 Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory).
-Expected: within a few points of the table (training on a shared CPU changes the wall time, not the numbers).
+Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far).
 {_quant_section(quant_table)}
 
 ## Limitations
