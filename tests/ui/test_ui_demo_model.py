@@ -41,11 +41,19 @@ def _one(content_kind, path, question):
                                          {"type": "text", "text": question}]}]
 
 
+def _config_tiles() -> int:
+    """The demo's `max_num_tiles` (1: it was trained on single squashed tiles); the reference engine uses it too."""
+    import json
+
+    return json.loads((DEMO / "config.json").read_text())["max_num_tiles"]
+
+
 @pytest.mark.parametrize("ext,kind", [(".png", "image"), (".pdf", "pdf")])
 def test_demo_document_answers_equal_engine(demo_app, examples, ext, kind):
     ex = next(e for e in examples.tabs["document"] if e["path"].endswith(ext))
     _, final, ttft, total = run_streamed(demo_app.client, "/document",
-                                         document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=64))
+                                         document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=64,
+                                                       max_tiles=_config_tiles()))  # the slider's default
     want = demo_app.reference.chat(_one(kind, ex["path"], ex["question"]), max_new_tokens=64, thinking=False)
     assert final[1] == want.answer
     print(f"demo {kind}: answer {final[1]!r} (expected {ex['answer']!r}); first text {ttft:.2f} s, total {total:.2f} s")
