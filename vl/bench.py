@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in ([] if a.quant_only else a.configs.split(",")):
         for dt in a.dtypes.split(","):
+            print(f"[vl bench] measuring {name} {dt} (the table prints when every run is done)", file=sys.stderr,
+                  flush=True)
             rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
                              [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
                              tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda") else "eager,compiled"))
