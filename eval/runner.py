@@ -20,12 +20,9 @@ Follows reliability_matrix.md section 5 ("Our batch eval") and eval_metrics.md s
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -44,9 +41,10 @@ from eval.backend import (
     TransientError,
     WorkerCrashedError,
 )
-from eval.data import MEDIA_COLUMNS, DatasetFormatError, Item, MediaRef, iter_rows, row_to_item
+from eval.data import MEDIA_COLUMNS, DatasetFormatError, Item, iter_rows, row_to_item
+from eval.fingerprint import RECORD_FORMAT, file_digest, fingerprint, item_digest, model_facts
 from eval.records import RecordsWriteError, RecordWriter, dumps, iter_records, write_atomic
-from eval.score import summarize
+from eval.summary import build_summary, code_versions, summary_markdown
 from eval.tasks import RecordError, Task, get_task
 from vl.errors import (
     CheckpointError,
@@ -57,7 +55,6 @@ from vl.errors import (
     VLError,
 )
 
-RECORD_FORMAT = 1  # bump when the meaning of a record changes; part of the fingerprint
 ISOLATION = ("process", "inline")
 
 
@@ -122,76 +119,6 @@ class RunConfig:
                 raise RunOptionError(f"{name}={getattr(self, name)!r}: expected {expected}")
 
 
-# ---------------------------------------------------------------------------------------------------
-# digests and fingerprints
-
-
-def file_digest(path: str | os.PathLike, full_below: int = 32 << 20, samples: int = 16, chunk: int = 1 << 16) -> str:
-    """sha256 of a file: the whole content below `full_below` bytes, else its size, the safetensors header
-    (when it is one) and `samples` evenly spaced chunks. Sampling keeps a 24 GB checkpoint to milliseconds;
-    any retraining or re-quantization changes every tensor, so the samples catch it."""
-    p = Path(path)
-    h = hashlib.sha256()
-    size = p.stat().st_size
-    h.update(str(size).encode())
-    with open(p, "rb") as f:
-        if size <= full_below:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-            return "sha256:" + h.hexdigest()
-        if p.suffix == ".safetensors":
-            n = int.from_bytes(f.read(8), "little")
-            if 0 < n <= min(size - 8, 100 << 20):
-                h.update(f.read(n))
-        for i in range(samples):
-            f.seek((size - chunk) * i // (samples - 1))
-            h.update(f.read(chunk))
-    return "sampled-sha256:" + h.hexdigest()
-
-
-def media_digest(ref: MediaRef) -> str:
-    if ref.data is not None:
-        return "sha256:" + hashlib.sha256(ref.data).hexdigest()
-    try:
-        return file_digest(ref.path)
-    except OSError:
-        return f"missing:{ref.path}"  # fails at run time as a per-item error; a later fix changes the hash
-
-
-def item_digest(task: Task, item: Item) -> str:
-    """What the model is asked plus what the item is scored against: a change of either is a new item."""
-    payload = {"prompt": task.prompt_text(item), "answers": list(item.answers), "fields": item.fields,
-               "media": [[ref.kind, media_digest(ref)] for ref in item.media]}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def model_facts(model: str, dtype: str | None = None) -> dict:
-    """What identifies the model without loading it: path, digests, precision, media defaults."""
-    from vl.checkpoint.load import read_config, resolve_dir, resolve_dtype
-    from vl.config import vl_config_from_hf
-
-    directory = resolve_dir(model)
-    raw = read_config(directory)
-    cfg = vl_config_from_hf(raw, where=str(directory / "config.json"))
-    weights, files = hashlib.sha256(), hashlib.sha256()
-    for p in sorted(directory.iterdir()):
-        if not p.is_file() or p.name.startswith("."):
-            continue
-        target = weights if p.suffix == ".safetensors" else files
-        target.update(f"{p.name}\0{file_digest(p)}\0".encode())
-    compute = str(resolve_dtype(dtype, raw)).replace("torch.", "")
-    quant = None
-    hf_quant = directory / "hf_quant_config.json"
-    if hf_quant.exists():
-        quant = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
-    q = raw.get("quantization_config") or (raw.get("llm_config") or {}).get("quantization_config") or {}
-    quant = quant or q.get("quant_algo") or q.get("quant_method")
-    return {"path": str(directory.resolve()), "weights_digest": weights.hexdigest(),
-            "config_digest": file_digest(directory / "config.json"), "files_digest": files.hexdigest(),
-            "dtype": compute, "precision": f"{quant} (compute {compute})" if quant else compute,
-            "max_num_tiles": cfg.max_num_tiles, "video_pruning_rate": cfg.video_pruning_rate}
-
-
 def effective_settings(cfg: RunConfig, task: Task, facts: dict) -> GenerationSettings:
     return GenerationSettings(
         max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
@@ -202,15 +129,6 @@ def effective_settings(cfg: RunConfig, task: Task, facts: dict) -> GenerationSet
                             else facts.get("video_pruning_rate")),
         skip_blank_tiles=bool(cfg.skip_blank_tiles), token_pruning_rate=float(cfg.token_pruning_rate),
         seed=cfg.seed, timeout_s=cfg.item_timeout_s)
-
-
-def fingerprint(task: Task, facts: dict, settings: GenerationSettings, device_type: str) -> str:
-    model = {k: facts.get(k) for k in ("path", "weights_digest", "config_digest", "files_digest", "precision")}
-    decided = {k: v for k, v in dataclasses.asdict(settings).items() if k != "timeout_s"}
-    payload = {"format": RECORD_FORMAT, "model": model, "device_type": device_type,
-               "task": {"name": task.name, "pre_prompt": task.pre_prompt, "post_prompt": task.post_prompt},
-               "generation": {**decided, "temperature": 0.0}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -648,99 +566,6 @@ class Runner:
             "fingerprint": self.fingerprint, "record_format": RECORD_FORMAT,
         })
         return head
-
-
-def code_versions() -> dict:
-    import platform
-
-    out = {"python": platform.python_version()}
-    for name in ("torch", "transformers"):
-        mod = sys.modules.get(name)
-        out[name] = getattr(mod, "__version__", None) if mod else None
-    try:
-        from importlib.metadata import version
-
-        out["nemotron-vl"] = version("nemotron-vl")
-    except Exception:  # noqa: BLE001 - not installed as a distribution
-        out["nemotron-vl"] = None
-    try:
-        repo = Path(__file__).resolve().parent.parent
-        out["git_commit"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                                           text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        out["git_commit"] = None
-    return out
-
-
-def _token_stats(records: list[dict]) -> dict:
-    ok = [r["tokens"] for r in records if r.get("status") == "ok" and r.get("tokens")]
-    out: dict[str, Any] = {"items": len(ok)}
-    for key in ("prompt", "vision_before", "vision_after", "new"):
-        total = sum(t.get(key, 0) for t in ok)
-        out[key] = {"total": total, "mean": round(total / len(ok), 3) if ok else None}
-    before, after = out["vision_before"]["total"], out["vision_after"]["total"]
-    out["vision_kept_fraction"] = round(after / before, 6) if before else None
-    ttft = [(r.get("timing") or {}).get("ttft_s") for r in records if r.get("status") == "ok"]
-    ttft = [t for t in ttft if t is not None]
-    out["time_to_first_token_s"] = {"mean": round(sum(ttft) / len(ttft), 4) if ttft else None,
-                                    "note": "timing: differs between runs (not in the fingerprint)"}
-    return out
-
-
-def build_summary(task: Task, records: list[dict], header: dict, missing: list[str]) -> dict:
-    scores = summarize(task, records)
-    statuses = defaultdict(int)
-    for r in records:
-        statuses[r.get("status", "ok")] += 1
-    return {
-        "header": header,
-        "scores": scores,
-        "tokens": _token_stats(records),
-        "counts": {"items": len(records) + len(missing), "ok": statuses.get("ok", 0),
-                   "error": statuses.get("error", 0), "timeout": statuses.get("timeout", 0),
-                   "missing": len(missing), "missing_ids": missing[:20], "complete": not missing,
-                   "errors_by_class": scores.get("errors_by_class", {})},
-    }
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    return "" if v is None else str(v)
-
-
-def summary_markdown(summary: dict) -> str:
-    h, s, t, c, run = summary["header"], summary["scores"], summary["tokens"], summary["counts"], summary.get("run", {})
-    lines = [f"# {h['task']}: {s['metric']} = {_fmt(s['score'])} ({s['scale']} scale, {h['harness']})", ""]
-    lines += [f"{c['ok']} ok, {c['error']} errors, {c['timeout']} timeouts, {c['missing']} missing of "
-              f"{c['items']} items" + ("" if c["complete"] else " (INCOMPLETE: resume the run)"), ""]
-    if c["errors_by_class"]:
-        lines += ["Errors by class: " + ", ".join(f"{k} {v}" for k, v in c["errors_by_class"].items()), ""]
-    lines += ["## Run header", "", "| field | value |", "|---|---|"]
-    for key in ("reference", "dataset", "data", "split", "limit", "pre_prompt", "prompt_suffix", "max_new_tokens",
-                "max_new_tokens_source", "reasoning_mode", "fps", "max_frames", "max_num_tiles", "evs_rate",
-                "precision", "device_type", "seeds", "model", "fingerprint"):
-        lines.append(f"| {key} | {json.dumps(h.get(key), ensure_ascii=False)} |")
-    categories = s.get("categories") or {}
-    for name, values in categories.items():
-        lines += ["", f"## Per {name}", "", "| value | score | n |", "|---|---|---|"]
-        for value, entry in values.items():
-            lines.append(f"| {value} | {_fmt(entry.get('score'))} | {entry.get('n')} |")
-    extra = {k: v for k, v in s.items() if k not in ("task", "harness", "reference", "metric", "scale", "score",
-                                                      "categories", "errors_by_class") and not isinstance(v, dict)}
-    if extra:
-        lines += ["", "## Other numbers", "", "| key | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in extra.items()]
-    lines += ["", "## Tokens (per ok item)", "", "| tokens | mean | total |", "|---|---|---|"]
-    for key in ("prompt", "vision_before", "vision_after", "new"):
-        lines.append(f"| {key} | {_fmt(t[key]['mean'])} | {t[key]['total']} |")
-    lines.append(f"| vision kept fraction | {_fmt(t['vision_kept_fraction'])} | |")
-    if run:
-        lines += ["", "## Time", "", f"{run.get('items_run')} items run in {run.get('wall_s')} s "
-                  f"({run.get('items_per_s')} items/s) on {run.get('world_size')} process(es), batch "
-                  f"{run.get('batch_size')}, device {run.get('device')}; retries {run.get('retries')}, batch splits "
-                  f"{run.get('batch_splits')}, worker restarts {run.get('worker_restarts')}."]
-    return "\n".join(lines) + "\n"
 
 
 def run(cfg: RunConfig, **kwargs) -> dict | None:
