@@ -34,11 +34,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+
+from ui.measure import wait_served
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = ("image", "pdf", "video", "chat")
@@ -85,21 +86,6 @@ def start_app(model: str, work: Path, port: int, max_upload_mb: int, queue_size:
                                             "--timeout", str(timeout_s)],
                             cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vl app exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"vl app did not serve {url} within {timeout} s:\n{log_path.read_text()[-3000:]}")
 
 
 def stop_app(proc: subprocess.Popen) -> int | None:
@@ -308,7 +294,8 @@ def run(args) -> dict:
     summary: dict = {"model": model_desc, "url": url, "duration_s": args.duration, "rate_per_s": args.rate,
                      "bad_fraction": args.bad_fraction, "criteria": CRITERIA}
     try:
-        summary["startup_s"] = round(wait_ready(url, proc, args.startup_timeout, work / "app.log"), 1)
+        summary["startup_s"] = round(wait_served(url, proc, args.startup_timeout, poll=0.25,
+                                                   describe_exit=lambda: (work / "app.log").read_text()[-3000:]), 1)
         sys.path[:0] = [str(REPO)]
         from ui.examples import ensure_examples, tab_examples
 

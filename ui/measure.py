@@ -31,19 +31,26 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(url: str, proc: subprocess.Popen, timeout: float) -> float:
+def wait_served(url: str, proc: subprocess.Popen, timeout: float, *, describe_exit=None, poll: float = 0.2) -> float:
+    """Seconds until `url` answers 200 with the Gradio page. RuntimeError if the app exits first or `timeout`
+    passes, with `describe_exit()` appended (e.g. the tail of the app's log). Shared by this module, the soak
+    (scripts/soak.py) and the UI tests."""
+    def fail(msg: str):
+        extra = describe_exit() if describe_exit else ""
+        raise RuntimeError(msg + (f":\n{extra}" if extra else ""))
+
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
-            raise SystemExit(f"vl app exited with {proc.returncode}")
+            fail(f"vl app exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and b"gradio" in r.read().lower():
                     return time.perf_counter() - t0
         except OSError:
             pass
-        time.sleep(0.1)
-    raise SystemExit(f"vl app did not serve {url} within {timeout} s")
+        time.sleep(poll)
+    fail(f"vl app did not serve {url} within {timeout} s")
 
 
 def ask(client, api_name: str, args: list) -> dict:
@@ -91,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}/"
-        report = {"command": " ".join(cmd), "start_to_ready_page_s": round(_wait(url, proc, 600), 2)}
+        try:
+            ready_s = wait_served(url, proc, 600, poll=0.1)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from None
+        report = {"command": " ".join(cmd), "start_to_ready_page_s": round(ready_s, 2)}
         client = Client(url, verbose=False, download_files=False)
         doc = next(e for e in tabs["document"] if e["path"].endswith(".png"))
         pdf = next(e for e in tabs["document"] if e["path"].endswith(".pdf"))

@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 DOC_ARGS = dict(pages="", max_tiles=12, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=24,
@@ -64,15 +63,6 @@ def vl_command() -> list[str]:
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
     """Seconds until `url` serves the Gradio page; fails with the app's stderr if it exits first."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise AssertionError(f"vl app exited with {proc.returncode}:\n{proc.stderr.read()}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200 and b"gradio" in r.read().lower():
-                    return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"vl app did not serve {url} within {timeout} s")
+    from ui.measure import wait_served
+
+    return wait_served(url, proc, timeout, describe_exit=lambda: proc.stderr.read() if proc.stderr else "")
