@@ -45,8 +45,8 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = zxbcdt.split([self.d_inner, self.conv_dim, self.n_heads], dim=-1)
         if mask is not None:
             xbc = xbc * mask[..., None].to(xbc.dtype)
-        xbc = kernels.causal_conv(xbc.transpose(1, 2), self.conv1d.weight[:, 0], self.conv1d.bias,
-                                  state.conv if state is not None else None).transpose(1, 2)
+        xbc = kernels.causal_conv(xbc, self.conv1d.weight[:, 0], self.conv1d.bias,
+                                  state.conv if state is not None else None)
         if mask is not None:
             xbc = xbc * mask[..., None].to(xbc.dtype)
         x, B, C = xbc.split([self.d_inner, self.n_groups * self.d_state, self.n_groups * self.d_state], dim=-1)
@@ -66,6 +66,6 @@ class Mamba2Mixer(nn.Module):
                                         state.ssm if state is not None else None)
             if state is not None:
                 state.ssm.copy_(final)
-        y = y + x.float() * self.D.float()[:, None]  # (b, t, h, p)
+        y = torch.addcmul(y, x.float(), self.D.float()[:, None])  # the D skip; (b, t, h, p)
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y.to(h.dtype))
