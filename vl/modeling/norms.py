@@ -34,7 +34,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, y, z):
-        y = y.float() * nn.functional.silu(z.float())
+        y = nn.functional.silu(z.float()).mul_(y.float())
         shape = y.shape
         group = shape[-1] // self.n_groups
         yg = nn.functional.rms_norm(y.view(*shape[:-1], self.n_groups, group), (group,), None, self.eps)

@@ -17,13 +17,16 @@ def _decay_matrix(acs: torch.Tensor) -> torch.Tensor:
     """exp(acs[i] - acs[j]) for i >= j, else 0. acs: (..., l) within-chunk cumulative sums of dt·A.
 
     The difference is formed in float64 so that long chunks with large |cumsum| lose no precision
-    (the exponent of nearby positions is a small difference of two large numbers).
+    (the exponent of nearby positions is a small difference of two large numbers). Exponents are clamped
+    at -80: below it exp gives < 2e-35, an absolute change no fp32 output can show, while a denormal or
+    underflowing exp costs 5-13x a normal one on CPU (with real dt and A most of a chunk's pairs decay
+    that far).
     """
     acs64 = acs.double()
     diff = (acs64[..., :, None] - acs64[..., None, :]).float()  # (..., l, l)
     l = acs.shape[-1]
-    causal = torch.ones(l, l, dtype=torch.bool, device=acs.device).tril()
-    return torch.exp(diff.masked_fill(~causal, -torch.inf))
+    upper = torch.ones(l, l, dtype=torch.bool, device=acs.device).triu(1)
+    return diff.clamp_(min=-80.0).masked_fill_(upper, -torch.inf).exp_()
 
 
 def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
@@ -44,33 +47,38 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
         C = torch.nn.functional.pad(C, (0, 0, 0, 0, 0, pad))
     c, l = (t + pad) // chunk_size, chunk_size
 
-    xdt = (x * dt[..., None]).view(b, c, l, g, r, p)
     a = (dt * A.float()).view(b, c, l, g, r).permute(0, 1, 3, 4, 2)  # (b, c, g, r, l)
     acs = torch.cumsum(a, dim=-1)  # (b, c, g, r, l)
-    Bc = B.view(b, c, l, g, n).permute(0, 1, 3, 2, 4)  # (b, c, g, l, n)
-    Cc = C.view(b, c, l, g, n).permute(0, 1, 3, 2, 4)  # (b, c, g, l, n)
-    xg = xdt.permute(0, 1, 3, 4, 2, 5)  # (b, c, g, r, l, p)
+    Bc = B.view(b, c, l, g, n).transpose(2, 3).contiguous()  # (b, c, g, l, n)
+    Cc = C.view(b, c, l, g, n).transpose(2, 3).contiguous()  # (b, c, g, l, n)
+    # x·dt in the two layouts the products want: per group (l, r·p) blocks for the state products, per head
+    # (l, p) blocks for the within-chunk product
+    xdt = (x * dt[..., None]).view(b, c, l, g, r, p).transpose(2, 3).contiguous()  # (b, c, g, l, r, p)
+    xg = xdt.transpose(3, 4).contiguous()  # (b, c, g, r, l, p)
 
-    # 1. within-chunk outputs: a masked, decayed "attention" C·Bᵀ over positions of the chunk
+    # 1. within-chunk outputs, all chunks at once: a masked, decayed "attention" C·Bᵀ over the chunk
     scores = Cc @ Bc.transpose(-1, -2)  # (b, c, g, l, s)
-    y = (scores[:, :, :, None] * _decay_matrix(acs)) @ xg  # (b, c, g, r, l, p)
+    y = (_decay_matrix(acs) * scores[:, :, :, None]) @ xg  # (b, c, g, r, l, p)
 
-    # 2. each chunk's contribution to the state at its end
-    decay_to_end = torch.exp(acs[..., -1:] - acs)  # (b, c, g, r, l)
-    xd = (xg * decay_to_end[..., None]).transpose(-1, -2).reshape(b, c, g, r * p, l)
-    chunk_states = (xd @ Bc).view(b, c, g, r, p, n)  # (b, c, g, r, p, n)
-
-    # 3 + 4. carry the state across chunks (a short sequential recurrence over c); the state carried into
-    # chunk k reaches each of its positions decayed by exp(acs) and read out through C
-    chunk_decay = torch.exp(acs[..., -1])  # (b, c, g, r)
-    decay_in = torch.exp(acs)  # (b, c, g, r, l)
-    state = initial_state.float().view(b, g, r, p, n) if initial_state is not None else None
+    # 2-4. chunk by chunk (a short sequential loop over c; each step's tensors are cache-sized). The state is
+    # kept transposed, Sᵀ (n, r·p) per group, so both of its products are plain per-group matmuls (B and C
+    # are shared by the r heads of a group and never copied to them): read the carried state out at the
+    # chunk's positions through C (decayed by exp(acs)), then carry it to the chunk's end: decay it and add
+    # Bᵀ @ (x·dt·exp(acs_end - acs)).
+    decay_to_end = torch.exp(acs[..., -1:] - acs).transpose(-1, -2)[..., None]  # (b, c, g, l, r, 1)
+    decay_in = torch.exp(acs).transpose(-1, -2)[..., None]  # (b, c, g, l, r, 1)
+    chunk_decay = torch.exp(acs[..., -1]).view(b, c, g, 1, r, 1)
+    state = None  # Sᵀ (b, g, n, r, p)
+    if initial_state is not None:
+        state = initial_state.float().view(b, g, r, p, n).permute(0, 1, 4, 2, 3).contiguous()
     for k in range(c):
-        if state is None:  # nothing carried into the first chunk
-            state = chunk_states[:, k].clone()
-            continue
-        y[:, k] += (Cc[:, k, :, None] @ state.transpose(-1, -2)) * decay_in[:, k, ..., None]
-        state = state * chunk_decay[:, k, ..., None, None] + chunk_states[:, k]
+        if state is not None:
+            y_in = (Cc[:, k] @ state.view(b, g, n, r * p)).view(b, g, l, r, p).mul_(decay_in[:, k])
+            y[:, k].add_(y_in.transpose(2, 3))
+        contrib = (Bc[:, k].transpose(-1, -2) @ (xdt[:, k] * decay_to_end[:, k]).view(b, g, l, r * p))
+        contrib = contrib.view(b, g, n, r, p)
+        state = contrib if state is None else contrib.add_(state * chunk_decay[:, k])
+    state = state.permute(0, 1, 3, 4, 2)  # (b, g, r, p, n)
 
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * l, h, p)[:, :t]
     return y, state.reshape(b, h, p, n)
