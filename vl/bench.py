@@ -26,6 +26,7 @@ import torch
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime.cache import HybridCache
+from vl.runtime.cpu_matmul import upcast_16bit_matmuls
 from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams
 
@@ -106,7 +107,9 @@ def build_pair(cfg: LMConfig, dtype, device="cpu"):
                 p.normal_(0, 0.02)
     hf = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**lm_config_to_hf(cfg))).eval()
     hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
-    return ours.to(device, dtype), hf.to(device, dtype)
+    ours = ours.to(device, dtype)
+    upcast_16bit_matmuls(ours)  # as vl.load_pretrained does
+    return ours, hf.to(device, dtype)
 
 
 @torch.no_grad()

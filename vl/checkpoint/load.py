@@ -147,6 +147,9 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()
     model.checkpoint_dir = str(directory)
     model.quantization = qload
+    from vl.runtime.cpu_matmul import upcast_16bit_matmuls
+
+    upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
     if device_map is not None:
         from vl.runtime.placement import place
 
