@@ -225,7 +225,7 @@ ROWS = [
     Row("S6", "worker over its memory rlimit (a bomb without our cap)", "contained to the worker; clear error; up",
         _t(R_INP, "test_s6_worker_over_its_memory_cap_is_a_clear_error_and_the_service_stays_up")
         + _t(T_SBX, "test_memory_cap"),
-        "81 MP decodes within 1 GiB here, so the test caps the worker at 768 MB"),
+        "81 MP decodes within 1 GiB here, so the test caps the worker at 640 MB (and first serves a normal page under that cap)"),
     Row("S7", "path traversal on file= routes (../, abs, encoded, //, case, dotfiles, model dir, symlink)",
         "403/404; content never returned",
         _t(R_SRV, "test_s7_traversal_variants_never_return_content")
