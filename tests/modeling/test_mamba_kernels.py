@@ -84,3 +84,27 @@ def test_shifted_causal_conv_equals_conv1d(t, with_state, with_bias):
                                 .sin().sum(), leaves)
     for a, b_ in zip(g_got, g_want):
         torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-5)
+
+
+def test_gated_rms_norm_values_and_gradients_equal_its_definition():
+    from vl.modeling.norms import GatedRMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = GatedRMSNorm(32, n_groups=4, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32, generator=gen))
+    y = torch.randn(2, 5, 32, generator=gen, requires_grad=True)
+    z = torch.randn(2, 5, 32, generator=gen, requires_grad=True)
+
+    def definition(y, z, w):  # y·silu(z), RMS-normalised per group of 8 channels, then scaled
+        g = (y * torch.nn.functional.silu(z)).view(2, 5, 4, 8)
+        return (g / torch.sqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5)).view(2, 5, 32) * w
+
+    w = norm.weight.detach().clone().requires_grad_()
+    want = definition(y, z, w)
+    got = norm(y, z)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    g_want = torch.autograd.grad(want.sin().sum(), [y, z, w])
+    g_got = torch.autograd.grad(got.sin().sum(), [y, z, norm.weight])
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
