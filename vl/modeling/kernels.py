@@ -85,20 +85,22 @@ def causal_conv(x, weight, bias, conv_state=None):
         conv_state.copy_(window[..., 1:])
         out = (window * weight).sum(-1)[:, None]
         return torch.nn.functional.silu(out if bias is None else out + bias)
-    # out[i] = bias + sum_j weight[:, j] * x[i - (k-1) + j]; inputs before the start are the state (or zero)
-    out = x * weight[:, k - 1] if bias is None else torch.addcmul(bias.to(x.dtype), x, weight[:, k - 1])
-    for s in range(1, k):  # shift s: row i reads x[i - s]
-        if s < t:
-            out[:, s:].addcmul_(x[:, :t - s], weight[:, k - 1 - s])
-    if conv_state is not None:
-        # (b, k-1, c): the inputs at times -(k-1) .. -1 (a copy: the state is overwritten below)
-        hist = conv_state.transpose(1, 2).to(x.dtype, copy=True)
-        for s in range(1, k):
-            for i in range(min(s, t)):  # row i < s reads history row (k-1) + i - s
-                out[:, i].addcmul_(hist[:, k - 1 + i - s], weight[:, k - 1 - s])
-        tail = torch.cat([hist, x[:, -(k - 1):]], dim=1)
-        conv_state.copy_(tail[:, tail.shape[1] - (k - 1):].transpose(1, 2))
+    out = _shifted_conv(x, weight, bias)
+    if conv_state is not None:  # the first k-1 outputs again, over the real history instead of zeros
+        hist = conv_state.transpose(1, 2).to(x.dtype)  # (b, k-1, c): the inputs at times -(k-1) .. -1
+        head = torch.cat([hist, x[:, :k - 1]], dim=1)
+        out[:, :k - 1] = _shifted_conv(head, weight, bias)[:, k - 1:]
+        conv_state.copy_(torch.cat([hist, x[:, -(k - 1):]], dim=1)[:, -(k - 1):].transpose(1, 2))
     return torch.nn.functional.silu(out, inplace=True)
+
+
+def _shifted_conv(x, weight, bias):
+    """out[i] = bias + sum_j weight[:, j] * x[i - (k-1) + j], zeros before the start; x (b, t, c)."""
+    k, t = weight.shape[-1], x.shape[1]
+    out = x * weight[:, k - 1] if bias is None else torch.addcmul(bias.to(x.dtype), x, weight[:, k - 1])
+    for s in range(1, min(k, t)):  # shift s: row i reads x[i - s]
+        out[:, s:].addcmul_(x[:, :t - s], weight[:, k - 1 - s])
+    return out
 
 
 def ssd_scan(x, dt, A, B, C, chunk_size, initial_state=None):
