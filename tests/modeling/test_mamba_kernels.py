@@ -86,6 +86,50 @@ def test_shifted_causal_conv_equals_conv1d(t, with_state, with_bias):
         torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [1, 3, 4, 5, 8, 9, 13])
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_in_place_conv_equals_conv1d_across_blocks(t, with_state, with_bias):
+    """Without autograd the conv overwrites its input block by block from the end (blocks of 4 steps here, so
+    every t crosses block edges, and the first block is shorter than, equal to or longer than k-1); the
+    result equals conv1d and the out-of-place path (to the last bit of SiLU's vectorized vs scalar exp), x
+    becomes the output, the rest of the projection output is untouched, and the state is the last k-1 inputs."""
+    gen = torch.Generator().manual_seed(100 + t)
+    b, c, k = 2, 6, 4
+    wide = torch.randn(b, t, 3 * c, generator=gen)  # x as a column slice of a wider projection output
+    x = wide[..., c:2 * c]
+    weight = torch.randn(c, k, generator=gen)
+    bias = torch.randn(c, generator=gen) if with_bias else None
+    history = torch.randn(b, c, k - 1, generator=gen) if with_state else torch.zeros(b, c, k - 1)
+    want, want_state = _conv_reference(x, weight, bias, history)
+    out_of_place = torch.nn.functional.silu(kernels._shifted_conv(torch.cat([history.transpose(1, 2), x], 1),
+                                                                  weight, bias)[:, k - 1:])
+    untouched = wide.clone()
+    state = history.clone() if with_state else None
+    with torch.no_grad():
+        got = kernels._conv_in_place(x, weight, bias, history.transpose(1, 2) if with_state else None, block=4)
+    assert got.data_ptr() == x.data_ptr()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, out_of_place, rtol=1e-6, atol=1e-7)
+    assert torch.equal(wide[..., :c], untouched[..., :c]) and torch.equal(wide[..., 2 * c:], untouched[..., 2 * c:])
+    x2 = untouched[..., c:2 * c].clone()
+    with torch.no_grad():  # the public entry point takes the in-place path and updates the state first
+        got2 = kernels.causal_conv(x2, weight, bias, state)
+    torch.testing.assert_close(got2, want, rtol=1e-5, atol=1e-5)
+    if with_state:
+        torch.testing.assert_close(state, want_state)
+
+
+def test_in_place_conv_long_sequence_matches_the_autograd_path():
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 300, 16, generator=gen)
+    weight, bias = torch.randn(16, 4, generator=gen), torch.randn(16, generator=gen)
+    want = kernels.causal_conv(x.clone().requires_grad_(), weight, bias).detach()
+    with torch.no_grad():
+        got = kernels.causal_conv(x, weight, bias)
+    assert torch.equal(got, want)
+
+
 def test_gated_rms_norm_values_and_gradients_equal_its_definition():
     from vl.modeling.norms import GatedRMSNorm
 

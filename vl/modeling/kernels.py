@@ -74,7 +74,8 @@ def causal_conv(x, weight, bias, conv_state=None):
 
     With a state, the state holds the previous k-1 inputs and is updated in place to the last k-1.
     On the reference path the conv is k shifted multiply-adds in the time-major layout the projections
-    produce: no transposed copies, and 2-4x faster on CPU than `conv1d`'s depthwise kernel.
+    produce: no transposed copies, and 2-4x faster on CPU than `conv1d`'s depthwise kernel. When no autograd
+    graph is being recorded, x itself is overwritten with the output (see `_conv_in_place`).
     """
     k = weight.shape[-1]
     if conv_state is None and use_fast(x) and _fast_ops()["conv"] is not None:
@@ -85,22 +86,49 @@ def causal_conv(x, weight, bias, conv_state=None):
         conv_state.copy_(window[..., 1:])
         out = (window * weight).sum(-1)[:, None]
         return torch.nn.functional.silu(out if bias is None else out + bias)
-    out = _shifted_conv(x, weight, bias)
-    if conv_state is not None:  # the first k-1 outputs again, over the real history instead of zeros
-        hist = conv_state.transpose(1, 2).to(x.dtype)  # (b, k-1, c): the inputs at times -(k-1) .. -1
-        head = torch.cat([hist, x[:, :k - 1]], dim=1)
-        out[:, :k - 1] = _shifted_conv(head, weight, bias)[:, k - 1:]
+    hist = None if conv_state is None else conv_state.transpose(1, 2).to(x.dtype, copy=True)  # at -(k-1) .. -1
+    if conv_state is not None:  # the last k-1 inputs, taken before anything is overwritten
         conv_state.copy_(torch.cat([hist, x[:, -(k - 1):]], dim=1)[:, -(k - 1):].transpose(1, 2))
+    if not (torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in (x, weight, bias))):
+        return _conv_in_place(x, weight, bias, hist)
+    out = _shifted_conv(x, weight, bias)
+    if hist is not None:  # the first k-1 outputs again, over the real history instead of zeros
+        out[:, :k - 1] = _shifted_conv(torch.cat([hist, x[:, :k - 1]], dim=1), weight, bias)[:, k - 1:]
     return torch.nn.functional.silu(out, inplace=True)
 
 
-def _shifted_conv(x, weight, bias):
-    """out[i] = bias + sum_j weight[:, j] * x[i - (k-1) + j], zeros before the start; x (b, t, c)."""
+def _shifted_conv(x, weight, bias, out=None):
+    """out[i] = bias + sum_j weight[:, j] * x[i - (k-1) + j], zeros before the start; x (b, t, c). `out`: an
+    optional (b, t, c) buffer to write into."""
     k, t = weight.shape[-1], x.shape[1]
-    out = x * weight[:, k - 1] if bias is None else torch.addcmul(bias.to(x.dtype), x, weight[:, k - 1])
+    w = weight.t().contiguous()  # (k, c): each tap's weights contiguous, so the products vectorize (4x faster)
+    if bias is None:
+        out = torch.mul(x, w[k - 1], out=out)
+    else:
+        out = torch.addcmul(bias.to(x.dtype), x, w[k - 1], out=out)
     for s in range(1, min(k, t)):  # shift s: row i reads x[i - s]
-        out[:, s:].addcmul_(x[:, :t - s], weight[:, k - 1 - s])
+        out[:, s:].addcmul_(x[:, :t - s], w[k - 1 - s])
     return out
+
+
+def _conv_in_place(x, weight, bias, hist=None, block: int = 128):
+    """The same conv + SiLU written over x itself, `block` time steps at a time from the last block back to
+    the first: a block's output needs inputs from the k-1 steps before it, which are still unwritten, so
+    nothing is copied but the block in hand. No full-size temporary (on a 2k-token prefill a fresh 30 MB
+    output costs more in page faults than the conv's arithmetic) and each block's work stays in cache.
+    Same products in the same order as `_shifted_conv`. hist (b, k-1, c) or None (zeros)."""
+    k, t = weight.shape[-1], x.shape[1]
+    buf = x.new_empty(x.shape[0], min(block, t) + k - 1, x.shape[2])  # one block's output, reused
+    for a in range(((t - 1) // block) * block, -1, -block):
+        e = min(a + block, t)
+        if a >= k - 1:
+            src = x[:, a - (k - 1):e]
+        else:  # the first block reads the history (or zeros) before time 0
+            before = hist if hist is not None else x.new_zeros(x.shape[0], k - 1, x.shape[2])
+            src = torch.cat([before[:, before.shape[1] - (k - 1 - a):], x[:, :e]], dim=1)
+        out = _shifted_conv(src, weight, bias, buf[:, :src.shape[1]])[:, k - 1:]
+        x[:, a:e] = torch.nn.functional.silu(out, inplace=True)
+    return x
 
 
 def ssd_scan(x, dt, A, B, C, chunk_size, initial_state=None):
