@@ -62,6 +62,18 @@ def _conv_reference(x, weight, bias, history):
     return torch.nn.functional.silu(out[..., -x.shape[1]:]).transpose(1, 2), xc[..., xc.shape[-1] - (k - 1):]
 
 
+@pytest.mark.parametrize("t,chunk", [(5, 8), (37, 8), (70, 32), (300, 32)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunked_scan_without_autograd_equals_the_recurrence(t, chunk, with_state):
+    """The inference path (fp32 decay exponents, no autograd) against the recurrence, same tolerance."""
+    x, dt, A, B, C, s0 = _ssd_inputs(t, seed=t)
+    with torch.no_grad():
+        y0, f0 = _recurrence(x, dt, A, B, C, s0 if with_state else None)
+        y1, f1 = ssd_chunked(x, dt, A, B, C, chunk, s0 if with_state else None)
+    torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(f1, f0, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("t", [1, 2, 3, 4, 9])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -16,14 +16,16 @@ import torch
 def _decay_matrix(acs: torch.Tensor) -> torch.Tensor:
     """exp(acs[i] - acs[j]) for i >= j, else 0. acs: (..., l) within-chunk cumulative sums of dt·A.
 
-    The difference is formed in float64 so that long chunks with large |cumsum| lose no precision
-    (the exponent of nearby positions is a small difference of two large numbers). Exponents are clamped
-    at -80: below it exp gives < 2e-35, an absolute change no fp32 output can show, while a denormal or
-    underflowing exp costs 5-13x a normal one on CPU (with real dt and A most of a chunk's pairs decay
-    that far).
+    Without autograd the difference is formed in fp32 from the chunk's own cumulative sums, as the mamba-ssm
+    kernels and transformers' PyTorch path do. When gradients flow it is formed in float64: the gradient of
+    the exponent of nearby positions (a small difference of two large sums) needs the headroom; in fp32 some
+    of dt's gradients drift by 5% with real-model dt·A (tests/modeling/test_mamba_kernels.py).
+    Exponents are clamped at -80: below it exp gives < 2e-35, an absolute change no fp32 output can show,
+    while a denormal or underflowing exp costs 5-13x a normal one on CPU (with real dt and A most of a
+    chunk's pairs decay that far).
     """
-    acs64 = acs.double()
-    diff = (acs64[..., :, None] - acs64[..., None, :]).float()  # (..., l, l)
+    wide = acs.double() if acs.requires_grad else acs
+    diff = (wide[..., :, None] - wide[..., None, :]).float()  # (..., l, l)
     l = acs.shape[-1]
     upper = torch.ones(l, l, dtype=torch.bool, device=acs.device).triu(1)
     return diff.clamp_(min=-80.0).masked_fill_(upper, -torch.inf).exp_()
