@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from vl.modeling.random_init import randomize_  # noqa: F401 - re-exported for the tests
 
 LM_VARIANTS = {
     # every layer kind; chunk 16 so lengths cross chunk boundaries cheaply
@@ -25,33 +25,6 @@ def hf_nemotron_config(**overrides):
                 conv_kernel=4, eos_token_id=2, pad_token_id=0, bos_token_id=1)
     base.update(overrides)
     return transformers.NemotronHConfig(**base)
-
-
-@torch.no_grad()
-def randomize_(model: torch.nn.Module, seed: int = 0):
-    """Weights with O(1) activations, so that logit comparisons mean something.
-
-    dt_bias is drawn so that softplus(dt) stays far above transformers' `time_step_min` clamp (1e-3),
-    which the reference applies in its PyTorch path and the kernels/vLLM/we do not: parity tests must not
-    depend on that clamp.
-    """
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
-        elif name.endswith("dt_bias"):
-            p.copy_(torch.rand(p.shape, generator=g) * 3 - 2)
-        elif name.endswith(".D"):
-            p.copy_(torch.randn(p.shape, generator=g))
-        elif p.dim() == 1:
-            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-        else:
-            fan_in = p.shape[-1]
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.1 * torch.randn(b.shape, generator=g))
-    return model
 
 
 def save_hf_nemotron(tmp_path, variant="hybrid", seed=0, dtype=torch.float32, **overrides):

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vl.modeling.random_init import randomize_
+
 MODES = ("dequantize", "weight-only", "auto", "native")
 TEXT = ("The total is 47. Which field is at the top? NAME. The red circle moves to the right, then the blue "
         "square flashes twice. How many stars are there? 3. Describe the image in one sentence.")
@@ -45,19 +47,9 @@ def bench_vl_config(vocab_size: int = 8192, eos_token_id=(2,), img_context_id: i
 
 @torch.no_grad()
 def _randomize(model: nn.Module, seed: int, outlier_gain: float = 0.0) -> None:
-    """O(1) activations: N(0, 1/fan_in) matrices, unit norms, A_log / dt_bias / D in their usual ranges."""
+    """O(1) activations (vl.modeling.random_init), optionally with outlier channels on the residual path."""
     g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.log(torch.rand(p.shape, generator=g) * 15 + 1))
-        elif name.endswith("dt_bias"):
-            p.copy_(torch.rand(p.shape, generator=g) * 3 - 2)
-        elif name.endswith(".D"):
-            p.copy_(torch.randn(p.shape, generator=g))
-        elif p.dim() == 1:
-            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    randomize_(model, generator=g)
     if outlier_gain:
         lm = model.language_model
         d = lm.config.hidden_size
