@@ -114,6 +114,33 @@ def test_logits_to_keep_and_determinism(pair):
     full = ours(x).logits
     assert torch.equal(ours(x).logits, full)  # same input twice: bitwise identical (N5)
     assert torch.allclose(ours(x, logits_to_keep=1).logits[:, 0], full[:, -1], atol=1e-6)
+    assert torch.allclose(ours(x, logits_to_keep=3).logits, full[:, -3:], atol=1e-6)
+
+
+@torch.no_grad()
+def test_stateless_tail_runs_only_at_kept_positions(pair):
+    """The MLP / MoE layers after the last Mamba / attention layer see only the kept positions; every other
+    layer sees all of them, and the cache they leave behind gives the same next step as a full forward's."""
+    _, ours = pair
+    pattern = ours.config.pattern
+    tail = max(i for i, c in enumerate(pattern) if c in "M*") + 1
+    assert ours.stateless_tail == tail and tail < len(pattern)  # every test variant ends in MLP / MoE layers
+    seen = {}
+    hooks = [blk.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, a[0].shape[1]))
+             for i, blk in enumerate(ours.backbone.layers)]
+    try:
+        x = torch.randint(0, 128, (2, 20))
+        c_keep, c_full = HybridCache(ours.config, 2, 24), HybridCache(ours.config, 2, 24)
+        out = ours(x, cache=c_keep, logits_to_keep=2)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    assert seen == {i: (2 if i >= tail else 20) for i in range(len(pattern))}
+    assert out.last_hidden_state.shape[1] == 2
+    full = ours(x, cache=c_full).logits
+    torch.testing.assert_close(out.logits, full[:, -2:], rtol=1e-5, atol=1e-5)
+    step = torch.randint(0, 128, (2, 1))
+    torch.testing.assert_close(ours(step, cache=c_keep).logits, ours(step, cache=c_full).logits)
 
 
 def test_every_parameter_gets_a_gradient(tmp_path):

@@ -52,7 +52,7 @@ class Backbone(nn.Module):
 @dataclass
 class CausalLMOutput:
     logits: torch.Tensor  # (b, t_kept, vocab) fp32
-    last_hidden_state: torch.Tensor  # (b, t, d) after norm_f
+    last_hidden_state: torch.Tensor  # (b, t_kept, d) after norm_f
 
 
 class NemotronHForCausalLM(nn.Module):
@@ -67,6 +67,10 @@ class NemotronHForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.backbone.embeddings.weight
+        # the layers after the last Mamba / attention layer keep no state and mix no positions (MLP, MoE):
+        # with `logits_to_keep`, they only need to run at the kept positions
+        stateful = [i for i, c in enumerate(cfg.pattern) if c in "M*"]
+        self.stateless_tail = stateful[-1] + 1 if stateful else 0
 
     @property
     def lm_config(self) -> LMConfig:
@@ -82,7 +86,8 @@ class NemotronHForCausalLM(nn.Module):
         cache: a `HybridCache` (vl.runtime.cache) or None. input_pos: the absolute position of the first new
         token (default: the cache's length, or 0). attention_mask (b, t): 1 for real tokens, 0 for left
         padding of the new tokens; the cache remembers it for later steps. logits_to_keep: 0 = all positions,
-        k = the last k only (prefill needs only the last).
+        k = the last k only (prefill needs only the last): the stateless layers after the last Mamba / attention
+        layer, `norm_f` and `lm_head` then run at those k positions only, and `last_hidden_state` has k positions.
 
         A 0-d tensor `input_pos` selects fixed-shape one-token decode (`decode_step`): nothing on the Python
         side depends on the position, so the step can be compiled and captured as a CUDA graph.
@@ -103,12 +108,15 @@ class NemotronHForCausalLM(nn.Module):
         if self.config.residual_in_fp32:
             h = h.float()
         for i, block in enumerate(self.backbone.layers):
+            if i == self.stateless_tail and logits_to_keep:
+                h = h[:, -logits_to_keep:]
             h = block(h, cache.layers[i] if cache is not None else None, pos, mask, key_valid)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
         h = self.backbone.norm_f(h)
         if cache is not None:
             cache.length = pos + t
-        kept = h[:, -logits_to_keep:] if logits_to_keep else h
-        logits = self.lm_head(kept.to(self.backbone.embeddings.weight.dtype)).float()
+        logits = self.lm_head(h.to(self.backbone.embeddings.weight.dtype)).float()
         return CausalLMOutput(logits=logits, last_hidden_state=h)
 
     def _static_step(self, h, cache, pos):
