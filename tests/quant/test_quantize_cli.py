@@ -106,6 +106,24 @@ def test_export_loaded_back_equals_what_the_exporter_computed(computed):
         assert amax > 0 and float(mod.input_scale) == pytest.approx(amax / 2688, rel=1e-6)
 
 
+def test_calibration_sees_every_position_of_the_stateless_tail(src, computed):
+    """The input amax of every quantized Linear, the MLP after the last Mamba / attention layer included (prefill
+    runs that tail at the kept position only), equals a full forward's over every position of the same inputs."""
+    from vl.quant.export import collect_input_amax
+    from vl.quant.ptq import calibration_inputs
+
+    model = vl.load_pretrained(src, dtype="float32")
+    lm = model.language_model
+    assert lm.stateless_tail < len(lm.config.pattern)  # the tiny model ends in an MLP
+    tail = [n for n in computed.quantized if n.startswith(f"language_model.backbone.layers.{lm.stateless_tail}.")]
+    assert tail
+    calib = calibration_inputs(src, model, None, 2, 0)
+    full = collect_input_amax(model, lambda: [model(**c.kwargs) for c in calib], computed.quantized)
+    for name in computed.quantized:
+        assert computed.input_amax[name] == pytest.approx(full[name], rel=1e-6), name
+    assert lm.stateless_tail < len(lm.config.pattern)  # calibration put the knob back
+
+
 def test_synthetic_calibration_goes_through_documents_and_video(computed):
     kinds = [c.split()[1] for c in computed.calibration]
     assert kinds == ["document", "video"]

@@ -234,9 +234,13 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
 
     calib = calibration_inputs(src, model, list(prompts) if prompts is not None else None, num_calib, seed)
 
-    def run():
-        for c in _bar(calib, "calibrating", progress):
-            model(**c.kwargs, logits_to_keep=1)
+    def run():  # every Linear must see every position: the stateless tail too, not only the kept logits
+        tail, lm.stateless_tail = lm.stateless_tail, len(lm.backbone.layers)
+        try:
+            for c in _bar(calib, "calibrating", progress):
+                model(**c.kwargs, logits_to_keep=1)
+        finally:
+            lm.stateless_tail = tail
 
     amax = collect_input_amax(model, run, names)
 
