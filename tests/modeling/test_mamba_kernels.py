@@ -115,11 +115,12 @@ def test_in_place_conv_equals_conv1d_across_blocks(t, with_state, with_bias):
     history = torch.randn(b, c, k - 1, generator=gen) if with_state else torch.zeros(b, c, k - 1)
     want, want_state = _conv_reference(x, weight, bias, history)
     out_of_place = torch.nn.functional.silu(kernels._shifted_conv(torch.cat([history.transpose(1, 2), x], 1),
-                                                                  weight, bias)[:, k - 1:])
+                                                                  weight.t().contiguous(), bias)[:, k - 1:])
     untouched = wide.clone()
     state = history.clone() if with_state else None
     with torch.no_grad():
-        got = kernels._conv_in_place(x, weight, bias, history.transpose(1, 2) if with_state else None, block=4)
+        got = kernels._conv_in_place(x, weight.t().contiguous(), bias, history.transpose(1, 2) if with_state else None,
+                                     block=4)
     assert got.data_ptr() == x.data_ptr()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, out_of_place, rtol=1e-6, atol=1e-7)

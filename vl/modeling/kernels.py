@@ -89,35 +89,33 @@ def causal_conv(x, weight, bias, conv_state=None):
     hist = None if conv_state is None else conv_state.transpose(1, 2).to(x.dtype, copy=True)  # at -(k-1) .. -1
     if conv_state is not None:  # the last k-1 inputs, taken before anything is overwritten
         conv_state.copy_(torch.cat([hist, x[:, -(k - 1):]], dim=1)[:, -(k - 1):].transpose(1, 2))
+    # (k, c): each tap's weights contiguous, so the products vectorize (4x faster than strided columns)
+    taps, bias_x = weight.t().contiguous(), None if bias is None else bias.to(x.dtype)
     if not (torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in (x, weight, bias))):
-        return _conv_in_place(x, weight, bias, hist)
-    out = _shifted_conv(x, weight, bias)
+        return _conv_in_place(x, taps, bias_x, hist)
+    out = _shifted_conv(x, taps, bias_x)
     if hist is not None:  # the first k-1 outputs again, over the real history instead of zeros
-        out[:, :k - 1] = _shifted_conv(torch.cat([hist, x[:, :k - 1]], dim=1), weight, bias)[:, k - 1:]
+        out[:, :k - 1] = _shifted_conv(torch.cat([hist, x[:, :k - 1]], dim=1), taps, bias_x)[:, k - 1:]
     return torch.nn.functional.silu(out, inplace=True)
 
 
-def _shifted_conv(x, weight, bias, out=None):
-    """out[i] = bias + sum_j weight[:, j] * x[i - (k-1) + j], zeros before the start; x (b, t, c). `out`: an
-    optional (b, t, c) buffer to write into."""
-    k, t = weight.shape[-1], x.shape[1]
-    w = weight.t().contiguous()  # (k, c): each tap's weights contiguous, so the products vectorize (4x faster)
-    if bias is None:
-        out = torch.mul(x, w[k - 1], out=out)
-    else:
-        out = torch.addcmul(bias.to(x.dtype), x, w[k - 1], out=out)
+def _shifted_conv(x, taps, bias, out=None):
+    """out[i] = bias + sum_j taps[j] * x[i - (k-1) + j], zeros before the start; x (b, t, c), taps (k, c) (the
+    conv weight transposed), bias (c,) in x's dtype or None. `out`: an optional (b, t, c) buffer to write into."""
+    k, t = taps.shape[0], x.shape[1]
+    out = torch.mul(x, taps[k - 1], out=out) if bias is None else torch.addcmul(bias, x, taps[k - 1], out=out)
     for s in range(1, min(k, t)):  # shift s: row i reads x[i - s]
-        out[:, s:].addcmul_(x[:, :t - s], w[k - 1 - s])
+        out[:, s:].addcmul_(x[:, :t - s], taps[k - 1 - s])
     return out
 
 
-def _conv_in_place(x, weight, bias, hist=None, block: int = 128):
+def _conv_in_place(x, taps, bias, hist=None, block: int = 128):
     """The same conv + SiLU written over x itself, `block` time steps at a time from the last block back to
     the first: a block's output needs inputs from the k-1 steps before it, which are still unwritten, so
     nothing is copied but the block in hand. No full-size temporary (on a 2k-token prefill a fresh 30 MB
     output costs more in page faults than the conv's arithmetic) and each block's work stays in cache.
-    Same products in the same order as `_shifted_conv`. hist (b, k-1, c) or None (zeros)."""
-    k, t = weight.shape[-1], x.shape[1]
+    Same products in the same order as `_shifted_conv` (taps and bias as there). hist (b, k-1, c) or None."""
+    k, t = taps.shape[0], x.shape[1]
     buf = x.new_empty(x.shape[0], min(block, t) + k - 1, x.shape[2])  # one block's output, reused
     for a in range(((t - 1) // block) * block, -1, -block):
         e = min(a + block, t)
@@ -126,7 +124,7 @@ def _conv_in_place(x, weight, bias, hist=None, block: int = 128):
         else:  # the first block reads the history (or zeros) before time 0
             before = hist if hist is not None else x.new_zeros(x.shape[0], k - 1, x.shape[2])
             src = torch.cat([before[:, before.shape[1] - (k - 1 - a):], x[:, :e]], dim=1)
-        out = _shifted_conv(src, weight, bias, buf[:, :src.shape[1]])[:, k - 1:]
+        out = _shifted_conv(src, taps, bias, buf[:, :src.shape[1]])[:, k - 1:]
         x[:, a:e] = torch.nn.functional.silu(out, inplace=True)
     return x
 
