@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Token-reduction and eval figures on the shipped demo model (issues 8 and 11), one run each:
 #  - EVS sweep on 64-frame held-out clips (q = 0, 0.5, 0.75, 0.9): accuracy, vision tokens, time to first token;
-#  - 10-page held-out documents: blank-tile skipping and redundant-token pruning (0, 0.5, 0.75);
+#  - 10-page held-out documents: blank-tile skipping and document-wide redundant-token pruning (0 to 0.9);
 #  - items/s on the 8-frame video and the document test sets, batch 1 against batch 8.
 # Writes under OUT (default runs/figures): each run's summary.json/.md, and sweep.md/.png per sweep.
-# Usage: scripts/demo_figures.sh [OUT=runs/figures] [N_VIDEO=40] [N_DOCS=40]
+# Usage: scripts/demo_figures.sh [OUT=runs/figures] [N_VIDEO=40] [N_DOCS=40]   (the README's figures: runs/figures 40 200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/figures}
@@ -35,7 +35,7 @@ PYEOF
 "$VL" eval --model "$MODEL" --task synthetic_docs --data "$OUT/doc10/document_test.jsonl" --out "$OUT/doc10_blank" --no-progress \
   --sweep skip_blank_tiles=off,on
 "$VL" eval --model "$MODEL" --task synthetic_docs --data "$OUT/doc10/document_test.jsonl" --out "$OUT/doc10_prune" --no-progress \
-  --sweep token_pruning_rate=0,0.5,0.75
+  --sweep token_pruning_rate=0,0.5,0.75,0.8,0.9
 for b in 1 8; do
   "$VL" eval --model "$MODEL" --task synthetic_video --data "$OUT/video8/video_test.jsonl" --out "$OUT/video8_b$b" --batch-size "$b" --no-progress
   "$VL" eval --model "$MODEL" --task synthetic_docs --data "$OUT/docs/document_test.jsonl" --out "$OUT/docs_b$b" --batch-size "$b" --no-progress

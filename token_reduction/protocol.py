@@ -46,13 +46,16 @@ class TokenLayout:
     """How one item's tokens are grouped: `groups` frames or tiles of `height x width` tokens.
 
     `thumbnail` is the index of a page's global thumbnail tile (the last tile when an image has more
-    than one tile, reference §3.4), or None (videos, single-tile images). Reducers never remove it.
+    than one tile, reference §3.4), or None (videos, single-tile images). `protected` lists more groups
+    of that kind: the thumbnails of a multi-page document laid out as one item (`document`). Reducers
+    never remove a protected group (`protected_groups`).
     """
 
     groups: int
     height: int
     width: int
     thumbnail: int | None = None
+    protected: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("groups", "height", "width"):
@@ -67,6 +70,13 @@ class TokenLayout:
             raise ReductionError(
                 f"TokenLayout.thumbnail: expected an index in [0, {self.groups}) or None, found {self.thumbnail!r}"
             )
+        if not isinstance(self.protected, tuple) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and 0 <= g < self.groups for g in self.protected
+        ):
+            raise ReductionError(
+                f"TokenLayout.protected: expected a tuple of group indices in [0, {self.groups}), found "
+                f"{self.protected!r}"
+            )
 
     @classmethod
     def video(cls, frames: int, height: int = 16, width: int = 16) -> TokenLayout:
@@ -80,6 +90,28 @@ class TokenLayout:
         if has_thumbnail is None:
             has_thumbnail = tiles > 1
         return cls(tiles, height, width, tiles - 1 if has_thumbnail and tiles > 0 else None)
+
+    @classmethod
+    def document(
+        cls, tiles_per_page: list[int], height: int = 16, width: int = 16, has_thumbnail: bool | None = None
+    ) -> TokenLayout:
+        """Several pages (or images) as one item, pages in order: `groups` = all their tiles, and the
+        thumbnail of every page that has one (its last tile, as in `page`) protected. A document-scope
+        reducer then sees the whole document at once (one budget, one notion of "background")."""
+        protected, start = [], 0
+        for tiles in tiles_per_page:
+            if not isinstance(tiles, int) or isinstance(tiles, bool) or tiles < 1:
+                raise ReductionError(f"TokenLayout.document: expected tile counts >= 1 per page, found {tiles_per_page!r}")
+            if (tiles > 1) if has_thumbnail is None else has_thumbnail:
+                protected.append(start + tiles - 1)
+            start += tiles
+        return cls(start, height, width, None, tuple(protected))
+
+    @property
+    def protected_groups(self) -> tuple[int, ...]:
+        """Groups no reducer may remove: the thumbnail and the `protected` ones, ascending."""
+        extra = () if self.thumbnail is None else (self.thumbnail,)
+        return tuple(sorted(set(self.protected + extra)))
 
     @property
     def tokens_per_group(self) -> int:

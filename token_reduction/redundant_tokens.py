@@ -17,8 +17,15 @@ Scores, on L2-normalized projector outputs in float32 (higher = more redundant):
   the same tile (the top-left token of a tile scores -inf). A uniform region keeps its first token.
 Selection: candidates are prunable tokens with score >= `min_similarity`; the
 `min(int(rate * prunable), candidates)` highest-scoring candidates are dropped (stable descending
-sort, ties broken by position). `rate=0` is the identity. The thumbnail tile (global view) is not
-prunable unless `protect_thumbnail=False`. The LLM has no positional encoding (reference §4.5), so
+sort, ties broken by position). `rate=0` is the identity. Thumbnail tiles (global views; every
+protected group of the layout) are not prunable unless `protect_thumbnail=False`.
+
+Scope: the item is whatever the layout describes. The VL model passes a request's pages together, as
+one `TokenLayout.document` (vl/modeling/vlm.py), so the dominant vector and the budget are the
+document's: pages of near-empty filler give up most of their tokens while a dense page keeps its own,
+where pruning each page at the same rate would cut the dense page as deep as the empty ones. On
+10-page held-out documents with the demo model, rate 0.8 keeps 18 of 90 vision tokens (one page's
+worth) at unchanged accuracy; page by page, rate 0.75 could only drop 54 (README, token reduction). The LLM has no positional encoding (reference §4.5), so
 dropping positions needs no fix-up; what the model makes of pruned documents is an accuracy question
 the eval must answer (`vl eval`), not something this module can promise.
 """
@@ -41,8 +48,8 @@ NEVER = -math.inf  # the score of a token that may not be pruned
 
 def _prunable(layout: TokenLayout, protect_thumbnail: bool, device: torch.device) -> torch.Tensor:
     prunable = torch.ones(layout.groups, layout.tokens_per_group, dtype=torch.bool, device=device)
-    if protect_thumbnail and layout.thumbnail is not None:
-        prunable[layout.thumbnail] = False
+    if protect_thumbnail and layout.protected_groups:
+        prunable[list(layout.protected_groups)] = False
     return prunable.reshape(-1)  # (N,)
 
 

@@ -193,3 +193,38 @@ def test_evs_pruned_forward_equals_hand_pruned_input(saved):
     hand = model.language_model(inputs_embeds=embeds[:, ~drop]).logits
     assert out.shape == hand.shape
     assert (out - hand).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_document_pruning_spans_all_pages_and_leaves_videos_alone(saved):
+    """Redundant-token pruning sees the request's images as one document (one budget, every page's thumbnail
+    protected); a video between the pages is untouched at q=0; the forward equals the hand-pruned one."""
+    from token_reduction import RedundantTokenPruner, TokenLayout
+
+    model = vl.load_pretrained(saved)
+    blank = torch.full((3, S, S), 0.8)
+    page_a = torch.stack([blank, blank, torch.randn(3, S, S)])  # 2 tiles + thumbnail (last)
+    page_b = torch.stack([blank])  # one tile, no thumbnail
+    video = torch.randn(2, 3, S, S)
+    tiles = torch.cat([page_a, video, page_b])
+    media = [MediaSpan("image", 3), MediaSpan("video", 2), MediaSpan("image", 1)]
+    ids = prompt([3, 2, 1])
+    vectors = model.encode_tiles(tiles).reshape(-1, 64)  # 6 tiles x 4 tokens
+    pages = torch.cat([vectors[:12], vectors[20:]])
+    expected = RedundantTokenPruner(rate=0.5)(pages, TokenLayout.document([3, 1], 2, 2))
+    vision = model.reduce(model.encode_tiles(tiles), media, video_pruning_rate=0.0, token_pruning_rate=0.5)
+    assert torch.equal(vision.keep[:12], expected.keep[:12]) and torch.equal(vision.keep[20:], expected.keep[12:])
+    assert vision.keep[12:20].all(), "the video was pruned at q=0"
+    assert vision.keep[8:12].all(), "page A's thumbnail was pruned"
+    removed = int((~vision.keep).sum())
+    assert 0 < removed == expected.info["tokens_removed"] and vision.info == [expected.info]
+    assert not vision.keep[20:].all(), "the blank single-tile page B kept everything: no document-wide budget"
+
+    embeds, _, _ = model.prepare_inputs(ids, tiles, media, video_pruning_rate=0.0, token_pruning_rate=0.5)
+    out = model.language_model(inputs_embeds=embeds).logits
+    slot = ids[0] == IMG
+    drop = torch.zeros_like(slot)
+    drop[slot] = ~vision.keep
+    embeds = model.language_model.embed(ids).masked_scatter(slot[None, :, None], vectors)
+    hand = model.language_model(inputs_embeds=embeds[:, ~drop]).logits
+    assert out.shape == hand.shape and (out - hand).abs().max() <= 1e-5

@@ -25,6 +25,11 @@ def _page_tokens():
     return tokens, TokenLayout.page(4, 4, 4)
 
 
+def _document_tokens():
+    tokens, _ = _page_tokens()  # 4 tiles read as pages of 2 tiles (thumbnail last), 1 tile, 1 tile
+    return tokens, TokenLayout.document([2, 1, 1], 4, 4)
+
+
 def _page_tiles():
     tiles = torch.ones(4, 3, 32, 32)
     tiles[1, :, 8:12, 4:28] = 0.0  # a line of "text" on tile 1; tiles 0 and 2 blank; 3 = thumbnail
@@ -36,6 +41,7 @@ REDUCERS = {
     "blank_tiles": (lambda s: BlankTileSkipper(max_ink_fraction=0.01 * s), _page_tiles),
     "redundant_background": (lambda s: RedundantTokenPruner(rate=s, criterion="background"), _page_tokens),
     "redundant_neighbour": (lambda s: RedundantTokenPruner(rate=s, criterion="neighbour"), _page_tokens),
+    "redundant_document": (lambda s: RedundantTokenPruner(rate=s, criterion="background"), _document_tokens),
 }
 
 

@@ -72,6 +72,34 @@ def test_thumbnail_protection_can_be_switched_off():
     assert unprotected.counts.tolist() == [0, 0]
 
 
+def test_document_layout_protects_every_thumbnail():
+    layout = TokenLayout.document([3, 1, 2], 4, 4)  # pages of 3 tiles (thumb 2), 1 (none), 2 (thumb 5)
+    assert (layout.groups, layout.thumbnail, layout.protected, layout.protected_groups) == (6, None, (2, 5), (2, 5))
+    assert TokenLayout.document([3, 2], 4, 4, has_thumbnail=False).protected_groups == ()
+    assert TokenLayout.page(3, 4, 4).protected_groups == (2,)
+    out = prune_redundant_tokens(torch.ones(6 * 16, DIM), layout, rate=1.0, min_similarity=0.5)
+    assert out.counts.tolist() == [0, 0, 16, 0, 0, 16]
+    with pytest.raises(ReductionError, match="tile counts >= 1"):
+        TokenLayout.document([2, 0])
+    with pytest.raises(ReductionError, match="protected"):
+        TokenLayout(2, 4, 4, None, (2,))
+
+
+def test_document_budget_goes_to_the_filler_pages():
+    """One budget over the document: empty pages give up all their tokens, the dense page none; page by page
+    the same rate leaves a quarter of every empty page."""
+    gen = torch.Generator().manual_seed(0)
+    background = torch.randn(DIM, generator=gen) * 3
+    filler = background + 0.05 * torch.randn(4 * 16, DIM, generator=gen)  # 4 one-tile pages of background
+    dense = torch.randn(16, DIM, generator=gen) * 3
+    tokens = torch.cat([filler[:32], dense, filler[32:]])  # dense page third
+    out = prune_redundant_tokens(tokens, TokenLayout.document([1] * 5, 4, 4), rate=0.8, min_similarity=0.95)
+    assert out.counts.tolist() == [0, 0, 16, 0, 0]
+    per_page = [prune_redundant_tokens(tokens[16 * g:16 * (g + 1)], TokenLayout.page(1, 4, 4), rate=0.8,
+                                       min_similarity=0.95).num_kept for g in range(5)]
+    assert per_page[2] == 16 and sum(per_page) == 16 + 4 * 4
+
+
 def test_rate_zero_is_identity_even_on_a_blank_page():
     tokens = torch.ones(3 * 16, DIM)
     out = RedundantTokenPruner(rate=0.0, min_similarity=0.0)(tokens, TokenLayout.page(3, 4, 4))

@@ -36,7 +36,7 @@ class VisionInputs:
 
     vectors: torch.Tensor  # (n_placeholders, d_llm)
     keep: torch.Tensor | None = None  # (n_placeholders,) bool, None = keep all
-    counts: list[torch.Tensor] = field(default_factory=list)  # per video: kept tokens per frame
+    counts: list[torch.Tensor] = field(default_factory=list)  # per reduced item: kept tokens per frame / tile
     info: list[dict] = field(default_factory=list)  # what each reducer removed
 
 
@@ -79,7 +79,8 @@ class NemotronVL(nn.Module):
     def reduce(self, tile_vectors: torch.Tensor, media: list[MediaSpan] | None,
                video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0) -> VisionInputs:
         """Token reduction between the projector and the merge: EVS per video (rate from the call, else the
-        checkpoint's `video_pruning_rate`) and, when asked, redundant-token pruning per image."""
+        checkpoint's `video_pruning_rate`) and, when asked, redundant-token pruning over all the request's
+        images at once, as one document (`TokenLayout.document`: one budget, thumbnails protected)."""
         n, tpt, d = tile_vectors.shape
         flat = tile_vectors.reshape(n * tpt, d)
         q = self.config.video_pruning_rate if video_pruning_rate is None else video_pruning_rate
@@ -90,26 +91,30 @@ class NemotronVL(nn.Module):
             raise InputError(f"media spans describe {sum(m.num_tiles for m in media)} tiles but {n} were given")
         side = int(round(tpt ** 0.5))
         try:
-            reducers = {"video": EVS(q), "image": RedundantTokenPruner(rate=token_pruning_rate)}
+            evs, pruner = EVS(q), RedundantTokenPruner(rate=token_pruning_rate)
         except ReductionError as exc:
             raise InputError(str(exc)) from None
-        keep, counts, info, start = [], [], [], 0
-        for m in media:
-            rows = m.num_tiles * tpt
-            if active[m.kind]:
-                layout = (TokenLayout.video(m.num_tiles, side, side) if m.kind == "video"
-                          else TokenLayout.page(m.num_tiles, side, side))
-                try:
-                    red = reducers[m.kind](flat[start:start + rows], layout)
-                except ReductionError as exc:
-                    raise InputError(str(exc)) from None
-                keep.append(red.keep)
-                counts.append(red.counts)
-                info.append(red.info)
-            else:
-                keep.append(torch.ones(rows, dtype=torch.bool, device=flat.device))
-            start += rows
-        return VisionInputs(flat, torch.cat(keep), counts, info)
+        items = []  # (reducer, placeholder rows, layout) per reduced item
+        starts = torch.tensor([0] + [m.num_tiles * tpt for m in media]).cumsum(0).tolist()
+        if active["video"]:
+            items += [(evs, torch.arange(starts[i], starts[i + 1]), TokenLayout.video(m.num_tiles, side, side))
+                      for i, m in enumerate(media) if m.kind == "video"]
+        pages = [i for i, m in enumerate(media) if m.kind == "image"]
+        if active["image"] and pages:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in pages])
+            items.append((pruner, rows, TokenLayout.document([media[i].num_tiles for i in pages], side, side)))
+        keep = torch.ones(n * tpt, dtype=torch.bool, device=flat.device)
+        counts, info = [], []
+        for reducer, rows, layout in items:
+            rows = rows.to(flat.device)
+            try:
+                red = reducer(flat[rows], layout)
+            except ReductionError as exc:
+                raise InputError(str(exc)) from None
+            keep[rows] = red.keep
+            counts.append(red.counts)
+            info.append(red.info)
+        return VisionInputs(flat, keep, counts, info)
 
     # --- merge -----------------------------------------------------------------------------------------
     def merge(self, input_ids: torch.Tensor, vision: VisionInputs | None, attention_mask=None):
