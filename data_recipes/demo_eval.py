@@ -168,7 +168,8 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
                "generation_config.json")
 
 
-def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None = None) -> Path:
+def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None = None,
+         repro: dict | None = None) -> Path:
     """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its loss curve, training summary,
     these results (and those of its `vl quantize` exports, `quant`: format -> result) and a model card
     written from them."""
@@ -182,8 +183,9 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
     summary = json.loads((run / "summary.json").read_text())
     recipe = json.loads((run / "recipe.json").read_text())
     (dest / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (dest / "eval_results.json").write_text(json.dumps({**result, "quantized": quant or {}}, indent=1) + "\n")
-    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family, quant or {}))
+    extra = {"quantized": quant or {}} | ({"second_run": {k: v for k, v in repro.items() if k != "table"}} if repro else {})
+    (dest / "eval_results.json").write_text(json.dumps({**result, **extra}, indent=1) + "\n")
+    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family, quant or {}, repro))
     return dest
 
 
@@ -205,11 +207,46 @@ def quant_table(result: dict, quant: dict) -> str:
     return "\n".join(lines)
 
 
-def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int, quant: dict | None = None) -> str:
+def repro_summary(result: dict, run_dir, second_dir) -> dict:
+    """A second training run of the same recipe against this one: per family and mode both accuracies and the
+    change, the macro changes, the largest per-family change, and the first step whose training loss differs."""
+    second_dir = Path(second_dir)
+    other = json.loads((second_dir / "eval" / "results.json").read_text())
+    fams = sorted(result["chance"], key=lambda f: (FAMILIES[f].kind, list(FAMILIES).index(f)))
+    modes = [m for m in MODES if m in result["families"] and m in other.get("families", {})]
+    if not modes or set(other["chance"]) != set(result["chance"]):
+        raise ConfigError(f"{second_dir}/eval/results.json does not cover the same families and modes as this run")
+    head = "| family | " + " | ".join(f"/{m} this | /{m} second run" for m in modes) + " |"
+    lines = [head, "|---|" + "---:|" * (2 * len(modes))]
+    deltas = []
+    for f in fams + ["macro"]:
+        cells = []
+        for m in modes:
+            a = result["macro"][m] if f == "macro" else result["families"][m][f]
+            b = other["macro"][m] if f == "macro" else other["families"][m][f]
+            cells += [f"{100 * a:.1f}", f"{100 * b:.1f} ({100 * (b - a):+.1f})"]
+            if f != "macro":
+                deltas.append(abs(b - a))
+        lines.append(f"| {'**macro mean**' if f == 'macro' else f} | " + " | ".join(cells) + " |")
+    from data_recipes.train import read_log
+
+    losses = [[r["loss"] for r in read_log(Path(d) / "log.jsonl")] for d in (run_dir, second_dir)]
+    first = next((i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b), None)
+    n = {m: set(v.values()) for m, v in result.get("n", {}).items()}
+    return {
+        "run": str(second_dir), "summary": json.loads((second_dir / "summary.json").read_text()),
+        "table": "\n".join(lines), "macro_delta": {m: other["macro"][m] - result["macro"][m] for m in modes},
+        "max_family_delta": max(deltas), "first_differing_step": first if first is not None else "none (identical)",
+        "n_per_family": min(min(v) for v in n.values()) if n else 0,
+    }
+
+
+def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int, quant: dict | None = None,
+               repro: dict | None = None) -> str:
     from data_recipes.model_card import render
 
     return render(result=result, summary=summary, recipe=recipe, n_per_family=n_per_family, table=table(result),
-                  quant_table=quant_table(result, quant) if quant else None)
+                  quant_table=quant_table(result, quant) if quant else None, repro=repro)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="reuse this results.json instead of evaluating again")
     p.add_argument("--quant-results", default=None, metavar="FMT=PATH,...",
                    help="results.json of the model's `vl quantize` exports, for the card (with --ship)")
+    p.add_argument("--second-run", default=None, metavar="RUN_DIR",
+                   help="a second training run of the same recipe (evaluated into RUN_DIR/eval): its accuracies "
+                        "against this run's go in the card's reproducibility section (with --ship)")
     args = p.parse_args(argv)
     from vl.cli import default_model
 
@@ -254,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         print(quant_table(result, quant))
     if args.ship:
         run = Path(args.run) if args.run else Path(args.model or default_model()).parent
-        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant)}")
+        repro = repro_summary(result, run, args.second_run) if args.second_run else None
+        if repro:
+            print(repro["table"])
+        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant, repro=repro)}")
     return 0
 
 

@@ -17,12 +17,24 @@ def _quant_section(quant_table: str | None) -> str:
             "points against the fp32 model:\n\n" + quant_table)
 
 
+def _repro_section(repro: dict | None) -> str:
+    if repro is None:
+        return "Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far)."
+    macro = "; ".join(f"/{m} {100 * d:+.1f}" for m, d in repro["macro_delta"].items())
+    return (f"A second run of the same command from scratch ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
+            f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "
+            f"change {macro} points; per family the largest change is {100 * repro['max_family_delta']:.0f} points "
+            f"(at {repro['n_per_family']} samples a family, one sample is {100 / repro['n_per_family']:.0f} points). "
+            f"Same seeds and data order; the training losses first differ at step {repro['first_differing_step']}, "
+            f"from where floating-point differences grow through training. Percent:\n\n{repro['table']}")
+
+
 def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
 def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, table: str,
-           quant_table: str | None = None) -> str:
+           quant_table: str | None = None, repro: dict | None = None) -> str:
     model = recipe["model"]
     params = summary["parameters"]
     stages = "\n".join(
@@ -107,7 +119,8 @@ reasoning). Chance = uniform guessing over the family's answers. Percent:
 {verdict}
 
 Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory).
-Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far).
+{_repro_section(repro)}
+
 {_quant_section(quant_table)}
 
 ## Limitations

@@ -3,6 +3,11 @@
 #   train (data_recipes/train.py, recipe "demo") -> held-out eval in both reasoning modes -> FP8 / NVFP4
 #   exports with `vl quantize` and their eval -> copy model + card + figures into vl/demo.
 # Usage: scripts/train_demo.sh [RUN_DIR=runs/demo] [N_PER_FAMILY=60]
+# Reproducibility check (the model card's section): a second run that does not ship, then the card again with it:
+#   DEST=/tmp/unshipped scripts/train_demo.sh runs/demo_repro 50
+#   .venv/bin/python -m data_recipes.demo_eval --model runs/demo/model --n 50 --out runs/demo/eval \
+#     --results runs/demo/eval/results.json --quant-results fp8=runs/demo/eval_fp8/results.json,nvfp4=runs/demo/eval_nvfp4/results.json \
+#     --ship vl/demo --run runs/demo --second-run runs/demo_repro
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/demo}
