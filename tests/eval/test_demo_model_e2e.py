@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif(not (DEMO / "config.json").is_file(),
                                 reason="the demo model is not shipped in this checkout (scripts/train_demo.sh)")
 
 
-@pytest.mark.parametrize("kind,task,n,floor", [("document", "synthetic_docs", 16, 0.3),
-                                               ("video", "synthetic_video", 10, 0.3)])
+@pytest.mark.parametrize("kind,task,n,floor", [("document", "synthetic_docs", 16, 0.5),
+                                               ("video", "synthetic_video", 10, 0.5)])
 def test_vl_eval_on_the_demo_model(tmp_path, kind, task, n, floor):
     tile = json.loads((DEMO / "config.json").read_text())["force_image_size"]
     opts = {"num_frames": 8, "fps": 2.0} if kind == "video" else {}
@@ -34,4 +34,4 @@ def test_vl_eval_on_the_demo_model(tmp_path, kind, task, n, floor):
     chance = summary["scores"]["categories"]["family"]
     mean_chance = sum(c["chance"] for c in chance.values()) / len(chance)
     print(f"{task}: {summary['scores']['score']:.3f} on {n} held-out items (mean chance {mean_chance:.3f})")
-    assert summary["scores"]["score"] >= max(floor, 1.5 * mean_chance), summary["scores"]  # measured: 0.44, 0.60
+    assert summary["scores"]["score"] >= max(floor, 1.5 * mean_chance), summary["scores"]  # measured: 0.88, 0.70
