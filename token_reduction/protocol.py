@@ -102,8 +102,9 @@ class TokenLayout:
         for tiles in tiles_per_page:
             if not isinstance(tiles, int) or isinstance(tiles, bool) or tiles < 1:
                 raise ReductionError(f"TokenLayout.document: expected tile counts >= 1 per page, found {tiles_per_page!r}")
-            if (tiles > 1) if has_thumbnail is None else has_thumbnail:
-                protected.append(start + tiles - 1)
+            thumbnail = cls.page(tiles, height, width, has_thumbnail).thumbnail  # the one thumbnail rule
+            if thumbnail is not None:
+                protected.append(start + thumbnail)
             start += tiles
         return cls(start, height, width, None, tuple(protected))
 

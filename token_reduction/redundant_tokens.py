@@ -25,9 +25,11 @@ one `TokenLayout.document` (vl/modeling/vlm.py), so the dominant vector and the 
 document's: pages of near-empty filler give up most of their tokens while a dense page keeps its own,
 where pruning each page at the same rate would cut the dense page as deep as the empty ones. On
 10-page held-out documents with the demo model, rate 0.8 keeps 18 of 90 vision tokens (two pages'
-worth) with no loss of accuracy; page by page, rate 0.75 could only drop 54 (README, token reduction). The LLM has no positional encoding (reference §4.5), so
-dropping positions needs no fix-up; what the model makes of pruned documents is an accuracy question
-the eval must answer (`vl eval`), not something this module can promise.
+worth) with no loss of accuracy; page by page, rate 0.75 could only drop 54 (README, token reduction).
+
+The LLM has no positional encoding (reference §4.5), so dropping positions needs no fix-up; what the
+model makes of pruned documents is an accuracy question the eval must answer (`vl eval`), not something
+this module can promise.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ no position fix-up because the LLM has no positional encoding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -94,19 +95,19 @@ class NemotronVL(nn.Module):
             evs, pruner = EVS(q), RedundantTokenPruner(rate=token_pruning_rate)
         except ReductionError as exc:
             raise InputError(str(exc)) from None
-        items = []  # (reducer, placeholder rows, layout) per reduced item
-        starts = torch.tensor([0] + [m.num_tiles * tpt for m in media]).cumsum(0).tolist()
+        spans = [slice(a, a + m.num_tiles * tpt) for a, m in
+                 zip(accumulate((m.num_tiles * tpt for m in media), initial=0), media)]  # placeholder rows
+        items = []  # (reducer, placeholder rows, layout) per reduced item: each video, all images together
         if active["video"]:
-            items += [(evs, torch.arange(starts[i], starts[i + 1]), TokenLayout.video(m.num_tiles, side, side))
-                      for i, m in enumerate(media) if m.kind == "video"]
-        pages = [i for i, m in enumerate(media) if m.kind == "image"]
+            items += [(evs, rows, TokenLayout.video(m.num_tiles, side, side))
+                      for rows, m in zip(spans, media) if m.kind == "video"]
+        pages = [(rows, m.num_tiles) for rows, m in zip(spans, media) if m.kind == "image"]
         if active["image"] and pages:
-            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in pages])
-            items.append((pruner, rows, TokenLayout.document([media[i].num_tiles for i in pages], side, side)))
+            rows = torch.cat([torch.arange(r.start, r.stop, device=flat.device) for r, _ in pages])
+            items.append((pruner, rows, TokenLayout.document([tiles for _, tiles in pages], side, side)))
         keep = torch.ones(n * tpt, dtype=torch.bool, device=flat.device)
         counts, info = [], []
         for reducer, rows, layout in items:
-            rows = rows.to(flat.device)
             try:
                 red = reducer(flat[rows], layout)
             except ReductionError as exc:
