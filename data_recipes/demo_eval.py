@@ -108,8 +108,13 @@ def export_test_set(out_dir, n_per_family: int, *, tile_size: int, seed: int = 0
 
 
 def evaluate_files(model_dir, data_dir, *, n_per_family: int = 100, seed: int = 0, modes=("no_think", "think"),
-                   batch_size: int = 16, dtype=None, progress: bool = True, records_path=None) -> dict:
-    """The real input path: exported files -> eval tasks -> `Engine.chat_batch` -> the tasks' scorer."""
+                   batch_size: int = 16, dtype=None, progress: bool = True, records_path=None,
+                   render_size: int | None = None) -> dict:
+    """The real input path: exported files -> eval tasks -> `Engine.chat_batch` -> the tasks' scorer.
+
+    Pages and frames are drawn at the model's tile size unless `render_size` says otherwise (then the
+    processor resizes them to the tile, as it does any user's image).
+    """
     from tqdm.auto import tqdm
 
     from eval.data import load_items
@@ -117,7 +122,7 @@ def evaluate_files(model_dir, data_dir, *, n_per_family: int = 100, seed: int = 
     from vl.runtime.engine import Engine
 
     engine = Engine.from_pretrained(model_dir, dtype=dtype)
-    tile = engine.model.config.force_image_size
+    tile = render_size or engine.model.config.force_image_size
     paths = export_test_set(data_dir, n_per_family, tile_size=tile, seed=seed)
     hits = {m: defaultdict(list) for m in MODES}
     chance = {}
@@ -146,6 +151,7 @@ def evaluate_files(model_dir, data_dir, *, n_per_family: int = 100, seed: int = 
     out["eval_s"] = round(time.perf_counter() - t0, 1)
     out["path"] = "files: export_split -> eval.data.load_items -> Engine.chat_batch (greedy)"
     out["max_new_tokens"] = get_task("synthetic_docs").max_new_tokens
+    out["render_size"] = tile
     if records_path is not None:
         Path(records_path).write_text("".join(json.dumps(r) + "\n" for r in records))
     return out
@@ -259,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--render-size", type=int, default=None, metavar="PX",
+                   help="draw the test pages and frames at PX pixels (default: the model's tile size); the "
+                        "processor resizes them to the tile, as it does a user's image")
     p.add_argument("--ship", default=None, metavar="DEST", help="copy the run's model + card here (e.g. vl/demo)")
     p.add_argument("--run", default=None, help="the training run directory (for --ship; default: --model/..)")
     p.add_argument("--results", default=None, help="reuse this results.json instead of evaluating again")
@@ -281,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = evaluate_files(args.model or default_model(), out / "data", n_per_family=args.n, seed=args.seed,
                                 modes=modes, batch_size=args.batch_size, dtype=args.dtype,
-                                records_path=out / "predictions.jsonl")
+                                records_path=out / "predictions.jsonl", render_size=args.render_size)
         (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     quant = {}

@@ -3,6 +3,10 @@
 Nothing binary is committed: `data_recipes.synthetic.export.write_examples` draws them from the synthetic
 generators' "examples" split (never train/val/test) and writes PNG / PDF / MP4 files plus `examples.json`.
 They go to `ui/examples/` when the package folder is writable, else to a per-user cache folder.
+
+They are drawn as the shipped demo model was trained: pages at its tile size (96 px) and 8-frame clips.
+The demo model reads glyphs only as rasterized at that size: the same pages drawn at 256 px and resized
+read worse (README, "Data recipes and the demo model"), so larger examples would misrepresent it.
 """
 
 from __future__ import annotations
@@ -21,12 +25,23 @@ def default_examples_dir() -> Path:
     return cache / "nemotron-vl" / "ui-examples"
 
 
-def _complete(directory: Path) -> list[dict] | None:
-    index = directory / "examples.json"
-    if not index.is_file():
+def example_tile_size() -> int:
+    """The demo recipe's tile size, which the shipped model was trained at."""
+    from data_recipes.recipes import get_recipe
+
+    return get_recipe("demo").model.tile_size
+
+
+def _complete(directory: Path, tile_size: int) -> list[dict] | None:
+    from data_recipes.synthetic.export import examples_stamp
+
+    index, stamp = directory / "examples.json", directory / "examples.stamp.json"
+    if not (index.is_file() and stamp.is_file()):
         return None
     try:
         records = json.loads(index.read_text(encoding="utf-8"))
+        if json.loads(stamp.read_text(encoding="utf-8")) != examples_stamp(tile_size):
+            return None
     except (OSError, ValueError):
         return None
     for r in records:
@@ -40,12 +55,13 @@ def _complete(directory: Path) -> list[dict] | None:
 def ensure_examples(directory: str | Path | None = None) -> tuple[Path, list[dict]]:
     """(folder, records) with every file present; writes them when missing or incomplete."""
     directory = Path(directory) if directory is not None else default_examples_dir()
-    records = _complete(directory)
+    tile_size = example_tile_size()
+    records = _complete(directory, tile_size)
     if records is None:
         from data_recipes.synthetic.export import write_examples
 
         directory.mkdir(parents=True, exist_ok=True)
-        records = write_examples(directory)
+        records = write_examples(directory, tile_size=tile_size)
     return directory.resolve(), records
 
 

@@ -132,11 +132,27 @@ def text_size(text: str, size: int) -> tuple[int, int]:
     return right - left, bottom - top
 
 
-def draw_text(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str, size: int, fill=INK) -> tuple:
-    """Draws `text` with its ink box's top-left at `xy`; a 1 px stroke keeps glyphs solid when small."""
+def hairline(page: int) -> int:
+    """The width of a thin line on a `page`-px page: about 1% of it, at least 1 px (1 px at the demo's 96).
+
+    Widths, like everything else on a page, are relative to the page, so a page rendered large and resized
+    to the model's tile looks like one rendered at the tile size.
+    """
+    return max(1, round(page / 96))
+
+
+def text_stroke(size: int, page: int) -> int:
+    """Stroke width for `size`-px text on a `page`-px page: a hairline for text of at least 14.5% of the
+    page, none for smaller text (it would blot); at 96 px, 1 px from 14 px text up."""
+    return hairline(page) if size >= 0.145 * page else 0
+
+
+def draw_text(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str, size: int, fill=INK, *,
+              page: int) -> tuple:
+    """Draws `text` with its ink box's top-left at `xy` on a `page`-px page; returns the box with the stroke."""
     f = font(size)
     left, top, _, _ = f.getbbox(text)
-    stroke = 1 if size >= 14 else 0
+    stroke = text_stroke(size, page)
     pos = (xy[0] - left, xy[1] - top)
     draw.text(pos, text, font=f, fill=fill, stroke_width=stroke, stroke_fill=fill)
     w, h = text_size(text, size)

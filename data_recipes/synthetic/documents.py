@@ -25,6 +25,7 @@ from .common import (
     check_tile_size,
     draw_shape,
     draw_text,
+    hairline,
     new_page,
     pick,
     rng_for,
@@ -69,8 +70,9 @@ def _form_page(rng, S: int, fields, value_frac: float, header: bool = True):
     if header:
         title = pick(rng, HEADERS)
         colour = COLOURS[pick(rng, tuple(COLOURS))]
-        draw_text(draw, (int(0.06 * S + rng.integers(0, int(0.1 * S) + 1)), int(top)), title, int(0.1 * S), colour)
-        draw.line([(0.04 * S, 0.2 * S), (0.96 * S, 0.2 * S)], fill=GREY, width=max(1, S // 64))
+        x = int(0.06 * S + rng.integers(0, int(0.1 * S) + 1))
+        draw_text(draw, (x, int(top)), title, int(0.1 * S), colour, page=S)
+        draw.line([(0.04 * S, 0.2 * S), (0.96 * S, 0.2 * S)], fill=GREY, width=hairline(S))
         top = 0.26 * S
     label_size, value_size = int(0.12 * S), int(value_frac * S)
     line_h = (0.97 * S - top) / len(fields)
@@ -81,8 +83,8 @@ def _form_page(rng, S: int, fields, value_frac: float, header: bool = True):
         y = int(top + row * line_h + rng.integers(0, max(1, int(line_h - 0.2 * S))))
         _, vh = text_size(value, value_size)
         _, lh = text_size(label, label_size)
-        draw_text(draw, (x0, y + max(0, vh - lh) // 2), label, label_size, INK)
-        boxes.append(draw_text(draw, (value_x, y), value, value_size, INK))
+        draw_text(draw, (x0, y + max(0, vh - lh) // 2), label, label_size, INK, page=S)
+        boxes.append(draw_text(draw, (value_x, y), value, value_size, INK, page=S))
     return page, boxes
 
 
@@ -156,7 +158,7 @@ def doc_table(seed: int, index: int, *, tile_size: int = 128) -> Sample:
     oy = int(0.03 * S + rng.integers(0, int(0.1 * S) + 1))
     draw.rectangle([ox, oy, ox + 3 * cell, oy + cell], fill=(225, 225, 225))
     draw.rectangle([ox, oy, ox + cell, oy + 3 * cell], fill=(225, 225, 225))
-    width = max(1, S // 64)
+    width = hairline(S)
     for k in range(4):
         draw.line([(ox, oy + k * cell), (ox + 3 * cell, oy + k * cell)], fill=INK, width=width)
         draw.line([(ox + k * cell, oy), (ox + k * cell, oy + 3 * cell)], fill=INK, width=width)
@@ -165,7 +167,8 @@ def doc_table(seed: int, index: int, *, tile_size: int = 128) -> Sample:
 
     def put(col: int, row: int, text: str):
         w, h = text_size(text, size)
-        return draw_text(draw, (ox + col * cell + (cell - w) // 2, oy + row * cell + (cell - h) // 2), text, size)
+        xy = (ox + col * cell + (cell - w) // 2, oy + row * cell + (cell - h) // 2)
+        return draw_text(draw, xy, text, size, page=S)
 
     for j, name in enumerate(COLS):
         put(j + 1, 0, name)
@@ -190,8 +193,8 @@ def _bars(rng, S: int, heights_px, draw_axis_values: bool = False, step: float =
     if draw_axis_values:
         for v in range(1, 6):
             y = int(base - v * step)
-            draw.line([(left, y), (int(0.97 * S), y)], fill=(200, 200, 200), width=1)
-            draw_text(draw, (int(0.03 * S), y - int(0.05 * S)), str(v), int(0.1 * S), INK)
+            draw.line([(left, y), (int(0.97 * S), y)], fill=(200, 200, 200), width=hairline(S))
+            draw_text(draw, (int(0.03 * S), y - int(0.05 * S)), str(v), int(0.1 * S), INK, page=S)
     boxes = []
     colour_names = pick(rng, tuple(COLOURS), k=n) if n <= len(COLOURS) else None
     for k, h in enumerate(heights_px):
@@ -200,8 +203,8 @@ def _bars(rng, S: int, heights_px, draw_axis_values: bool = False, step: float =
         draw.rectangle(box, fill=COLOURS[colour_names[k]])
         boxes.append(box)
         lw, _ = text_size(BAR_LABELS[k], int(0.11 * S))
-        draw_text(draw, (x + (bar_w - lw) // 2, base + int(0.03 * S)), BAR_LABELS[k], int(0.11 * S), INK)
-    draw.line([(left, base), (int(0.97 * S), base)], fill=INK, width=max(1, S // 64))
+        draw_text(draw, (x + (bar_w - lw) // 2, base + int(0.03 * S)), BAR_LABELS[k], int(0.11 * S), INK, page=S)
+    draw.line([(left, base), (int(0.97 * S), base)], fill=INK, width=hairline(S))
     return page, boxes
 
 
@@ -267,7 +270,7 @@ def _filler_page(rng, S: int) -> Image.Image:
     draw = ImageDraw.Draw(page)
     style = int(rng.integers(3))  # 0: blank, 1: bars, 2: title + bars
     if style == 2:
-        draw_text(draw, (int(0.08 * S), int(0.06 * S)), pick(rng, FILLER_TITLES), int(0.1 * S), INK)
+        draw_text(draw, (int(0.08 * S), int(0.06 * S)), pick(rng, FILLER_TITLES), int(0.1 * S), INK, page=S)
     if style >= 1:
         for k in range(int(rng.integers(2, 6))):
             y = int((0.25 + 0.13 * k) * S)

@@ -147,16 +147,22 @@ def export_split(kind: str, split: str, n: int, out_dir: str | Path, *, seed: in
     return jsonl
 
 
-# (family, index) of the bundled examples, drawn from the "examples" split (never train/val/test).
+# (family, index, options) of the bundled examples, drawn from the "examples" split (never train/val/test).
+# Clips have the demo recipe's length (data_recipes.recipes.VIDEO_OPTIONS: 8 frames at 2 fps).
 EXAMPLES = [("doc_total", 0, {}), ("doc_multipage", 1, {"min_pages": 4, "max_pages": 4}),
-            ("video_direction", 0, {"num_frames": 16}), ("video_when", 2, {"num_frames": 16})]
+            ("video_direction", 0, {"num_frames": 8}), ("video_when", 2, {"num_frames": 8})]
 
 
-def write_examples(out_dir: str | Path, *, tile_size: int = 256) -> list[dict]:
+def examples_stamp(tile_size: int) -> dict:
+    """What a folder of examples was made from; a folder whose stamp differs is made again."""
+    return {"tile_size": tile_size, "examples": [[family, index, opts] for family, index, opts in EXAMPLES]}
+
+
+def write_examples(out_dir: str | Path, *, tile_size: int) -> list[dict]:
     """Writes two documents (a PNG page and a 4-page PDF) and two MP4 clips plus `examples.json`.
 
-    For the app: files are made at run time (nothing binary is committed). Rendered at 256 px by default
-    so they are legible to a person; the processor resizes them to the model's tile size.
+    For the app: files are made at run time (nothing binary is committed). The app draws them at its demo
+    model's tile size, the size that model was trained on (ui/examples.py says why).
     """
     out_dir = Path(out_dir)
     records = []
@@ -164,4 +170,5 @@ def write_examples(out_dir: str | Path, *, tile_size: int = 256) -> list[dict]:
         sample = generate(family, "examples", index, tile_size=tile_size, **opts)
         records.append(export_sample(sample, out_dir))
     (out_dir / "examples.json").write_text(json.dumps(records, indent=1, sort_keys=True), encoding="utf-8")
+    (out_dir / "examples.stamp.json").write_text(json.dumps(examples_stamp(tile_size)), encoding="utf-8")
     return records

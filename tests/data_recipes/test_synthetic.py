@@ -22,8 +22,9 @@ from data_recipes.synthetic import (
     write_mp4,
     write_pdf,
 )
-from data_recipes.synthetic.common import COLOURS, balanced_class, draw_text
-from data_recipes.synthetic.export import export_split
+from data_recipes.recipes import VIDEO_OPTIONS, get_recipe
+from data_recipes.synthetic.common import COLOURS, balanced_class, draw_text, hairline, text_stroke
+from data_recipes.synthetic.export import EXAMPLES, export_split
 from vl.errors import ConfigError
 
 ALL = sorted(FAMILIES)
@@ -146,7 +147,7 @@ def test_bad_options_are_errors():
 def _rerendered_matches(page, box, text, size_frac, S) -> bool:
     """Draws `text` on a blank copy of the page's paper at the recorded spot and compares the crop."""
     blank = Image.new("RGB", page.size, page.getpixel((0, S - 1)))
-    draw_text(ImageDraw.Draw(blank), (box[0], box[1]), text, int(size_frac * S))
+    draw_text(ImageDraw.Draw(blank), (box[0], box[1]), text, int(size_frac * S), page=S)
     x0, y0, x1, y1 = box
     return np.array_equal(_arr(page.crop((x0, y0, x1, y1))), _arr(blank.crop((x0, y0, x1, y1))))
 
@@ -332,10 +333,55 @@ def test_export_split_jsonl_and_files(tmp_path):
 
 
 def test_write_examples_makes_two_documents_and_two_clips(tmp_path):
-    records = write_examples(tmp_path)
+    records = write_examples(tmp_path, tile_size=96)
     types = Counter(r["content"][0]["type"] for r in records)
     assert types == {"image": 1, "pdf": 1, "video": 2}
     for r in records:
         path = tmp_path / r["content"][0][r["content"][0]["type"]]
         assert path.is_file() and path.stat().st_size < 200_000
     assert json.loads((tmp_path / "examples.json").read_text()) == records
+    assert Image.open(tmp_path / records[0]["content"][0]["image"]).size == (96, 96)
+
+
+def test_examples_are_drawn_as_the_demo_recipe_trains():
+    """The app's clips have the recipe's length; ui/examples.py draws pages at the recipe's tile size."""
+    from ui.examples import example_tile_size
+
+    assert example_tile_size() == get_recipe("demo").model.tile_size
+    for family, _, opts in EXAMPLES:
+        if FAMILIES[family].kind == "video":
+            assert {**dict(VIDEO_OPTIONS), **opts} == dict(VIDEO_OPTIONS)
+
+
+def test_app_examples_are_made_again_when_drawn_otherwise(tmp_path):
+    from ui.examples import ensure_examples
+
+    write_examples(tmp_path, tile_size=64)  # e.g. a folder left by an older version
+    _, records = ensure_examples(tmp_path)
+    assert Image.open(tmp_path / records[0]["content"][0]["image"]).size == (96, 96)
+    stamp = tmp_path / "examples.stamp.json"
+    before = stamp.stat().st_mtime_ns
+    assert ensure_examples(tmp_path)[1] == records and stamp.stat().st_mtime_ns == before  # current: kept
+
+
+# ---------------------------------------------------------------- the same page at any size
+def test_text_weight_at_96_px_is_unchanged():
+    """The demo model was trained on 96 px pages drawn with a 1 px stroke from 14 px text up, none below."""
+    assert [text_stroke(size, 96) for size in range(6, 40)] == [int(size >= 14) for size in range(6, 40)]
+    assert hairline(96) == 1
+
+
+def _ink(S: int, frac: float) -> float:
+    """Ink of a line of text drawn on an S-px page at `frac` of the page height, resized to 96 px."""
+    page = Image.new("RGB", (S, S), (255, 255, 255))
+    draw_text(ImageDraw.Draw(page), (int(0.1 * S), int(0.3 * S)), "TOTAL 12", int(frac * S), page=S)
+    if S != 96:
+        page = page.resize((96, 96), Image.Resampling.BICUBIC)
+    return float((255 - np.asarray(page.convert("L"), dtype=float)).sum())
+
+
+@pytest.mark.parametrize("frac", [0.1, 0.12, 0.17, 0.25, 0.3])
+def test_a_page_drawn_large_and_resized_has_the_glyph_weight_of_one_drawn_small(frac):
+    """Stroke widths are relative to the page: with a fixed 1 px stroke the ink ratio ranged 0.56-2.75."""
+    for S in (192, 256, 288, 384):
+        assert 0.8 < _ink(S, frac) / _ink(96, frac) < 1.25, (S, frac)

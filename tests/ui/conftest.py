@@ -26,6 +26,24 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def endless_dir(tiny_dir, tmp_path_factory) -> Path:
+    """`tiny_dir` whose answers never end on their own: the lm_head rows of its stop tokens are zeroed, so
+    their logits are 0 while the largest of the other ~300 random logits is positive at every step."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import vl
+
+    out = Path(shutil.copytree(tiny_dir, tmp_path_factory.mktemp("endless") / "model"))
+    stop_ids = sorted(vl.Engine.from_pretrained(tiny_dir).stop_ids)
+    weights = load_file(out / "model.safetensors")
+    weights["language_model.lm_head.weight"][stop_ids] = 0
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="session")
 def examples(tmp_path_factory):
     from ui.examples import ensure_examples, tab_examples
 
@@ -84,19 +102,20 @@ def app(ui_engine, examples, tiny_dir):
     demo.close()
 
 
-CLI_LIMITS = dict(queue_size=2, timeout_s=3.0, max_upload_mb=1)  # 3 s: the /think run of test_time_limit_cuts_the_answer
-# takes ~7 s on an idle 2-core machine (1454 tokens at ~200 tok/s), so only the limit can end it early
+CLI_LIMITS = dict(queue_size=2, timeout_s=3.0, max_upload_mb=1)  # 3 s: the 2048-token run of
+# test_time_limit_cuts_the_answer takes ~10 s on an idle 2-core machine (~200 tok/s), and its model never stops
+# on its own, so only the limit can end it early
 
 
 @pytest.fixture(scope="session")
-def cli_proc(tiny_dir, examples, tmp_path_factory):
-    """The real `vl app` command in a subprocess, with tight limits: a 2-deep queue, answers cut at 10 s, 1 MB
-    uploads. Started without waiting for it (see `_boot_cli_app_early`)."""
+def cli_proc(endless_dir, examples, tmp_path_factory):
+    """The real `vl app` command in a subprocess over `endless_dir`, with tight limits: a 2-deep queue, answers
+    cut at 3 s, 1 MB uploads. Started without waiting for it (see `_boot_cli_app_early`)."""
     port = free_port()
     env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("cli_uploads")),
            "GRADIO_ANALYTICS_ENABLED": "False"}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(vl_command() + ["app", "--model", str(tiny_dir), "--port", str(port),
+    proc = subprocess.Popen(vl_command() + ["app", "--model", str(endless_dir), "--port", str(port),
                                             "--examples-dir", str(examples.dir),
                                             "--queue-size", str(CLI_LIMITS["queue_size"]),
                                             "--timeout", str(CLI_LIMITS["timeout_s"]),

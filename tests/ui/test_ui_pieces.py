@@ -48,7 +48,7 @@ def test_previews_show_the_tiles_the_model_saw(ui_engine, examples):
     stats, cfg = snap.result.stats, ui_engine.model.config
     shown = previews(stats, cfg, limit=100)
     assert len(shown) == stats.pixel_values.shape[0] == stats.vision_tokens_before // cfg.tokens_per_tile
-    assert shown[-1].caption == "thumbnail" and shown[0].caption == "tile 1/9"
+    assert shown[-1].caption == "thumbnail" and shown[0].caption == f"tile 1/{len(shown) - 1}" and len(shown) > 4
     assert len(previews(stats, cfg, limit=4)) == 4
     # the thumbnail is the whole page: mostly white paper, like the PNG itself
     assert sum(shown[-1].image.convert("L").getdata()) / (64 * 64) > 150
