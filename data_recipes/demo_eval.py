@@ -243,8 +243,20 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
         "run": str(second_dir), "summary": json.loads((second_dir / "summary.json").read_text()),
         "table": "\n".join(lines), "macro_delta": {m: other["macro"][m] - result["macro"][m] for m in modes},
         "max_family_delta": max(deltas), "first_differing_step": first if first is not None else "none (identical)",
+        "steps_compared": min(map(len, losses)), "weights_identical": _same_weights(run_dir, second_dir),
         "n_per_family": min(min(v) for v in n.values()) if n else 0,
     }
+
+
+def _same_weights(run_dir, second_dir) -> bool | None:
+    """Whether the two runs' trained models hold equal tensors (None when either model file is missing)."""
+    from safetensors.torch import load_file
+
+    files = [Path(d) / "model" / "model.safetensors" for d in (run_dir, second_dir)]
+    if not all(f.is_file() for f in files):
+        return None
+    a, b = (load_file(f) for f in files)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int, quant: dict | None = None,

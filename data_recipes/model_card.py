@@ -25,8 +25,18 @@ def _repro_section(repro: dict | None) -> str:
             f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "
             f"change {macro} points; per family the largest change is {100 * repro['max_family_delta']:.0f} points "
             f"(at {repro['n_per_family']} samples a family, one sample is {100 / repro['n_per_family']:.0f} points). "
-            f"Same seeds and data order; the training losses first differ at step {repro['first_differing_step']}, "
-            f"from where floating-point differences grow through training. Percent:\n\n{repro['table']}")
+            f"{_numerics(repro)} Percent:\n\n{repro['table']}")
+
+
+def _numerics(repro: dict) -> str:
+    if isinstance(repro["first_differing_step"], int):
+        return (f"Same seeds and data order; the training losses first differ at step {repro['first_differing_step']}, "
+                f"from where floating-point differences grow through training.")
+    weights = {True: "and the trained weights are equal, tensor for tensor", False: "but the trained weights differ",
+               None: "(the weights were not compared)"}[repro.get("weights_identical")]
+    return (f"Same seeds and data order: the training losses are equal at all {repro.get('steps_compared', '?')} "
+            f"steps {weights}. Training is deterministic on one CPU type and thread count; other hardware or thread "
+            f"counts sum floating-point numbers in another order, so runs there part from this one.")
 
 
 def _m(seconds: float) -> str:

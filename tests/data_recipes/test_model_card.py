@@ -55,3 +55,23 @@ def test_second_run_must_cover_the_same_families(tmp_path):
     _run(tmp_path / "b", other, [1.0])
     with pytest.raises(ConfigError, match="same families"):
         repro_summary(first, tmp_path / "a", tmp_path / "b")
+
+
+def test_identical_second_run_says_so_and_compares_weights(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    result = _result({"doc_total": (0.4, 0.3), "video_flash": (0.9, 0.8)})
+    summary = _run(tmp_path / "a", result, [2.0, 1.5, 1.2])
+    _run(tmp_path / "b", result, [2.0, 1.5, 1.2])
+    for run, w in (("a", 1.0), ("b", 1.0)):
+        (tmp_path / run / "model").mkdir()
+        save_file({"w": torch.full((2, 2), w)}, tmp_path / run / "model" / "model.safetensors")
+    repro = repro_summary(result, tmp_path / "a", tmp_path / "b")
+    assert repro["first_differing_step"] == "none (identical)" and repro["weights_identical"] is True
+    assert repro["max_family_delta"] == 0 and repro["steps_compared"] == 3
+    recipe = json.loads(json.dumps(asdict(get_recipe("smoke")), default=str))
+    card = model_card(result, summary, recipe, 50, repro=repro)
+    assert "equal at all 3 steps and the trained weights are equal, tensor for tensor" in card
+    save_file({"w": torch.full((2, 2), 1.5)}, tmp_path / "b" / "model" / "model.safetensors")
+    assert repro_summary(result, tmp_path / "a", tmp_path / "b")["weights_identical"] is False
