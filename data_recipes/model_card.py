@@ -33,8 +33,8 @@ def _numerics(repro: dict) -> str:
         return (f"Same seeds and data order; the training losses first differ at step {repro['first_differing_step']}, "
                 f"from where floating-point differences grow through training.")
     weights = {True: "and the trained weights are equal, tensor for tensor", False: "but the trained weights differ",
-               None: "(the weights were not compared)"}[repro.get("weights_identical")]
-    return (f"Same seeds and data order: the training losses are equal at all {repro.get('steps_compared', '?')} "
+               None: "(the weights were not compared)"}[repro["weights_identical"]]
+    return (f"Same seeds and data order: the training losses are equal at all {repro['steps_compared']} "
             f"steps {weights}. Training is deterministic on one CPU type and thread count; other hardware or thread "
             f"counts sum floating-point numbers in another order, so runs there part from this one.")
 
