@@ -251,3 +251,24 @@ def test_unknown_config_key_is_an_error_not_silence():
         lm_config_from_hf({"hybrid_override_pattern": "M*", "num_hidden_layers": 4})
     with pytest.raises(ConfigError, match="layer pattern"):
         lm_config_from_hf({"hybrid_override_pattern": "MX"})
+
+
+def test_saved_files_are_byte_stable_across_processes(tmp_path):
+    """safetensors writes `__metadata__` in hash-map order, which changes per process; save_tensors sorts it,
+    so equal tensors and metadata give equal bytes (exports can be checksummed)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, torch; from vl.checkpoint.files import save_tensors; "
+              "save_tensors({'w': torch.arange(6.).reshape(2, 3), 'b': torch.ones(2, dtype=torch.bfloat16)}, "
+              "sys.argv[1], metadata={'vl_quantize': 'fp8', 'zeta': '1', 'alpha': '2'})")
+    files = []
+    for k in range(3):  # three processes: unsorted, 4 keys in the same order thrice has odds (1/24)^2
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / str(k))], check=True)
+        files.append((tmp_path / str(k) / "model.safetensors").read_bytes())
+    assert len(set(files)) == 1
+    (n,) = struct.unpack("<Q", files[0][:8])
+    header = json.loads(files[0][8:8 + n])
+    assert list(header["__metadata__"]) == ["alpha", "format", "vl_quantize", "zeta"]
+    loaded = load_file(tmp_path / "0" / "model.safetensors")
+    assert torch.equal(loaded["w"], torch.arange(6.).reshape(2, 3)) and loaded["b"].dtype == torch.bfloat16

@@ -181,6 +181,25 @@ def scan_non_finite(tensors: dict[str, torch.Tensor]):
             raise CheckpointError(f"tensor {name!r} contains NaN or Inf values")
 
 
+def _sort_header_metadata(path: Path):
+    """Rewrite the header's `__metadata__` with its keys sorted, in place, so equal tensors and metadata give
+    equal bytes. safetensors serializes that map from a hash map, whose order changes from process to process
+    (the tensors themselves are written in a fixed order). The header keeps its length and its padding."""
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        raw = f.read(n)
+        header = json.loads(raw)
+        meta = header.get("__metadata__")
+        if not meta or len(meta) < 2:
+            return
+        header["__metadata__"] = dict(sorted(meta.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) != len(raw.rstrip(b" ")) or json.loads(text) != json.loads(raw):
+            raise CheckpointError(f"{path}: the safetensors header did not re-serialize to the same length")
+        f.seek(8)
+        f.write(text.ljust(n, b" "))
+
+
 def save_tensors(tensors: dict[str, torch.Tensor], directory: str | os.PathLike,
                  max_shard_bytes: int = 4 * 1024**3, metadata: dict | None = None):
     """Write safetensors, sharded with an index when over `max_shard_bytes`."""
@@ -202,11 +221,13 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: str | os.PathLike,
             stale.unlink()
     if len(shards) == 1:
         save_file(shards[0], str(directory / SINGLE_FILE), metadata=meta)
+        _sort_header_metadata(directory / SINGLE_FILE)
         return
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(directory / fname), metadata=meta)
+        _sort_header_metadata(directory / fname)
         weight_map.update({name: fname for name in shard})
     total = sum(t.nbytes for t in tensors.values())
     (directory / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
