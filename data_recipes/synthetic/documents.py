@@ -177,7 +177,12 @@ def doc_table(seed: int, index: int, *, tile_size: int = 128) -> Sample:
         for j in range(2):
             boxes[f"{name}{COLS[j]}"] = put(j + 1, i + 1, str(cells[i][j]))
     q = f"What is the value in row {ROWS[r]}, column {COLS[c]}?"
-    return _sample(fam, seed, index, q, str(cls), f"row {ROWS[r]}, column {COLS[c]} holds {cls}", 10, cls,
+    # The trace reads the whole table in order before naming the cell (as doc_layout's lists every field):
+    # a cell token holds only its digit, so finding "row B, column Y" means locating it by position, and the
+    # answer-only trace "row B, column Y holds 2" left the demo model picking any cell's digit (28%).
+    read = "; ".join(f"row {name}: " + ", ".join(f"{COLS[j]} {cells[i][j]}" for j in range(2))
+                     for i, name in enumerate(ROWS))
+    return _sample(fam, seed, index, q, str(cls), f"{read}; row {ROWS[r]}, column {COLS[c]} holds {cls}", 10, cls,
                    [page], cells=cells, row=ROWS[r], col=COLS[c], boxes=boxes)
 
 

@@ -185,6 +185,16 @@ def test_layout_top_field_is_highest_and_table_cell_matches():
         assert _rerendered_matches(t.media[0], box, t.answer, 0.17, 128)
 
 
+def test_table_trace_reads_every_cell_in_order_then_names_the_asked_one():
+    for i in range(8):
+        t = generate("doc_table", "train", i, tile_size=96)
+        m = t.metadata
+        read = re.findall(r"row ([AB]): X (\d), Y (\d)", t.reasoning)
+        assert read == [(name, str(row[0]), str(row[1])) for name, row in zip("AB", m["cells"])]
+        assert t.reasoning.endswith(f"row {m['row']}, column {m['col']} holds {t.answer}")
+        assert t.answer == str(m["cells"]["AB".index(m["row"])]["XY".index(m["col"])])
+
+
 def _bar_heights(page, boxes):
     arr = _arr(page)
     coloured = _coloured(arr)
