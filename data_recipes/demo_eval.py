@@ -215,8 +215,20 @@ def quant_table(result: dict, quant: dict) -> str:
 
 def repro_summary(result: dict, run_dir, second_dir) -> dict:
     """A second training run of the same recipe against this one: per family and mode both accuracies and the
-    change, the macro changes, the largest per-family change, and the first step whose training loss differs."""
+    change, the macro changes, the largest per-family change, and the first step whose training loss differs.
+
+    A second run stopped early (its summary.json says `finished: false`, e.g. `vl train-demo --max-minutes`)
+    has no trained model to evaluate: then only the losses of the steps it ran are compared (`partial`)."""
+    from data_recipes.train import read_log
+
     second_dir = Path(second_dir)
+    summary = json.loads((second_dir / "summary.json").read_text())
+    losses = [[r["loss"] for r in read_log(Path(d) / "log.jsonl")] for d in (run_dir, second_dir)]
+    first = next((i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b), None)
+    compared = {"run": str(second_dir), "summary": summary, "steps_compared": min(map(len, losses)),
+                "first_differing_step": first if first is not None else "none (identical)"}
+    if not summary["finished"]:
+        return compared | {"partial": True, "total_steps": summary["total_steps"]}
     other = json.loads((second_dir / "eval" / "results.json").read_text())
     fams = sorted(result["chance"], key=lambda f: (FAMILIES[f].kind, list(FAMILIES).index(f)))
     modes = [m for m in MODES if m in result["families"] and m in other.get("families", {})]
@@ -234,16 +246,10 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
             if f != "macro":
                 deltas.append(abs(b - a))
         lines.append(f"| {'**macro mean**' if f == 'macro' else f} | " + " | ".join(cells) + " |")
-    from data_recipes.train import read_log
-
-    losses = [[r["loss"] for r in read_log(Path(d) / "log.jsonl")] for d in (run_dir, second_dir)]
-    first = next((i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b), None)
     n = {m: set(v.values()) for m, v in result.get("n", {}).items()}
-    return {
-        "run": str(second_dir), "summary": json.loads((second_dir / "summary.json").read_text()),
+    return compared | {
         "table": "\n".join(lines), "macro_delta": {m: other["macro"][m] - result["macro"][m] for m in modes},
-        "max_family_delta": max(deltas), "first_differing_step": first if first is not None else "none (identical)",
-        "steps_compared": min(map(len, losses)), "weights_identical": _same_weights(run_dir, second_dir),
+        "max_family_delta": max(deltas), "weights_identical": _same_weights(run_dir, second_dir),
         "n_per_family": min(min(v) for v in n.values()) if n else 0,
     }
 
@@ -317,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         run = Path(args.run) if args.run else Path(args.model or default_model()).parent
         repro = repro_summary(result, run, args.second_run) if args.second_run else None
         if repro:
-            print(repro["table"])
+            print(repro.get("table") or f"second run stopped after {repro['steps_compared']} steps; losses differ "
+                                        f"first at step {repro['first_differing_step']}")
         print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant, repro=repro)}")
     return 0
 

@@ -20,6 +20,14 @@ def _quant_section(quant_table: str | None) -> str:
 def _repro_section(repro: dict | None) -> str:
     if repro is None:
         return "Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far)."
+    if repro.get("partial"):
+        first = repro["first_differing_step"]
+        losses = (f"first differ at step {first}" if isinstance(first, int)
+                  else f"are equal at all {repro['steps_compared']} steps")
+        return (f"A second run of the same command from scratch was stopped after {repro['steps_compared']} of "
+                f"{repro['total_steps']} steps ({repro['run']}: {_m(repro['summary']['elapsed_s'])}): with the same "
+                f"seeds and data order its training losses {losses}. Its accuracy was not measured: a partial check "
+                f"of the run's numerics, not of the accuracies.")
     macro = "; ".join(f"/{m} {100 * d:+.1f}" for m, d in repro["macro_delta"].items())
     return (f"A second run of the same command from scratch ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
             f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "

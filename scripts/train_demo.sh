@@ -8,6 +8,8 @@
 #   .venv/bin/python -m data_recipes.demo_eval --model runs/demo/model --n 50 --out runs/demo/eval \
 #     --results runs/demo/eval/results.json --quant-results fp8=runs/demo/eval_fp8/results.json,nvfp4=runs/demo/eval_nvfp4/results.json \
 #     --ship vl/demo --run runs/demo --second-run runs/demo_repro
+# A partial check (its losses only) when a whole second run does not fit: stop the second run early, e.g.
+#   .venv/bin/vl train-demo --recipe demo --out runs/demo_repro --fresh --max-minutes 12   (then the same card command)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/demo}

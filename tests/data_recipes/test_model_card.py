@@ -19,11 +19,13 @@ def _result(acc: dict[str, tuple[float, float]], n: int = 50) -> dict:
             "n": {m: {f: n for f in FAMS} for m in fam}}
 
 
-def _run(path, result, losses, elapsed=3600.0):
+def _run(path, result, losses, elapsed=3600.0, total_steps=None):
     (path / "eval").mkdir(parents=True)
-    (path / "eval" / "results.json").write_text(json.dumps(result))
+    if result is not None:
+        (path / "eval" / "results.json").write_text(json.dumps(result))
     (path / "log.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": x}) + "\n" for i, x in enumerate(losses)))
-    summary = {"steps": len(losses), "samples": 320, "tokens": 9000, "elapsed_s": elapsed, "samples_per_s": 18.0,
+    summary = {"steps": len(losses), "total_steps": total_steps or len(losses),
+               "finished": total_steps in (None, len(losses)), "samples": 320, "tokens": 9000, "elapsed_s": elapsed, "samples_per_s": 18.0,
                "tokens_per_s": 2000.0, "threads": 2, "parameters": {"vision": 1, "projector": 2, "language_model": 3,
                                                                       "total": 6}}
     (path / "summary.json").write_text(json.dumps(summary))
@@ -75,3 +77,19 @@ def test_identical_second_run_says_so_and_compares_weights(tmp_path):
     assert "equal at all 3 steps and the trained weights are equal, tensor for tensor" in card
     save_file({"w": torch.full((2, 2), 1.5)}, tmp_path / "b" / "model" / "model.safetensors")
     assert repro_summary(result, tmp_path / "a", tmp_path / "b")["weights_identical"] is False
+
+
+def test_second_run_stopped_early_compares_only_its_losses(tmp_path):
+    result = _result({"doc_total": (0.4, 0.3), "video_flash": (0.9, 0.8)})
+    summary = _run(tmp_path / "a", result, [2.0, 1.5, 1.2, 1.0])
+    _run(tmp_path / "b", None, [2.0, 1.5], elapsed=60.0, total_steps=4)  # stopped by --max-minutes: no model, no eval
+    repro = repro_summary(result, tmp_path / "a", tmp_path / "b")
+    assert repro["partial"] is True and repro["steps_compared"] == 2 and repro["total_steps"] == 4
+    assert repro["first_differing_step"] == "none (identical)" and "table" not in repro
+    recipe = json.loads(json.dumps(asdict(get_recipe("smoke")), default=str))
+    card = model_card(result, summary, recipe, 50, repro=repro)
+    assert "stopped after 2 of 4 steps" in card and "losses are equal at all 2 steps" in card
+    assert "accuracy was not measured" in card
+    _run(tmp_path / "c", None, [2.0, 1.6], elapsed=60.0, total_steps=4)
+    assert "losses first differ at step 2" in model_card(result, summary, recipe, 50,
+                                                        repro=repro_summary(result, tmp_path / "a", tmp_path / "c"))
