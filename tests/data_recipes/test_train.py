@@ -113,10 +113,12 @@ def test_the_shipped_demo_model_answers_held_out_samples():
     assert total <= 30 * 2**20
     model, proc = load_pretrained(DEMO), load_processor(DEMO)
     result = evaluate_direct(model, proc, n_per_family=4, modes=("no_think",), seed=7)
-    # The card's test-split macro mean is 60.9% (/no_think) against a mean chance of ~18%: far from perfect (the
-    # 85% goal is met by 3 of 13 families only), but it must stay well above chance, and the families it does
-    # master must stay mastered.
+    # The card's test-split macro mean is 89.1% (/no_think) against a mean chance of ~18%, and 8 of 13 families
+    # reach the 85% goal in both modes. Four val samples a family are noisy (one miss is 25 points), so the
+    # bars sit well below the card: far above chance overall, and the families it masters (98-100% on the card,
+    # reading, counting and motion among them) stay mastered.
     chance = sum(result["chance"].values()) / len(result["chance"])
-    assert result["macro"]["no_think"] >= max(0.5, 2.5 * chance), result
+    assert result["macro"]["no_think"] >= max(0.7, 3.5 * chance), result
     fams = result["families"]["no_think"]
-    assert all(fams[f] >= 0.75 for f in ("doc_layout", "doc_chart_tallest")), fams
+    mastered = ("doc_layout", "doc_chart_tallest", "doc_chart_value", "doc_count", "video_direction")
+    assert all(fams[f] >= 0.75 for f in mastered), fams
