@@ -190,7 +190,9 @@ def param_groups(model, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def read_log(path: Path, upto_step: int | None = None) -> list[dict]:
+def read_log(path: str | os.PathLike, upto_step: int | None = None) -> list[dict]:
+    """The rows of a run's log.jsonl (none when it does not exist yet), up to `upto_step` when given."""
+    path = Path(path)
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from data_recipes.recipes import get_recipe
-from data_recipes.train import init_weights, main, train
+from data_recipes.train import init_weights, main, read_log, train
 
 STEPS = 6
 DEMO = Path(__file__).resolve().parents[2] / "vl" / "demo"
@@ -30,6 +30,8 @@ def test_smoke_training_lowers_the_loss_and_writes_its_outputs(straight):
     assert rows[0]["stage"] == "align" and rows[-1]["stage"] == "full"
     assert rows[-1]["loss"] < 0.9 * rows[0]["loss"], [r["loss"] for r in rows]
     assert all(r["samples"] == 4 and r["samples_per_s"] > 0 and 0 < r["packing_efficiency"] <= 1 for r in rows)
+    assert read_log(str(out / "log.jsonl")) == rows and read_log(out / "log.jsonl", upto_step=2) == rows[:2]
+    assert read_log(out / "missing.jsonl") == []
     assert (out / "loss.png").stat().st_size > 1000
     model_dir = out / "model"
     names = {p.name for p in model_dir.iterdir()}

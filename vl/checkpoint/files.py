@@ -195,7 +195,7 @@ def _sort_header_metadata(path: Path):
         header["__metadata__"] = dict(sorted(meta.items()))
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         if len(text) != len(raw.rstrip(b" ")) or json.loads(text) != json.loads(raw):
-            raise CheckpointError(f"{path}: the safetensors header did not re-serialize to the same length")
+            raise CheckpointError(f"{path}: the safetensors header did not re-serialize to the same content and length")
         f.seek(8)
         f.write(text.ljust(n, b" "))
 
