@@ -21,13 +21,10 @@ def _repro_section(repro: dict | None) -> str:
     if repro is None:
         return "Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far)."
     if repro.get("partial"):
-        first = repro["first_differing_step"]
-        losses = (f"first differ at step {first}" if isinstance(first, int)
-                  else f"are equal at all {repro['steps_compared']} steps")
         return (f"A second run of the same command from scratch was stopped after {repro['steps_compared']} of "
                 f"{repro['total_steps']} steps ({repro['run']}: {_m(repro['summary']['elapsed_s'])}): with the same "
-                f"seeds and data order its training losses {losses}. Its accuracy was not measured: a partial check "
-                f"of the run's numerics, not of the accuracies.")
+                f"seeds and data order its training losses {_losses(repro)}. Its accuracy was not measured: a "
+                f"partial check of the run's numerics, not of the accuracies.")
     macro = "; ".join(f"/{m} {100 * d:+.1f}" for m, d in repro["macro_delta"].items())
     return (f"A second run of the same command from scratch ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
             f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "
@@ -36,15 +33,23 @@ def _repro_section(repro: dict | None) -> str:
             f"{_numerics(repro)} Percent:\n\n{repro['table']}")
 
 
+def _losses(repro: dict) -> str:
+    """How the two runs' training losses compare, over the steps both ran."""
+    first = repro["first_differing_step"]
+    if isinstance(first, int):
+        return f"first differ at step {first}"
+    return f"are equal at all {repro['steps_compared']} steps"
+
+
 def _numerics(repro: dict) -> str:
     if isinstance(repro["first_differing_step"], int):
-        return (f"Same seeds and data order; the training losses first differ at step {repro['first_differing_step']}, "
+        return (f"Same seeds and data order; the training losses {_losses(repro)}, "
                 f"from where floating-point differences grow through training.")
     weights = {True: "and the trained weights are equal, tensor for tensor", False: "but the trained weights differ",
                None: "(the weights were not compared)"}[repro["weights_identical"]]
-    return (f"Same seeds and data order: the training losses are equal at all {repro['steps_compared']} "
-            f"steps {weights}. Training is deterministic on one CPU type and thread count; other hardware or thread "
-            f"counts sum floating-point numbers in another order, so runs there part from this one.")
+    return (f"Same seeds and data order: the training losses {_losses(repro)} {weights}. Training is "
+            f"deterministic on one CPU type and thread count; other hardware or thread counts sum floating-point "
+            f"numbers in another order, so runs there part from this one.")
 
 
 def _m(seconds: float) -> str:
