@@ -205,17 +205,18 @@ def _sources(weights: dict[str, float], pool: int) -> tuple[Source, ...]:
 
 
 # Families the 3000-step recipe left below 85% (counting shapes, the new colour, motion, order, multi-page)
-# get more weight and the saturated ones (layout, tallest bar, a word, when) less: a from-scratch run with
-# such weights moved doc_count 48 -> 86% and video_colour 36 -> 74%, and halving chart values or flashes
-# cost them 30-44 points, so those stay at 1. Table cells gained nothing from weight 2 (their trace does).
+# got more weight and the saturated ones (layout, tallest bar) less: a from-scratch run with such weights
+# moved doc_count 48 -> 86% and video_colour 36 -> 74%, and halving chart values or flashes cost them 30-44
+# points, so those stay at 1. The 3600-step model (doc_count and direction at 96-100%) left table cells,
+# multi-page totals, the new colour and "when" at 74-84%: they get the weight counting and motion give up.
 DEMO_WEIGHTS = {
-    "doc_total": 1.25, "doc_name": 0.75, "doc_layout": 0.5, "doc_table": 1.0, "doc_chart_tallest": 0.4,
-    "doc_chart_value": 1.0, "doc_count": 1.5, "doc_multipage": 1.25,
-    "video_direction": 1.25, "video_colour": 1.5, "video_order": 1.25, "video_flash": 1.0, "video_when": 0.75,
+    "doc_total": 1.25, "doc_name": 0.75, "doc_layout": 0.4, "doc_table": 1.25, "doc_chart_tallest": 0.4,
+    "doc_chart_value": 1.0, "doc_count": 1.25, "doc_multipage": 1.5,
+    "video_direction": 1.0, "video_colour": 1.75, "video_order": 1.25, "video_flash": 1.0, "video_when": 1.25,
 }
 
 
-def demo_recipe(total_steps: int = 3600, vision_steps: int = 150, lr: float = 1.5e-3) -> Recipe:
+def demo_recipe(total_steps: int = 3800, vision_steps: int = 150, lr: float = 1.5e-3) -> Recipe:
     """The shipped demo model: ~1M parameters, 96 px tiles (9 tokens each), all 13 synthetic families.
 
     Stage 1 ("vision", `vision_steps` x 64 samples) trains only the from-scratch tower and projector on the

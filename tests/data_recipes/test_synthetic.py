@@ -103,7 +103,7 @@ def test_answers_balanced_over_each_block(family):
     assert all(s.answer in classes for s in samples)
     if family == "video_order":  # classes say whether the answer is the first-named candidate
         for s in samples:
-            named = re.findall(r"the \w+ (\w+)", s.question)
+            named = re.findall(r"the (\w+ \w+)", s.question)
             assert named.index(s.answer) == s.metadata["class_index"]
         assert fam.chance() == 0.5
     else:
@@ -265,9 +265,10 @@ def test_video_answers_from_frame_differences():
         assert np.abs(last - np.array(COLOURS[c.answer])).max() == 0
 
         o = generate("video_order", "test", i, tile_size=128)
-        pairs = dict((shape, colour) for colour, shape in re.findall(r"the (\w+) (\w+)", o.question))
-        other = next(shape for shape in pairs if shape != o.answer)
-        assert _first_frame_with(o.media, COLOURS[pairs[o.answer]]) < _first_frame_with(o.media, COLOURS[pairs[other]])
+        named = re.findall(r"the (\w+) (\w+)", o.question)  # (colour, shape) of both candidates
+        assert o.answer in {f"{c} {s}" for c, s in named}
+        other = next(c for c, s in named if f"{c} {s}" != o.answer)
+        assert _first_frame_with(o.media, COLOURS[o.answer.split()[0]]) < _first_frame_with(o.media, COLOURS[other])
 
         f = generate("video_flash", "test", i, tile_size=128)
         lit = np.array([_coloured(_arr(fr)).sum() > 20 for fr in f.media])
