@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from ui.measure import wait_served
+from ui.measure import multipart, raw_upload, wait_served
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = ("image", "pdf", "video", "chat")
@@ -218,44 +218,14 @@ class Tally:
             self.outcomes.append(o)
 
 
-def raw_upload(url: str, path: str, timeout_s: float) -> tuple[int, bytes]:
-    """POST one file to the app's /gradio_api/upload over a raw socket: (HTTP status, body).
-
-    gradio_client refuses an over-cap file itself, before sending it (it reads max_file_size from the app's
-    config); the soak sends the oversize class straight to the server, so that the server's 413 is what is
-    exercised. A raw socket reads the answer even when the server stops reading the body early.
-    """
-    host, port = url.split("//")[1].strip("/").split(":")
-    body = Path(path).read_bytes()
-    payload = (b'--B\r\nContent-Disposition: form-data; name="files"; filename="' + Path(path).name.encode()
-               + b'"\r\nContent-Type: image/png\r\n\r\n' + body + b"\r\n--B--\r\n")
-    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
-            f"Content-Type: multipart/form-data; boundary=B\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
-        s.sendall(head)
-        try:
-            for i in range(0, len(payload), 1 << 16):
-                s.sendall(payload[i:i + (1 << 16)])
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before reading everything
-        data = b""
-        try:
-            while chunk := s.recv(65536):
-                data += chunk
-        except ConnectionResetError:
-            pass
-    if not data:
-        return 0, b""
-    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[-1]
-
-
 def one_request(client, kind: str, seq: int, inputs: dict, max_new_tokens: int, timeout_s: float) -> Outcome:
     t0 = time.perf_counter()
     bad = kind in BAD
     if kind == "oversize_upload":
         try:
             path = inputs["bad"][kind][0]
-            status, body = raw_upload(inputs["url"], path, timeout_s)
+            status, body = raw_upload(inputs["url"], multipart(Path(path).name.encode(), Path(path).read_bytes(), b"image/png"),
+                                      timeout_s)
         except OSError as exc:
             return Outcome(seq, kind, bad, False, time.perf_counter() - t0, f"no HTTP answer: {exc!r}"[:300])
         if status == 413:

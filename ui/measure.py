@@ -53,6 +53,41 @@ def wait_served(url: str, proc: subprocess.Popen, timeout: float, *, describe_ex
     fail(f"vl app did not serve {url} within {timeout} s")
 
 
+def multipart(filename: bytes, body: bytes, ctype: bytes = b"application/octet-stream") -> bytes:
+    """A multipart/form-data body (boundary "B") holding one file in the field Gradio's upload route reads."""
+    return (b'--B\r\nContent-Disposition: form-data; name="files"; filename="' + filename + b'"\r\n'
+            b"Content-Type: " + ctype + b"\r\n\r\n" + body + b"\r\n--B--\r\n")
+
+
+def raw_upload(url: str, payload: bytes, timeout: float = 60) -> tuple[int, bytes]:
+    """POST a `multipart` body to the app's /gradio_api/upload over a raw socket: (HTTP status, body); (0, b"")
+    when nothing came back. Shared by the soak (scripts/soak.py) and the serving tests.
+
+    A raw socket reads the server's answer even when the server stops reading the request early (it answers 413
+    and closes): urllib would report only the broken pipe, and gradio_client refuses an over-cap file itself,
+    before sending it.
+    """
+    host, port = url.split("//")[1].strip("/").split(":")
+    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            f"Content-Type: multipart/form-data; boundary=B\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head)
+        try:
+            for i in range(0, len(payload), 1 << 16):
+                s.sendall(payload[i:i + (1 << 16)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading everything
+        data = b""
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    if not data:
+        return 0, b""
+    return int(data.split(b" ", 2)[1]), data.split(b"\r\n\r\n", 1)[-1]
+
+
 def ask(client, api_name: str, args: list) -> dict:
     t0 = time.perf_counter()
     job = client.submit(*args, api_name=api_name)

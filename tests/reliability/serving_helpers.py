@@ -20,6 +20,8 @@ from types import SimpleNamespace
 
 import psutil
 
+from ui.measure import multipart, raw_upload
+
 REPO = Path(__file__).resolve().parents[2]
 DOC_DEFAULTS = dict(pages="", max_tiles=2, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=4,
                     temperature=0.0)
@@ -90,40 +92,6 @@ def http_get(url: str, timeout: float = 10):
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
-
-
-def multipart(filename: bytes, body: bytes, ctype: bytes = b"application/octet-stream") -> bytes:
-    return (b'--B\r\nContent-Disposition: form-data; name="files"; filename="' + filename + b'"\r\n'
-            b"Content-Type: " + ctype + b"\r\n\r\n" + body + b"\r\n--B--\r\n")
-
-
-def raw_upload(url: str, payload: bytes, timeout: float = 60) -> tuple[int, bytes]:
-    """POST a multipart body to /gradio_api/upload over a raw socket; (status, body).
-
-    A raw socket lets the test read the server's answer even when the server stops reading the request early
-    (it answers 413 and closes): urllib would report only the broken pipe.
-    """
-    host, port = url.split("//")[1].strip("/").split(":")
-    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            f"Content-Type: multipart/form-data; boundary=B\r\nContent-Length: {len(payload)}\r\n"
-            "Connection: close\r\n\r\n").encode()
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(head)
-        try:
-            for i in range(0, len(payload), 1 << 16):
-                s.sendall(payload[i:i + (1 << 16)])
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before reading everything
-        data = b""
-        try:
-            while chunk := s.recv(65536):
-                data += chunk
-        except ConnectionResetError:
-            pass
-    if not data:
-        return 0, b""
-    status = int(data.split(b" ", 2)[1])
-    return status, data.split(b"\r\n\r\n", 1)[-1]
 
 
 def upload(url: str, path: Path) -> str:

@@ -23,16 +23,16 @@ from serving_helpers import (
     fn_index,
     http_get,
     log_tail,
-    multipart,
     new_session,
     queue_join,
-    raw_upload,
     read_events,
     start_app,
     stop_app,
     upload,
     wait_ready,
 )
+
+from ui.measure import multipart, raw_upload
 
 pytestmark = pytest.mark.timeout(300)
 SECRET = b"VL_RELIABILITY_SECRET_7d1f"
