@@ -35,6 +35,25 @@ def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Im
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB").convert(mode)
 
 
+def mutate_bytes(draw, data: bytearray, st) -> bytes:
+    """The byte-level mutations of the I12 fuzzers (a Hypothesis `draw` and its `strategies` module): 1-8 bit
+    flips, overwrites, deletions or insertions, then maybe a truncation."""
+    for _ in range(draw(st.integers(1, 8))):
+        pos = draw(st.integers(0, len(data) - 1))
+        op = draw(st.sampled_from(["flip", "set", "delete", "insert"]))
+        if op == "flip":
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "set":
+            data[pos] = draw(st.integers(0, 255))
+        elif op == "delete":
+            del data[pos]
+        else:
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
+    if draw(st.booleans()):
+        data = data[: draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
 def exif_block(orientation_entry: bytes, extra: bytes = b"", prefix: bytes = b"Exif\x00\x00") -> bytes:
     """EXIF APP1 payload (little-endian TIFF) with one IFD entry for tag 0x0112 given as raw 12 bytes."""
     tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + orientation_entry + struct.pack("<I", 0)

@@ -25,6 +25,7 @@ from media_fixtures import (  # noqa: E402
     encode,
     exif_block,
     mpo_with_huge_second_frame,
+    mutate_bytes,
     noise_image,
     orientation_short,
     orientation_srational,
@@ -356,20 +357,7 @@ _SEEDS = {fmt: encode(noise_image(24, 16, seed=3), fmt) for fmt in ["PNG", "JPEG
 @st.composite
 def _mutated(draw):
     data = bytearray(_SEEDS[draw(st.sampled_from(sorted(_SEEDS)))])
-    for _ in range(draw(st.integers(1, 8))):
-        pos = draw(st.integers(0, len(data) - 1))
-        op = draw(st.sampled_from(["flip", "set", "delete", "insert"]))
-        if op == "flip":
-            data[pos] ^= 1 << draw(st.integers(0, 7))
-        elif op == "set":
-            data[pos] = draw(st.integers(0, 255))
-        elif op == "delete":
-            del data[pos]
-        else:
-            data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
-    if draw(st.booleans()):
-        data = data[: draw(st.integers(0, len(data)))]
-    return bytes(data)
+    return mutate_bytes(draw, data, st)
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # mutated headers; refused by our cap

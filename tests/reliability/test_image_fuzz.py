@@ -14,7 +14,7 @@ import zlib
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_fixtures import encode, noise_image
+from media_fixtures import encode, mutate_bytes, noise_image
 
 from vl.errors import MediaError
 from vl.processing.images import load_image
@@ -55,20 +55,7 @@ def mutated(draw):
                 body[draw(st.integers(0, len(body) - 1))] = draw(st.integers(0, 255))
         chunks[i] = (kind, bytes(body))
         return _png(chunks)
-    for _ in range(draw(st.integers(1, 8))):
-        pos = draw(st.integers(0, len(data) - 1))
-        op = draw(st.sampled_from(["flip", "set", "delete", "insert"]))
-        if op == "flip":
-            data[pos] ^= 1 << draw(st.integers(0, 7))
-        elif op == "set":
-            data[pos] = draw(st.integers(0, 255))
-        elif op == "delete":
-            del data[pos]
-        else:
-            data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
-    if draw(st.booleans()):
-        data = data[: draw(st.integers(0, len(data)))]
-    return bytes(data)
+    return mutate_bytes(draw, data, st)
 
 
 SEEN: dict[str, int] = {}
