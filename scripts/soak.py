@@ -28,7 +28,6 @@ import os
 import queue
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from ui.measure import multipart, raw_upload, wait_served
+from ui.measure import free_port, multipart, raw_upload, vl_command, wait_served
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = ("image", "pdf", "video", "chat")
@@ -50,17 +49,6 @@ INTERNAL = "Internal error"  # ui.limits.user_error's answer to an exception tha
 
 
 # --- the app ---------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def vl_command() -> list[str]:
-    exe = Path(sys.executable).parent / "vl"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]
-
-
 def default_model(work: Path) -> tuple[str, str]:
     """(model dir, description): the shipped demo model if present, else a tiny random checkpoint."""
     demo = REPO / "vl" / "demo"

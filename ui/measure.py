@@ -25,10 +25,17 @@ import urllib.request
 from pathlib import Path
 
 
-def _port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def vl_command() -> list[str]:
+    """The installed `vl` entry point of this interpreter's environment (or the module behind it)."""
+    exe = Path(sys.executable).parent / "vl"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]
 
 
 def wait_served(url: str, proc: subprocess.Popen, timeout: float, *, describe_exit=None, poll: float = 0.2) -> float:
@@ -125,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     examples_dir, records = ensure_examples()
     tabs = tab_examples(examples_dir, records)
-    port = args.port or _port()
-    exe = Path(sys.executable).parent / "vl"
-    cmd = ([str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]) + ["app", "--port", str(port)]
+    port = args.port or free_port()
+    cmd = vl_command() + ["app", "--port", str(port)]
     cmd += ["--model", args.model] if args.model else []
     env = {**os.environ, "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="vl-measure-")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

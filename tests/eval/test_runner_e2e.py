@@ -7,7 +7,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from data_recipes.synthetic.export import export_split, write_mp4
 from eval.backend import EngineBackend
 from eval.records import iter_records
 from eval.runner import RunConfig, Runner, model_facts
+from ui.measure import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -259,12 +259,6 @@ def test_cli_sigkill_mid_run_then_resume_equals_uninterrupted(tiny, doc_set, ref
     assert json.loads(done.stdout)["n"] == 6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accelerate_two_processes_equal_one(tiny, doc_set, reference_run, tmp_path):
     """`accelerate launch` with two processes on the CPU (torchrun underneath; `--multi_gpu` only selects that
@@ -272,7 +266,7 @@ def test_accelerate_two_processes_equal_one(tiny, doc_set, reference_run, tmp_pa
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "eval", *_cli(tiny, doc_set, out)[3:]]
+           "--main_process_port", str(free_port()), "-m", "eval", *_cli(tiny, doc_set, out)[3:]]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,22 +18,11 @@ from types import SimpleNamespace
 
 import psutil
 
-from ui.measure import multipart, raw_upload
+from ui.measure import free_port, multipart, raw_upload, vl_command
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_DEFAULTS = dict(pages="", max_tiles=2, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=4,
                     temperature=0.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def vl_command() -> list[str]:
-    exe = Path(sys.executable).parent / "vl"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]
 
 
 def start_app(model: Path, work: Path, *flags: str) -> SimpleNamespace:

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from serving_helpers import free_port
+from ui.measure import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

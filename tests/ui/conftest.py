@@ -13,7 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ui_helpers import free_port, vl_command, wait_ready
+from ui_helpers import wait_ready
+
+from ui.measure import free_port, vl_command
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ def demo_app(examples, upload_dir):
     from ui.app import build_app, launch_app
     from ui.limits import AppLimits
     from ui.runner import UIEngine
-    from ui_helpers import free_port
+    from ui.measure import free_port
 
     limits = AppLimits()
     engine = UIEngine.from_pretrained(DEMO, isolate=True, limits=limits.media, allowed_roots=[upload_dir, examples.dir])

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 DOC_ARGS = dict(pages="", max_tiles=12, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=24,
                 temperature=0.0)
@@ -47,18 +44,6 @@ def assert_streamed(seen, final, field: int = 1):
     for a, b in zip(grown, grown[1:]):
         assert b.startswith(a), (a, b)
     assert grown[-1] == final[field]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def vl_command() -> list[str]:
-    """The installed `vl` entry point of this interpreter's environment (or the module behind it)."""
-    exe = Path(sys.executable).parent / "vl"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "vl.cli"]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
