@@ -216,7 +216,7 @@ DEMO_WEIGHTS = {
 }
 
 
-def demo_recipe(total_steps: int = 3800, vision_steps: int = 150, lr: float = 1.5e-3) -> Recipe:
+def demo_recipe(total_steps: int = 3600, vision_steps: int = 150, lr: float = 1.5e-3) -> Recipe:
     """The shipped demo model: ~1M parameters, 96 px tiles (9 tokens each), all 13 synthetic families.
 
     Stage 1 ("vision", `vision_steps` x 64 samples) trains only the from-scratch tower and projector on the

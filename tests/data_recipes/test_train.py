@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from data_recipes.recipes import get_recipe
-from data_recipes.train import init_weights, main, read_log, train
+from data_recipes.train import Prefetch, init_weights, main, read_log, train
 
 STEPS = 6
 DEMO = Path(__file__).resolve().parents[2] / "vl" / "demo"
@@ -59,6 +59,48 @@ def test_resume_continues_the_same_run(straight, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     losses = lambda d: [json.loads(x)["loss"] for x in (d / "log.jsonl").read_text().splitlines()]  # noqa: E731
     assert losses(tmp_path) == pytest.approx(losses(out), rel=1e-5)
+
+
+def test_prefetch_changes_nothing_but_the_time(straight, tmp_path):
+    """The straight run builds each step's examples on the prefetch thread; this one builds them in turn."""
+    out, _ = straight
+    plain = train(get_recipe("smoke", total_steps=STEPS), tmp_path, resume=False, progress=False, threads=1,
+                  prefetch=False)
+    assert plain["finished"]
+    rows = lambda d: [json.loads(x) for x in (d / "log.jsonl").read_text().splitlines()]  # noqa: E731
+    keys = ("loss", "tokens", "target_tokens", "tiles", "forward_passes", "grad_norm")
+    assert [[r[k] for k in keys] for r in rows(tmp_path)] == [[r[k] for k in keys] for r in rows(out)]
+    a, b = load_file(out / "model" / "model.safetensors"), load_file(tmp_path / "model" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _Stream:
+    """A stand-in for SampleStream: examples are consecutive integers, `mixture.consumed` counts them."""
+
+    def __init__(self):
+        self.mixture = type("M", (), {"consumed": 0})()
+
+    def next_examples(self, k):
+        start = self.mixture.consumed
+        self.mixture.consumed += k
+        return list(range(start, start + k))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_prefetch_hands_out_steps_in_order_with_their_own_consumed_count(enabled):
+    stream = _Stream()
+    feed = Prefetch(stream, enabled=enabled)
+    assert feed.get(3, 2) == ([0, 1, 2], 3)
+    assert feed.get(2, 2) == ([3, 4], 5)  # the checkpoint stores 5 even while step 3's build runs ahead
+    feed.close()  # a stop mid-run: the build in flight is dropped; resuming redraws from the stored count
+    assert stream.mixture.consumed == (7 if enabled else 5)
+    feed = Prefetch(stream, enabled=enabled)
+    assert feed.get(1, None) == ([stream.mixture.consumed - 1], stream.mixture.consumed)
+    if enabled:
+        feed.get(1, 4)
+        with pytest.raises(RuntimeError, match="prefetched 4 examples, asked for 3"):
+            feed.get(3, None)
+    feed.close()
 
 
 def test_the_trained_directory_loads_and_answers_through_the_engine(straight, tmp_path):
