@@ -127,8 +127,9 @@ metadata (data_recipes/vision_targets.py) - first alone, then beside the LM loss
 part of this checkpoint.
 
 Wall time {_m(summary['elapsed_s'])} on a 2-core CPU ({summary['threads']} torch threads, fp32: this CPU has
-no bf16 instructions), shared with other processes while it ran; {summary['samples_per_s']:.1f} samples/s,
-{summary['tokens_per_s']:.0f} tokens/s over all stages. Loss curve: `loss.png`; numbers: `train_summary.json`.
+no bf16 instructions); {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s over all
+stages. The same steps have run up to ~20% slower or faster from one session to the next on this machine type.
+Loss curve: `loss.png`; numbers: `train_summary.json`.
 
 ## Held-out accuracy
 
@@ -149,6 +150,6 @@ Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and write
 ## Limitations
 
 - Synthetic families only; fixed vocabulary of labels, words and colours; square single-tile pages.
-- A tiny model trained for about an hour: reading small digits on busy pages and timing in clips are its
-  weakest skills.
+- A tiny model trained for under 90 minutes: reading small digits on busy pages (a form's total, a table
+  cell) is its weakest skill.
 """
