@@ -370,7 +370,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
         return stage.samples_per_step or recipe.samples_per_step
 
     feed = Prefetch(data, enabled=prefetch)
-    with open(log_path, "a", encoding="utf-8") as log:
+    with open(log_path, "a", encoding="utf-8") as log, contextlib.closing(feed):  # closed on errors too
         while state.step < last:
             if max_minutes is not None and time.perf_counter() - start_time > 60 * max_minutes:
                 stopped_early = True
@@ -431,7 +431,6 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
                             tps=f"{n_tokens / dt:.0f}")
             if state.step % recipe.checkpoint_every == 0 and state.step < last:
                 save_checkpoint()
-    feed.close()
     bar.close()
     save_checkpoint()
     rows = read_log(log_path)
