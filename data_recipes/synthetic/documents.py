@@ -42,6 +42,7 @@ ROWS, COLS = ("A", "B"), ("X", "Y")
 BAR_LABELS = ("A", "B", "C", "D")
 FILLER_TITLES = ("NOTES", "DRAFT", "MEMO", "INDEX")
 TOTALS = tuple(str(v) for v in range(10, 100))  # two-digit totals: 90 classes
+TABLE_TEXT = 0.17  # doc_table's digit and label size, a fraction of the page
 
 
 def _sample(family, seed, index, question, answer, reasoning, n_classes, cls, pages, **meta) -> Sample:
@@ -162,7 +163,7 @@ def doc_table(seed: int, index: int, *, tile_size: int = 128) -> Sample:
     for k in range(4):
         draw.line([(ox, oy + k * cell), (ox + 3 * cell, oy + k * cell)], fill=INK, width=width)
         draw.line([(ox + k * cell, oy), (ox + k * cell, oy + 3 * cell)], fill=INK, width=width)
-    size = int(0.17 * S)
+    size = int(TABLE_TEXT * S)
     boxes = {}
 
     def put(col: int, row: int, text: str):
