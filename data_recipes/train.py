@@ -19,7 +19,9 @@ instructions (AVX512-BF16/AMX; the 2-core build machine has neither) emulate it,
 Checkpoint and resume: every `checkpoint_every` steps (and at the end or when `--max-minutes` runs out)
 `accelerator.save_state` writes model, optimizer and RNG state to `<out>/checkpoint`, with
 `trainer_state.json` holding the step and the sampler position. Rendering, the reasoning-mode choice and
-the sampler are pure functions of (seed, position), so a resumed run continues the same data stream.
+the sampler are pure functions of (seed, position), so a resumed run continues the same data stream. A run
+resumes only under the recipe it started with (`<out>/recipe.json`): another mixture or `--steps` is an error
+that names what differs (`--fresh` starts over).
 Outputs: `<out>/log.jsonl` (one line per step), `<out>/loss.png`, `<out>/model/` (a Nano V2 VL checkpoint
 directory: config.json, model.safetensors, tokenizer files, generation_config.json).
 """
@@ -221,6 +223,19 @@ class TrainerState:
     tokens: int = 0
 
 
+def check_same_recipe(path: Path, recipe_json: str) -> None:
+    """A checkpoint resumes only under the recipe it was trained with (`path`: the run's recipe.json, written
+    when the run started): another mixture, step count or schedule would continue a run that no single recipe
+    describes, so it is an error that names the fields that differ, with the run left as it was."""
+    if not path.exists():
+        return
+    before, now = json.loads(path.read_text()), json.loads(recipe_json)
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+        raise ConfigError(f"{path.parent} was trained under another {now['name']!r} recipe (it differs in "
+                          f"{', '.join(changed)}); pass --fresh to start over, or use another --out")
+
+
 def set_trainable(model, prefixes: tuple[str, ...]) -> None:
     for name, p in model.named_parameters():
         p.requires_grad_(any(name.startswith(prefix) for prefix in prefixes))
@@ -329,10 +344,12 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
 
     state = TrainerState(recipe.name)
     ckpt = out / CHECKPOINT
+    recipe_json = json.dumps(asdict(recipe), indent=1, default=str) + "\n"
     if resume and (ckpt / TRAINER_STATE).exists():
         saved = json.loads((ckpt / TRAINER_STATE).read_text())
         if saved["recipe"] != recipe.name:
             raise ConfigError(f"{ckpt} holds recipe {saved['recipe']!r}, not {recipe.name!r}; use another --out")
+        check_same_recipe(out / "recipe.json", recipe_json)
         accelerator.load_state(str(ckpt))
         state = TrainerState(**saved)
         data.mixture.load_state_dict({"consumed": state.consumed})
@@ -342,7 +359,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     log_path = out / "log.jsonl"
     rows = read_log(log_path, upto_step=state.step)  # a crash after the last checkpoint left later lines
     log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=1, default=str) + "\n")
+    (out / "recipe.json").write_text(recipe_json)
 
     def save_checkpoint():
         tmp = out / (CHECKPOINT + ".tmp")

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from data_recipes.recipes import get_recipe
 from data_recipes.train import Prefetch, init_weights, main, read_log, train
+from vl.errors import ConfigError
 
 STEPS = 6
 DEMO = Path(__file__).resolve().parents[2] / "vl" / "demo"
@@ -50,6 +51,12 @@ def test_resume_continues_the_same_run(straight, tmp_path):
     assert not half["finished"] and half["steps"] == STEPS // 2
     state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == STEPS // 2 and state["consumed"] == 4 * (STEPS // 2)
+    recipe_before = (tmp_path / "recipe.json").read_text()
+    longer = get_recipe("smoke", total_steps=STEPS + 2)  # another schedule: not the run the checkpoint holds
+    with pytest.raises(ConfigError, match=r"differs in stages\); pass --fresh"):
+        train(longer, tmp_path, resume=True, progress=False, threads=1)
+    assert (tmp_path / "recipe.json").read_text() == recipe_before
+    assert json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text()) == state
     done = train(get_recipe("smoke", total_steps=STEPS), tmp_path, resume=True, progress=False, threads=1)
     assert done["finished"] and done["steps"] == STEPS
     a = load_file(out / "model" / "model.safetensors")
