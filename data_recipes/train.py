@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         # libgomp reads this when it loads, i.e. before any flag here is parsed: without it, idle OpenMP
         # threads busy-wait, and on a CPU shared with other processes 2 threads ran ~10x slower than 1
         # (measured on the 2-core build machine). Start once more with the variable set.
-        os.execve(sys.executable, [sys.executable, "-m", "data_recipes.train", *argv],
+        os.execve(sys.executable, [sys.executable, "-m", "vl.cli", "train-demo", *argv],
                   {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     recipe = get_recipe(args.recipe, **({"total_steps": args.steps} if args.steps else {}))
     summary = train(recipe, args.out, resume=not args.fresh, max_minutes=args.max_minutes, threads=args.threads,

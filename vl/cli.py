@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     target, _ = COMMANDS[argv[0]]
     module, func = target.split(":")
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    from vl.errors import VLError
+
+    try:
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    except VLError as exc:  # a typed error a command let through: its code and message, not a traceback
+        print(f"error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

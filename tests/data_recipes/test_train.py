@@ -147,10 +147,17 @@ def test_init_weights_is_deterministic_and_sane():
             assert float(dt.min()) >= 1e-3 * 0.99 and float(dt.max()) <= 0.1 * 1.01
 
 
-def test_cli_entry_point(tmp_path, monkeypatch):
+def test_cli_entry_point(tmp_path, monkeypatch, capsys):
+    from vl.cli import main as vl_main
+
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # set: main() would otherwise re-execute itself with it
-    code = main(["--recipe", "smoke", "--steps", "2", "--out", str(tmp_path), "--threads", "1", "--no-progress"])
+    args = ["--recipe", "smoke", "--out", str(tmp_path), "--threads", "1", "--no-progress"]
+    code = main([*args, "--steps", "2"])
     assert code == 0 and (tmp_path / "model" / "model.safetensors").exists()
+    capsys.readouterr()
+    assert vl_main(["train-demo", *args, "--steps", "4"]) == 2  # resuming under another schedule
+    err = capsys.readouterr().err
+    assert err.startswith("error [") and "differs in stages" in err and "Traceback" not in err
 
 
 @pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="vl/demo has not been trained and shipped yet")
