@@ -48,7 +48,6 @@ def chat_main(argv: list[str]) -> int:
     p.add_argument("--device-map", default=None)
     p.add_argument("--video-pruning-rate", type=float, default=None)
     args = p.parse_args(argv)
-    from vl.errors import VLError
     from vl.runtime.engine import Engine
 
     content = [{"type": "image", "image": f} for f in args.image]
@@ -57,25 +56,21 @@ def chat_main(argv: list[str]) -> int:
     if args.video:
         content.append({"type": "video", "video": args.video})
     content.append({"type": "text", "text": args.prompt})
-    try:
-        engine = Engine.from_pretrained(args.model or default_model(), dtype=args.dtype, device_map=args.device_map)
-        stream = engine.chat([{"role": "user", "content": content}], stream=True, max_new_tokens=args.max_new_tokens,
-                             temperature=args.temperature, reasoning_budget=args.reasoning_budget,
-                             thinking={"on": True, "off": False}.get(args.think), pages=args.pages,
-                             video_pruning_rate=args.video_pruning_rate)
-        kind = None
-        for event in stream:
-            if event.kind != kind:
-                sys.stdout.write("\n[reasoning]\n" if event.kind == "reasoning" else "\n[answer]\n")
-                kind = event.kind
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        s = stream.result.stats
-        sys.stdout.write(f"\n\n[{s.prompt_tokens} prompt tokens, {s.new_tokens} new, ttft "
-                         f"{s.time_to_first_token_s:.2f}s, {s.decode_tokens_per_s:.1f} tok/s]\n")
-    except VLError as exc:
-        print(f"error [{exc.code}]: {exc}", file=sys.stderr)
-        return 2
+    engine = Engine.from_pretrained(args.model or default_model(), dtype=args.dtype, device_map=args.device_map)
+    stream = engine.chat([{"role": "user", "content": content}], stream=True, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, reasoning_budget=args.reasoning_budget,
+                         thinking={"on": True, "off": False}.get(args.think), pages=args.pages,
+                         video_pruning_rate=args.video_pruning_rate)
+    kind = None
+    for event in stream:
+        if event.kind != kind:
+            sys.stdout.write("\n[reasoning]\n" if event.kind == "reasoning" else "\n[answer]\n")
+            kind = event.kind
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    s = stream.result.stats
+    sys.stdout.write(f"\n\n[{s.prompt_tokens} prompt tokens, {s.new_tokens} new, ttft "
+                     f"{s.time_to_first_token_s:.2f}s, {s.decode_tokens_per_s:.1f} tok/s]\n")
     return 0
 
 
