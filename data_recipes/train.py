@@ -39,6 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from data_recipes.formatting import IGNORE, choose_thinking, format_example, tokenizer_corpus
@@ -121,21 +122,36 @@ class SampleStream:
                     for k, s in enumerate(recipe.sources)]
         self.mixture = MixtureSampler(samplers, [s.weight for s in recipe.sources], seed=recipe.seed)
 
-    def sample(self, source_id: int, index: int):
-        s = self.recipe.sources[source_id]
-        return generate(s.family, "train", index, seed=self.recipe.data_seed, tile_size=self.recipe.model.tile_size,
-                        **dict(s.options))
+    def _example(self, source, index: int, tower_only: bool = False):
+        """One train-split sample, formatted (/think by the recipe's share, or never for a tower-only one),
+        with its per-tile probe targets."""
+        sample = generate(source.family, "train", index, seed=self.recipe.data_seed,
+                          tile_size=self.recipe.model.tile_size, **dict(source.options))
+        thinking = not tower_only and choose_thinking(sample.id, self.recipe.think_fraction, self.recipe.seed)
+        example = format_example(sample, self.processor, thinking=thinking)
+        example.meta["tile_targets"] = tile_targets(sample, self.recipe.model.tile_size)
+        return example
 
     def next_examples(self, k: int):
         """The next `k` examples of the mixture, formatted, with their per-tile probe targets."""
-        out = []
-        for source_id, index in self.mixture.take(k):
-            sample = self.sample(source_id, index)
-            thinking = choose_thinking(sample.id, self.recipe.think_fraction, self.recipe.seed)
-            example = format_example(sample, self.processor, thinking=thinking)
-            example.meta["tile_targets"] = tile_targets(sample, self.recipe.model.tile_size)
-            out.append(example)
-        return out
+        return [self._example(self.recipe.sources[source_id], index) for source_id, index in self.mixture.take(k)]
+
+    def probe_examples(self, step: int, k: int):
+        """Step `step`'s `k` tower-only examples: sources by `probe_sources` weight and train-split indices in
+        [0, pool), drawn from a generator keyed by (seed, step), so a resumed run redraws the same ones."""
+        if k == 0:
+            return []
+        sources = self.recipe.probe_sources
+        rng = np.random.default_rng((self.recipe.seed, 0x9E0BE, step))
+        weights = np.array([s.weight for s in sources], dtype=np.float64)
+        picks = rng.choice(len(sources), size=k, p=weights / weights.sum())
+        return [self._example(sources[j], int(rng.integers(sources[j].pool)), tower_only=True) for j in picks]
+
+    def step_examples(self, step: int):
+        """Optimizer step `step`'s (mixture examples, tower-only probe examples)."""
+        stage, _ = self.recipe.stage_at(step)
+        return (self.next_examples(stage.samples_per_step or self.recipe.samples_per_step),
+                self.probe_examples(step, stage.probe_samples))
 
 
 class Prefetch:
@@ -143,8 +159,9 @@ class Prefetch:
 
     Rendering a step's pages and clips is Python and PIL on one core (~0.3 s a step on the demo recipe) while
     the other core waits; overlapped, it comes off the step time. The examples and their order are those of
-    `SampleStream.next_examples` called in turn (nothing in them depends on timing), so a run with and without
-    prefetch computes the same losses. `get` returns (examples, samples consumed by the mixture after them)."""
+    `SampleStream.step_examples` called step after step (nothing in them depends on timing), so a run with and
+    without prefetch computes the same losses. `get` returns (mixture examples, tower-only probe examples,
+    samples consumed by the mixture after them)."""
 
     def __init__(self, data: SampleStream, enabled: bool = True):
         from concurrent.futures import ThreadPoolExecutor
@@ -153,22 +170,22 @@ class Prefetch:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if enabled else None
         self.pending: tuple[int, object] | None = None
 
-    def _build(self, k: int):
-        examples = self.data.next_examples(k)
-        return examples, self.data.mixture.consumed
+    def _build(self, step: int):
+        examples, probe_examples = self.data.step_examples(step)
+        return examples, probe_examples, self.data.mixture.consumed
 
-    def get(self, k: int, next_k: int | None):
-        """This step's `k` examples; starts building the next step's `next_k` (None: there is no next step)."""
+    def get(self, step: int, next_step: int | None):
+        """Step `step`'s examples; starts building `next_step`'s (None: there is no next step)."""
         if self.pending is not None:
             want, future = self.pending
-            if want != k:  # callers always pass the size they announced; anything else is a bug here
-                raise RuntimeError(f"prefetched {want} examples, asked for {k}")
+            if want != step:  # callers always ask for the step they announced; anything else is a bug here
+                raise RuntimeError(f"prefetched step {want}, asked for step {step}")
             out = future.result()
         else:
-            out = self._build(k)
+            out = self._build(step)
         self.pending = None
-        if self.pool is not None and next_k is not None:
-            self.pending = (next_k, self.pool.submit(self._build, next_k))
+        if self.pool is not None and next_step is not None:
+            self.pending = (next_step, self.pool.submit(self._build, next_step))
         return out
 
     def close(self):
@@ -210,6 +227,13 @@ def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int):
     else:
         stats = {}
     return total, lm, aux, stats
+
+
+def probe_pass_loss(model, probe, batch: Batch, stage):
+    """The tower-only examples' probe loss at the stage's probe weight (aux_weight; 1 for "vision")."""
+    aux, stats = probe_loss(probe, model.encode_tiles(batch.pixel_values), batch.tile_targets)
+    weight = 1.0 if stage.objective == "vision" else stage.aux_weight
+    return weight * aux, aux, stats
 
 
 # --- state ------------------------------------------------------------------------------------------
@@ -380,12 +404,6 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     current_stage = None
     stopped_early = False
 
-    def step_size(step: int) -> int | None:
-        if step >= last:
-            return None
-        stage, _ = recipe.stage_at(step)
-        return stage.samples_per_step or recipe.samples_per_step
-
     feed = Prefetch(data, enabled=prefetch)
     with open(log_path, "a", encoding="utf-8") as log, contextlib.closing(feed):  # closed on errors too
         while state.step < last:
@@ -400,18 +418,24 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
             lr = recipe.lr_at(state.step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            examples, consumed = feed.get(step_size(state.step), step_size(state.step + 1))
+            examples, probe_examples, consumed = feed.get(state.step, state.step + 1 if state.step + 1 < last else None)
             t_data = time.perf_counter() - t0  # with prefetch: only the part of the build not hidden
             batches, pack_eff = step_batches(examples, recipe, pad_id)
+            probe_batch = collate(probe_examples, pad_id) if probe_examples else None
             n_target = sum(b.num_target_tokens for b in batches)
             n_tiles = sum(e.num_tiles for e in examples)
             model.train()
             probe.train()
             loss_sum, lm_sum, aux_sum, probe_hits = 0.0, 0.0, 0.0, {}
-            for i, batch in enumerate(batches):
-                sync = contextlib.nullcontext() if i == len(batches) - 1 else accelerator.no_sync(model)
+            passes = ([probe_batch] if probe_batch is not None else []) + batches
+            for i, batch in enumerate(passes):
+                sync = contextlib.nullcontext() if i == len(passes) - 1 else accelerator.no_sync(model)
                 with sync, accelerator.autocast():
-                    loss, lm, aux, stats = batch_loss(model, probe, batch, stage, n_target, n_tiles)
+                    if batch is probe_batch:
+                        loss, aux, stats = probe_pass_loss(model, probe, batch, stage)
+                        lm = None
+                    else:
+                        loss, lm, aux, stats = batch_loss(model, probe, batch, stage, n_target, n_tiles)
                 accelerator.backward(loss)
                 loss_sum += float(loss.detach())
                 lm_sum += float(lm.detach()) if lm is not None else 0.0
@@ -436,7 +460,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
                    "probe_acc": round(sum(c for c, _ in probe_hits.values()) / max(1, sum(n for _, n in
                                                                                           probe_hits.values())), 4),
                    "grad_norm": grad_norm,
-                   "samples": len(examples), "tokens": n_tokens, "target_tokens": n_target,
+                   "samples": len(examples), "probe_samples": len(probe_examples), "tokens": n_tokens, "target_tokens": n_target,
                    "tiles": sum(e.num_tiles for e in examples), "forward_passes": len(batches),
                    "packing_efficiency": round(pack_eff, 4), "step_s": round(dt, 4), "data_s": round(t_data, 4),
                    "samples_per_s": round(len(examples) / dt, 3), "tokens_per_s": round(n_tokens / dt, 1),

@@ -111,9 +111,10 @@ class ProbeHeads(nn.Module):
         super().__init__()
         self.heads = nn.ModuleDict({k: nn.Linear(tokens_per_tile * hidden_size, n) for k, n in heads.items()})
 
-    def forward(self, tile_vectors: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, tile_vectors: torch.Tensor, names=None) -> dict[str, torch.Tensor]:
+        """Logits of the heads in `names` (all when None)."""
         flat = tile_vectors.flatten(1).float()  # (N, tokens * d)
-        return {k: head(flat) for k, head in self.heads.items()}
+        return {k: self.heads[k](flat) for k in (self.heads if names is None else names)}
 
 
 def probe_loss(probe: ProbeHeads, tile_vectors: torch.Tensor, targets: list[dict[str, int]]):
@@ -122,12 +123,10 @@ def probe_loss(probe: ProbeHeads, tile_vectors: torch.Tensor, targets: list[dict
     Returns (loss, {head: (correct, count)})."""
     if len(targets) != tile_vectors.shape[0]:
         raise ValueError(f"{len(targets)} target dicts for {tile_vectors.shape[0]} tiles")
-    logits = probe(tile_vectors)
+    present = [k for k in probe.heads if any(k in t for t in targets)]  # a head with no target costs nothing
     losses, stats = [], {}
-    for name, lg in logits.items():
+    for name, lg in probe(tile_vectors, present).items():
         idx = [i for i, t in enumerate(targets) if name in t]
-        if not idx:
-            continue
         y = torch.tensor([targets[i][name] for i in idx], dtype=torch.long, device=lg.device)
         sel = lg[idx]
         losses.append(nn.functional.cross_entropy(sel, y))

@@ -28,6 +28,8 @@ def test_demo_recipe_trains_on_every_family_in_two_stages():
     assert all(s.options == (("num_frames", 8), ("fps", 2.0)) for s in r.sources if s.kind == "video")
     assert r.sampler == "rs2" and 0 < r.think_fraction < 1
     assert get_recipe("demo", total_steps=600).total_steps == 600
+    # tower-only pages for the families whose digits the tower misreads, in both stages
+    assert {s.family for s in r.probe_sources} == {"doc_table", "doc_total"} and all(s.probe_samples for s in r.stages)
 
 
 def test_stage_boundaries_and_learning_rate_schedule():
@@ -54,6 +56,10 @@ def test_bad_recipes_are_errors():
         get_recipe("smoke").replace(sampler="uniform")
     with pytest.raises(ConfigError, match="unknown recipe"):
         get_recipe("giant")
+    with pytest.raises(ConfigError, match="probe_samples must be >= 0"):
+        Stage("x", 1, 1e-3, probe_samples=-1)
+    with pytest.raises(ConfigError, match="no probe_sources"):
+        get_recipe("smoke").replace(probe_sources=())
 
 
 def test_model_spec_builds_a_nano_vl_config_from_the_tokenizer(tokenizer):

@@ -29,8 +29,9 @@ def test_smoke_training_lowers_the_loss_and_writes_its_outputs(straight):
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert rows[0]["stage"] == "align" and rows[-1]["stage"] == "full"
-    assert rows[-1]["loss"] < 0.9 * rows[0]["loss"], [r["loss"] for r in rows]
+    assert rows[-1]["lm_loss"] < 0.9 * rows[0]["lm_loss"], [r["lm_loss"] for r in rows]
     assert all(r["samples"] == 4 and r["samples_per_s"] > 0 and 0 < r["packing_efficiency"] <= 1 for r in rows)
+    assert [r["probe_samples"] for r in rows] == [0] + [2] * (STEPS - 1)  # the tower-only pages of "full"
     assert read_log(str(out / "log.jsonl")) == rows and read_log(out / "log.jsonl", upto_step=2) == rows[:2]
     assert read_log(out / "missing.jsonl") == []
     assert (out / "loss.png").stat().st_size > 1000
@@ -81,32 +82,65 @@ def test_prefetch_changes_nothing_but_the_time(straight, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_tower_only_examples_train_the_tower_and_never_the_lm(straight):
+    """A stage's probe_samples: drawn by (seed, step) alone, and their loss reaches the tower, the projector and
+    the probe heads but no language-model parameter."""
+    from transformers import AutoTokenizer
+
+    from data_recipes.packing import collate
+    from data_recipes.train import SampleStream, probe_pass_loss, training_processor
+    from data_recipes.vision_targets import ProbeHeads
+    from vl.modeling.vlm import NemotronVL
+
+    out, _ = straight
+    recipe = get_recipe("smoke", total_steps=STEPS)
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    config = recipe.model.vl_config(tokenizer)
+    stream = SampleStream(recipe, training_processor(tokenizer, config))
+    ids = lambda step: [e.sample_id for e in stream.probe_examples(step, 3)]  # noqa: E731
+    assert ids(5) == ids(5) and stream.mixture.consumed == 0  # the mixture's position is not touched
+    assert {i.split("/")[0] for i in ids(5) + ids(6)} == {"doc_table"} and ids(5) != ids(6)
+    assert stream.step_examples(0)[1] == [] and len(stream.step_examples(1)[1]) == 2  # "align" has none
+    model = NemotronVL(config)
+    init_weights(model, 0)
+    probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size)
+    loss, aux, stats = probe_pass_loss(model, probe, collate(stream.probe_examples(1, 2), 0), recipe.stages[1])
+    assert loss.item() == pytest.approx(0.5 * aux.item()) and stats["cell0"][1] == 2
+    loss.backward()
+    touched = {n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert touched == {"vision", "projector"}
+    assert probe.heads["cell0"].weight.grad is not None and probe.heads["lit"].weight.grad is None
+
+
 class _Stream:
-    """A stand-in for SampleStream: examples are consecutive integers, `mixture.consumed` counts them."""
+    """A stand-in for SampleStream: step s draws SIZES[s] consecutive integers (`mixture.consumed` counts them)
+    and one tower-only example, -s."""
+
+    SIZES = (3, 2, 2, 1, 4)
 
     def __init__(self):
         self.mixture = type("M", (), {"consumed": 0})()
 
-    def next_examples(self, k):
-        start = self.mixture.consumed
+    def step_examples(self, step):
+        start, k = self.mixture.consumed, self.SIZES[step]
         self.mixture.consumed += k
-        return list(range(start, start + k))
+        return list(range(start, start + k)), [-step]
 
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_prefetch_hands_out_steps_in_order_with_their_own_consumed_count(enabled):
     stream = _Stream()
     feed = Prefetch(stream, enabled=enabled)
-    assert feed.get(3, 2) == ([0, 1, 2], 3)
-    assert feed.get(2, 2) == ([3, 4], 5)  # the checkpoint stores 5 even while step 3's build runs ahead
+    assert feed.get(0, 1) == ([0, 1, 2], [0], 3)
+    assert feed.get(1, 2) == ([3, 4], [-1], 5)  # the checkpoint stores 5 even while step 2's build runs ahead
     feed.close()  # a stop mid-run: the build in flight is dropped; resuming redraws from the stored count
     assert stream.mixture.consumed == (7 if enabled else 5)
     feed = Prefetch(stream, enabled=enabled)
-    assert feed.get(1, None) == ([stream.mixture.consumed - 1], stream.mixture.consumed)
+    assert feed.get(3, None) == ([stream.mixture.consumed - 1], [-3], stream.mixture.consumed)
     if enabled:
-        feed.get(1, 4)
-        with pytest.raises(RuntimeError, match="prefetched 4 examples, asked for 3"):
-            feed.get(3, None)
+        feed.get(3, 4)
+        with pytest.raises(RuntimeError, match="prefetched step 4, asked for step 2"):
+            feed.get(2, None)
     feed.close()
 
 
