@@ -222,7 +222,8 @@ def _sources(weights: dict[str, float], pool: int) -> tuple[Source, ...]:
 # A run that then gave table pages twice their share and totals a little more (doc_table 1.25 -> 2.5, doc_total
 # 1.25 -> 1.5, from the colour, order and "when" clips) read table cells at 96 / 93% (was 76 / 78) and totals at
 # 87 / 89% (was 84 / 84), but left motion direction at chance (28%, was 89%) and counting at 66% (was 87%) with
-# their weights unchanged: not shipped, and the mixture below is still the shipped model's.
+# their weights unchanged: not shipped; the mixture below is still the shipped model's, which adds tower-only
+# pages instead (PROBE_WEIGHTS).
 DEMO_WEIGHTS = {
     "doc_total": 1.25, "doc_name": 0.75, "doc_layout": 0.4, "doc_table": 1.25, "doc_chart_tallest": 0.4,
     "doc_chart_value": 1.0, "doc_count": 1.25, "doc_multipage": 1.5,
@@ -231,8 +232,10 @@ DEMO_WEIGHTS = {
 
 
 # Tower-only pages a step (`Stage.probe_samples`) for the two families whose digits the tower misreads: the
-# shipped model's probe heads read table cells at 61-82% and receipt units at 90%, and its LM answers about as
+# previous model's probe heads read table cells at 61-82% and receipt units at 90%, and its LM answered about as
 # well as the tower reads; a table-only tower read cells at 71% after 400 x 64 pages and was still climbing.
+# With 8 of them a step (16 in the vision stage) the trained heads read cells at 99-100% and receipt digits at
+# 97-99%, and the LM answers both families at 95-99% (vl/demo/README.md); motion direction fell to 81 / 72%.
 PROBE_WEIGHTS = {"doc_table": 3.0, "doc_total": 1.0}
 
 

@@ -12,6 +12,9 @@ before one clipped AdamW step. The loss is next-token cross entropy summed over 
 by the step's assistant-token count, so every supervised token weighs the same however the step was packed.
 A background thread renders and formats the next step's samples while the current step trains (`Prefetch`:
 the same examples in the same order, so the same losses; 1.54 -> 1.34 s a step on the demo recipe).
+A stage may add tower-only samples a step (`Stage.probe_samples`, from `Recipe.probe_sources`): one more
+forward pass through the tower and projector alone, whose probe loss trains them without an LM forward
+(`probe_pass_loss`); which samples is a pure function of (seed, step), so resume and prefetch keep them.
 
 Mixed precision: `--mixed-precision auto` is bf16 autocast on CUDA and off on CPU. CPUs without bf16
 instructions (AVX512-BF16/AMX; the 2-core build machine has neither) emulate it, which is slower than fp32.

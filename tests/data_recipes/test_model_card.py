@@ -47,6 +47,12 @@ def test_second_run_table_deltas_and_first_differing_step(tmp_path):
     assert "macro mean change /no_think +1.0; /think +3.0 points" in card and "50.0 min" in card
     assert "first differ at step 3" in card and repro["table"] in card
     assert "has not been measured" in model_card(first, summary, recipe, 50)
+    assert "its weakest family on this test split is doc_total (40% / 30%)" in card
+    assert "| full | vlm | 5 | 0.01 | all | 0.5 | 4 | 2 |" in card  # the smoke recipe's tower-only pages
+    assert "Tower-only samples (family: weight): doc_table (1);" in card
+    del recipe["probe_sources"], recipe["stages"][1]["probe_samples"]  # a run from before tower-only samples
+    assert "| full | vlm | 5 | 0.01 | all | 0.5 | 4 | 0 |" in (old := model_card(first, summary, recipe, 50))
+    assert "Tower-only" not in old
 
 
 def test_second_run_must_cover_the_same_families(tmp_path):
