@@ -125,6 +125,11 @@ class Stage:
     samples_per_step: int | None = None  # None: the recipe's
     probe_samples: int = 0
 
+    @property
+    def probe_weight(self) -> float:
+        """Weight of the probe loss: 1 when it is the objective ("vision"), else `aux_weight`."""
+        return 1.0 if self.objective == "vision" else self.aux_weight
+
     def __post_init__(self):
         if self.probe_samples < 0:
             raise ConfigError(f"stage {self.name}: probe_samples must be >= 0, found {self.probe_samples}")

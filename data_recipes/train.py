@@ -222,7 +222,7 @@ def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int):
     if stage.objective == "vlm":
         lm = token_loss_sum(model, batch, vectors) / max(n_target, 1)
         total = total + lm
-    weight = 1.0 if stage.objective == "vision" else stage.aux_weight
+    weight = stage.probe_weight
     if weight > 0 and vectors is not None and batch.tile_targets is not None:
         aux, stats = probe_loss(probe, vectors, batch.tile_targets)
         aux = aux * vectors.shape[0] / max(n_tiles, 1)
@@ -235,8 +235,7 @@ def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int):
 def probe_pass_loss(model, probe, batch: Batch, stage):
     """The tower-only examples' probe loss at the stage's probe weight (aux_weight; 1 for "vision")."""
     aux, stats = probe_loss(probe, model.encode_tiles(batch.pixel_values), batch.tile_targets)
-    weight = 1.0 if stage.objective == "vision" else stage.aux_weight
-    return weight * aux, aux, stats
+    return stage.probe_weight * aux, aux, stats
 
 
 # --- state ------------------------------------------------------------------------------------------
