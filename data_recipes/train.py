@@ -87,6 +87,18 @@ def init_weights(model, seed: int = 0, qk_std: float = 0.02) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def load_weights_from(model, directory) -> None:
+    """Copies a saved model's weights (any layout `vl.load_pretrained` reads) into `model`, which must have
+    the same architecture (`Recipe.init_from`)."""
+    from vl.checkpoint.load import load_pretrained
+
+    source = load_pretrained(directory, dtype=torch.float32).state_dict()
+    try:
+        model.load_state_dict(source, strict=True)
+    except RuntimeError as exc:
+        raise ConfigError(f"init_from {directory}: its weights do not fit the recipe's model ({exc})") from None
+
+
 def count_parameters(model) -> dict[str, int]:
     parts = {"vision": model.vision, "projector": model.projector, "language_model": model.language_model}
     out = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
@@ -107,6 +119,8 @@ def load_or_train_tokenizer(recipe: Recipe, directory: Path):
 
     from data_recipes.tokenizer import train_tokenizer
 
+    if recipe.init_from:
+        return AutoTokenizer.from_pretrained(recipe.init_from)
     if (directory / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(str(directory))
     samples = [generate(s.family, "train", i, seed=recipe.data_seed, tile_size=recipe.model.tile_size,
@@ -205,22 +219,45 @@ def step_batches(examples, recipe: Recipe, pad_id: int) -> tuple[list[Batch], fl
     return [collate([examples[i] for i in g], pad_id) for g in groups], efficiency(lengths, groups)
 
 
-def token_loss_sum(model, batch: Batch, tile_vectors=None) -> torch.Tensor:
-    """Summed next-token cross entropy over the batch's assistant tokens (tiles encoded here unless given)."""
-    embeds, _, _ = model.prepare_inputs(batch.input_ids, batch.pixel_values, batch.media, tile_vectors=tile_vectors)
+def token_loss_sum(model, batch: Batch, tile_vectors=None, video_pruning_rate: float = 0.0) -> torch.Tensor:
+    """Summed next-token cross entropy over the batch's assistant tokens (tiles encoded here unless given).
+
+    With `video_pruning_rate` > 0 the clips' tokens are EVS-pruned as at inference (`NemotronVL.reduce`) and
+    each row keeps only its surviving positions, labels alongside, right-padded again (a causal LM: pads
+    after a row's last token change nothing before it)."""
+    if not video_pruning_rate:
+        embeds, _, _ = model.prepare_inputs(batch.input_ids, batch.pixel_values, batch.media,
+                                            tile_vectors=tile_vectors, video_pruning_rate=0.0)
+        labels = batch.labels
+    else:
+        from vl.modeling.vlm import VisionInputs
+
+        if tile_vectors is None:
+            tile_vectors = model.encode_tiles(batch.pixel_values)
+        vision = model.reduce(tile_vectors, batch.media, video_pruning_rate)
+        full, _ = model.merge(batch.input_ids, VisionInputs(vision.vectors))
+        ids = batch.input_ids
+        keep = model.kept_positions(ids, vision) & (torch.arange(ids.shape[1]) < torch.tensor(batch.lengths)[:, None])
+        lengths = keep.sum(1).tolist()
+        embeds = full.new_zeros(ids.shape[0], max(lengths), full.shape[-1])
+        labels = torch.full(embeds.shape[:2], IGNORE, dtype=batch.labels.dtype)
+        for i, n in enumerate(lengths):
+            embeds[i, :n] = full[i, keep[i]]
+            labels[i, :n] = batch.labels[i, keep[i]]
     logits = model.language_model(inputs_embeds=embeds).logits
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             batch.labels[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="sum")
+                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="sum")
 
 
-def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int):
+def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int, video_pruning_rate: float = 0.0):
     """The stage's loss for one forward pass, scaled so the passes of a step add up to the step's mean:
-    LM loss per assistant token of the step, plus aux_weight x probe loss weighted by this pass's tile share."""
+    LM loss per assistant token of the step, plus aux_weight x probe loss weighted by this pass's tile share.
+    `video_pruning_rate` prunes the clips' tokens for the LM only (`Stage.video_pruning_rates`)."""
     lm = aux = None
     vectors = model.encode_tiles(batch.pixel_values) if batch.pixel_values is not None else None
     total = 0.0
     if stage.objective == "vlm":
-        lm = token_loss_sum(model, batch, vectors) / max(n_target, 1)
+        lm = token_loss_sum(model, batch, vectors, video_pruning_rate) / max(n_target, 1)
         total = total + lm
     weight = stage.probe_weight
     if weight > 0 and vectors is not None and batch.tile_targets is not None:
@@ -359,6 +396,8 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     model = NemotronVL(config)
     model.micro_batch = 512  # tiles per vision call: bigger matmuls; memory is not the limit at this size
     init_weights(model, recipe.seed, recipe.init_qk_std)
+    if recipe.init_from:
+        load_weights_from(model, recipe.init_from)
     params = count_parameters(model)
     probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size)  # training-only heads, never exported
     groups = param_groups(model, recipe.weight_decay)
@@ -418,6 +457,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
                 set_trainable(accelerator.unwrap_model(model), stage.trainable)
                 current_stage = stage
             lr = recipe.lr_at(state.step)
+            q = stage.pruning_rate(recipe.seed, state.step)  # EVS rate of this step's clips, for the LM
             for group in optimizer.param_groups:
                 group["lr"] = lr
             examples, probe_examples, consumed = feed.get(state.step, state.step + 1 if state.step + 1 < last else None)
@@ -437,7 +477,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
                         loss, aux, stats = probe_pass_loss(model, probe, batch, stage)
                         lm = None
                     else:
-                        loss, lm, aux, stats = batch_loss(model, probe, batch, stage, n_target, n_tiles)
+                        loss, lm, aux, stats = batch_loss(model, probe, batch, stage, n_target, n_tiles, q)
                 accelerator.backward(loss)
                 loss_sum += float(loss.detach())
                 lm_sum += float(lm.detach()) if lm is not None else 0.0
@@ -458,6 +498,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
             state.tokens += n_tokens
             ema = loss_sum if ema is None else 0.95 * ema + 0.05 * loss_sum
             row = {"step": state.step, "stage": stage.name, "lr": lr, "loss": loss_sum,
+                   **({"video_pruning_rate": q} if stage.video_pruning_rates else {}),
                    "lm_loss": lm_sum if stage.objective == "vlm" else None, "aux_loss": aux_sum,
                    "probe_acc": round(sum(c for c, _ in probe_hits.values()) / max(1, sum(n for _, n in
                                                                                           probe_hits.values())), 4),

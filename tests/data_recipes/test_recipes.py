@@ -45,6 +45,28 @@ def test_stage_boundaries_and_learning_rate_schedule():
     assert lrs[-1] >= 0.1 * 2e-3 - 1e-12 and lrs[-1] < 0.2 * 2e-3
 
 
+def test_stage_pruning_rates_are_drawn_per_step_and_validated():
+    s = Stage("x", 10, 1e-3, video_pruning_rates=(0.0, 0.5, 0.75))
+    draws = [s.pruning_rate(0, k) for k in range(200)]
+    assert set(draws) == {0.0, 0.5, 0.75} and draws == [s.pruning_rate(0, k) for k in range(200)]
+    assert draws != [s.pruning_rate(1, k) for k in range(200)]  # keyed by the recipe's seed too
+    assert Stage("y", 1, 1e-3).pruning_rate(0, 3) == 0.0
+    for bad in ((1.0,), (-0.1,)):
+        with pytest.raises(ConfigError, match="video_pruning_rates"):
+            Stage("x", 1, 1e-3, video_pruning_rates=bad)
+
+
+def test_the_evs_tune_experiment_starts_from_the_shipped_model_and_trains_the_lm_alone():
+    from vl.cli import default_model
+
+    r = get_recipe("evs_tune")
+    assert r.init_from == default_model() and r.total_steps == 600 and len(r.stages) == 1
+    (stage,) = r.stages
+    assert stage.trainable == ("language_model.",) and stage.video_pruning_rates == (0.0, 0.5, 0.75, 0.9)
+    assert stage.probe_samples == 0 and stage.aux_weight == 0.0
+    assert r.sources == get_recipe("demo").sources and r.model == get_recipe("demo").model
+
+
 def test_bad_recipes_are_errors():
     with pytest.raises(ConfigError, match="unknown family"):
         Source("doc_poem")

@@ -112,6 +112,86 @@ def test_tower_only_examples_train_the_tower_and_never_the_lm(straight):
     assert probe.heads["cell0"].weight.grad is not None and probe.heads["lit"].weight.grad is None
 
 
+def _smoke_parts(out):
+    from transformers import AutoTokenizer
+
+    from data_recipes.train import SampleStream, training_processor
+    from vl.modeling.vlm import NemotronVL
+
+    recipe = get_recipe("smoke", total_steps=STEPS)
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    config = recipe.model.vl_config(tokenizer)
+    stream = SampleStream(recipe, training_processor(tokenizer, config))
+    model = NemotronVL(config)
+    init_weights(model, 0)
+    return recipe, stream, model
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.75])
+def test_the_lm_loss_on_evs_pruned_clips_is_the_inference_forward_on_them(straight, rate):
+    """`token_loss_sum` with a pruning rate (Stage.video_pruning_rates) on a two-row batch, a clip and a page,
+    equals the summed loss of each row alone through `NemotronVL.forward` at that rate, which drops the pruned
+    placeholders as inference does; the labels are the row's own answer tokens (they all follow the media)."""
+    from data_recipes.formatting import IGNORE
+    from data_recipes.packing import collate
+    from data_recipes.train import token_loss_sum
+
+    out, _ = straight
+    recipe, stream, model = _smoke_parts(out)
+    by_family = {s.family: s for s in recipe.sources}
+    clip = stream._example(by_family["video_colour"], 1)
+    page = stream._example(by_family["doc_count"], 2)
+    img = model.config.tokens.img_context_id
+    expected, kept = 0.0, []
+    for example in (clip, page):
+        b = collate([example], 0)
+        with torch.no_grad():
+            logits = model(input_ids=b.input_ids, pixel_values=b.pixel_values, media=b.media,
+                           video_pruning_rate=rate).logits[0]
+        ids, labels = b.input_ids[0], b.labels[0]
+        tail = len(ids) - 1 - int(torch.nonzero(ids == img).max())  # the tokens after the last placeholder
+        ref = torch.full((logits.shape[0],), IGNORE)
+        ref[-tail:] = labels[-tail:]
+        kept.append(logits.shape[0])
+        expected += float(torch.nn.functional.cross_entropy(logits[:-1], ref[1:], ignore_index=IGNORE,
+                                                            reduction="sum"))
+    with torch.no_grad():
+        got = token_loss_sum(model, collate([clip, page], 0), video_pruning_rate=rate)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    assert kept[1] == len(page)  # pages are never pruned by EVS
+    assert (kept[0] < len(clip)) == (rate > 0), (kept, len(clip))
+
+
+def test_a_stage_with_pruning_rates_logs_them_and_trains(tmp_path):
+    import dataclasses
+
+    smoke = get_recipe("smoke", total_steps=4)
+    recipe = smoke.replace(stages=(smoke.stages[0], dataclasses.replace(smoke.stages[1], video_pruning_rates=(0.5, 0.9))))
+    summary = train(recipe, tmp_path, resume=False, progress=False, threads=1)
+    rows = read_log(tmp_path / "log.jsonl")
+    assert summary["finished"] and "video_pruning_rate" not in rows[0]  # "align" prunes nothing
+    assert [r["video_pruning_rate"] for r in rows[1:]] == [recipe.stages[1].pruning_rate(recipe.seed, k)
+                                                           for k in range(1, 4)]
+    assert all(r["video_pruning_rate"] in (0.5, 0.9) and r["lm_loss"] > 0 for r in rows[1:])
+
+
+def test_init_from_starts_at_a_saved_model_and_keeps_what_is_frozen(straight, tmp_path):
+    import dataclasses
+
+    out, _ = straight
+    smoke = get_recipe("smoke", total_steps=2)
+    recipe = smoke.replace(init_from=str(out / "model"), stages=tuple(
+        dataclasses.replace(s, trainable=("language_model.",), probe_samples=0, aux_weight=0.0) for s in smoke.stages))
+    train(recipe, tmp_path, resume=False, progress=False, threads=1)
+    a, b = load_file(out / "model" / "model.safetensors"), load_file(tmp_path / "model" / "model.safetensors")
+    frozen = [k for k in a if "language_model" not in k]
+    changed = [k for k in a if "language_model" in k and not torch.equal(a[k], b[k])]
+    assert frozen and all(torch.equal(a[k], b[k]) for k in frozen) and changed
+    assert (tmp_path / "model" / "tokenizer.json").read_text() == (out / "model" / "tokenizer.json").read_text()
+    with pytest.raises(ConfigError, match="do not fit the recipe's model"):
+        train(smoke.replace(init_from=str(DEMO)), tmp_path / "other", resume=False, progress=False, threads=1)
+
+
 class _Stream:
     """A stand-in for SampleStream: step s draws SIZES[s] consecutive integers (`mixture.consumed` counts them)
     and one tower-only example, -s."""

@@ -135,9 +135,7 @@ class NemotronVL(nn.Module):
         embeds = embeds.masked_scatter(placeholder[..., None], vision.vectors.to(embeds.dtype))
         if vision.keep is None or bool(vision.keep.all()):
             return embeds, attention_mask
-        drop = torch.zeros_like(placeholder)
-        drop[placeholder] = ~vision.keep.to(placeholder.device)
-        keep_pos = ~drop
+        keep_pos = self.kept_positions(input_ids, vision)
         if attention_mask is not None:
             keep_pos &= attention_mask.bool()
         lengths = keep_pos.sum(1)
@@ -149,6 +147,14 @@ class NemotronVL(nn.Module):
             out[i, t - n:] = embeds[i, keep_pos[i]]
             mask[i, t - n:] = 1
         return out, (mask if bool((lengths != t).any()) or attention_mask is not None else None)
+
+    def kept_positions(self, input_ids: torch.Tensor, vision: VisionInputs | None) -> torch.Tensor:
+        """(b, t) bool: the sequence positions that token reduction keeps (every text position, and the
+        placeholders whose vectors survive)."""
+        keep = torch.ones_like(input_ids, dtype=torch.bool)
+        if vision is not None and vision.keep is not None:
+            keep[input_ids == self.config.tokens.img_context_id] = vision.keep.to(input_ids.device)
+        return keep
 
     def prepare_inputs(self, input_ids, pixel_values=None, media=None, attention_mask=None,
                        video_pruning_rate=None, tile_vectors=None, token_pruning_rate: float = 0.0):
