@@ -29,8 +29,12 @@ def _repro_section(repro: dict | None) -> str:
     return (f"A second run of the same command from scratch ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
             f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "
             f"change {macro} points; per family the largest change is {100 * repro['max_family_delta']:.0f} points "
-            f"(at {repro['n_per_family']} samples a family, one sample is {100 / repro['n_per_family']:.0f} points). "
+            f"(at {repro['n_per_family']} samples a family, one sample is {_points(100 / repro['n_per_family'])}). "
             f"{_numerics(repro)} Percent:\n\n{repro['table']}")
+
+
+def _points(x: float) -> str:
+    return f"{x:.0f} point" + ("" if round(x) == 1 else "s")
 
 
 def _losses(repro: dict) -> str:
