@@ -313,19 +313,19 @@ def smoke_recipe(total_steps: int = 6, lr: float = 1e-2) -> Recipe:
 
 
 def evs_tune_recipe(total_steps: int = 600, lr: float = 1.5e-4, init_from: str | None = None) -> Recipe:
-    """An experiment, not the shipped model: the shipped demo model (or `init_from`) trained on for `total_steps`
-    more steps of the demo mixture at the demo recipe's final learning rate, the LM alone trainable (the
-    tower and projector stay as shipped; the probe heads, never exported, are not used), with each step's
-    video clips EVS-pruned at a rate drawn from (0, 0, 0.5, 0.75): half the steps unpruned, which kept the
-    unpruned accuracy better than (0, 0.5, 0.75, 0.9) did (README). It measures how much of EVS's accuracy cost on the
-    demo model comes from an LM that never saw a pruned clip (README, "Token reduction")."""
+    """An experiment, not the shipped model: the shipped demo model (or `init_from`) trained on for
+    `total_steps` more steps of the demo mixture at the demo recipe's final learning rate, the LM alone
+    trainable (the tower and projector stay as shipped; the probe heads, never exported, are not used), with
+    each step's video clips EVS-pruned at a rate drawn from (0, 0, 0.5, 0.75): half the steps unpruned, which
+    kept the unpruned accuracy better than (0, 0.5, 0.75, 0.9) did. It measures how much of EVS's accuracy
+    cost on the demo model comes from an LM that never saw a pruned clip (README, "Token reduction")."""
     from vl.cli import default_model
 
     base = demo_recipe()
     return base.replace(
         name="evs_tune", seed=1, init_from=str(init_from or default_model()),
-        stages=(Stage("evs", total_steps, lr, warmup_steps=min(20, total_steps), min_lr_ratio=1.0, trainable=("language_model.",),
-                      video_pruning_rates=(0.0, 0.0, 0.5, 0.75)),),
+        stages=(Stage("evs", total_steps, lr, warmup_steps=min(20, total_steps), min_lr_ratio=1.0,
+                      trainable=("language_model.",), video_pruning_rates=(0.0, 0.0, 0.5, 0.75)),),
     )
 
 

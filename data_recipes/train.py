@@ -230,7 +230,7 @@ def token_loss_sum(model, batch: Batch, tile_vectors=None, video_pruning_rate: f
                                             tile_vectors=tile_vectors, video_pruning_rate=0.0)
         labels = batch.labels
     else:
-        from vl.modeling.vlm import VisionInputs
+        from vl.modeling.vlm import VisionInputs, compact_rows
 
         if tile_vectors is None:
             tile_vectors = model.encode_tiles(batch.pixel_values)
@@ -238,12 +238,8 @@ def token_loss_sum(model, batch: Batch, tile_vectors=None, video_pruning_rate: f
         full, _ = model.merge(batch.input_ids, VisionInputs(vision.vectors))
         ids = batch.input_ids
         keep = model.kept_positions(ids, vision) & (torch.arange(ids.shape[1]) < torch.tensor(batch.lengths)[:, None])
-        lengths = keep.sum(1).tolist()
-        embeds = full.new_zeros(ids.shape[0], max(lengths), full.shape[-1])
-        labels = torch.full(embeds.shape[:2], IGNORE, dtype=batch.labels.dtype)
-        for i, n in enumerate(lengths):
-            embeds[i, :n] = full[i, keep[i]]
-            labels[i, :n] = batch.labels[i, keep[i]]
+        embeds, _ = compact_rows(full, keep)
+        labels, _ = compact_rows(batch.labels, keep, fill=IGNORE)
     logits = model.language_model(inputs_embeds=embeds).logits
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                              labels[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="sum")
@@ -395,9 +391,10 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     config = recipe.model.vl_config(tokenizer)
     model = NemotronVL(config)
     model.micro_batch = 512  # tiles per vision call: bigger matmuls; memory is not the limit at this size
-    init_weights(model, recipe.seed, recipe.init_qk_std)
     if recipe.init_from:
         load_weights_from(model, recipe.init_from)
+    else:
+        init_weights(model, recipe.seed, recipe.init_qk_std)
     params = count_parameters(model)
     probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size)  # training-only heads, never exported
     groups = param_groups(model, recipe.weight_decay)

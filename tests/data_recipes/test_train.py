@@ -181,7 +181,8 @@ def test_init_from_starts_at_a_saved_model_and_keeps_what_is_frozen(straight, tm
     out, _ = straight
     smoke = get_recipe("smoke", total_steps=2)
     recipe = smoke.replace(init_from=str(out / "model"), stages=tuple(
-        dataclasses.replace(s, trainable=("language_model.",), probe_samples=0, aux_weight=0.0) for s in smoke.stages))
+        dataclasses.replace(s, trainable=("language_model.",), probe_samples=0, aux_weight=0.0)
+        for s in smoke.stages))
     train(recipe, tmp_path, resume=False, progress=False, threads=1)
     a, b = load_file(out / "model" / "model.safetensors"), load_file(tmp_path / "model" / "model.safetensors")
     frozen = [k for k in a if "language_model" not in k]

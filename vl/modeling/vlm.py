@@ -41,6 +41,20 @@ class VisionInputs:
     info: list[dict] = field(default_factory=list)  # what each reducer removed
 
 
+def compact_rows(x: torch.Tensor, keep: torch.Tensor, fill=0, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of `x` (b, t, ...) reduced to its `keep` (b, t) positions, in order, and padded with `fill` to
+    the longest kept row, on the left (batched generation) or the right (training). -> (out, lengths (b,))."""
+    lengths = keep.sum(1)
+    t = int(lengths.max())
+    out = x.new_full((x.shape[0], t, *x.shape[2:]), fill)
+    for i, n in enumerate(lengths.tolist()):
+        if left:
+            out[i, t - n:] = x[i, keep[i]]
+        else:
+            out[i, :n] = x[i, keep[i]]
+    return out, lengths
+
+
 class NemotronVL(nn.Module):
     keep_in_fp32 = NemotronHForCausalLM.keep_in_fp32
 
@@ -138,14 +152,9 @@ class NemotronVL(nn.Module):
         keep_pos = self.kept_positions(input_ids, vision)
         if attention_mask is not None:
             keep_pos &= attention_mask.bool()
-        lengths = keep_pos.sum(1)
-        t = int(lengths.max())
-        out = embeds.new_zeros(embeds.shape[0], t, embeds.shape[-1])
-        mask = torch.zeros(embeds.shape[0], t, dtype=torch.long, device=embeds.device)
-        for i in range(embeds.shape[0]):  # left-pad each row to the longest kept row
-            n = int(lengths[i])
-            out[i, t - n:] = embeds[i, keep_pos[i]]
-            mask[i, t - n:] = 1
+        out, lengths = compact_rows(embeds, keep_pos, left=True)
+        t = out.shape[1]
+        mask = (torch.arange(t, device=out.device) >= t - lengths[:, None]).long()
         return out, (mask if bool((lengths != t).any()) or attention_mask is not None else None)
 
     def kept_positions(self, input_ids: torch.Tensor, vision: VisionInputs | None) -> torch.Tensor:
