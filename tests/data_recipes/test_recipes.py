@@ -67,6 +67,22 @@ def test_the_evs_tune_experiment_starts_from_the_shipped_model_and_trains_the_lm
     assert r.sources == get_recipe("demo").sources and r.model == get_recipe("demo").model
 
 
+def test_the_evs_long_experiment_splits_each_video_family_into_8_and_64_frame_clips():
+    from data_recipes.recipes import LONG_VIDEO_OPTIONS, VIDEO_OPTIONS
+
+    tune, r = get_recipe("evs_tune"), get_recipe("evs_long", long_share=0.25)
+    assert r.stages[0].video_pruning_rates == tune.stages[0].video_pruning_rates and r.init_from == tune.init_from
+    docs = [s for s in r.sources if s.kind == "document"]
+    assert docs == [s for s in tune.sources if s.kind == "document"]
+    for s in (s for s in tune.sources if s.kind == "video"):
+        pair = [x for x in r.sources if x.family == s.family]
+        assert [x.options for x in pair] == [VIDEO_OPTIONS, LONG_VIDEO_OPTIONS]
+        assert [x.weight for x in pair] == pytest.approx([0.75 * s.weight, 0.25 * s.weight])
+    assert r.packing.max_seq_len >= 2048  # a 64-frame clip is ~1.6k tokens
+    with pytest.raises(ConfigError, match="long_share"):
+        get_recipe("evs_long", long_share=1.0)
+
+
 def test_bad_recipes_are_errors():
     with pytest.raises(ConfigError, match="unknown family"):
         Source("doc_poem")
