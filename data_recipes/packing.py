@@ -45,6 +45,12 @@ class Batch:
         return sum(self.lengths)
 
     @property
+    def real_positions(self) -> torch.Tensor:
+        """(B, T) bool: True at each row's real tokens, False at its right padding."""
+        return torch.arange(self.input_ids.shape[1], device=self.input_ids.device) < torch.tensor(
+            self.lengths, device=self.input_ids.device)[:, None]
+
+    @property
     def num_target_tokens(self) -> int:
         return int((self.labels[:, 1:] != IGNORE).sum())  # the positions a next-token loss scores
 

@@ -236,8 +236,7 @@ def token_loss_sum(model, batch: Batch, tile_vectors=None, video_pruning_rate: f
             tile_vectors = model.encode_tiles(batch.pixel_values)
         vision = model.reduce(tile_vectors, batch.media, video_pruning_rate)
         full, _ = model.merge(batch.input_ids, VisionInputs(vision.vectors))
-        ids = batch.input_ids
-        keep = model.kept_positions(ids, vision) & (torch.arange(ids.shape[1]) < torch.tensor(batch.lengths)[:, None])
+        keep = model.kept_positions(batch.input_ids, vision) & batch.real_positions
         embeds, _ = compact_rows(full, keep)
         labels, _ = compact_rows(batch.labels, keep, fill=IGNORE)
     logits = model.language_model(inputs_embeds=embeds).logits
