@@ -50,7 +50,7 @@ from data_recipes.packing import Batch, collate, efficiency, pack
 from data_recipes.recipes import RECIPES, Recipe, get_recipe
 from data_recipes.samplers import MixtureSampler, make_sampler
 from data_recipes.synthetic import generate
-from data_recipes.vision_targets import ProbeHeads, probe_loss, tile_targets
+from data_recipes.vision_targets import ProbeHeads, position_loss, probe_loss, tile_targets
 from vl.errors import ConfigError
 
 CHECKPOINT = "checkpoint"
@@ -261,6 +261,12 @@ def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int, v
         total = total + weight * aux
     else:
         stats = {}
+    if stage.position_weight > 0 and vectors is not None:
+        pos, pos_stats = position_loss(probe, vectors)
+        pos = pos * vectors.shape[0] / max(n_tiles, 1)
+        total = total + stage.position_weight * pos
+        aux = pos if aux is None else aux + pos
+        stats = stats | pos_stats
     return total, lm, aux, stats
 
 
@@ -395,7 +401,8 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     else:
         init_weights(model, recipe.seed, recipe.init_qk_std)
     params = count_parameters(model)
-    probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size)  # training-only heads, never exported
+    probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size,  # training-only heads, never exported
+                       positions=any(s.position_weight > 0 for s in recipe.stages))
     groups = param_groups(model, recipe.weight_decay)
     groups[0]["params"] = groups[0]["params"] + list(probe.parameters())
     optimizer = torch.optim.AdamW(groups, lr=recipe.lr_at(0), betas=recipe.betas)

@@ -83,6 +83,15 @@ def test_the_evs_long_experiment_splits_each_video_family_into_8_and_64_frame_cl
         get_recipe("evs_long", long_share=1.0)
 
 
+def test_the_evs_where_experiment_is_evs_long_with_everything_trainable_and_the_position_loss():
+    long, r = get_recipe("evs_long"), get_recipe("evs_where", position_weight=0.25)
+    (stage,) = r.stages
+    assert r.sources == long.sources and r.packing == long.packing and r.init_from == long.init_from
+    assert stage.trainable == ("",) and stage.position_weight == 0.25
+    assert stage.video_pruning_rates == long.stages[0].video_pruning_rates and stage.steps == long.stages[0].steps
+    assert all(s.position_weight == 0.0 for s in get_recipe("demo").stages)  # the shipped recipe builds no head
+
+
 def test_bad_recipes_are_errors():
     with pytest.raises(ConfigError, match="unknown family"):
         Source("doc_poem")
@@ -94,6 +103,8 @@ def test_bad_recipes_are_errors():
         get_recipe("smoke").replace(sampler="uniform")
     with pytest.raises(ConfigError, match="unknown recipe"):
         get_recipe("giant")
+    with pytest.raises(ConfigError, match="position_weight must be >= 0"):
+        Stage("x", 1, 1e-3, position_weight=-0.5)
     with pytest.raises(ConfigError, match="probe_samples must be >= 0"):
         Stage("x", 1, 1e-3, probe_samples=-1)
     with pytest.raises(ConfigError, match="no probe_sources"):

@@ -112,6 +112,69 @@ def test_tower_only_examples_train_the_tower_and_never_the_lm(straight):
     assert probe.heads["cell0"].weight.grad is not None and probe.heads["lit"].weight.grad is None
 
 
+def test_position_loss_reads_a_tokens_cell_only_when_the_token_carries_it():
+    """`position_loss`: a linear head on one token learns its cell when the token encodes it (here: a per-cell
+    offset plus noise) and stays at chance when every cell's token is drawn alike; without positions=True the
+    heads have no such head (the shipped recipe's probe heads are unchanged) and asking is an error."""
+    from data_recipes.vision_targets import ProbeHeads, position_loss
+
+    torch.manual_seed(0)
+    t, d = 9, 16
+    offsets = torch.randn(t, d)
+    placed = lambda n: offsets + 0.3 * torch.randn(n, t, d)  # noqa: E731
+    alike = lambda n: torch.randn(n, t, d)  # noqa: E731
+    for make, lo, hi in ((placed, 0.95, 1.0), (alike, 0.0, 0.25)):
+        probe = ProbeHeads(t, d, positions=True)
+        opt = torch.optim.Adam(probe.cell.parameters(), 3e-2)
+        for _ in range(150):
+            opt.zero_grad()
+            position_loss(probe, make(32))[0].backward()
+            opt.step()
+        with torch.no_grad():
+            loss, stats = position_loss(probe, make(64))
+        correct, count = stats["token_cell"]
+        assert count == 64 * t and lo <= correct / count <= hi, (make, correct / count, float(loss))
+    plain = ProbeHeads(t, d)
+    assert plain.cell is None and "cell" not in dict(plain.named_parameters())
+    with pytest.raises(ValueError, match="positions=True"):
+        position_loss(plain, alike(2))
+
+
+def test_a_stage_with_a_position_weight_adds_the_loss_and_trains_the_tower_with_it(straight):
+    import dataclasses
+
+    from data_recipes.packing import collate
+    from data_recipes.train import batch_loss
+    from data_recipes.vision_targets import ProbeHeads
+
+    from transformers import AutoTokenizer
+
+    from data_recipes.train import SampleStream, training_processor
+    from vl.modeling.vlm import NemotronVL
+
+    out, _ = straight
+    smoke = get_recipe("smoke", total_steps=STEPS)
+    recipe = smoke.replace(model=dataclasses.replace(smoke.model, tile_size=64, cpe_max_size=64))  # 4 tokens a tile
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    config = recipe.model.vl_config(tokenizer)
+    model = NemotronVL(config)
+    init_weights(model, 0)
+    batch = collate(SampleStream(recipe, training_processor(tokenizer, config)).next_examples(3), 0)
+    n_tiles = batch.pixel_values.shape[0]
+    base = dataclasses.replace(recipe.stages[1], aux_weight=0.0)
+    probe = ProbeHeads(config.tokens_per_tile, config.lm.hidden_size, positions=True)
+    plain, lm0, _, _ = batch_loss(model, probe, batch, base, 10, n_tiles)
+    total, lm, pos, stats = batch_loss(model, probe, batch, dataclasses.replace(base, position_weight=2.0), 10, n_tiles)
+    f = lambda x: float(x.detach())  # noqa: E731
+    assert config.tokens_per_tile == 4 and f(lm) == pytest.approx(f(lm0))
+    assert f(total) == pytest.approx(f(plain) + 2.0 * f(pos)) and f(pos) > 0
+    assert stats["token_cell"][1] == n_tiles * config.tokens_per_tile
+    model.zero_grad()
+    (total - plain).backward()  # the position term alone
+    touched = {n.split(".")[0] for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert touched == {"vision", "projector"} and probe.cell.weight.grad.abs().sum() > 0
+
+
 def _smoke_parts(out):
     from transformers import AutoTokenizer
 
