@@ -4,8 +4,9 @@ EVS keeps a few tokens of a frame and drops the rest; the LLM (no position encod
 a kept token's place only if the token's content carries it. For the held-out `video_direction` clips this
 encodes every frame with the model's tower and projector, runs EVS at --q, and fits a linear classifier (cell
 index from one projector token) on the kept tokens of frames 1.. of the first 3/4 of the clips; it reports the
-accuracy on the rest, next to the majority class. A tower trained with `Stage.position_weight` should read high;
-the shipped demo model's probe heads saw a tile's tokens flattened, so its tokens need not carry their place.
+accuracy on the rest, next to the majority class. It also reports how often EVS kept the cell under the
+moving shape's centre, the evidence the question needs. A tower trained with `Stage.position_weight` should read
+high; the shipped demo model's probe heads saw a tile's tokens flattened, so its tokens need not carry their place.
 
 Usage: .venv/bin/python scripts/probe_token_position.py [--model vl/demo] [--clips 120] [--q 0.75]
 """
@@ -41,13 +42,20 @@ def main() -> None:
     clips = make_dataset("video", "test", a.clips, 0, families=["video_direction"], tile_size=cfg.force_image_size,
                          num_frames=a.frames, fps=2.0)
     feats, cells, clip_ids = [], [], []
+    mover_kept = later_frames = 0  # frames 1.. whose moving shape's centre cell EVS kept; frames 1..
     with torch.no_grad():
         for k, clip in enumerate(clips):
             frames = np.stack([np.asarray(f.convert("RGB"), dtype=np.uint8) for f in clip.media])
             px = torch.as_tensor(normalize(frames, cfg.norm_mean, cfg.norm_std)).float()
             tokens = model.encode_tiles(px)  # (T, grid * grid, d)
             keep = evs(tokens.reshape(-1, tokens.shape[-1]), TokenLayout.video(len(frames), grid, grid), a.q).keep
-            for f, c in keep.view(len(frames), grid * grid)[1:].nonzero().tolist():
+            keep = keep.view(len(frames), grid * grid)
+            size = frames.shape[1]
+            for f, (x, y) in enumerate(clip.metadata["track"][1:], start=1):
+                cell = min(grid - 1, int(y / size * grid)) * grid + min(grid - 1, int(x / size * grid))
+                mover_kept += int(keep[f, cell])
+                later_frames += 1
+            for f, c in keep[1:].nonzero().tolist():
                 feats.append(tokens[f + 1, c])
                 cells.append(c)
                 clip_ids.append(k)
@@ -67,6 +75,8 @@ def main() -> None:
     print(f"model {a.model or default_model()}: {len(y)} EVS-kept tokens (q={a.q}, {a.frames}-frame direction "
           f"clips, frames 1..): cell read by a linear probe at {100 * acc(test):.1f}% on held-out clips "
           f"(train {100 * acc(train):.1f}%, majority class {100 * majority:.1f}%, chance {100 / grid ** 2:.1f}%)")
+    print(f"EVS kept the moving shape's centre cell in {100 * mover_kept / later_frames:.1f}% of frames 1.. "
+          f"({mover_kept} of the {len(y)} kept tokens, {len(y) / later_frames:.2f} kept a frame)")
 
 
 if __name__ == "__main__":
