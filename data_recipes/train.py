@@ -3,6 +3,8 @@
     vl train-demo --recipe demo --out runs/demo                 # the shipped model (see vl/demo/README.md)
     vl train-demo --recipe demo --out runs/demo                 # same command again: resumes from its checkpoint
     vl train-demo --recipe smoke --out /tmp/smoke --steps 6     # a few seconds (CI)
+    vl train-demo --recipe evs_where --init-from runs/evs_where/model --out runs/evs_where2   # a fine-tune, on
+                                                                # from a saved model (default: the shipped one)
 
 The loop (nanochat / nanoVLM style, on accelerate's `Accelerator`): each optimizer step draws
 `samples_per_step` synthetic samples from the recipe's mixture sampler, formats them through the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -545,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/demo", help="run directory (checkpoint, log, loss.png, model/)")
     p.add_argument("--steps", type=int, default=None, help="total optimizer steps (the recipe's default if unset)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from this saved model (recipes that fine-tune: evs_tune, evs_long, evs_where; default: "
+                        "the shipped demo model)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and checkpoint) after this wall time")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
@@ -558,7 +564,15 @@ def main(argv: list[str] | None = None) -> int:
         # (measured on the 2-core build machine). Start once more with the variable set.
         os.execve(sys.executable, [sys.executable, "-m", "vl.cli", "train-demo", *argv],
                   {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    recipe = get_recipe(args.recipe, **({"total_steps": args.steps} if args.steps else {}))
+    options = {"total_steps": args.steps} if args.steps else {}
+    if args.init_from is not None:
+        if "init_from" not in inspect.signature(RECIPES[args.recipe]).parameters:
+            tuned = sorted(n for n, f in RECIPES.items() if "init_from" in inspect.signature(f).parameters)
+            p.error(f"--init-from: recipe {args.recipe!r} trains from scratch; these start from a saved model: {tuned}")
+        if not (Path(args.init_from) / "config.json").is_file():
+            p.error(f"--init-from {args.init_from}: not a saved model directory (no config.json)")
+        options["init_from"] = args.init_from
+    recipe = get_recipe(args.recipe, **options)
     summary = train(recipe, args.out, resume=not args.fresh, max_minutes=args.max_minutes, threads=args.threads,
                     mixed_precision=args.mixed_precision, progress=not args.no_progress,
                     save_dtype=DTYPES[args.save_dtype])

@@ -338,6 +338,29 @@ def test_cli_entry_point(tmp_path, monkeypatch, capsys):
     assert err.startswith("error [") and "differs in stages" in err and "Traceback" not in err
 
 
+def test_cli_init_from_starts_a_fine_tune_from_the_given_model_and_refuses_where_it_cannot(tmp_path, monkeypatch,
+                                                                                             capsys):
+    import data_recipes.train as train_mod
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    seen = []
+    monkeypatch.setattr(train_mod, "train", lambda recipe, out, **kw: seen.append(recipe) or {"finished": True})
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text("{}")
+    assert main(["--recipe", "evs_where", "--init-from", str(saved), "--out", str(tmp_path / "run")]) == 0
+    assert seen[-1].name == "evs_where" and seen[-1].init_from == str(saved)
+    assert main(["--recipe", "evs_tune", "--out", str(tmp_path / "run2")]) == 0
+    assert seen[-1].init_from and Path(seen[-1].init_from).resolve() != saved.resolve()  # the shipped model
+    capsys.readouterr()
+    for argv, message in ((["--recipe", "smoke", "--init-from", str(saved)], "'smoke' trains from scratch"),
+                          (["--recipe", "evs_long", "--init-from", str(tmp_path / "none")], "no config.json")):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--out", str(tmp_path / "bad")])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert len(seen) == 2 and not (tmp_path / "bad").exists()
+
+
 @pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="vl/demo has not been trained and shipped yet")
 def test_the_shipped_demo_model_answers_held_out_samples():
     """A handful of held-out (val-split) samples per family through the in-memory path; the full test-split
