@@ -3,8 +3,8 @@
     vl train-demo --recipe demo --out runs/demo                 # the shipped model (see vl/demo/README.md)
     vl train-demo --recipe demo --out runs/demo                 # same command again: resumes from its checkpoint
     vl train-demo --recipe smoke --out /tmp/smoke --steps 6     # a few seconds (CI)
-    vl train-demo --recipe evs_where --init-from runs/evs_where/model --out runs/evs_where2   # a fine-tune, on
-                                                                # from a saved model (default: the shipped one)
+    vl train-demo --recipe evs_where --init-from runs/evs_where/model --out runs/evs_where2
+                                                                # a fine-tune from a saved model (default: vl/demo)
 
 The loop (nanochat / nanoVLM style, on accelerate's `Accelerator`): each optimizer step draws
 `samples_per_step` synthetic samples from the recipe's mixture sampler, formats them through the
@@ -539,6 +539,7 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FINE_TUNES = tuple(sorted(n for n, f in RECIPES.items() if "init_from" in inspect.signature(f).parameters))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -549,8 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="total optimizer steps (the recipe's default if unset)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     p.add_argument("--init-from", default=None, metavar="DIR",
-                   help="start from this saved model (recipes that fine-tune: evs_tune, evs_long, evs_where; default: "
-                        "the shipped demo model)")
+                   help=f"start from this saved model (recipes that fine-tune: {', '.join(FINE_TUNES)}; default: the "
+                        "shipped demo model)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and checkpoint) after this wall time")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
@@ -566,9 +567,9 @@ def main(argv: list[str] | None = None) -> int:
                   {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     options = {"total_steps": args.steps} if args.steps else {}
     if args.init_from is not None:
-        if "init_from" not in inspect.signature(RECIPES[args.recipe]).parameters:
-            tuned = sorted(n for n, f in RECIPES.items() if "init_from" in inspect.signature(f).parameters)
-            p.error(f"--init-from: recipe {args.recipe!r} trains from scratch; these start from a saved model: {tuned}")
+        if args.recipe not in FINE_TUNES:
+            p.error(f"--init-from: recipe {args.recipe!r} trains from scratch; these start from a saved model: "
+                    f"{list(FINE_TUNES)}")
         if not (Path(args.init_from) / "config.json").is_file():
             p.error(f"--init-from {args.init_from}: not a saved model directory (no config.json)")
         options["init_from"] = args.init_from

@@ -54,8 +54,9 @@ def _rows(fields) -> dict[str, int]:
     return out
 
 
-def _bin(v: float, size: int) -> int:
-    return min(BINS - 1, max(0, int(v / size * BINS)))
+def position_bin(v: float, size: int, bins: int = BINS) -> int:
+    """Which of `bins` equal bands of 0 .. size a coordinate falls in (the ends clamped)."""
+    return min(bins - 1, max(0, int(v / size * bins)))
 
 
 def tile_targets(sample: Sample, tile_size: int) -> list[dict[str, int]]:
@@ -83,7 +84,7 @@ def tile_targets(sample: Sample, tile_size: int) -> list[dict[str, int]]:
     frames = [dict() for _ in range(n)]
     if f == "video_direction":
         for i, (x, y) in enumerate(m["track"]):
-            frames[i] |= {"mover_x": _bin(x, tile_size), "mover_y": _bin(y, tile_size)}
+            frames[i] |= {"mover_x": position_bin(x, tile_size), "mover_y": position_bin(y, tile_size)}
     elif f == "video_colour":
         colour = 1 + COLOUR_NAMES.index(sample.answer)
         for i in range(n):

@@ -21,6 +21,7 @@ import torch
 
 def main() -> None:
     from data_recipes.synthetic import make_dataset
+    from data_recipes.vision_targets import position_bin
     from token_reduction.evs import evs
     from token_reduction.protocol import TokenLayout
     from vl.checkpoint.load import load_pretrained
@@ -52,7 +53,7 @@ def main() -> None:
             keep = keep.view(len(frames), grid * grid)
             size = frames.shape[1]
             for f, (x, y) in enumerate(clip.metadata["track"][1:], start=1):
-                cell = min(grid - 1, int(y / size * grid)) * grid + min(grid - 1, int(x / size * grid))
+                cell = position_bin(y, size, grid) * grid + position_bin(x, size, grid)
                 mover_kept += int(keep[f, cell])
                 later_frames += 1
             for f, c in keep[1:].nonzero().tolist():
