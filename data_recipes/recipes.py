@@ -371,8 +371,19 @@ def evs_where_recipe(total_steps: int = 720, lr: float = 3e-4, init_from: str | 
     return base.replace(name="evs_where", stages=(stage,))
 
 
+def evs_pruned_recipe(total_steps: int = 720, lr: float = 3e-4, init_from: str | None = None) -> Recipe:
+    """`evs_where` with three steps in four pruned (rates drawn from 0 / 0.5 / 0.75 / 0.75, against evs_where's
+    0 / 0 / 0.5 / 0.75) and a fresh sampling seed. In 720 evs_where steps the LM saw ~350 64-frame direction
+    clips pruned at q=0.75 (32 samples a step, ~6% of them long direction clips, a quarter of steps at 0.75);
+    this doubles that, to measure whether exposure is what limits direction on pruned clips (README, "Token
+    reduction"). Meant to start from an evs_where run (`--init-from runs/evs_where2/model`)."""
+    base = evs_where_recipe(total_steps, lr, init_from)
+    stage = dataclasses.replace(base.stages[0], name="evs_pruned", video_pruning_rates=(0.0, 0.5, 0.75, 0.75))
+    return base.replace(name="evs_pruned", seed=2, stages=(stage,))
+
+
 RECIPES = {"demo": demo_recipe, "smoke": smoke_recipe, "evs_tune": evs_tune_recipe, "evs_long": evs_long_recipe,
-           "evs_where": evs_where_recipe}
+           "evs_where": evs_where_recipe, "evs_pruned": evs_pruned_recipe}
 
 
 def get_recipe(name: str, **kwargs) -> Recipe:

@@ -92,6 +92,16 @@ def test_the_evs_where_experiment_is_evs_long_with_everything_trainable_and_the_
     assert all(s.position_weight == 0.0 for s in get_recipe("demo").stages)  # the shipped recipe builds no head
 
 
+def test_the_evs_pruned_experiment_is_evs_where_pruned_three_steps_in_four_with_a_fresh_seed():
+    where, r = get_recipe("evs_where"), get_recipe("evs_pruned", init_from="runs/evs_where2/model")
+    (stage,) = r.stages
+    assert r.sources == where.sources and r.packing == where.packing and r.init_from == "runs/evs_where2/model"
+    assert stage.video_pruning_rates == (0.0, 0.5, 0.75, 0.75) and r.seed != where.seed
+    assert stage.position_weight == where.stages[0].position_weight and stage.trainable == ("",)
+    rates = [stage.pruning_rate(r.seed, k) for k in range(400)]
+    assert 0.15 < rates.count(0.0) / 400 < 0.35  # a quarter of the steps see every token
+
+
 def test_bad_recipes_are_errors():
     with pytest.raises(ConfigError, match="unknown family"):
         Source("doc_poem")
