@@ -552,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-from", default=None, metavar="DIR",
                    help=f"start from this saved model (recipes that fine-tune: {', '.join(FINE_TUNES)}; default: the "
                         "shipped demo model)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed: which pool samples, EVS rates and reasoning modes the steps draw, and the "
+                        "init of a from-scratch model (default: the recipe's; a fine-tune run again from its own "
+                        "output with a new seed sees new samples)")
     p.add_argument("--max-minutes", type=float, default=None, help="stop (and checkpoint) after this wall time")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"])
@@ -574,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--init-from {args.init_from}: not a saved model directory (no config.json)")
         options["init_from"] = args.init_from
     recipe = get_recipe(args.recipe, **options)
+    if args.seed is not None:
+        recipe = recipe.replace(seed=args.seed)
     summary = train(recipe, args.out, resume=not args.fresh, max_minutes=args.max_minutes, threads=args.threads,
                     mixed_precision=args.mixed_precision, progress=not args.no_progress,
                     save_dtype=DTYPES[args.save_dtype])

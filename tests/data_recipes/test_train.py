@@ -352,13 +352,17 @@ def test_cli_init_from_starts_a_fine_tune_from_the_given_model_and_refuses_where
     assert seen[-1].name == "evs_where" and seen[-1].init_from == str(saved)
     assert main(["--recipe", "evs_tune", "--out", str(tmp_path / "run2")]) == 0
     assert seen[-1].init_from and Path(seen[-1].init_from).resolve() != saved.resolve()  # the shipped model
+    assert seen[-1].seed == get_recipe("evs_tune").seed
+    argv = ["--recipe", "evs_pruned", "--init-from", str(saved), "--seed", "3", "--out", str(tmp_path / "r3")]
+    assert main(argv) == 0
+    assert seen[-1].seed == 3 and seen[-1].init_from == str(saved) and seen[-1].name == "evs_pruned"
     capsys.readouterr()
     for argv, message in ((["--recipe", "smoke", "--init-from", str(saved)], "'smoke' trains from scratch"),
                           (["--recipe", "evs_long", "--init-from", str(tmp_path / "none")], "no config.json")):
         with pytest.raises(SystemExit) as exc:
             main([*argv, "--out", str(tmp_path / "bad")])
         assert exc.value.code == 2 and message in capsys.readouterr().err
-    assert len(seen) == 2 and not (tmp_path / "bad").exists()
+    assert len(seen) == 3 and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="vl/demo has not been trained and shipped yet")
