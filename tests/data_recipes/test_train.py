@@ -336,6 +336,8 @@ def test_cli_entry_point(tmp_path, monkeypatch, capsys):
     assert vl_main(["train-demo", *args, "--steps", "4"]) == 2  # resuming under another schedule
     err = capsys.readouterr().err
     assert err.startswith("error [") and "differs in stages" in err and "Traceback" not in err
+    assert vl_main(["train-demo", *args, "--steps", "2", "--seed", "5"]) == 2  # resuming under another seed
+    assert "differs in seed" in capsys.readouterr().err
 
 
 def test_cli_init_from_starts_a_fine_tune_from_the_given_model_and_refuses_where_it_cannot(tmp_path, monkeypatch,
