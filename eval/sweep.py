@@ -143,6 +143,10 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
     return table
 
 
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)  # e.g. items/s of a resumed run that generated nothing
+
+
 def sweep_markdown(table: dict) -> str:
     key, rows = table["key"], table["rows"]
     first = rows[0]["label"] if rows else ""
@@ -154,8 +158,8 @@ def sweep_markdown(table: dict) -> str:
         c = r.get("change_vs_first")
         change = f"{c['change']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}] ({c['n_differ']} of {c['n']})" if c else "-"
         lines.append(f"| {r['label']} | {r['score']:.4f} | {change} | {r['vision_tokens_after']} / "
-                     f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {r.get('ttft_s')} | {r['n_error']} of "
-                     f"{r['n']} | {r['items_per_s']} |")
+                     f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | {r['n_error']} of "
+                     f"{r['n']} | {_or_dash(r['items_per_s'])} |")
     return "\n".join(lines) + "\n"
 
 
