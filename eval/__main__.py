@@ -4,6 +4,7 @@
             [--thinking on|off] [--max-tiles N] [--fps F --max-frames N] [--video-pruning-rate Q]
             [--skip-blank-tiles on|off] [--token-pruning-rate R] [--sweep KEY=V1,V2,...] [--max-new-tokens N]
     vl eval score --task TASK --predictions FILE.jsonl      re-score a predictions file (no model)
+    vl eval compare --task TASK BASE.jsonl OTHER.jsonl      OTHER minus BASE on shared items, paired interval
     vl eval tasks                                           list the task names
 
 Exit status: 0 when every item has a final record (item errors are results, counted in the summary);
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="vl eval", description="Batch evaluation: resumable, distributed "
                                 "(accelerate launch -m eval ...), scored exactly like lmms-eval. "
-                                "`vl eval score --help` re-scores a predictions file.")
+                                "`vl eval score --help` re-scores a predictions file; `vl eval compare --help` "
+                                "compares two.")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model vl/demo)")
     p.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
     p.add_argument("--data", required=True, help="local dataset: JSONL/JSON with media paths, parquet file or "
@@ -105,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from eval.score import main as score_main
 
         return score_main(argv[1:])
+    if argv[:1] == ["compare"]:
+        from eval.score import compare_main
+
+        return compare_main(argv[1:])
     if argv[:1] == ["tasks"]:
         from eval.tasks import get_task, task_names
 

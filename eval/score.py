@@ -1,4 +1,5 @@
-"""Re-score a predictions JSONL offline: `vl eval score --task TASK --predictions FILE.jsonl`.
+"""Re-score a predictions JSONL offline: `vl eval score --task TASK --predictions FILE.jsonl`; compare two on the
+same items: `vl eval compare --task TASK BASE.jsonl OTHER.jsonl` (e.g. a BF16 and an FP8 checkpoint's runs).
 
 A predictions record is one JSON object per line with at least `id`, `prediction` (the answer text
 after post-processing) and `answers` (a list), plus the task's own fields (e.g. OCRBench
@@ -18,9 +19,11 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from eval.tasks import RecordError, Task, get_task, task_names
 from vl.errors import InputError, VLError
@@ -116,6 +119,37 @@ def summarize(task: Task | str, records: Iterable[Mapping[str, Any]], postproces
     return summary
 
 
+def paired_change(task: Task, base: list[dict], other: list[dict], n_boot: int = 1000, seed: int = 0) -> dict | None:
+    """Headline score of `other` minus that of `base`, both on the items the two share (by id), with a 95%
+    bootstrap interval that resamples items, the same ones on both sides (a paired comparison: what an item
+    costs is measured on that item). Also each side's headline on the shared items, `n_differ` (items whose own
+    score differs) and how many ids only one side holds. None when no item is shared. The headline is the task's
+    own aggregate (a plain or a macro mean), recomputed on every resample."""
+    a = {str(r["id"]): r for r in latest_per_id(base)[0]}
+    b = {str(r["id"]): r for r in latest_per_id(other)[0]}
+    ids = sorted(a.keys() & b.keys())
+    if not ids:
+        return None
+    rec_a, rec_b = [a[i] for i in ids], [b[i] for i in ids]
+    res_a, res_b = score_records(task, rec_a), score_records(task, rec_b)
+
+    def headline(records, results, idx) -> float:
+        return task.aggregate([records[i] for i in idx], [results[i] for i in idx])["score"]
+
+    def change(idx) -> float:
+        return headline(rec_b, res_b, idx) - headline(rec_a, res_a, idx)
+
+    n = len(ids)
+    rng = np.random.default_rng(seed)
+    boots = [change(rng.integers(0, n, n)) for _ in range(n_boot)]
+    low, high = np.percentile(boots, [2.5, 97.5])
+    every = range(n)
+    return {"base_score": headline(rec_a, res_a, every), "other_score": headline(rec_b, res_b, every),
+            "change": change(every), "low": float(low), "high": float(high), "n": n,
+            "n_differ": sum(x["score"] != y["score"] for x, y in zip(res_a, res_b)),
+            "only_in_base": len(a.keys() - b.keys()), "only_in_other": len(b.keys() - a.keys())}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vl eval score", description="Re-score a predictions JSONL and print "
                                      "the summary as JSON (headline under 'score', harness scale).")
@@ -127,18 +161,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _print_json_or_error(work: Callable[[], Mapping[str, Any]]) -> int:
+    """Print what `work` returns as JSON (exit 0), or a missing file / typed error as one line on stderr (exit 2)."""
     try:
-        summary = summarize(get_task(args.task), read_predictions(args.predictions), postprocess=args.postprocess)
+        result = work()
     except FileNotFoundError as e:
         print(f"error [not_found]: no predictions file {e.filename}", file=sys.stderr)
         return 2
     except VLError as e:
         print(f"error [{e.code}]: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, indent=2, ensure_ascii=False))
+    print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _print_json_or_error(lambda: summarize(get_task(args.task), read_predictions(args.predictions),
+                                                  postprocess=args.postprocess))
+
+
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    """`vl eval compare`: OTHER's headline minus BASE's on the items both hold, with the paired interval, as JSON."""
+    parser = argparse.ArgumentParser(prog="vl eval compare", description="Compare two predictions JSONLs of one "
+                                     "task on the items both hold: the headline of each, OTHER minus BASE, and a 95% "
+                                     "paired bootstrap interval, printed as JSON.")
+    parser.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
+    parser.add_argument("base", type=Path, help="predictions JSONL compared against")
+    parser.add_argument("other", type=Path, help="predictions JSONL whose change is reported")
+    parser.add_argument("--boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    args = parser.parse_args(argv)
+    if args.boot < 1:
+        parser.error(f"--boot must be >= 1, found {args.boot}")
+
+    def compare() -> dict:
+        task = get_task(args.task)
+        result = paired_change(task, read_predictions(args.base), read_predictions(args.other), n_boot=args.boot)
+        if result is None:
+            raise PredictionsFormatError(f"{args.base} and {args.other} share no item id; nothing to compare")
+        return {"task": task.name, "metric": task.metric, "scale": task.scale, "base": str(args.base),
+                "other": str(args.other), **result}
+
+    return _print_json_or_error(compare)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Each setting is an ordinary run in `<out>/<KEY>=<V>/` (own fingerprint, predicti
 loaded model. The sweep writes `sweep.json`, `sweep.md` and `sweep.png`: the headline score against the
 mean vision tokens per item after token reduction (the cost EVS and tiling trade against accuracy),
 one labelled point per setting, and each setting's change of the headline score against the first setting
-on the same items, with a 95% paired bootstrap interval (`paired_change`): on 200 items one item moves a
+on the same items, with a 95% paired bootstrap interval (`eval.score.paired_change`): on 200 items one item moves a
 mean score by 0.5 points, so "costs 3 points" needs its interval. matplotlib runs with the Agg backend.
 """
 
@@ -15,12 +15,10 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from eval.records import write_atomic
 from eval.runner import Dist, RunConfig, RunOptionError, Runner, default_device, make_backend, model_facts
-from eval.score import latest_per_id, read_predictions, score_records
-from eval.tasks import Task, get_task
+from eval.score import paired_change, read_predictions
+from eval.tasks import get_task
 
 
 def _on_off(text: str) -> bool:
@@ -64,31 +62,6 @@ def parse_sweep(spec: str) -> tuple[str, list]:
 
 def _label(value) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def paired_change(task: Task, base: list[dict], other: list[dict], n_boot: int = 1000, seed: int = 0) -> dict | None:
-    """Headline score of `other` minus that of `base`, both on the items the two share (by id), with a 95%
-    bootstrap interval that resamples items, the same ones on both sides (a paired comparison: what an item
-    costs is measured on that item). `n_differ`: items whose own score differs. None when no item is shared.
-    The headline is the task's own aggregate (a plain or a macro mean), recomputed on every resample."""
-    a = {str(r["id"]): r for r in latest_per_id(base)[0]}
-    b = {str(r["id"]): r for r in latest_per_id(other)[0]}
-    ids = sorted(a.keys() & b.keys())
-    if not ids:
-        return None
-    rec_a, rec_b = [a[i] for i in ids], [b[i] for i in ids]
-    res_a, res_b = score_records(task, rec_a), score_records(task, rec_b)
-
-    def change(idx) -> float:
-        return (task.aggregate([rec_b[i] for i in idx], [res_b[i] for i in idx])["score"]
-                - task.aggregate([rec_a[i] for i in idx], [res_a[i] for i in idx])["score"])
-
-    n = len(ids)
-    rng = np.random.default_rng(seed)
-    boots = [change(rng.integers(0, n, n)) for _ in range(n_boot)]
-    low, high = np.percentile(boots, [2.5, 97.5])
-    return {"change": change(range(n)), "low": float(low), "high": float(high), "n": n,
-            "n_differ": sum(x["score"] != y["score"] for x, y in zip(res_a, res_b))}
 
 
 def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dict | None = None,

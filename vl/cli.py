@@ -2,7 +2,7 @@
 
     vl app        [--model PATH] ...         Gradio app (ui/app.py)
     vl chat       --model PATH --image F --prompt "..."
-    vl eval       ... | vl eval score ...    batch evaluation (eval/)
+    vl eval       ... | score ... | compare  batch evaluation, re-scoring, two runs compared (eval/)
     vl quantize   --format fp8|nvfp4 --model IN --out OUT
     vl bench      [--json] ...               speed and memory against transformers (vl/bench.py)
     vl train-demo ...                        train the shipped demo model (data_recipes/train.py)
@@ -18,7 +18,8 @@ import sys
 COMMANDS = {
     "app": ("ui.app:main", "serve the Gradio app"),
     "chat": ("vl.cli:chat_main", "one question about images / a PDF / a video, answer streamed to stdout"),
-    "eval": ("eval.__main__:main", "batch evaluation (vl eval score re-scores a predictions file)"),
+    "eval": ("eval.__main__:main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
+                                   "compares two)"),
     "quantize": ("vl.quant.cli:main", "export a BF16 checkpoint to FP8 or NVFP4 (ModelOpt layout)"),
     "bench": ("vl.bench:main", "speed and memory against transformers, measured in one process"),
     "train-demo": ("data_recipes.train:main", "train the demo model on synthetic documents and videos"),

@@ -1,5 +1,5 @@
-"""eval.sweep.paired_change: a setting's headline change against the first setting, on shared items, with a
-95% paired bootstrap interval."""
+"""eval.score.paired_change (a sweep setting against the first; `vl eval compare`): the headline change on shared
+items, with a 95% paired bootstrap interval."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from eval.sweep import paired_change
+from eval.score import compare_main, paired_change
 from eval.tasks import get_task
 
 
@@ -19,7 +19,8 @@ def video_records(right: list[bool], prefix: str = "v") -> list[dict]:
 def test_the_same_predictions_change_nothing():
     task, recs = get_task("synthetic_video"), video_records([i % 3 != 0 for i in range(90)])
     c = paired_change(task, recs, recs)
-    assert c == {"change": 0.0, "low": 0.0, "high": 0.0, "n": 90, "n_differ": 0}
+    assert c == {"base_score": 60 / 90, "other_score": 60 / 90, "change": 0.0, "low": 0.0, "high": 0.0, "n": 90,
+                 "n_differ": 0, "only_in_base": 0, "only_in_other": 0}
 
 
 def test_ten_of_two_hundred_lost_is_minus_five_points_with_the_binomial_interval():
@@ -45,7 +46,8 @@ def test_only_items_both_settings_scored_are_compared():
     base = video_records([True] * 10)
     other = video_records([False] * 5)  # ids v0..v4: a run that stopped halfway
     c = paired_change(task, base, other)
-    assert c["n"] == 5 and c["change"] == pytest.approx(-1.0)
+    assert c["n"] == 5 and c["change"] == pytest.approx(-1.0) and (c["only_in_base"], c["only_in_other"]) == (5, 0)
+    assert (c["base_score"], c["other_score"]) == (1.0, 0.0)
     assert paired_change(task, base, video_records([False] * 5, prefix="w")) is None
 
 
@@ -62,3 +64,29 @@ def test_a_macro_headline_is_recomputed_as_the_task_computes_it():
     # macro: the needle type falls 100 -> 50, i.e. 50/7 points of the headline, not 100/12 of a plain mean
     assert c["change"] == pytest.approx(-50 / 7) and c["n_differ"] == 1
     assert c["low"] <= c["change"] <= c["high"] <= 0
+
+
+def test_vl_eval_compare_prints_the_change_and_refuses_files_with_nothing_in_common(tmp_path, capsys):
+    import json
+
+    from eval.__main__ import main as eval_main
+
+    def write(name, records):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return str(path)
+
+    base = write("bf16.jsonl", video_records([True] * 40))
+    other = write("fp8.jsonl", video_records([i >= 4 for i in range(40)]))
+    assert eval_main(["compare", "--task", "synthetic_video", base, other, "--boot", "200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["change"] == pytest.approx(-0.1) and out["n_differ"] == 4 and out["high"] < 0
+    assert (out["base"], out["other"], out["task"]) == (base, other, "synthetic_video")
+    elsewhere = write("other_set.jsonl", video_records([True] * 3, prefix="w"))
+    assert eval_main(["compare", "--task", "synthetic_video", base, elsewhere]) == 2
+    assert "share no item id" in capsys.readouterr().err
+    assert eval_main(["compare", "--task", "synthetic_video", base, str(tmp_path / "missing.jsonl")]) == 2
+    assert "error [not_found]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        eval_main(["compare", "--task", "synthetic_video", base, other, "--boot", "0"])
+    assert exc.value.code == 2
