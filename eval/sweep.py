@@ -4,8 +4,8 @@ Each setting is an ordinary run in `<out>/<KEY>=<V>/` (own fingerprint, predicti
 loaded model. The sweep writes `sweep.json`, `sweep.md` and `sweep.png`: the headline score against the
 mean vision tokens per item after token reduction (the cost EVS and tiling trade against accuracy),
 one labelled point per setting, and each setting's change of the headline score against the first setting
-on the same items, with a 95% paired bootstrap interval (`eval.score.paired_change`): on 200 items one item moves a
-mean score by 0.5 points, so "costs 3 points" needs its interval. matplotlib runs with the Agg backend.
+on the same items, with a 95% paired bootstrap interval (`eval.score.paired_change`): on 200 items one item
+moves a mean score by 0.5 points, so "costs 3 points" needs its interval. matplotlib runs with the Agg backend.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def sweep_markdown(table: dict) -> str:
         c = r.get("change_vs_first")
         change = f"{c['change']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}] ({c['n_differ']} of {c['n']})" if c else "-"
         lines.append(f"| {r['label']} | {r['score']:.4f} | {change} | {r['vision_tokens_after']} / "
-                     f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | {r['n_error']} of "
-                     f"{r['n']} | {_or_dash(r['items_per_s'])} |")
+                     f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | "
+                     f"{r['n_error']} of {r['n']} | {_or_dash(r['items_per_s'])} |")
     return "\n".join(lines) + "\n"
 
 
