@@ -382,8 +382,20 @@ def evs_pruned_recipe(total_steps: int = 720, lr: float = 3e-4, init_from: str |
     return base.replace(name="evs_pruned", seed=2, stages=(stage,))
 
 
+def evs_settle_recipe(total_steps: int = 600, lr: float = 1.5e-4, init_from: str | None = None) -> Recipe:
+    """`evs_where` with half the steps unpruned and half at q=0.75 (rates 0 / 0 / 0.5 / 0.75 -> 0 / 0.75), at
+    half evs_where's learning rate decayed by a cosine to a tenth, where every earlier fine-tune held its rate
+    to the last step. `evs_pruned` runs ended with pruned clips read as well as or better than whole ones but
+    swung 12 points unpruned between two runs of one recipe (flash counting 72.5 -> 27.5%); this measures
+    whether settling at a falling rate on whole and pruned clips alike keeps both (README, "Token
+    reduction"). Meant to start from an evs_pruned run (`--init-from runs/evs_pruned2/model`)."""
+    base = evs_where_recipe(total_steps, lr, init_from)
+    stage = dataclasses.replace(base.stages[0], name="evs_settle", video_pruning_rates=(0.0, 0.75), min_lr_ratio=0.1)
+    return base.replace(name="evs_settle", seed=4, stages=(stage,))
+
+
 RECIPES = {"demo": demo_recipe, "smoke": smoke_recipe, "evs_tune": evs_tune_recipe, "evs_long": evs_long_recipe,
-           "evs_where": evs_where_recipe, "evs_pruned": evs_pruned_recipe}
+           "evs_where": evs_where_recipe, "evs_pruned": evs_pruned_recipe, "evs_settle": evs_settle_recipe}
 
 
 def get_recipe(name: str, **kwargs) -> Recipe:

@@ -102,6 +102,20 @@ def test_the_evs_pruned_experiment_is_evs_where_pruned_three_steps_in_four_with_
     assert 0.15 < rates.count(0.0) / 400 < 0.35  # a quarter of the steps see every token
 
 
+def test_the_evs_settle_experiment_is_evs_where_half_unpruned_with_a_falling_rate():
+    where, r = get_recipe("evs_where"), get_recipe("evs_settle", init_from="runs/evs_pruned2/model")
+    (stage,) = r.stages
+    assert r.sources == where.sources and r.packing == where.packing and r.init_from == "runs/evs_pruned2/model"
+    assert stage.video_pruning_rates == (0.0, 0.75) and r.seed not in (where.seed, get_recipe("evs_pruned").seed)
+    assert stage.position_weight == where.stages[0].position_weight and stage.trainable == ("",)
+    rates = [stage.pruning_rate(r.seed, k) for k in range(400)]
+    assert 0.4 < rates.count(0.0) / 400 < 0.6 and set(rates) == {0.0, 0.75}
+    peak, last = r.lr_at(stage.warmup_steps), r.lr_at(r.total_steps - 1)
+    assert peak == pytest.approx(1.5e-4) and last == pytest.approx(0.1 * peak, rel=1e-3)
+    assert r.lr_at(r.total_steps // 2) < peak  # decays, where evs_where holds its rate
+    assert where.lr_at(where.total_steps - 1) == pytest.approx(where.lr_at(where.stages[0].warmup_steps))
+
+
 def test_bad_recipes_are_errors():
     with pytest.raises(ConfigError, match="unknown family"):
         Source("doc_poem")
