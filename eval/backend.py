@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from vl.errors import VLError
+from vl.processing.sandbox import exit_text
 
 
 class ItemTimeoutError(VLError):
@@ -211,7 +212,7 @@ class ProcessBackend:
         except (EOFError, ConnectionResetError, OSError):
             code = self.proc.wait() if self.proc is not None else None
             self._kill()
-            raise WorkerCrashedError(f"the generation worker died ({_exit_text(code)}) after "
+            raise WorkerCrashedError(f"the generation worker died ({exit_text(code)}) after "
                                      f"{time.monotonic() - start:.1f} s while {what}; it is restarted for the "
                                      "next item") from None
         try:
@@ -256,19 +257,6 @@ def _stderr_fd() -> int:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         return 2
-
-
-def _exit_text(code) -> str:
-    if code is None:
-        return "unknown exit"
-    if code < 0:
-        import signal
-
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
 
 
 def _worker_main(fd: int) -> None:

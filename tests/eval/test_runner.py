@@ -332,6 +332,7 @@ def test_a_crashing_worker_is_replaced_and_the_crash_recorded(tmp_path):
         backend.close()
     by_id = {r["id"]: r for r in predictions(tmp_path / "o")}
     assert by_id["q0"]["status"] == "error" and by_id["q0"]["error_class"] == "worker_crashed"
+    assert "worker died (exit status 1)" in by_id["q0"]["error_message"]  # the fake's os._exit(1)
     assert by_id["q0"]["retries"] == 1 and by_id["q0"]["retriable"] is True
     assert by_id["q1"]["status"] == "ok" and summary["run"]["retries"] == 1
     assert by_id["q2"]["error_class"] == "corrupt_media"  # typed errors cross the process boundary intact

@@ -137,3 +137,11 @@ def test_worker_outlives_the_thread_that_spawned_it():
     thread.join()
     time.sleep(0.2)
     assert run_isolated(targets.pid, timeout=30) == spawned[0]
+
+
+@pytest.mark.parametrize("code, text", [(-9, "SIGKILL"), (-11, "SIGSEGV"), (-250, "signal 250"), (3, "exit status 3"),
+                                        (0, "exit status 0"), (None, "unknown exit")])
+def test_exit_text_names_how_a_worker_ended(code, text):
+    from vl.processing.sandbox import exit_text
+
+    assert exit_text(code) == text

@@ -71,12 +71,19 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        if code < 0:
-            try:
-                return signal.Signals(-code).name
-            except ValueError:
-                return f"signal {-code}"
-        return f"exit status {code}"
+        return exit_text(code)
+
+
+def exit_text(code: int | None) -> str:
+    """How a child process ended, from its return code: "SIGKILL", "signal 99", "exit status 3"."""
+    if code is None:
+        return "unknown exit"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
 
 
 class _Pool:
