@@ -16,7 +16,8 @@ prev=${BASE:-vl/demo}
 run() {  # run NAME RECIPE [train-demo flags...]
   local name=$1 recipe=$2
   shift 2
-  if [ ! -f "$RUN/$name/model/model.safetensors" ]; then
+  # finished = the run's summary says so (model/ is also written at every checkpoint, so its presence proves nothing)
+  if ! grep -q '"finished": true' "$RUN/$name/summary.json" 2>/dev/null; then
     "$VL" train-demo --recipe "$recipe" --init-from "$prev" --out "$RUN/$name" --no-progress "$@"
   fi
   prev=$RUN/$name/model

@@ -1,7 +1,8 @@
 """scripts/train_demo_evs.sh: the five EVS fine-tunes in order, each from the one before, and a rerun skips the finished.
 
-The script is run with VL pointing at a stand-in that records its arguments and writes the model file a finished
-`vl train-demo` leaves, so the chain's wiring is checked without minutes of training a step."""
+The script is run with VL pointing at a stand-in that records its arguments and writes what a finished
+`vl train-demo` leaves (model/ and a summary.json saying finished), so the chain's wiring is checked without minutes
+of training a step."""
 
 import os
 import subprocess
@@ -12,6 +13,7 @@ FAKE_VL = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
 while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
 mkdir -p "$out/model" && touch "$out/model/model.safetensors"
+printf '{\n "recipe": "x",\n "finished": true\n}\n' > "$out/summary.json"
 """
 
 
@@ -40,6 +42,8 @@ def test_the_chain_runs_in_order_each_from_the_last_and_resumes(tmp_path):
     from data_recipes.recipes import RECIPES
 
     assert all(c.split()[2] in RECIPES for c in calls)  # every recipe the chain names exists
-    (run / "settle/model/model.safetensors").unlink()  # as if the last run had been interrupted
+    # interrupted runs: train-demo writes model/ at every checkpoint too, so only the summary tells a finished run
+    (run / "pruned2/summary.json").write_text('{\n "recipe": "evs_pruned",\n "finished": false\n}\n')
+    (run / "settle/summary.json").unlink()
     _run(tmp_path, run)
-    assert (tmp_path / "calls.txt").read_text().splitlines()[5:] == [calls[-1]]
+    assert (tmp_path / "calls.txt").read_text().splitlines()[5:] == calls[3:]
