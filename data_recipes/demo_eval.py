@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from data_recipes import lineage
 from data_recipes.formatting import prompt_inputs
 from data_recipes.synthetic import FAMILIES, export_split, families, generate
 from vl.errors import ConfigError
@@ -170,28 +171,42 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+FINETUNE_LOSS = "finetune_loss.png"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json")
 
 
 def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None = None,
          repro: dict | None = None) -> Path:
-    """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its loss curve, training summary,
-    these results (and those of its `vl quantize` exports, `quant`: format -> result) and a model card
-    written from them."""
+    """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its training history
+    (data_recipes/lineage.py: the from-scratch run's recipe, summary and loss curve; the fine-tunes after it, if
+    any, in train_lineage.json and finetune_loss.png), these results (and those of its `vl quantize` exports,
+    `quant`: format -> result) and a model card written from them."""
     import shutil
 
+    from data_recipes.train import plot_loss
+
     run, dest = Path(run_dir), Path(dest)
+    history = lineage.record(run)  # read first: `dest` may be the model the oldest fine-tune started from
+    chain, shipped = lineage.runs(run)
+    base_loss = (shipped or chain[0]) / "loss.png"
     dest.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
         shutil.copy2(run / "model" / name, dest / name)
-    shutil.copy2(run / "loss.png", dest / "loss.png")
-    summary = json.loads((run / "summary.json").read_text())
-    recipe = json.loads((run / "recipe.json").read_text())
-    (dest / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if not (dest / "loss.png").exists() or not base_loss.samefile(dest / "loss.png"):
+        shutil.copy2(base_loss, dest / "loss.png")
+    for name, obj in ((lineage.RECIPE, history["base"]["recipe"]), (lineage.SUMMARY, history["base"]["summary"])):
+        (dest / name).write_text(json.dumps(obj, indent=1) + "\n")
+    for stale in (lineage.LINEAGE, FINETUNE_LOSS):
+        (dest / stale).unlink(missing_ok=True)
+    if history["fine_tunes"]:
+        (dest / lineage.LINEAGE).write_text(json.dumps({"fine_tunes": history["fine_tunes"]}, indent=1) + "\n")
+        tuned = [t for t in history["fine_tunes"] if (Path(t["run"]) / "log.jsonl").is_file()]  # this ship's
+        plot_loss(lineage.loss_rows([t["run"] for t in tuned]), dest / FINETUNE_LOSS,
+                  f"{len(tuned)} fine-tunes, one after the other")
     extra = {"quantized": quant or {}} | ({"second_run": {k: v for k, v in repro.items() if k != "table"}} if repro else {})
     (dest / "eval_results.json").write_text(json.dumps({**result, **extra}, indent=1) + "\n")
-    (dest / "README.md").write_text(model_card(result, summary, recipe, n_per_family, quant or {}, repro))
+    (dest / "README.md").write_text(model_card(result, history, n_per_family, quant or {}, repro))
     return dest
 
 
@@ -216,19 +231,25 @@ def quant_table(result: dict, quant: dict) -> str:
 def repro_summary(result: dict, run_dir, second_dir) -> dict:
     """A second training run of the same recipe against this one: per family and mode both accuracies and the
     change, the macro changes, the largest per-family change, and the first step whose training loss differs.
+    For a fine-tuned model, the second run is a second chain of the same fine-tunes (data_recipes/lineage.py):
+    losses are compared over all of the chain's runs in order, steps counted on through them.
 
-    A second run stopped early (its summary.json says `finished: false`, e.g. `vl train-demo --max-minutes`)
-    has no trained model to evaluate: then only the losses of the steps it ran are compared (`partial`)."""
+    A second run stopped early (its summary.json says `finished: false`, e.g. `vl train-demo --max-minutes`, or
+    its chain ends sooner) has no trained model to evaluate: then only the losses of the steps it ran are compared
+    (`partial`)."""
     from data_recipes.train import read_log
 
+    chains = [_local_runs(d) for d in (run_dir, second_dir)]
     second_dir = Path(second_dir)
-    summary = json.loads((second_dir / "summary.json").read_text())
-    losses = [[r["loss"] for r in read_log(Path(d) / "log.jsonl")] for d in (run_dir, second_dir)]
+    summaries = [[json.loads((r / "summary.json").read_text()) for r in c] for c in chains]
+    summary = summaries[1][0] if len(chains[1]) == 1 else _chain_summary(summaries[1])
+    losses = [[r["loss"] for run in c for r in read_log(run / "log.jsonl")] for c in chains]
     first = next((i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b), None)
     compared = {"run": str(second_dir), "summary": summary, "steps_compared": min(map(len, losses)),
-                "first_differing_step": first if first is not None else "none (identical)"}
-    if not summary["finished"]:
-        return compared | {"partial": True, "total_steps": summary["total_steps"]}
+                "first_differing_step": first if first is not None else "none (identical)",
+                "fine_tunes": sum(_started_from_a_model(r) for r in chains[0])}
+    if not summary["finished"] or len(chains[1]) < len(chains[0]):
+        return compared | {"partial": True, "total_steps": sum(s["total_steps"] for s in summaries[0])}
     other = json.loads((second_dir / "eval" / "results.json").read_text())
     fams = sorted(result["chance"], key=lambda f: (FAMILIES[f].kind, list(FAMILIES).index(f)))
     modes = [m for m in MODES if m in result["families"] and m in other.get("families", {})]
@@ -254,6 +275,24 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
     }
 
 
+def _local_runs(run_dir) -> list[Path]:
+    """The run directories whose training made `run_dir`'s model, oldest first (just `run_dir` for a run with no
+    recipe.json, or one trained from scratch)."""
+    run_dir = Path(run_dir)
+    return lineage.runs(run_dir)[0] if (run_dir / "recipe.json").is_file() else [run_dir]
+
+
+def _started_from_a_model(run: Path) -> bool:
+    return (run / "recipe.json").is_file() and bool(json.loads((run / "recipe.json").read_text()).get("init_from"))
+
+
+def _chain_summary(summaries: list[dict]) -> dict:
+    """One summary for consecutive runs: their wall time, steps and samples added up."""
+    total = {k: sum(s[k] for s in summaries) for k in ("elapsed_s", "samples", "steps", "total_steps")}
+    return total | {"finished": all(s["finished"] for s in summaries),
+                    "samples_per_s": total["samples"] / max(total["elapsed_s"], 1e-9)}
+
+
 def _same_weights(run_dir, second_dir) -> bool | None:
     """Whether the two runs' trained models hold equal tensors (None when either model file is missing)."""
     from safetensors.torch import load_file
@@ -265,11 +304,13 @@ def _same_weights(run_dir, second_dir) -> bool | None:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def model_card(result: dict, summary: dict, recipe: dict, n_per_family: int, quant: dict | None = None,
+def model_card(result: dict, history: dict, n_per_family: int, quant: dict | None = None,
                repro: dict | None = None) -> str:
+    """The card for a model with this training `history` (data_recipes.lineage.record) and held-out `result`."""
     from data_recipes.model_card import render
 
-    return render(result=result, summary=summary, recipe=recipe, n_per_family=n_per_family, table=table(result),
+    return render(result=result, summary=history["base"]["summary"], recipe=history["base"]["recipe"],
+                  fine_tunes=history.get("fine_tunes", []), n_per_family=n_per_family, table=table(result),
                   quant_table=quant_table(result, quant) if quant else None, repro=repro)
 
 

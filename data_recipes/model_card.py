@@ -1,7 +1,8 @@
 """The shipped demo model's card (vl/demo/README.md), written from measured numbers only.
 
 `render` fills the card from the training summary (data_recipes/train.py `summary.json`), the recipe as
-trained (`recipe.json`) and the held-out results of data_recipes/demo_eval.py; nothing in it is typed by hand.
+trained (`recipe.json`), those of the fine-tunes after it if any (data_recipes/lineage.py) and the held-out
+results of data_recipes/demo_eval.py; nothing in it is typed by hand.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ def _quant_section(quant_table: str | None) -> str:
 def _repro_section(repro: dict | None) -> str:
     if repro is None:
         return "Reproducibility of these numbers by a second run from scratch has not been measured yet (one run so far)."
+    what = (f"A second chain of the same {repro['fine_tunes']} fine-tunes from the same model"
+            if repro.get("fine_tunes") else "A second run of the same command from scratch")
     if repro.get("partial"):
-        return (f"A second run of the same command from scratch was stopped after {repro['steps_compared']} of "
+        return (f"{what} was stopped after {repro['steps_compared']} of "
                 f"{repro['total_steps']} steps ({repro['run']}: {_m(repro['summary']['elapsed_s'])}): with the same "
                 f"seeds and data order its training losses {_losses(repro)}. Its accuracy was not measured: a "
                 f"partial check of the run's numerics, not of the accuracies.")
     macro = "; ".join(f"/{m} {100 * d:+.1f}" for m, d in repro["macro_delta"].items())
-    return (f"A second run of the same command from scratch ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
+    return (f"{what} ({repro['run']}: {_m(repro['summary']['elapsed_s'])}, "
             f"{repro['summary']['samples_per_s']:.1f} samples/s), evaluated on the same test files: macro mean "
             f"change {macro} points; per family the largest change is {100 * repro['max_family_delta']:.0f} points "
             f"(at {repro['n_per_family']} samples a family, one sample is {_points(100 / repro['n_per_family'])}). "
@@ -56,13 +59,78 @@ def _numerics(repro: dict) -> str:
             f"numbers in another order, so runs there part from this one.")
 
 
+def _lr(stage: dict) -> str:
+    ratio = stage.get("min_lr_ratio", 0.1)
+    return f"{stage['lr']:g}" + ("" if ratio == 1 else f", cosine to {stage['lr'] * ratio:g}")
+
+
+def _command(recipe: dict) -> str:
+    """The `vl train-demo` flags that made this recipe from its named default (seed and steps; others not shown)."""
+    from dataclasses import asdict
+
+    from data_recipes.recipes import RECIPES, get_recipe
+
+    cmd = f"vl train-demo --recipe {recipe['name']}"
+    if recipe["name"] not in RECIPES:
+        return cmd
+    default = asdict(get_recipe(recipe["name"]))
+    steps = sum(s["steps"] for s in recipe["stages"])
+    if recipe["seed"] != default["seed"]:
+        cmd += f" --seed {recipe['seed']}"
+    if steps != sum(s["steps"] for s in default["stages"]):
+        cmd += f" --steps {steps}"
+    return cmd
+
+
+def _fine_tune_section(fine_tunes: list[dict]) -> str:
+    if not fine_tunes:
+        return ""
+
+    def cells(stages, f):  # one value per stage
+        return "; ".join(f(s) for s in stages)
+
+    rows = []
+    for i, t in enumerate(fine_tunes, 1):
+        stages, summary = t["recipe"]["stages"], t["summary"]
+        trains = cells(stages, lambda s: ", ".join(p or "all" for p in s["trainable"]))
+        rates = cells(stages, lambda s: " / ".join(f"{q:g}" for q in s.get("video_pruning_rates") or [0.0]))
+        position = cells(stages, lambda s: f"{s.get('position_weight', 0.0):g}")
+        rows.append(f"| {i} | `{_command(t['recipe'])}` | {summary['steps']} | {cells(stages, _lr)} | {trains} | "
+                    f"{rates} | {position} | {summary['samples']:,} | {_m(summary['elapsed_s'])} |")
+    steps = sum(t["summary"]["steps"] for t in fine_tunes)
+    return f"""
+Then {len(fine_tunes)} fine-tunes, each from the model the one before made (`vl train-demo --init-from`),
+{steps} steps and {_m(sum(t['summary']['elapsed_s'] for t in fine_tunes))} in all. Each step draws one EVS pruning
+rate from the listed ones for its clips (the LM sees the pruned clips, as at inference); the position loss weights
+a per-token loss on where each kept video token was (data_recipes/recipes.py `Stage.position_weight`).
+
+| # | command | steps | lr | trains | EVS rates drawn | position loss | samples | wall time |
+|---|---|---:|---|---|---|---:|---:|---:|
+{chr(10).join(rows)}
+
+Fine-tune loss curves, one after the other: `finetune_loss.png`; their recipes and summaries:
+`train_lineage.json`.
+"""
+
+
 def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
 def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, table: str,
-           quant_table: str | None = None, repro: dict | None = None) -> str:
+           quant_table: str | None = None, repro: dict | None = None, fine_tunes: list[dict] = ()) -> str:
+    """`summary` and `recipe` are the from-scratch run's; `fine_tunes` the runs after it ({"recipe", "summary"})."""
     model = recipe["model"]
+    tuned_s = sum(t["summary"]["elapsed_s"] for t in fine_tunes)
+    title = "trained from scratch" + (", then fine-tuned" if fine_tunes else "")
+    reproduce = (f"`{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory)"
+                 if not fine_tunes else f"`{RETRAIN}` (the from-scratch model, into runs/demo and this directory), then the fine-tunes "
+                      f"above in order, the first with `--init-from vl/demo` and each later one from the model of the "
+                      f"one before; `python -m data_recipes.demo_eval --model <last run>/model --ship vl/demo` then "
+                      f"evaluates it and writes this directory")
+    trained = ("trained for under 90 minutes" if not fine_tunes else
+               f"trained for {_m(summary['elapsed_s'] + tuned_s)} in all ({_m(summary['elapsed_s'])} from scratch, "
+               f"{_m(tuned_s)} of fine-tunes)")
     params = summary["parameters"]
     stages = "\n".join(
         f"| {s['name']} | {s['objective']} | {s['steps']} | {s['lr']:g} | "
@@ -80,7 +148,7 @@ def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, tabl
     verdict = ("Every family reaches 85% in both modes." if not shortfall else
                f"Families below the 85% goal: {shortfall}. These are reported as measured; the model is too small "
                f"or trained too briefly for them (see Limitations).")
-    return f"""# Nemotron-VL demo model (a very small NemotronH_Nano_VL_V2, trained from scratch)
+    return f"""# Nemotron-VL demo model (a very small NemotronH_Nano_VL_V2, {title})
 
 This directory is the model that `vl app`, `vl chat` and `vl eval` use when no `--model` is given. It has
 the architecture and the on-disk layout of NVIDIA Nemotron Nano V2 VL (RADIO ViT -> pixel shuffle 2x2 ->
@@ -139,7 +207,7 @@ Wall time {_m(summary['elapsed_s'])} on a 2-core CPU ({summary['threads']} torch
 no bf16 instructions); {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s over all
 stages. The same steps have run up to ~20% slower or faster from one session to the next on this machine type.
 Loss curve: `loss.png`; numbers: `train_summary.json`.
-
+{_fine_tune_section(list(fine_tunes))}
 ## Held-out accuracy
 
 Test split of data_recipes.synthetic (never trained on), {n_per_family} samples per family, written to PNG /
@@ -151,7 +219,7 @@ reasoning). Chance = uniform guessing over the family's answers. Percent:
 
 {verdict}
 
-Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory).
+Reproduce: {reproduce}.
 {_repro_section(repro)}
 
 {_quant_section(quant_table)}
@@ -159,5 +227,5 @@ Reproduce: `{RETRAIN}` (trains from scratch into runs/demo, evaluates, and write
 ## Limitations
 
 - Synthetic families only; fixed vocabulary of labels, words and colours; square single-tile pages.
-- A tiny model trained for under 90 minutes: its weakest family on this test split is {weakest}.
+- A tiny model {trained}: its weakest family on this test split is {weakest}.
 """
