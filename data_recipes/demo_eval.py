@@ -177,11 +177,11 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 
 def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None = None,
-         repro: dict | None = None) -> Path:
+         repro: dict | None = None, sweeps: list[str] = ()) -> Path:
     """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its training history
     (data_recipes/lineage.py: the from-scratch run's recipe, summary and loss curve; the fine-tunes after it, if
     any, in train_lineage.json and finetune_loss.png), these results (and those of its `vl quantize` exports,
-    `quant`: format -> result) and a model card written from them."""
+    `quant`: format -> result), `sweeps` (`sweep_summary` texts) and a model card written from them."""
     import shutil
 
     from data_recipes.train import plot_loss
@@ -206,7 +206,7 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
                   f"{len(tuned)} fine-tunes, one after the other")
     extra = {"quantized": quant or {}} | ({"second_run": {k: v for k, v in repro.items() if k != "table"}} if repro else {})
     (dest / "eval_results.json").write_text(json.dumps({**result, **extra}, indent=1) + "\n")
-    (dest / "README.md").write_text(model_card(result, history, n_per_family, quant or {}, repro))
+    (dest / "README.md").write_text(model_card(result, history, n_per_family, quant or {}, repro, sweeps))
     return dest
 
 
@@ -275,6 +275,23 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
     }
 
 
+def sweep_summary(sweep_dir) -> str:
+    """A `vl eval --sweep` run for the card: what it ran on and its table (eval/sweep.py `sweep_markdown`)."""
+    from eval.sweep import sweep_markdown
+
+    d = Path(sweep_dir)
+    if not (d / "sweep.json").is_file():
+        raise ConfigError(f"--sweeps {d}: no sweep.json (the output folder of `vl eval ... --sweep`)")
+    table = json.loads((d / "sweep.json").read_text())
+    first = json.loads((d / Path(table["rows"][0]["out"]).name / "summary.json").read_text())  # settings share data
+    header, run = first["header"], first["run"]
+    labels = ",".join(str(r["label"]) for r in table["rows"])
+    return (f"`vl eval --task {table['task']} --sweep {table['key']}={labels}` on the {first['counts']['items']} "
+            f"held-out items of `{Path(header['data']).parent.name}/{Path(header['data']).name}` "
+            f"({header['reasoning_mode']}, batch {run['batch_size']}, {run['device']}, {run['started_at'][:10]}):\n\n"
+            + "\n".join(sweep_markdown(table).splitlines()[2:]))
+
+
 def _local_runs(run_dir) -> list[Path]:
     """The run directories whose training made `run_dir`'s model, oldest first (just `run_dir` for a run with no
     recipe.json, or one trained from scratch)."""
@@ -305,13 +322,13 @@ def _same_weights(run_dir, second_dir) -> bool | None:
 
 
 def model_card(result: dict, history: dict, n_per_family: int, quant: dict | None = None,
-               repro: dict | None = None) -> str:
+               repro: dict | None = None, sweeps: list[str] = ()) -> str:
     """The card for a model with this training `history` (data_recipes.lineage.record) and held-out `result`."""
     from data_recipes.model_card import render
 
     return render(result=result, summary=history["base"]["summary"], recipe=history["base"]["recipe"],
                   fine_tunes=history.get("fine_tunes", []), n_per_family=n_per_family, table=table(result),
-                  quant_table=quant_table(result, quant) if quant else None, repro=repro)
+                  quant_table=quant_table(result, quant) if quant else None, repro=repro, sweeps=sweeps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--second-run", default=None, metavar="RUN_DIR",
                    help="a second training run of the same recipe (evaluated into RUN_DIR/eval): its accuracies "
                         "against this run's go in the card's reproducibility section (with --ship)")
+    p.add_argument("--sweeps", default=None, metavar="DIR,...",
+                   help="output folders of `vl eval ... --sweep` on this model (e.g. EVS rates on 64-frame clips): "
+                        "their tables go in the card (with --ship)")
     args = p.parse_args(argv)
     from vl.cli import default_model
 
@@ -366,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if repro:
             print(repro.get("table") or f"second run stopped after {repro['steps_compared']} steps; losses differ "
                                         f"first at step {repro['first_differing_step']}")
-        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant, repro=repro)}")
+        sweeps = [sweep_summary(d) for d in filter(None, (args.sweeps or "").split(","))]
+        print(f"shipped to {ship(run, result, args.ship, n_per_family=args.n, quant=quant, repro=repro, sweeps=sweeps)}")
     return 0
 
 

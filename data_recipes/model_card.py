@@ -113,13 +113,22 @@ Fine-tune loss curves, one after the other: `finetune_loss.png`; their recipes a
 """
 
 
+def _sweep_section(sweeps: list[str]) -> str:
+    if not sweeps:
+        return ""
+    return ("\n## Held-out sweeps\n\nThe same model with one setting varied (`vl eval --sweep`; the change is paired "
+            "against the first setting, with a 95% bootstrap interval over items):\n\n" + "\n\n".join(sweeps) + "\n")
+
+
 def _m(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
 def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, table: str,
-           quant_table: str | None = None, repro: dict | None = None, fine_tunes: list[dict] = ()) -> str:
-    """`summary` and `recipe` are the from-scratch run's; `fine_tunes` the runs after it ({"recipe", "summary"})."""
+           quant_table: str | None = None, repro: dict | None = None, fine_tunes: list[dict] = (),
+           sweeps: list[str] = ()) -> str:
+    """`summary` and `recipe` are the from-scratch run's; `fine_tunes` the runs after it ({"recipe", "summary"});
+    `sweeps` texts of `vl eval --sweep` runs on this model (data_recipes.demo_eval.sweep_summary)."""
     model = recipe["model"]
     tuned_s = sum(t["summary"]["elapsed_s"] for t in fine_tunes)
     title = "trained from scratch" + (", then fine-tuned" if fine_tunes else "")
@@ -223,7 +232,7 @@ Reproduce: {reproduce}.
 {_repro_section(repro)}
 
 {_quant_section(quant_table)}
-
+{_sweep_section(list(sweeps))}
 ## Limitations
 
 - Synthetic families only; fixed vocabulary of labels, words and colours; square single-tile pages.

@@ -224,3 +224,29 @@ def test_the_shipped_card_is_what_its_shipped_files_render():
     assert "\nReproduce: `scripts/train_demo.sh` (trains from scratch" in card
     cut = [(c.index("\nReproduce:"), c.index("\nFP8 ")) for c in (card, shipped)]
     assert card[:cut[0][0]] == shipped[:cut[1][0]] and card[cut[0][1]:] == shipped[cut[1][1]:]
+
+
+def test_sweeps_go_in_the_card_with_what_they_ran_on(tmp_path):
+    from data_recipes.demo_eval import sweep_summary
+
+    d = tmp_path / "settle_v64"
+    rows = [{"label": q, "score": sc, "n": 200, "n_error": 0, "vision_tokens_after": v, "vision_tokens_before": 576.0,
+             "prompt_tokens": 1000 + v, "items_per_s": 5.0, "ttft_s": 1.5, "out": f"elsewhere/video_pruning_rate={q}"}
+            for q, sc, v in (("0", 0.805, 576.0), ("0.75", 0.795, 144.0))]
+    rows[1]["change_vs_first"] = {"change": -0.01, "low": -0.035, "high": 0.015, "n": 200, "n_differ": 8}
+    (d / "video_pruning_rate=0").mkdir(parents=True)
+    _save(d / "sweep.json", {"task": "synthetic_video", "key": "video_pruning_rate", "rows": rows})
+    _save(d / "video_pruning_rate=0" / "summary.json", {
+        "header": {"data": "/x/runs/evs/video64/video_test.jsonl", "reasoning_mode": "/no_think"},
+        "run": {"batch_size": 8, "device": "cpu", "started_at": "2026-12-02T01:01:01"}, "counts": {"items": 200}})
+    text = sweep_summary(d)
+    assert text.startswith("`vl eval --task synthetic_video --sweep video_pruning_rate=0,0.75` on the 200 held-out "
+                           "items of `video64/video_test.jsonl` (/no_think, batch 8, cpu, 2026-12-02):")
+    assert "| 0.75 | 0.7950 | -0.0100 [-0.0350, +0.0150] (8 of 200) | 144.0 / 576.0 | 1144.0 | 1.5 |" in text
+    result = _result({"doc_total": (0.9, 0.8), "video_flash": (0.7, 0.95)})
+    history = {"base": {"summary": _run(tmp_path / "a", result, [1.0]), "recipe": _recipe("smoke")}}
+    card = model_card(result, history, 50, sweeps=[text])
+    assert "## Held-out sweeps" in card and text in card
+    assert "## Held-out sweeps" not in model_card(result, history, 50)
+    with pytest.raises(ConfigError, match="no sweep.json"):
+        sweep_summary(tmp_path / "a")
