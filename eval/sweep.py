@@ -5,7 +5,9 @@ loaded model. The sweep writes `sweep.json`, `sweep.md` and `sweep.png`: the hea
 mean vision tokens per item after token reduction (the cost EVS and tiling trade against accuracy),
 one labelled point per setting, and each setting's change of the headline score against the first setting
 on the same items, with a 95% paired bootstrap interval (`eval.score.paired_change`): on 200 items one item
-moves a mean score by 0.5 points, so "costs 3 points" needs its interval. matplotlib runs with the Agg backend.
+moves a mean score by 0.5 points, so "costs 3 points" needs its interval. A task that scores by category
+(`Task.category_fields`, e.g. family) also gets each category's score per setting. matplotlib runs with the Agg
+backend.
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
                          "vision_tokens_before": tokens["vision_before"]["mean"],
                          "prompt_tokens": tokens["prompt"]["mean"], "items_per_s": summary["run"]["items_per_s"],
                          "ttft_s": (tokens.get("time_to_first_token_s") or {}).get("mean"),
-                         "fingerprint": summary["header"]["fingerprint"], "out": sub.out})
+                         "fingerprint": summary["header"]["fingerprint"], "out": sub.out,
+                         "categories": {f: {k: v["score"] for k, v in cats.items()}
+                                        for f, cats in scores.get("categories", {}).items()}})
     finally:
         if own:
             backend.close()
@@ -133,7 +137,17 @@ def sweep_markdown(table: dict) -> str:
         lines.append(f"| {r['label']} | {r['score']:.4f} | {change} | {r['vision_tokens_after']} / "
                      f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | "
                      f"{r['n_error']} of {r['n']} | {_or_dash(r['items_per_s'])} |")
+    for field in dict.fromkeys(f for r in rows for f in r.get("categories", {})):  # e.g. per family, if the task has it
+        names = sorted({k for r in rows for k in r["categories"].get(field, {})})
+        head = f"| {field} | " + " | ".join(f"{key}={r['label']}" for r in rows) + " |"
+        lines += ["", f"Score per {field}:", "", head, "|---|" + "---:|" * len(rows)]
+        lines += [f"| {k} | " + " | ".join(_score(r["categories"].get(field, {}).get(k)) for r in rows) + " |"
+                  for k in names]
     return "\n".join(lines) + "\n"
+
+
+def _score(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def plot_sweep(table: dict, path: str | Path) -> Path:

@@ -410,6 +410,10 @@ def test_sweep_writes_table_and_png_plot(tmp_path):
     changes = [r["change_vs_first"] for r in table["rows"]]
     assert [(c["change"], c["low"], c["high"], c["n"], c["n_differ"]) for c in changes] == [(0.0, 0.0, 0.0, 4, 0)] * 3
     assert "change vs video_pruning_rate=0 [95% CI]" in (tmp_path / "s" / "sweep.md").read_text()
+    # the task's categories (synthetic_docs: family) per setting: q0/q2 carry their answer, q1/q3 do not
+    assert table["rows"][1]["categories"] == {"family": {"fam0": 0.5, "fam1": 0.0, "fam2": 1.0}}
+    assert ("| family | video_pruning_rate=0 | video_pruning_rate=0.5 | video_pruning_rate=0.75 |\n|---|---:|---:|---:|\n"
+            "| fam0 | 0.5000 | 0.5000 | 0.5000 |") in (tmp_path / "s" / "sweep.md").read_text()
     for bad in ("bogus=1,2", "fps=", "fps=1,1", "max_tiles=a"):
         with pytest.raises(Exception, match="--sweep"):
             parse_sweep(bad)
