@@ -8,6 +8,7 @@ results of data_recipes/demo_eval.py; nothing in it is typed by hand.
 from __future__ import annotations
 
 RETRAIN = "scripts/train_demo.sh"
+SHIP = "scripts/ship_demo.sh"
 
 
 def _quant_section(quant_table: str | None) -> str:
@@ -132,11 +133,12 @@ def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, tabl
     model = recipe["model"]
     tuned_s = sum(t["summary"]["elapsed_s"] for t in fine_tunes)
     title = "trained from scratch" + (", then fine-tuned" if fine_tunes else "")
-    reproduce = (f"`{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory)"
-                 if not fine_tunes else f"`{RETRAIN}` (the from-scratch model, into runs/demo and this directory), then the fine-tunes "
-                      f"above in order, the first with `--init-from vl/demo` and each later one from the model of the "
-                      f"one before; `python -m data_recipes.demo_eval --model <last run>/model --ship vl/demo` then "
-                      f"evaluates it and writes this directory")
+    if not fine_tunes:
+        reproduce = f"`{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory)"
+    else:
+        reproduce = (f"`{RETRAIN}` (the from-scratch model, into runs/demo and this directory), then the fine-tunes "
+                     f"above in order, the first with `--init-from vl/demo` and each later one from the model of the "
+                     f"one before; `{SHIP} <last run>` then evaluates it and writes this directory")
     trained = ("trained for under 90 minutes" if not fine_tunes else
                f"trained for {_m(summary['elapsed_s'] + tuned_s)} in all ({_m(summary['elapsed_s'])} from scratch, "
                f"{_m(tuned_s)} of fine-tunes)")
