@@ -188,8 +188,7 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
 
     run, dest = Path(run_dir), Path(dest)
     history = lineage.record(run)  # read first: `dest` may be the model the oldest fine-tune started from
-    chain, shipped = lineage.runs(run)
-    base_loss = (shipped or chain[0]) / "loss.png"
+    base_loss = Path(history["base"]["dir"]) / "loss.png"
     dest.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
         shutil.copy2(run / "model" / name, dest / name)

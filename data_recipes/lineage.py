@@ -52,18 +52,21 @@ def of_shipped(model_dir) -> dict:
     """The history `record` gives, of a shipped model directory (from the files `demo_eval.ship` wrote there)."""
     model_dir = Path(model_dir)
     tuned = _read(model_dir / LINEAGE)["fine_tunes"] if (model_dir / LINEAGE).is_file() else []
-    return {"base": {"recipe": _read(model_dir / RECIPE), "summary": _read(model_dir / SUMMARY)}, "fine_tunes": tuned}
+    base = {"recipe": _read(model_dir / RECIPE), "summary": _read(model_dir / SUMMARY), "dir": str(model_dir)}
+    return {"base": base, "fine_tunes": tuned}
 
 
 def record(run_dir) -> dict:
-    """{"base": {"recipe", "summary"}, "fine_tunes": [{"run", "recipe", "summary"}, ...]}: the from-scratch run
-    and every fine-tune after it that made `run_dir`'s model, oldest first."""
+    """{"base": {"recipe", "summary", "dir"}, "fine_tunes": [{"run", "recipe", "summary"}, ...]}: the from-scratch
+    run (`dir`: its run folder, or the shipped model folder that keeps its files) and every fine-tune after it that
+    made `run_dir`'s model, oldest first."""
     chain, shipped = runs(run_dir)
     if shipped is not None:
         history = of_shipped(shipped)
     else:
         first = _entry(chain.pop(0))
-        history = {"base": {"recipe": first["recipe"], "summary": first["summary"]}, "fine_tunes": []}
+        history = {"base": {"recipe": first["recipe"], "summary": first["summary"], "dir": first["run"]},
+                   "fine_tunes": []}
     return history | {"fine_tunes": history["fine_tunes"] + [_entry(r) for r in chain]}
 
 

@@ -61,24 +61,22 @@ def _numerics(repro: dict) -> str:
 
 
 def _lr(stage: dict) -> str:
-    ratio = stage.get("min_lr_ratio", 0.1)
+    ratio = stage["min_lr_ratio"]
     return f"{stage['lr']:g}" + ("" if ratio == 1 else f", cosine to {stage['lr'] * ratio:g}")
 
 
 def _command(recipe: dict) -> str:
     """The `vl train-demo` flags that made this recipe from its named default (seed and steps; others not shown)."""
-    from dataclasses import asdict
-
     from data_recipes.recipes import RECIPES, get_recipe
 
     cmd = f"vl train-demo --recipe {recipe['name']}"
     if recipe["name"] not in RECIPES:
         return cmd
-    default = asdict(get_recipe(recipe["name"]))
+    default = get_recipe(recipe["name"])
     steps = sum(s["steps"] for s in recipe["stages"])
-    if recipe["seed"] != default["seed"]:
+    if recipe["seed"] != default.seed:
         cmd += f" --seed {recipe['seed']}"
-    if steps != sum(s["steps"] for s in default["stages"]):
+    if steps != default.total_steps:
         cmd += f" --steps {steps}"
     return cmd
 

@@ -138,10 +138,10 @@ def sweep_markdown(table: dict) -> str:
                      f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | "
                      f"{r['n_error']} of {r['n']} | {_or_dash(r['items_per_s'])} |")
     for field in dict.fromkeys(f for r in rows for f in r.get("categories", {})):  # e.g. per family, if the task has it
-        names = sorted({k for r in rows for k in r["categories"].get(field, {})})
+        names = sorted({k for r in rows for k in r.get("categories", {}).get(field, {})})
         head = f"| {field} | " + " | ".join(f"{key}={r['label']}" for r in rows) + " |"
         lines += ["", f"Score per {field}:", "", head, "|---|" + "---:|" * len(rows)]
-        lines += [f"| {k} | " + " | ".join(_score(r["categories"].get(field, {}).get(k)) for r in rows) + " |"
+        lines += [f"| {k} | " + " | ".join(_score(r.get("categories", {}).get(field, {}).get(k)) for r in rows) + " |"
                   for k in names]
     return "\n".join(lines) + "\n"
 

@@ -44,12 +44,12 @@ def count(cfg: VLConfig, frames: int, rates: list[float], text_tokens: int) -> l
     with torch.device("meta"):
         model = NemotronVL(cfg)
     s, grid = cfg.force_image_size, (cfg.grid, cfg.grid)
-    feats = torch.empty(frames, cfg.vision.num_prefix_tokens + cfg.grid ** 2, cfg.vit_hidden_size, device="meta")
+    feats = torch.empty(frames, cfg.grid ** 2, cfg.vit_hidden_size, device="meta")  # forward_features' output
     tower = _flops(lambda: model.vision.forward_features(torch.empty(frames, 3, s, s, device="meta")))
-    projector = _flops(lambda: model.projector(feats[:, cfg.vision.num_prefix_tokens:], grid))
+    projector = _flops(lambda: model.projector(feats, grid))
     rows = []
     for q in rates:
-        kept = retained_count(frames, cfg.tokens_per_tile, q) if q > 0 else frames * cfg.tokens_per_tile
+        kept = retained_count(frames, cfg.tokens_per_tile, q)
         prompt = kept + text_tokens
         embeds = torch.empty(1, prompt, cfg.lm.hidden_size, device="meta")
         llm = _flops(lambda: model.language_model(inputs_embeds=embeds, logits_to_keep=1))
