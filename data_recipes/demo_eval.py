@@ -181,7 +181,8 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
     """Copies the trained checkpoint of `run_dir` into `dest` (vl/demo) with its training history
     (data_recipes/lineage.py: the from-scratch run's recipe, summary and loss curve; the fine-tunes after it, if
     any, in train_lineage.json and finetune_loss.png), these results (and those of its `vl quantize` exports,
-    `quant`: format -> result), `sweeps` (`sweep_summary` texts) and a model card written from them."""
+    `quant`: format -> result), `sweeps` (`sweep_summary` texts, kept in eval_results.json so the card can be
+    rendered again from the shipped files) and a model card written from them."""
     import shutil
 
     from data_recipes.train import plot_loss
@@ -203,7 +204,8 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
         tuned = [t for t in history["fine_tunes"] if (Path(t["run"]) / "log.jsonl").is_file()]  # this ship's
         plot_loss(lineage.loss_rows([t["run"] for t in tuned]), dest / FINETUNE_LOSS,
                   f"{len(tuned)} fine-tunes, one after the other")
-    extra = {"quantized": quant or {}} | ({"second_run": {k: v for k, v in repro.items() if k != "table"}} if repro else {})
+    extra = ({"quantized": quant or {}} | ({"sweeps": list(sweeps)} if sweeps else {})
+             | ({"second_run": {k: v for k, v in repro.items() if k != "table"}} if repro else {}))
     (dest / "eval_results.json").write_text(json.dumps({**result, **extra}, indent=1) + "\n")
     (dest / "README.md").write_text(model_card(result, history, n_per_family, quant or {}, repro, sweeps))
     return dest

@@ -63,6 +63,11 @@ def record(run_dir) -> dict:
     chain, shipped = runs(run_dir)
     if shipped is not None:
         history = of_shipped(shipped)
+        # The folder may since have been shipped over with a model made by this very chain (a fine-tune of vl/demo
+        # shipped into vl/demo): what the chain started from is then the folder's history before its first run.
+        listed = [Path(t["run"]).resolve() for t in history["fine_tunes"]]
+        if chain[0].resolve() in listed:
+            history["fine_tunes"] = history["fine_tunes"][:listed.index(chain[0].resolve())]
     else:
         first = _entry(chain.pop(0))
         history = {"base": {"recipe": first["recipe"], "summary": first["summary"], "dir": first["run"]},

@@ -8,7 +8,6 @@ results of data_recipes/demo_eval.py; nothing in it is typed by hand.
 from __future__ import annotations
 
 RETRAIN = "scripts/train_demo.sh"
-SHIP = "scripts/ship_demo.sh"
 
 
 def _quant_section(quant_table: str | None) -> str:
@@ -134,9 +133,9 @@ def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, tabl
     if not fine_tunes:
         reproduce = f"`{RETRAIN}` (trains from scratch into runs/demo, evaluates, and writes this directory)"
     else:
-        reproduce = (f"`{RETRAIN}` (the from-scratch model, into runs/demo and this directory), then the fine-tunes "
-                     f"above in order, the first with `--init-from vl/demo` and each later one from the model of the "
-                     f"one before; `{SHIP} <last run>` then evaluates it and writes this directory")
+        reproduce = (f"`{RETRAIN}` (trains from scratch into runs/demo, then the fine-tunes above in order into "
+                     f"runs/demo/evs, each from the model of the one before, evaluates the last, and writes this "
+                     f"directory)")
     trained = ("trained for under 90 minutes" if not fine_tunes else
                f"trained for {_m(summary['elapsed_s'] + tuned_s)} in all ({_m(summary['elapsed_s'])} from scratch, "
                f"{_m(tuned_s)} of fine-tunes)")

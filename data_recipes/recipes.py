@@ -7,7 +7,7 @@ repeated random subsets), how to batch (`Packing`: a padded-token budget per for
 a recipe runs code.
 
     from data_recipes.recipes import get_recipe
-    recipe = get_recipe("demo")                   # the shipped demo model
+    recipe = get_recipe("demo")                   # the from-scratch demo model (shipped after EVS fine-tunes)
     recipe = get_recipe("smoke", total_steps=6)   # CI: seconds, not minutes
 
 The demo recipe's stages follow the usual VLM order at toy scale: a short warm-up where the vision tower
@@ -253,9 +253,9 @@ def _sources(weights: dict[str, float], pool: int) -> tuple[Source, ...]:
 # 87 / 89% (was 84 / 84), but left motion direction at chance (28%, was 89%) and counting at 66% (was 87%) with
 # their weights unchanged: not shipped. The model after it kept this mixture and added tower-only pages
 # (PROBE_WEIGHTS): table cells and totals reached 95-99%, but motion direction fell to 81 / 72% while its tower
-# still located the moving shape (position probes 73%), so the shortfall was the LM's. The shipped model gives
+# still located the moving shape (position probes 73%), so the shortfall was the LM's. The demo recipe gives
 # direction clips the colour clips' weight (video_direction 1.0 -> 1.75, the others unchanged): direction
-# 98 / 95%, every family at 87% or more (vl/demo/README.md). Direction stayed at chance until step ~2000 of 3600
+# 98 / 95%, every family at 87% or more (README, "Data recipes"). Direction stayed at chance until step ~2000 of 3600
 # (val split, 40 clips) and reached 85% at step 2900: it is learned late in the run.
 DEMO_WEIGHTS = {
     "doc_total": 1.25, "doc_name": 0.75, "doc_layout": 0.4, "doc_table": 1.25, "doc_chart_tallest": 0.4,
@@ -273,7 +273,8 @@ PROBE_WEIGHTS = {"doc_table": 3.0, "doc_total": 1.0}
 
 
 def demo_recipe(total_steps: int = 3600, vision_steps: int = 150, lr: float = 1.5e-3, probe_samples: int = 8) -> Recipe:
-    """The shipped demo model: ~1M parameters, 96 px tiles (9 tokens each), all 13 synthetic families.
+    """The from-scratch demo model (the shipped one is it after the EVS fine-tunes of scripts/train_demo_evs.sh):
+    ~1M parameters, 96 px tiles (9 tokens each), all 13 synthetic families.
 
     Stage 1 ("vision", `vision_steps` x 64 samples) trains only the from-scratch tower and projector on the
     per-tile probe targets of data_recipes/vision_targets.py (the stand-in for a pretrained tower); stage 2
@@ -282,7 +283,7 @@ def demo_recipe(total_steps: int = 3600, vision_steps: int = 150, lr: float = 1.
     (twice as many in the vision stage) from `PROBE_WEIGHTS`: table and receipt digits, without LM samples.
     Sized to finish within the 90-min budget on the 2-core build machine (~1.4 s a step; the shipped run took
     83 min): 1950 steps in all gave a macro mean of 61-62%, 3000 gave 76-77% with the previous mixture;
-    this recipe's figures are in vl/demo/README.md."""
+    this recipe's figures are in vl/demo/README.md (its "How it was trained") and the README."""
     if total_steps <= vision_steps:
         raise ConfigError(f"demo recipe: total_steps must exceed vision_steps ({vision_steps}); found {total_steps}")
     return Recipe(
@@ -318,18 +319,20 @@ def smoke_recipe(total_steps: int = 6, lr: float = 1e-2) -> Recipe:
     )
 
 
+FROM_SCRATCH = "runs/demo/model"  # where scripts/train_demo.sh trains the `demo` recipe, which the evs_* recipes start from
+
+
 def evs_tune_recipe(total_steps: int = 600, lr: float = 1.5e-4, init_from: str | None = None) -> Recipe:
-    """An experiment, not the shipped model: the shipped demo model (or `init_from`) trained on for
+    """An experiment: the from-scratch demo model (`init_from`, default `FROM_SCRATCH`: `vl train-demo --recipe demo
+    --out runs/demo`; the shipped model is its EVS fine-tune, scripts/train_demo.sh) trained on for
     `total_steps` more steps of the demo mixture at the demo recipe's final learning rate, the LM alone
-    trainable (the tower and projector stay as shipped; the probe heads, never exported, are not used), with
+    trainable (the tower and projector stay as they were; the probe heads, never exported, are not used), with
     each step's video clips EVS-pruned at a rate drawn from (0, 0, 0.5, 0.75): half the steps unpruned, which
     kept the unpruned accuracy better than (0, 0.5, 0.75, 0.9) did. It measures how much of EVS's accuracy
     cost on the demo model comes from an LM that never saw a pruned clip (README, "Token reduction")."""
-    from vl.cli import default_model
-
     base = demo_recipe()
     return base.replace(
-        name="evs_tune", seed=1, init_from=str(init_from or default_model()),
+        name="evs_tune", seed=1, init_from=str(init_from or FROM_SCRATCH),
         stages=(Stage("evs", total_steps, lr, warmup_steps=min(20, total_steps), min_lr_ratio=1.0,
                       trainable=("language_model.",), video_pruning_rates=(0.0, 0.0, 0.5, 0.75)),),
     )
@@ -362,7 +365,7 @@ def evs_long_recipe(total_steps: int = 720, lr: float = 3e-4, init_from: str | N
 def evs_where_recipe(total_steps: int = 720, lr: float = 3e-4, init_from: str | None = None,
                      position_weight: float = 0.5) -> Recipe:
     """`evs_long` with the tower and projector trainable too, plus the per-token position loss at
-    `position_weight` on every tile the LM sees. On the shipped model an EVS-kept token does not say where it
+    `position_weight` on every tile the LM sees. On the from-scratch model an EVS-kept token does not say where it
     was (`vision_targets.position_loss`), so a pruned clip leaves the LM guessing where the moving shape went:
     evs_long's motion direction fell from 92 to 55% at q=0.75 on 64-frame clips. This measures EVS on a tower
     whose tokens keep their place (README, "Token reduction")."""

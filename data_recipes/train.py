@@ -388,6 +388,10 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     from vl.modeling.vlm import NemotronVL
 
     torch.set_num_threads(threads)
+    if recipe.init_from and not (Path(recipe.init_from) / "config.json").is_file():
+        raise ConfigError(f"init_from {recipe.init_from}: no model there (config.json); the evs_* recipes start from "
+                          f"the from-scratch demo model (`vl train-demo --recipe demo --out runs/demo`); "
+                          f"--init-from DIR names another")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if mixed_precision == "auto":
@@ -551,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint and start over")
     p.add_argument("--init-from", default=None, metavar="DIR",
                    help=f"start from this saved model (recipes that fine-tune: {', '.join(FINE_TUNES)}; default: the "
-                        "shipped demo model)")
+                        "from-scratch demo model, runs/demo/model)")
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed: which pool samples, EVS rates and reasoning modes the steps draw, and the "
                         "init of a from-scratch model (default: the recipe's; a fine-tune run again from its own "

@@ -142,7 +142,7 @@ def probe_loss(probe: ProbeHeads, tile_vectors: torch.Tensor, targets: list[dict
 def position_loss(probe: ProbeHeads, tile_vectors: torch.Tensor):
     """Mean cross entropy of `probe.cell` reading each token's cell in its tile (0 .. tokens_per_tile - 1) from
     that token alone. The probe heads above see a tile's tokens flattened, so a tower trained on them may
-    leave a token's place to its index, which EVS and token pruning throw away: on the shipped demo model, a
+    leave a token's place to its index, which EVS and token pruning throw away: on the from-scratch demo model, a
     linear probe reads the cell of an EVS-kept direction-clip token at 21% (majority class 21%). This loss asks
     every token to carry its place, as a pretrained RADIO's do (its position embedding survives the tower).
 

@@ -6,7 +6,7 @@ encodes every frame with the model's tower and projector, runs EVS at --q, and f
 index from one projector token) on the kept tokens of frames 1.. of the first 3/4 of the clips; it reports the
 accuracy on the rest, next to the majority class. It also reports how often EVS kept the cell under the
 moving shape's centre, the evidence the question needs. A tower trained with `Stage.position_weight` should read
-high; the shipped demo model's probe heads saw a tile's tokens flattened, so its tokens need not carry their place.
+high; the from-scratch demo model's probe heads saw a tile's tokens flattened, so its tokens need not carry their place.
 
 Usage: .venv/bin/python scripts/probe_token_position.py [--model vl/demo] [--clips 120] [--q 0.75]
 """

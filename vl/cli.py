@@ -5,7 +5,7 @@
     vl eval       ... | score ... | compare  batch evaluation, re-scoring, two runs compared (eval/)
     vl quantize   --format fp8|nvfp4 --model IN --out OUT
     vl bench      [--json] ...               speed and memory against transformers (vl/bench.py)
-    vl train-demo ...                        train the shipped demo model (data_recipes/train.py)
+    vl train-demo ...                        train the demo model or a fine-tune of it (data_recipes/train.py)
 """
 
 from __future__ import annotations

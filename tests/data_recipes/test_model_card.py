@@ -159,6 +159,10 @@ def test_ship_a_fine_tuned_model_keeps_its_base_and_lists_each_fine_tune(tmp_pat
     assert "| 2 | `vl train-demo --recipe evs_pruned --seed 3 --steps 2` | 2 |" in card
     assert "trained for 100.0 min in all (80.0 min from scratch, 20.0 min of fine-tunes)" in card
     assert "| full | vlm | 5 | 0.01 |" in card  # the base's stages, from its train_recipe.json
+    # shipped again (a new card): the chain's first run is listed there, so it still started from the base alone
+    assert [Path(t["run"]).name for t in lineage.record(tmp_path / "ft2")["fine_tunes"]] == ["ft1", "ft2"]
+    ship(tmp_path / "ft2", result, base, n_per_family=50)
+    assert (base / "README.md").read_text() == card
 
     # a later fine-tune from the shipped fine-tuned model carries the earlier ones on
     _fine_tune(tmp_path / "ft3", base, [0.5])
@@ -213,13 +217,14 @@ def test_second_chain_compares_losses_across_all_its_runs(tmp_path):
 
 
 def test_the_shipped_card_is_what_its_shipped_files_render():
-    """vl/demo/README.md again from vl/demo's train_recipe.json, train_summary.json and eval_results.json: equal
+    """vl/demo/README.md again from vl/demo's train_recipe.json, train_summary.json, train_lineage.json and
+    eval_results.json (its sweeps included): equal
     except the reproducibility section, whose table is not kept (only its summary numbers are)."""
     demo = ROOT / "vl" / "demo"
     results = json.loads((demo / "eval_results.json").read_text())
-    quant, _ = results.pop("quantized"), results.pop("second_run", None)
+    quant, sweeps, _ = results.pop("quantized"), results.pop("sweeps", []), results.pop("second_run", None)
     history = lineage.of_shipped(demo)
-    card = model_card(results, history, 100, quant)
+    card = model_card(results, history, 100, quant, sweeps=sweeps)
     shipped = (demo / "README.md").read_text()
     assert "\nReproduce: `scripts/train_demo.sh` (trains from scratch" in card
     cut = [(c.index("\nReproduce:"), c.index("\nFP8 ")) for c in (card, shipped)]

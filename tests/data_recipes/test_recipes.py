@@ -56,11 +56,10 @@ def test_stage_pruning_rates_are_drawn_per_step_and_validated():
             Stage("x", 1, 1e-3, video_pruning_rates=bad)
 
 
-def test_the_evs_tune_experiment_starts_from_the_shipped_model_and_trains_the_lm_alone():
-    from vl.cli import default_model
-
-    r = get_recipe("evs_tune")
-    assert r.init_from == default_model() and r.total_steps == 600 and len(r.stages) == 1
+def test_the_evs_tune_experiment_starts_from_the_from_scratch_model_and_trains_the_lm_alone():
+    r = get_recipe("evs_tune")  # not vl/demo: the shipped model is already the end of the EVS fine-tunes
+    assert r.init_from == "runs/demo/model" and r.total_steps == 600 and len(r.stages) == 1
+    assert get_recipe("evs_settle").init_from == "runs/demo/model"
     (stage,) = r.stages
     assert stage.trainable == ("language_model.",) and stage.video_pruning_rates == (0.0, 0.0, 0.5, 0.75)
     assert stage.probe_samples == 0 and stage.aux_weight == 0.0

@@ -39,9 +39,10 @@ def _page_tiles():
 REDUCERS = {
     "evs": (lambda s: EVS(q=0.9 * s), _video),
     "blank_tiles": (lambda s: BlankTileSkipper(max_ink_fraction=0.01 * s), _page_tiles),
+    "redundant_position": (lambda s: RedundantTokenPruner(rate=s, criterion="position"), _page_tokens),
     "redundant_background": (lambda s: RedundantTokenPruner(rate=s, criterion="background"), _page_tokens),
     "redundant_neighbour": (lambda s: RedundantTokenPruner(rate=s, criterion="neighbour"), _page_tokens),
-    "redundant_document": (lambda s: RedundantTokenPruner(rate=s, criterion="background"), _document_tokens),
+    "redundant_document": (lambda s: RedundantTokenPruner(rate=s), _document_tokens),
 }
 
 

@@ -1,4 +1,5 @@
-"""Redundant-token pruning: only background / duplicate tokens go, at most `rate` of them, thumbnail untouched."""
+"""Redundant-token pruning: only background / duplicate tokens go, at most `rate` of them, thumbnail untouched;
+the default criterion also finds blank tokens that carry their place in the tile."""
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ def _page(tiles: int = 5, content_fraction: float = 0.25, seed: int = 0):
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9, 1.0])
 def test_background_criterion_drops_only_background(rate):
     tokens, content, layout = _page()
-    out = prune_redundant_tokens(tokens, layout, rate, min_similarity=0.95)
+    out = prune_redundant_tokens(tokens, layout, rate, min_similarity=0.95, criterion="background")
     thumbnail = torch.zeros(layout.num_tokens, dtype=torch.bool)
     thumbnail[layout.thumbnail * 16 :] = True
     removed = ~out.keep
@@ -36,10 +37,41 @@ def test_background_criterion_drops_only_background(rate):
     assert out.info["removed_per_tile"] == (16 - out.counts).tolist()
 
 
+def _placed_page(tiles: int = 9, content_fraction: float = 0.2, seed: int = 0):
+    """As `_page`, but every token also carries its place in the tile (a strong per-place offset), as the tokens
+    of a tower with a position embedding or a position loss do: blank tokens at two places then differ."""
+    tokens, content, layout = _page(tiles, content_fraction, seed)
+    place = torch.randn(16, DIM, generator=torch.Generator().manual_seed(seed + 1)) * 3
+    return tokens + place.repeat(tiles, 1), content, layout
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9, 1.0])
+def test_position_criterion_drops_only_background_that_carries_its_place(rate):
+    tokens, content, layout = _placed_page()
+    assert prune_redundant_tokens(tokens, layout, rate, criterion="background").info["candidates"] == 0
+    out = prune_redundant_tokens(tokens, layout, rate)  # the default criterion
+    thumbnail = torch.zeros(layout.num_tokens, dtype=torch.bool)
+    thumbnail[layout.thumbnail * 16:] = True
+    removed, background = ~out.keep, ~content & ~thumbnail
+    assert out.info["criterion"] == "position" and out.info["candidates"] == int(background.sum())
+    assert not removed[content | thumbnail].any()
+    assert int(removed.sum()) == min(int(rate * 8 * 16), int(background.sum()))
+
+
+def test_position_criterion_with_too_few_tiles_scores_the_page_as_a_whole():
+    tokens, _, layout = _page(tiles=3)  # two prunable tiles and the thumbnail: no majority at a place
+    for rate in (0.5, 1.0):
+        a = prune_redundant_tokens(tokens, layout, rate, criterion="position")
+        b = prune_redundant_tokens(tokens, layout, rate, criterion="background")
+        assert torch.equal(a.keep, b.keep) and a.info["candidates"] == b.info["candidates"] > 0
+
+
 def test_dense_page_is_left_alone():
     tokens = torch.randn(5 * 16, DIM)
-    out = prune_redundant_tokens(tokens, TokenLayout.page(5, 4, 4), rate=0.9, min_similarity=0.9)
-    assert out.keep.all() and out.info["candidates"] == 0
+    for criterion in ("position", "background"):
+        out = prune_redundant_tokens(tokens, TokenLayout.page(5, 4, 4), rate=0.9, min_similarity=0.9,
+                                     criterion=criterion)
+        assert out.keep.all() and out.info["candidates"] == 0
 
 
 def test_neighbour_criterion_keeps_the_head_of_each_run():
@@ -94,6 +126,9 @@ def test_document_budget_goes_to_the_filler_pages():
     dense = torch.randn(16, DIM, generator=gen) * 3
     tokens = torch.cat([filler[:32], dense, filler[32:]])  # dense page third
     out = prune_redundant_tokens(tokens, TokenLayout.document([1] * 5, 4, 4), rate=0.8, min_similarity=0.95)
+    assert out.counts.tolist() == [0, 0, 16, 0, 0]
+    placed = tokens + (torch.randn(16, DIM, generator=gen) * 3).repeat(5, 1)  # blank tokens carry their place
+    out = prune_redundant_tokens(placed, TokenLayout.document([1] * 5, 4, 4), rate=0.8, min_similarity=0.95)
     assert out.counts.tolist() == [0, 0, 16, 0, 0]
     per_page = [prune_redundant_tokens(tokens[16 * g:16 * (g + 1)], TokenLayout.page(1, 4, 4), rate=0.8,
                                        min_similarity=0.95).num_kept for g in range(5)]
