@@ -240,7 +240,8 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
     (`partial`)."""
     from data_recipes.train import read_log
 
-    chains = [_local_runs(d) for d in (run_dir, second_dir)]
+    (chain, fine_tunes), (second_chain, _) = _local_runs(run_dir), _local_runs(second_dir)
+    chains = [chain, second_chain]
     second_dir = Path(second_dir)
     summaries = [[json.loads((r / "summary.json").read_text()) for r in c] for c in chains]
     summary = summaries[1][0] if len(chains[1]) == 1 else _chain_summary(summaries[1])
@@ -248,7 +249,7 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
     first = next((i + 1 for i, (a, b) in enumerate(zip(*losses)) if a != b), None)
     compared = {"run": str(second_dir), "summary": summary, "steps_compared": min(map(len, losses)),
                 "first_differing_step": first if first is not None else "none (identical)",
-                "fine_tunes": sum(_started_from_a_model(r) for r in chains[0])}
+                "fine_tunes": fine_tunes}
     if not summary["finished"] or len(chains[1]) < len(chains[0]):
         return compared | {"partial": True, "total_steps": sum(s["total_steps"] for s in summaries[0])}
     other = json.loads((second_dir / "eval" / "results.json").read_text())
@@ -293,15 +294,14 @@ def sweep_summary(sweep_dir) -> str:
             + "\n".join(sweep_markdown(table).splitlines()[2:]))
 
 
-def _local_runs(run_dir) -> list[Path]:
-    """The run directories whose training made `run_dir`'s model, oldest first (just `run_dir` for a run with no
-    recipe.json, or one trained from scratch)."""
+def _local_runs(run_dir) -> tuple[list[Path], int]:
+    """(the run directories whose training made `run_dir`'s model, oldest first; how many of them are fine-tunes).
+    Just `run_dir` for a run with no recipe.json, or one trained from scratch."""
     run_dir = Path(run_dir)
-    return lineage.runs(run_dir)[0] if (run_dir / "recipe.json").is_file() else [run_dir]
-
-
-def _started_from_a_model(run: Path) -> bool:
-    return (run / "recipe.json").is_file() and bool(json.loads((run / "recipe.json").read_text()).get("init_from"))
+    if not (run_dir / "recipe.json").is_file():
+        return [run_dir], 0
+    chain, shipped = lineage.runs(run_dir)
+    return chain, len(chain) - (shipped is None)  # the oldest trained from scratch unless it started from a model
 
 
 def _chain_summary(summaries: list[dict]) -> dict:

@@ -90,6 +90,14 @@ def init_weights(model, seed: int = 0, qk_std: float = 0.02) -> None:
             p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+def check_init_from(directory) -> None:
+    """A fine-tune's starting model must be a saved model directory (before anything is trained or written)."""
+    if not (Path(directory) / "config.json").is_file():
+        raise ConfigError(f"init_from {directory}: no model there (no config.json); the evs_* recipes start from the "
+                          f"from-scratch demo model (`vl train-demo --recipe demo --out runs/demo`); --init-from DIR "
+                          f"names another")
+
+
 def load_weights_from(model, directory) -> None:
     """Copies a saved model's weights (any layout `vl.load_pretrained` reads) into `model`, which must have
     the same architecture (`Recipe.init_from`)."""
@@ -388,10 +396,8 @@ def train(recipe: Recipe, out_dir, *, resume: bool = True, max_minutes: float | 
     from vl.modeling.vlm import NemotronVL
 
     torch.set_num_threads(threads)
-    if recipe.init_from and not (Path(recipe.init_from) / "config.json").is_file():
-        raise ConfigError(f"init_from {recipe.init_from}: no model there (config.json); the evs_* recipes start from "
-                          f"the from-scratch demo model (`vl train-demo --recipe demo --out runs/demo`); "
-                          f"--init-from DIR names another")
+    if recipe.init_from:
+        check_init_from(recipe.init_from)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if mixed_precision == "auto":
@@ -578,8 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.recipe not in FINE_TUNES:
             p.error(f"--init-from: recipe {args.recipe!r} trains from scratch; these start from a saved model: "
                     f"{list(FINE_TUNES)}")
-        if not (Path(args.init_from) / "config.json").is_file():
-            p.error(f"--init-from {args.init_from}: not a saved model directory (no config.json)")
+        try:
+            check_init_from(args.init_from)
+        except ConfigError as exc:
+            p.error(str(exc))
         options["init_from"] = args.init_from
     recipe = get_recipe(args.recipe, **options)
     if args.seed is not None:
