@@ -2,7 +2,7 @@
 
 `render` fills the card from the training summary (data_recipes/train.py `summary.json`), the recipe as
 trained (`recipe.json`), those of the fine-tunes after it if any (data_recipes/lineage.py) and the held-out
-results of data_recipes/demo_eval.py; nothing in it is typed by hand.
+results of scripts/demo_eval.py; nothing in it is typed by hand.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _lr(stage: dict) -> str:
 
 def _command(recipe: dict) -> str:
     """The `vl train-demo` flags that made this recipe from its named default (seed and steps; others not shown)."""
-    from data_recipes.recipes import RECIPES, get_recipe
+    from data_recipes.registry import RECIPES, get_recipe
 
     cmd = f"vl train-demo --recipe {recipe['name']}"
     if recipe["name"] not in RECIPES:
@@ -126,7 +126,7 @@ def render(*, result: dict, summary: dict, recipe: dict, n_per_family: int, tabl
            quant_table: str | None = None, repro: dict | None = None, fine_tunes: list[dict] = (),
            sweeps: list[str] = ()) -> str:
     """`summary` and `recipe` are the from-scratch run's; `fine_tunes` the runs after it ({"recipe", "summary"});
-    `sweeps` texts of `vl eval --sweep` runs on this model (data_recipes.demo_eval.sweep_summary)."""
+    `sweeps` texts of `vl eval --sweep` runs on this model (scripts/demo_eval.py: sweep_summary)."""
     model = recipe["model"]
     tuned_s = sum(t["summary"]["elapsed_s"] for t in fine_tunes)
     title = "trained from scratch" + (", then fine-tuned" if fine_tunes else "")

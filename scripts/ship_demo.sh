@@ -18,10 +18,10 @@ PY=${PY:-.venv/bin/python}
 HELDOUT=${HELDOUT:-runs/heldout}
 export OMP_WAIT_POLICY=PASSIVE  # idle OpenMP threads must not spin on a shared 2-core CPU (train.py says why)
 
-"$PY" -m data_recipes.demo_eval --model "$RUN/model" --n "$N" --out "$RUN/eval"
+"$PY" scripts/demo_eval.py --model "$RUN/model" --n "$N" --out "$RUN/eval"
 for fmt in fp8 nvfp4; do
   "$VL" quantize --format "$fmt" --model "$RUN/model" --out "$RUN/$fmt" --overwrite --no-progress
-  "$PY" -m data_recipes.demo_eval --model "$RUN/$fmt" --n "$N" --out "$RUN/eval_$fmt"
+  "$PY" scripts/demo_eval.py --model "$RUN/$fmt" --n "$N" --out "$RUN/eval_$fmt"
 done
 "$PY" - "$HELDOUT" "$RUN/model" <<'PYEOF'
 import json, sys
@@ -40,9 +40,9 @@ for clips in video64 video8; do
 done
 second=()
 if [ -n "$SECOND" ]; then
-  "$PY" -m data_recipes.demo_eval --model "$SECOND/model" --n "$N" --out "$SECOND/eval"
+  "$PY" scripts/demo_eval.py --model "$SECOND/model" --n "$N" --out "$SECOND/eval"
   second=(--second-run "$SECOND")
 fi
-"$PY" -m data_recipes.demo_eval --model "$RUN/model" --n "$N" --out "$RUN/eval" --results "$RUN/eval/results.json" \
+"$PY" scripts/demo_eval.py --model "$RUN/model" --n "$N" --out "$RUN/eval" --results "$RUN/eval/results.json" \
   --quant-results "fp8=$RUN/eval_fp8/results.json,nvfp4=$RUN/eval_nvfp4/results.json" --sweeps "$sweeps" \
   "${second[@]}" --ship "${DEST:-vl/demo}" --run "$RUN"

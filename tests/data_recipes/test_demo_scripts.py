@@ -61,7 +61,7 @@ def test_the_chain_runs_in_order_each_from_the_last_and_resumes(tmp_path):
         f"vl train-demo --recipe evs_pruned --init-from {run}/pruned/model --out {run}/pruned2 --no-progress --seed 3",
         f"vl train-demo --recipe evs_settle --init-from {run}/pruned2/model --out {run}/settle --no-progress",
     ]
-    from data_recipes.recipes import RECIPES
+    from data_recipes.registry import RECIPES
 
     assert all(c.split()[3] in RECIPES for c in calls)  # every recipe the chain names exists
     # interrupted runs: train-demo writes model/ at every checkpoint too, so only the summary tells a finished run
@@ -82,22 +82,22 @@ def test_ship_demo_evaluates_exports_sweeps_and_ships_in_order(tmp_path):
     sweep = "--task synthetic_video --data H/{c}/video_test.jsonl --out R/evs_{c} --batch-size 8 --no-progress " \
             "--resume --sweep video_pruning_rate=0,0.5,0.75,0.9"
     assert (tmp_path / "calls.txt").read_text().splitlines() == [
-        "python -m data_recipes.demo_eval --model R/model --n 7 --out R/eval",
+        "python scripts/demo_eval.py --model R/model --n 7 --out R/eval",
         "vl quantize --format fp8 --model R/model --out R/fp8 --overwrite --no-progress",
-        "python -m data_recipes.demo_eval --model R/fp8 --n 7 --out R/eval_fp8",
+        "python scripts/demo_eval.py --model R/fp8 --n 7 --out R/eval_fp8",
         "vl quantize --format nvfp4 --model R/model --out R/nvfp4 --overwrite --no-progress",
-        "python -m data_recipes.demo_eval --model R/nvfp4 --n 7 --out R/eval_nvfp4",
+        "python scripts/demo_eval.py --model R/nvfp4 --n 7 --out R/eval_nvfp4",
         "python - H R/model",
         "vl eval --model R/model " + sweep.format(c="video64"),
         "vl eval --model R/model " + sweep.format(c="video8"),
-        "python -m data_recipes.demo_eval --model S/model --n 7 --out S/eval",
-        "python -m data_recipes.demo_eval --model R/model --n 7 --out R/eval --results R/eval/results.json "
+        "python scripts/demo_eval.py --model S/model --n 7 --out S/eval",
+        "python scripts/demo_eval.py --model R/model --n 7 --out R/eval --results R/eval/results.json "
         "--quant-results fp8=R/eval_fp8/results.json,nvfp4=R/eval_nvfp4/results.json "
         "--sweeps R/evs_video64,R/evs_video8 --second-run S --ship D --run R",
     ]
     (tmp_path / "calls.txt").unlink()
     calls = ship("R")  # no second run: nothing evaluated for it, no reproducibility flag
-    assert calls[0] == "python -m data_recipes.demo_eval --model R/model --n 100 --out R/eval" and len(calls) == 9
+    assert calls[0] == "python scripts/demo_eval.py --model R/model --n 100 --out R/eval" and len(calls) == 9
     assert calls[-1].endswith("--sweeps R/evs_video64,R/evs_video8 --ship D --run R")
 
 
@@ -116,7 +116,7 @@ def test_train_demo_trains_the_base_then_the_chain_then_ships_the_last(tmp_path)
     assert calls[0] == f"vl train-demo --recipe demo --out {r} --no-progress"
     assert calls[1] == f"vl train-demo --recipe evs_where --init-from {r}/model --out {r}/evs/where --no-progress"
     assert [c.split()[3] for c in calls[1:6]] == ["evs_where", "evs_where", "evs_pruned", "evs_pruned", "evs_settle"]
-    assert calls[6] == f"python -m data_recipes.demo_eval --model {r}/evs/settle/model --n 7 --out {r}/evs/settle/eval"
+    assert calls[6] == f"python scripts/demo_eval.py --model {r}/evs/settle/model --n 7 --out {r}/evs/settle/eval"
     assert calls[-1].endswith(f"--second-run S/evs/settle --ship D --run {r}/evs/settle")
     (tmp_path / "calls.txt").unlink()
     _script(tmp_path, "train_demo.sh", r, env=env)  # all trained: nothing trains again; ships without a second run
@@ -130,7 +130,7 @@ def test_the_chain_is_the_shipped_models_fine_tunes(tmp_path):
     import json
     from dataclasses import asdict
 
-    from data_recipes.recipes import get_recipe
+    from data_recipes.registry import get_recipe
 
     run = tmp_path / "chain"
     _run(tmp_path, run)

@@ -11,7 +11,7 @@ from data_recipes.formatting import (
     IGNORE, assistant_text, choose_thinking, format_example, prompt_inputs, tokenizer_corpus, user_message,
     video_tiles,
 )
-from data_recipes.recipes import get_recipe
+from data_recipes.registry import get_recipe
 from data_recipes.synthetic import FAMILIES, generate
 from data_recipes.synthetic.export import export_sample
 from data_recipes.tokenizer import train_tokenizer

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from data_recipes import lineage
-from data_recipes.demo_eval import model_card, repro_summary
-from data_recipes.recipes import get_recipe
+from demo_eval import model_card, repro_summary
+from data_recipes.registry import get_recipe
 from vl.errors import ConfigError
 
 FAMS = ("doc_total", "video_flash")
@@ -115,7 +115,7 @@ def _recipe(name: str, init_from=None, seed=None, **kw) -> dict:
 
 def _fine_tune(run: Path, init_from, losses, seed=None, finished=True):
     """A finished (or stopped) evs_pruned run from `init_from`; a from-scratch smoke run when that is None."""
-    from data_recipes.demo_eval import MODEL_FILES
+    from demo_eval import MODEL_FILES
 
     summary = _run(run, None, losses, elapsed=600.0, total_steps=None if finished else len(losses) + 1)
     recipe = _recipe("evs_pruned", init_from, seed, total_steps=len(losses)) if init_from else _recipe("smoke")
@@ -137,7 +137,7 @@ def _shipped_base(tmp_path) -> Path:
 
 
 def test_ship_a_fine_tuned_model_keeps_its_base_and_lists_each_fine_tune(tmp_path):
-    from data_recipes.demo_eval import ship
+    from demo_eval import ship
 
     base = _shipped_base(tmp_path)
     _fine_tune(tmp_path / "ft1", base, [1.0, 0.9, 0.8])
@@ -232,7 +232,7 @@ def test_the_shipped_card_is_what_its_shipped_files_render():
 
 
 def test_sweeps_go_in_the_card_with_what_they_ran_on(tmp_path):
-    from data_recipes.demo_eval import sweep_summary
+    from demo_eval import sweep_summary
 
     d = tmp_path / "settle_v64"
     rows = [{"label": q, "score": sc, "n": 200, "n_error": 0, "vision_tokens_after": v, "vision_tokens_before": 576.0,

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from data_recipes.recipes import ModelSpec, Recipe, Source, Stage, get_recipe
+from data_recipes.recipes import ModelSpec, Recipe, Source, Stage
+from data_recipes.registry import get_recipe
 from data_recipes.synthetic import FAMILIES
 from data_recipes.tokenizer import train_tokenizer
 from vl.errors import ConfigError
@@ -67,7 +68,8 @@ def test_the_evs_tune_experiment_starts_from_the_from_scratch_model_and_trains_t
 
 
 def test_the_evs_long_experiment_splits_each_video_family_into_8_and_64_frame_clips():
-    from data_recipes.recipes import LONG_VIDEO_OPTIONS, VIDEO_OPTIONS
+    from data_recipes.experiments.evs import LONG_VIDEO_OPTIONS
+    from data_recipes.recipes import VIDEO_OPTIONS
 
     tune, r = get_recipe("evs_tune"), get_recipe("evs_long", long_share=0.25)
     assert r.stages[0].video_pruning_rates == tune.stages[0].video_pruning_rates and r.init_from == tune.init_from

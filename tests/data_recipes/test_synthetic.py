@@ -22,7 +22,8 @@ from data_recipes.synthetic import (
     write_mp4,
     write_pdf,
 )
-from data_recipes.recipes import VIDEO_OPTIONS, get_recipe
+from data_recipes.recipes import VIDEO_OPTIONS
+from data_recipes.registry import get_recipe
 from data_recipes.synthetic.common import COLOURS, balanced_class, draw_text, hairline, text_stroke
 from data_recipes.synthetic.documents import TABLE_TEXT
 from data_recipes.synthetic.export import EXAMPLES, export_split

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_recipes.recipes import get_recipe
+from data_recipes.registry import get_recipe
 from data_recipes.train import Prefetch, init_weights, main, read_log, train
 from vl.errors import ConfigError
 
@@ -292,7 +292,7 @@ def test_prefetch_hands_out_steps_in_order_with_their_own_consumed_count(enabled
 
 
 def test_the_trained_directory_loads_and_answers_through_the_engine(straight, tmp_path):
-    from data_recipes.demo_eval import evaluate_direct, evaluate_files
+    from demo_eval import evaluate_direct, evaluate_files
     from vl import load_pretrained, load_processor
 
     out, _ = straight
@@ -373,8 +373,8 @@ def test_cli_init_from_starts_a_fine_tune_from_the_given_model_and_refuses_where
 @pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="vl/demo has not been trained and shipped yet")
 def test_the_shipped_demo_model_answers_held_out_samples():
     """A handful of held-out (val-split) samples per family through the in-memory path; the full test-split
-    numbers are in vl/demo/README.md (data_recipes/demo_eval.py)."""
-    from data_recipes.demo_eval import evaluate_direct
+    numbers are in vl/demo/README.md (scripts/demo_eval.py)."""
+    from demo_eval import evaluate_direct
     from vl import load_pretrained, load_processor
 
     total = sum(p.stat().st_size for p in DEMO.iterdir() if p.is_file())

@@ -1,4 +1,4 @@
-"""scripts/evs_flops.py: forward FLOPs to the first token at each EVS rate, counted on the meta device."""
+"""scripts/research/evs_flops.py: forward FLOPs to the first token at each EVS rate, counted on the meta device."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("evs_flops", REPO / "scripts/evs_flops.py")
+spec = importlib.util.spec_from_file_location("evs_flops", REPO / "scripts/research/evs_flops.py")
 evs_flops = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(evs_flops)
 
@@ -43,7 +43,7 @@ def test_released_geometry_tower_equals_its_closed_form_and_only_the_llm_shrinks
 
 
 def test_the_script_prints_a_row_per_rate_for_a_checkpoint_config():
-    out = subprocess.run([sys.executable, str(REPO / "scripts/evs_flops.py"), "--model", str(REPO / "vl/demo"),
+    out = subprocess.run([sys.executable, str(REPO / "scripts/research/evs_flops.py"), "--model", str(REPO / "vl/demo"),
                           "--frames", "8", "--rates", "0,0.75", "--text-tokens", "100"], capture_output=True,
                          text=True, timeout=120, check=True, cwd=REPO).stdout
     assert "8 frames, 9 tokens a frame, 100 text tokens" in out

@@ -1,4 +1,4 @@
-"""scripts/probe_token_position.py (the README's EVS diagnosis) on the shipped demo model, a few short clips."""
+"""scripts/research/probe_token_position.py (the README's EVS diagnosis) on the shipped demo model, a few short clips."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(not (REPO / "vl/demo/model.safetensors").exists(), reason="needs the shipped demo model")
 def test_the_probe_counts_evs_budget_tokens_and_reports_both_figures():
-    out = subprocess.run([sys.executable, str(REPO / "scripts/probe_token_position.py"), "--clips", "8",
+    out = subprocess.run([sys.executable, str(REPO / "scripts/research/probe_token_position.py"), "--clips", "8",
                           "--frames", "8", "--threads", "1"], capture_output=True, text=True, timeout=300, check=True,
                          cwd=REPO).stdout
     # q=0.75 on 8 frames of 9 tokens keeps int(8 * 9 * 0.25) = 18 a clip; the first frame's 9 are not probed

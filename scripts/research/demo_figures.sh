@@ -4,9 +4,9 @@
 #  - 10-page held-out documents: blank-tile skipping and document-wide redundant-token pruning (0 to 0.9);
 #  - items/s on the 8-frame video and the document test sets, batch 1 against batch 8.
 # Writes under OUT (default runs/figures): each run's summary.json/.md, and sweep.md/.png per sweep.
-# Usage: scripts/demo_figures.sh [OUT=runs/figures] [N_VIDEO=40] [N_DOCS=40]   (the README's figures: runs/figures 200 200)
+# Usage: scripts/research/demo_figures.sh [OUT=runs/figures] [N_VIDEO=40] [N_DOCS=40]   (the README's figures: runs/figures 200 200)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-runs/figures}
 NV=${2:-40}
 ND=${3:-40}

@@ -7,12 +7,12 @@ memory, seconds) for a video of --frames one-tile frames: the tower and projecto
 keeps. The ratio against q=0 estimates how far EVS cuts time to first token where matmul FLOPs set the time (a
 large model's compute-bound prefill); video decoding, elementwise work and the Mamba scan's recurrence are not
 counted. It is an estimate, not a bound: on the tiny demo model on a CPU, per-token overheads rather than FLOPs
-set the time, and the measured cut of the model part (scripts/bench_evs_ttft.py) is at or above this one.
+set the time, and the measured cut of the model part (scripts/research/bench_evs_ttft.py) is at or above this one.
 
 Default geometry: the released Nano V2 VL 12B (C-RADIOv2-H at 512 px, 256 tokens a frame, Nemotron-H 12B; from
 vl.config); --model DIR reads a checkpoint's config.json instead (e.g. vl/demo).
 
-Usage: .venv/bin/python scripts/evs_flops.py [--model DIR] [--frames 64] [--rates 0,0.5,0.75,0.9] [--text-tokens 961]
+Usage: .venv/bin/python scripts/research/evs_flops.py [--model DIR] [--frames 64] [--rates 0,0.5,0.75,0.9] [--text-tokens 961]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Time to first token on long clips with and without EVS, split into media preparation and model work (issue 8).
 
-For the first --items clips of a `synthetic_video` JSONL (e.g. the 64-frame set scripts/demo_figures.sh writes),
+For the first --items clips of a `synthetic_video` JSONL (e.g. the 64-frame set scripts/research/demo_figures.sh writes),
 in-process `vl.Engine.chat` (no sandbox worker): median TTFT at each EVS rate, the processor's share (video
 decode, frame resize, prompt; timed separately on the same input) and the rest (vision tower, projector, EVS,
 prefill, first decode step). Every rate runs once before timing, and the rates are interleaved per item.
 
-Usage: .venv/bin/python scripts/bench_evs_ttft.py runs/figures/video64/video_test.jsonl [--rates 0,0.75]
+Usage: .venv/bin/python scripts/research/bench_evs_ttft.py runs/figures/video64/video_test.jsonl [--rates 0,0.75]
        [--items 6] [--model vl/demo] [--threads 1]
 """
 

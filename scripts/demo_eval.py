@@ -11,7 +11,7 @@ Two paths, one scorer (eval.tasks.synthetic_docs: `strip_reasoning`, then normal
 The test split's seeds are disjoint from the train split's (`data_recipes.synthetic.SPLIT_SEED_BASE`), so
 no test sample was ever trained on. Chance is the family's uniform-guess accuracy.
 
-    python -m data_recipes.demo_eval --model vl/demo --n 100 --out runs/demo_eval
+    python scripts/demo_eval.py --model vl/demo --n 100 --out runs/demo_eval
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ import torch
 from data_recipes import lineage
 from data_recipes.formatting import prompt_inputs
 from data_recipes.synthetic import FAMILIES, export_split, families, generate
+from eval.data import load_items
+from eval.metrics import exact_match
+from eval.sweep import sweep_markdown
+from eval.tasks import get_task
 from vl.errors import ConfigError
 from vl.processing.chat import split_reasoning
 
@@ -35,8 +39,6 @@ VIDEO_OPTIONS = {"num_frames": 8, "fps": 2.0}  # the recipe's clips (data_recipe
 
 
 def _score(prediction: str, answer: str) -> float:
-    from eval.metrics import exact_match
-
     return float(exact_match(prediction, [answer]))
 
 
@@ -118,8 +120,6 @@ def evaluate_files(model_dir, data_dir, *, n_per_family: int = 100, seed: int = 
     """
     from tqdm.auto import tqdm
 
-    from eval.data import load_items
-    from eval.tasks import get_task
     from vl.runtime.engine import Engine
 
     engine = Engine.from_pretrained(model_dir, dtype=dtype)
@@ -279,7 +279,6 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
 
 def sweep_summary(sweep_dir) -> str:
     """A `vl eval --sweep` run for the card: what it ran on and its table (eval/sweep.py `sweep_markdown`)."""
-    from eval.sweep import sweep_markdown
 
     d = Path(sweep_dir)
     if not (d / "sweep.json").is_file():
@@ -333,7 +332,7 @@ def model_card(result: dict, history: dict, n_per_family: int, quant: dict | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_recipes.demo_eval", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python scripts/demo_eval.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model)")
     p.add_argument("--n", type=int, default=100, help="test samples per family")
     p.add_argument("--out", default="runs/demo_eval", help="where the test files and results go")

@@ -8,7 +8,7 @@ accuracy on the rest, next to the majority class. It also reports how often EVS 
 moving shape's centre, the evidence the question needs. A tower trained with `Stage.position_weight` should read
 high; the from-scratch demo model's probe heads saw a tile's tokens flattened, so its tokens need not carry their place.
 
-Usage: .venv/bin/python scripts/probe_token_position.py [--model vl/demo] [--clips 120] [--q 0.75]
+Usage: .venv/bin/python scripts/research/probe_token_position.py [--model vl/demo] [--clips 120] [--q 0.75]
 """
 
 from __future__ import annotations
