@@ -27,7 +27,7 @@ def default_examples_dir() -> Path:
 
 def example_tile_size() -> int:
     """The demo recipe's tile size, which the shipped model was trained at."""
-    from data_recipes.recipes import get_recipe
+    from data_recipes.registry import get_recipe
 
     return get_recipe("demo").model.tile_size
 
