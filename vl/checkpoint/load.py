@@ -119,19 +119,22 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     kind = checkpoint_kind(raw, directory)
     files = CheckpointFiles(directory)
     target = resolve_dtype(dtype, raw)
+    notes: list[str] = []
     if kind == "nemotron_h":
         from vl.checkpoint import nemotron_h as lm_adapter
         from vl.config import lm_config_from_hf
         from vl.modeling.nemotron_h import NemotronHForCausalLM
 
-        cfg = lm_config_from_hf(raw, where=str(directory / "config.json"))
+        cfg = lm_config_from_hf(raw, where=str(directory / "config.json"), notes=notes)
         with torch.device("meta"):
             model = NemotronHForCausalLM(cfg)
         plan = lm_adapter.plan_lm(files.names())
     else:
         from vl.checkpoint import nano_vl
 
-        model, plan = nano_vl.build_and_plan(raw, files, directory)
+        model, plan = nano_vl.build_and_plan(raw, files, directory, notes=notes)
+    if notes:  # once per load: what config.json holds that cannot change the maths (docs/config_policy.md)
+        log.info("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
@@ -146,6 +149,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
         log.log(logging.WARNING if fallback else logging.INFO, qload.notice(str(directory)))
     model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()
     model.checkpoint_dir = str(directory)
+    model.config_notes = notes
     model.quantization = qload
     from vl.runtime.cpu_matmul import upcast_16bit_matmuls
 
