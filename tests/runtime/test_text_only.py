@@ -92,3 +92,22 @@ def test_vl_chat_command(text_dir, engine):
     image = subprocess.run(env_cmd[:-2] + ["--image", "/nonexistent.png", "--prompt", "hi"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120)
     assert image.returncode == 2 and "error [no_vision]" in image.stderr
+
+
+def test_vl_eval_on_text_prompts(text_dir, engine, tmp_path):
+    import json
+
+    data = tmp_path / "text.jsonl"
+    data.write_text("".join(json.dumps({"question_id": i, "question": q, "answers": [a] * 10}) + "\n"
+                            for i, (q, a) in enumerate([("What is the total?", "47"), ("Name a colour.", "red")])))
+    cmd = [sys.executable, "-m", "vl.cli", "eval", "--model", str(text_dir[0]), "--task", "textvqa_val", "--data",
+           str(data), "--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--no-progress", "--isolation",
+           "inline", "--decode-sandbox", "off"]
+    done = subprocess.run(cmd, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["tokens"]["vision_before"] == 0 for r in rows)
+    want = engine.chat([{"role": "user", "content": [{"type": "text", "text": "What is the total?\nAnswer the "
+                         "question using a single word or phrase."}]}], max_new_tokens=4, thinking=False)
+    assert rows[0]["raw"] == want.text
