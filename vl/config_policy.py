@@ -57,7 +57,8 @@ GENERATION_KEYS = frozenset({
     "max_new_tokens", "max_time", "min_new_tokens", "min_p", "num_assistant_tokens",
     "num_assistant_tokens_schedule", "output_logits", "penalty_alpha", "prefill_chunk_size",
     "prompt_lookup_num_tokens", "renormalize_logits", "sequence_bias", "speculation_type", "stop_strings",
-    "target_lookbehind", "token_healing", "top_h", "use_mtp", "watermarking_config", "generation_config",
+    "target_lookbehind", "token_healing", "top_h", "use_cache", "use_mtp", "watermarking_config",
+    "generation_config",
 })
 ATTENTION_HINTS = frozenset({
     "attn_implementation", "use_flash_attention_2", "use_flash_attn", "attn_impl", "use_sdpa",

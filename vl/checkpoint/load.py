@@ -39,8 +39,22 @@ def resolve_dir(path) -> Path:
             return Path(snapshot_download(path, local_files_only=True))
         except Exception:  # noqa: BLE001 - any failure means "not cached"
             pass
+        raise CheckpointError(fetch_instructions(path))
     raise CheckpointError(f"{path}: not a checkpoint directory (and not a hub id already in the local cache); "
                           f"hub downloads are not attempted")
+
+
+def fetch_instructions(repo_id: str) -> str:
+    """What to do when a hub id is not in the local cache: the exact commands to fetch it (docs/checkpoints.md)."""
+    local = "./" + repo_id.split("/")[1]
+    return (f"{repo_id}: not a local directory, and not in the local Hugging Face cache; nothing is downloaded "
+            f"here. On a machine with internet, fetch it with\n"
+            f"    hf download {repo_id} --local-dir {local}\n"
+            f"or in Python\n"
+            f"    from huggingface_hub import snapshot_download\n"
+            f"    snapshot_download({repo_id!r}, local_dir={local!r})\n"
+            f"then copy that folder here and pass it as the model: --model {local} (or vl.Engine.from_pretrained"
+            f"({local!r})). Supported checkpoints and the memory they need: docs/checkpoints.md")
 
 
 def read_config(directory: Path) -> dict:
