@@ -37,7 +37,7 @@ def _write(directory, cfg):
 
 
 def test_transformers_4x_composite_loads_with_the_same_maths(tiny, hf4_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="vl.checkpoint.load"):
+    with caplog.at_level(logging.DEBUG, logger="vl.checkpoint.load"):
         model = vl.load_pretrained(hf4_dir)
     ref = vl.load_pretrained(tiny)
     assert model.config.replace(template=None) == ref.config

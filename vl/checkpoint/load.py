@@ -148,7 +148,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
 
         model, plan = nano_vl.build_and_plan(raw, files, directory, notes=notes)
     if notes:  # once per load: what config.json holds that cannot change the maths (docs/config_policy.md)
-        log.info("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
+        log.debug("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
