@@ -98,6 +98,14 @@ CLASS_NAMES = {  # class -> how the note names it (docs/config_policy.md lists t
 }
 
 
+def of_generic_class(key: str) -> bool:
+    """True for a key of a class that cannot change inference in any section (bookkeeping, generation defaults,
+    attention and dtype hints, transformers' generic attributes); token ids are not included (a text config
+    honours them)."""
+    return (key.startswith("_") or key in GENERATION_KEYS or key in ATTENTION_HINTS or key in DTYPE_HINTS
+            or key in GENERIC_4X or key in GENERIC_5X)
+
+
 def _same(value, allowed) -> bool:
     # exact type for bools (True == 1 in Python) and containers compared by value
     return any(type(value) is type(a) and value == a if isinstance(a, bool) or isinstance(value, bool)

@@ -134,3 +134,32 @@ def test_hub_id_not_cached_gives_the_fetch_commands(capsys):
 
     assert main(["chat", "--model", repo, "--prompt", "hi"]) == 2
     assert f"hf download {repo}" in capsys.readouterr().err
+
+
+def test_pipeline_loads_the_4x_composite_too(tiny, hf4_dir):
+    """transformers builds its own config object from the file (5.x moves generation defaults out of it); the
+    model wrapper's same-config check compares only what could change the model."""
+    from PIL import Image
+    from transformers import pipeline
+
+    msgs = [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (64, 64), "red")},
+                                         {"type": "text", "text": "What is the total?"}]}]
+    outs = [pipeline("image-text-to-text", model=str(d), device="cpu")(
+        text=msgs, max_new_tokens=4, do_sample=False, return_full_text=False, skip_special_tokens=False)
+        for d in (hf4_dir, tiny)]
+    assert outs[0][0]["generated_text"] == outs[1][0]["generated_text"]
+
+
+def test_load_processor_reads_no_weights(tiny, tmp_path):
+    """config.json, preprocessor_config.json and the tokenizer only; the normalisation it picks is the loader's."""
+    d = tmp_path / "no_weights"
+    shutil.copytree(tiny, d, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["norm_mean"], cfg["norm_std"]
+    _write(d, cfg)
+    assert vl.load_processor(d).config.norm_mean == vl.load_pretrained(tiny).config.norm_mean  # RADIO default
+    (d / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5] * 3}))
+    assert vl.load_processor(d).config.norm_mean == (0.5, 0.5, 0.5)
+    shutil.copy(tiny / "model.safetensors", d)  # the weights' own buffers hold the default: the loader refuses
+    with pytest.raises(CheckpointError, match="input_conditioner.norm_mean"):
+        vl.load_pretrained(d)

@@ -395,9 +395,11 @@ def _check_same_config(config, raw: dict, directory: Path) -> None:
     """A config object handed in must describe this directory: overrides would not reach our loader."""
     if not isinstance(config, NemotronNanoVLV2Config):
         raise ConfigError(f"config must be a NemotronNanoVLV2Config, found {type(config).__name__}")
+    from vl.config_policy import of_generic_class
+
     for key, value in raw.items():
-        if key in _CONFIG_METADATA:
-            continue
+        if key in _CONFIG_METADATA or of_generic_class(key):  # transformers may move or drop these (5.x moves
+            continue  # generation defaults out of the config); they cannot change what the loader builds
         if json.loads(json.dumps(getattr(config, key, None))) != value:
             raise CheckpointError(f"config.{key} differs from {directory / 'config.json'}; changed settings are not "
                                   f"applied by this loader: edit config.json (or use vl.load_pretrained)")
