@@ -98,7 +98,8 @@ def main(argv=None) -> int:
         cells = [r["name"], f"{r['params'] / 1e9:.2f}" + (f" ({r['active'] / 1e9:.2f} active)"
                                                            if r["active"] != r["params"] else ""),
                  f"{r['bf16'] / GIB:.1f} GiB", f"{r['fp8'] / GIB:.1f} GiB", f"{r['nvfp4'] / GIB:.1f} GiB",
-                 f"{r['kv'] / GIB * 1024:.0f} MiB ({r['attn']} layers)", f"{r['ssm'] / 1e6:.0f} MB ({r['mamba']} layers)",
+                 f"{r['kv'] / GIB * 1024:.0f} MiB ({r['attn']} layers)",
+                 f"{r['ssm'] / 1e6:.0f} MB ({r['mamba']} layers)",
                  f"{(r['bf16'] + r['kv'] + r['ssm']) / GIB:.1f} GiB"]
         print("| " + " | ".join(cells) + " |")
     return 0

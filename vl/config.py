@@ -471,7 +471,8 @@ def vision_config_from_hf(vc: dict, where: str, notes: list | None = None) -> Vi
 
 # RADIO's default input conditioner is OpenAI CLIP's mean/std (NVlabs RADIO `input_conditioner.py`,
 # `get_default_conditioner`); docs/checkpoints.md says where the normalisation is read from.
-RADIO_DEFAULT_NORM = {"norm_mean": [0.48145466, 0.4578275, 0.40821073], "norm_std": [0.26862954, 0.26130258, 0.27577711]}
+RADIO_DEFAULT_NORM = {"norm_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "norm_std": [0.26862954, 0.26130258, 0.27577711]}
 
 
 def with_normalisation(raw: dict, preprocessor: dict | None) -> dict:
