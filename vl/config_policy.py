@@ -120,6 +120,7 @@ class KeyReader:
 
     def __init__(self, where: str, section: str, notes: list | None = None):
         self.where, self.section = where, section
+        self.label = where if section == "config.json" or f"({section})" in where else f"{where} ({section})"
         self.notes = notes if notes is not None else []
         self.accepted: dict[str, list[str]] = {}
         self.refused: list[str] = []
@@ -173,10 +174,9 @@ class KeyReader:
                             f"accepted class ({DOC}), so whether they change the maths is unknown; remove them if "
                             f"they do not")
         if problems:
-            raise ConfigError(f"{self.where}: " + ". ".join(problems))
+            raise ConfigError(f"{self.label}: " + ". ".join(problems))
         for cls, keys in self.accepted.items():
-            self.notes.append(f"{self.where} ({self.section}): accepted and ignored, {CLASS_NAMES.get(cls, cls)}: "
-                              f"{', '.join(keys)}")
+            self.notes.append(f"{self.label}: accepted and ignored, {CLASS_NAMES.get(cls, cls)}: {', '.join(keys)}")
         return self.notes
 
     def _accept(self, cls: str, key: str):
