@@ -57,12 +57,14 @@ def item_digest(task: Task, item: Item) -> str:
 
 def model_facts(model: str, dtype: str | None = None) -> dict:
     """What identifies the model without loading it: path, digests, precision, media defaults."""
-    from vl.checkpoint.load import read_config, resolve_dir, resolve_dtype
-    from vl.config import vl_config_from_hf
+    from vl.checkpoint.load import checkpoint_kind, read_config, resolve_dir, resolve_dtype
+    from vl.config import lm_config_from_hf, vl_config_from_hf
 
     directory = resolve_dir(model)
     raw = read_config(directory)
-    cfg = vl_config_from_hf(raw, where=str(directory / "config.json"))
+    where = str(directory / "config.json")
+    text_only = checkpoint_kind(raw, directory) == "nemotron_h"  # no media defaults to record
+    cfg = lm_config_from_hf(raw, where=where) if text_only else vl_config_from_hf(raw, where=where)
     weights, files = hashlib.sha256(), hashlib.sha256()
     for p in sorted(directory.iterdir()):
         if not p.is_file() or p.name.startswith("."):
@@ -79,7 +81,8 @@ def model_facts(model: str, dtype: str | None = None) -> dict:
     return {"path": str(directory.resolve()), "weights_digest": weights.hexdigest(),
             "config_digest": file_digest(directory / "config.json"), "files_digest": files.hexdigest(),
             "dtype": compute, "precision": f"{quant} (compute {compute})" if quant else compute,
-            "max_num_tiles": cfg.max_num_tiles, "video_pruning_rate": cfg.video_pruning_rate}
+            "max_num_tiles": getattr(cfg, "max_num_tiles", None),
+            "video_pruning_rate": getattr(cfg, "video_pruning_rate", None)}
 
 
 def fingerprint(task: Task, facts: dict, settings: GenerationSettings, device_type: str) -> str:

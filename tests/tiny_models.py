@@ -62,3 +62,22 @@ def make_tiny_vl_dir(path, seed=0, vocab_size=320, **vl_changes):
     randomize_(model.language_model, seed)
     save_pretrained(model, path, tokenizer=tok)
     return path
+
+
+def make_tiny_text_dir(path, seed=0, **overrides):
+    """A text-only `nemotron_h` directory as transformers saves it (config.json, generation_config.json,
+    model.safetensors) plus a tokenizer (the demo model's, with its chat template); returns (dir, hf_model)."""
+    from pathlib import Path
+
+    import transformers
+
+    demo = Path(__file__).resolve().parents[1] / "vl" / "demo"
+    tok = transformers.AutoTokenizer.from_pretrained(str(demo))
+    eos = tok.convert_tokens_to_ids("<SPECIAL_12>")
+    cfg = hf_nemotron_config(**{**LM_VARIANTS["hybrid"], "vocab_size": len(tok), "eos_token_id": eos,
+                                "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, **overrides})
+    torch.manual_seed(seed)
+    model = randomize_(transformers.NemotronHForCausalLM(cfg), seed).eval()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, model

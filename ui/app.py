@@ -26,6 +26,8 @@ from pathlib import Path
 from ui.limits import AppLimits
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
+NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "
+             "videos. Use the Chat tab, or start the app with a Nemotron Nano V2 VL checkpoint.")
 
 
 # --- progress on the console while the app starts ----------------------------------------------------------
@@ -83,11 +85,18 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
                     f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
                     f"{limits.request_timeout_s:g} s")
         controls = build_controls(limits)
+        vision = getattr(engine.processor, "has_vision", True)  # False for text-only Nemotron-H checkpoints
         with gr.Tabs():
             with gr.Tab("Document QA", id="document"):
-                build_document_tab(ctx, controls, by_tab.get("document", []))
+                if vision:
+                    build_document_tab(ctx, controls, by_tab.get("document", []))
+                else:
+                    gr.Markdown(NO_VISION)
             with gr.Tab("Video QA", id="video"):
-                build_video_tab(ctx, controls, by_tab.get("video", []))
+                if vision:
+                    build_video_tab(ctx, controls, by_tab.get("video", []))
+                else:
+                    gr.Markdown(NO_VISION)
             with gr.Tab("Chat", id="chat"):
                 build_chat_tab(ctx, controls)
     _share_model_slot(demo, MODEL)

@@ -113,11 +113,12 @@ def build_chat_tab(ctx: AppContext, controls: Controls):
     lim = ctx.limits
     with gr.Accordion("Media settings for chat", open=False):
         with gr.Row():
-            max_tiles = gr.Slider(1, lim.max_tiles, value=min(ctx.config.max_num_tiles, lim.max_tiles), step=1,
+            tiles = getattr(ctx.config, "max_num_tiles", lim.max_tiles)  # a text-only model has no tiling
+            max_tiles = gr.Slider(1, lim.max_tiles, value=min(tiles, lim.max_tiles), step=1,
                                   label="Tiles per image (max)")
             fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Video frames per second")
             max_frames = gr.Slider(1, lim.max_frames, value=min(64, lim.max_frames), step=1, label="Max frames")
-            rate = gr.Slider(0.0, 0.95, value=float(ctx.config.video_pruning_rate or 0.0), step=0.05,
+            rate = gr.Slider(0.0, 0.95, value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
                              label="EVS pruning rate")
 
     def fn(message, history, thinking, reasoning_budget, max_new_tokens, temperature, max_tiles, fps, max_frames,

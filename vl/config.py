@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from vl.config_policy import Check, KeyReader
 from vl.errors import ConfigError
 
 # Pattern characters of Nemotron-H (`hybrid_override_pattern`) and the layer-type names that
@@ -158,49 +159,50 @@ _LM_RENAMES = {  # foreign alias -> our field
     "mamba_d_state": "ssm_state_size",
 }
 
-# Keys that exist in real configs but do not change inference; each with the reason it is safe.
+# Keys of real Nemotron-H configs that do not change inference, each with the reason it is safe. The generic
+# classes (transformers' PretrainedConfig attributes, generation defaults, dtype/attention hints, token ids,
+# `_` bookkeeping) are vl/config_policy.py's; this table holds what is particular to Nemotron-H.
 LM_IGNORED = {
-    "architectures": "dispatch is on model_type",
-    "model_type": "checked by the caller",
-    "transformers_version": "metadata",
-    "torch_dtype": "storage dtype is read from the tensors", "dtype": "storage dtype is read from the tensors",
-    "_name_or_path": "metadata", "auto_map": "remote code is never executed",
+    "auto_map": "remote code is never executed", "_name_or_path": "metadata",
     "initializer_range": "initialisation only", "rescale_prenorm_residual": "initialisation only",
     "time_step_min": "initialisation only (transformers' torch path also clamps dt with it; we follow the "
                      "kernels and vLLM: no clamp)",
     "time_step_max": "initialisation only", "time_step_floor": "initialisation only",
     "mamba_dt_min": "initialisation only", "mamba_dt_max": "initialisation only",
-    "mamba_dt_init_floor": "initialisation only",
-    "expand": "d_inner is mamba_num_heads * mamba_head_dim", "mamba_expand": "d_inner is heads * head_dim",
+    "mamba_dt_init_floor": "initialisation only", "time_step_rank": "initialisation only",
+    "expand": "derived: d_inner is mamba_num_heads * mamba_head_dim",
+    "mamba_expand": "derived: d_inner is mamba_num_heads * mamba_head_dim",
     "use_cache": "runtime choice", "num_logits_to_keep": "runtime choice",
     "use_mamba_kernels": "runtime choice (kernels are picked at run time)",
     "attention_dropout": "training only", "hidden_dropout": "training only",
     "output_router_logits": "training only", "router_aux_loss_coef": "training only",
     "mamba_proj_bias": "unused by the reference; in_proj/out_proj bias follows use_bias",
-    "moe_shared_expert_overlap": "scheduling hint", "n_shared_experts": "the shared expert is one MLP of "
-                                                                        "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_overlap": "scheduling hint",
+    "n_shared_experts": "the shared expert is one MLP of moe_shared_expert_intermediate_size",
     "num_nextn_predict_layers": "multi-token-prediction heads are not used for decoding (mtp.* tensors ignored)",
-    "mtp_layers_block_type": "see num_nextn_predict_layers", "mtp_hybrid_override_pattern": "see above",
-    "num_hidden_layers": "checked against the pattern length",
+    "mtp_layers_block_type": "multi-token-prediction heads are not used for decoding (mtp.* tensors ignored)",
+    "mtp_hybrid_override_pattern": "multi-token-prediction heads are not used for decoding (mtp.* tensors ignored)",
+    "num_hidden_layers": "derived: checked against the pattern length",
     "rms_norm_eps": "duplicate of layer_norm_epsilon (used when that is absent)",
-    "sliding_window": "must be null (checked)",
-    "output_hidden_states": "transformers generic", "output_attentions": "transformers generic",
-    "return_dict": "transformers generic", "chunk_size_feed_forward": "transformers generic",
-    "is_encoder_decoder": "transformers generic", "id2label": "transformers generic",
-    "label2id": "transformers generic", "problem_type": "transformers generic",
-    "tokenizer_class": "tokenizer files are read separately",
-    "quantization_config": "read by the quantized-checkpoint loader",
-    "position_embedding_type": "must be 'nope' or absent (checked)", "rope_theta": "Nemotron-H has no RoPE",
-    "partial_rotary_factor": "Nemotron-H has no RoPE", "rope_scaling": "Nemotron-H has no RoPE",
     "norm_eps": "duplicate of layer_norm_epsilon",
+    "quantization_config": "read by the quantized-checkpoint loader",
+    "rope_theta": "unused: Nemotron-H has no RoPE", "partial_rotary_factor": "unused: Nemotron-H has no RoPE",
+    "rope_scaling": "unused: Nemotron-H has no RoPE", "rope_parameters": "unused: Nemotron-H has no RoPE",
+}
+LM_CHECKS = {
+    "sliding_window": Check((None,), "restrict attention to a sliding window (Nemotron-H attends to all tokens)"),
+    "position_embedding_type": Check(("nope", None), "add position embeddings (Nemotron-H has none)"),
 }
 
 
-def lm_config_from_hf(raw: dict, *, where: str = "config.json") -> LMConfig:
-    """Build an `LMConfig` from a transformers/hub `nemotron_h` config dict, strictly."""
+def lm_config_from_hf(raw: dict, *, where: str = "config.json", notes: list | None = None,
+                      section: str = "config.json") -> LMConfig:
+    """Build an `LMConfig` from a transformers/hub `nemotron_h` config dict under the policy of
+    vl/config_policy.py; accepted-and-ignored keys are appended to `notes`."""
     raw = dict(raw)
     fields = {f.name for f in dataclasses.fields(LMConfig)} - {"pattern"}
     out: dict = {}
+    reader = KeyReader(where, section, notes)
 
     # layer pattern: hybrid_override_pattern (str or list of chars) or layers_block_type / layer_types
     pattern = None
@@ -216,6 +218,8 @@ def lm_config_from_hf(raw: dict, *, where: str = "config.json") -> LMConfig:
                     pattern = "".join(_TYPE_TO_CHAR[t] for t in value)
                 except (KeyError, TypeError):
                     raise ConfigError(f"{where}: {key}={value!r} has layer types outside {sorted(_TYPE_TO_CHAR)}")
+        else:
+            raw.pop(key, None)
     if pattern is None:
         raise ConfigError(f"{where}: no layer pattern (expected hybrid_override_pattern or layers_block_type)")
     out["pattern"] = pattern
@@ -225,25 +229,14 @@ def lm_config_from_hf(raw: dict, *, where: str = "config.json") -> LMConfig:
     n_layers = raw.get("num_hidden_layers")
     if n_layers is not None and n_layers != len(pattern):
         raise ConfigError(f"{where}: num_hidden_layers={n_layers} but the layer pattern has {len(pattern)} layers")
-    if raw.get("sliding_window") is not None:
-        raise ConfigError(f"{where}: sliding_window={raw['sliding_window']} is not part of Nemotron-H")
-    if raw.get("position_embedding_type", "nope") not in ("nope", None):
-        raise ConfigError(f"{where}: position_embedding_type={raw['position_embedding_type']!r}; Nemotron-H has none")
 
-    unknown = []
-    for key, value in raw.items():
+    names = set(fields) | set(_LM_RENAMES)
+    for key, value in reader.sort(raw, mapped=names, specific=LM_IGNORED, checks=LM_CHECKS).items():
         target = _LM_RENAMES.get(key, key)
-        if target in fields:
-            if target in out and key != target:
-                continue  # the canonical key wins over an alias
-            out[target] = value
-        elif key not in LM_IGNORED:
-            unknown.append(key)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown Nemotron-H config keys {sorted(unknown)}. They are neither mapped nor on the "
-            f"documented ignore list (vl.config.LM_IGNORED); if they are harmless for inference, add them there."
-        )
+        if target in out and key != target:
+            continue  # the canonical key wins over an alias
+        out[target] = value
+    reader.finish("Nemotron-H")
 
     if "time_step_limit" in out:
         lo, hi = out["time_step_limit"]
@@ -393,80 +386,142 @@ _VL_TOKENS = {"img_start_token": "img_start", "img_end_token": "img_end", "img_c
               "video_context_token": "video_context", "img_context_token_id": "img_context_id",
               "image_context_token_id": "img_context_id", "image_token_id": "img_context_id",
               "video_context_token_id": "video_context_id", "video_token_id": "video_context_id"}
-VL_IGNORED = {
-    "architectures": "dispatch is on model_type", "model_type": "checked by the caller",
-    "auto_map": "remote code is never executed", "transformers_version": "metadata", "_name_or_path": "metadata",
-    "torch_dtype": "storage dtype is read from the tensors", "dtype": "storage dtype is read from the tensors",
-    "attn_implementation": "we always use SDPA", "_attn_implementation": "we always use SDPA",
-    "is_composition": "transformers generic", "use_cache": "runtime choice",
-    "image_tag_type": "must be 'internvl' (<img>...</img>; checked)",
+VL_IGNORED = {  # what is particular to NemotronH_Nano_VL_V2 (generic classes: vl/config_policy.py)
+    "auto_map": "remote code is never executed", "_name_or_path": "metadata",
+    "is_composition": "transformers bookkeeping", "use_cache": "runtime choice",
+    "image_tag_type": "checked: must be 'internvl' (<img>...</img>)",
     "patch_size": "duplicate of vision_config.patch_size (checked equal)",
     "vision_hidden_size": "duplicate of vit_hidden_size",
-    "sound_config": "audio branch of later models; must be null (checked)",
     "sound_context_token": "audio branch (absent)", "sound_context_token_id": "audio branch (absent)",
-    "output_hidden_states": "transformers generic", "output_attentions": "transformers generic",
-    "return_dict": "transformers generic", "id2label": "transformers generic", "label2id": "transformers generic",
-    "problem_type": "transformers generic", "chunk_size_feed_forward": "transformers generic",
-    "is_encoder_decoder": "transformers generic", "tie_word_embeddings": "the LM config decides",
+    "tie_word_embeddings": "the LM config decides",
     "quantization_config": "read by the quantized-checkpoint loader",
-    "eos_token_id": "generation_config.json / the LM config decide", "bos_token_id": "see eos_token_id",
-    "pad_token_id": "see eos_token_id", "image_size": "duplicate of force_image_size",
-    "video_temporal_patch_size": "must be 1 for V2 (checked)",
+    "image_size": "duplicate of force_image_size",
+    "max_sequence_length": "context hint; the LM's max_position_embeddings bounds the context",
+    "max_dynamic_patch": "duplicate of max_num_tiles",
+    "gradient_checkpointing": "training only", "mlp_checkpoint": "training only",
 }
-# vision_config: we read args.model, args.cpe_max_size and patch_size. RADIO's other fields describe its
-# training (teachers, adaptors, feature normalisers); reference §11 calls them informational.
-_VISION_MUST_BE_OFF = ("model_norm", "vitdet_window_size", "window_size")
+VL_CHECKS = {
+    "min_num_patches": Check((None,), "switch images to dynamic-resolution patching (later Nemotron VL models); "
+                                      "Nano V2 VL tiles images"),
+    "max_num_patches": Check((None,), "switch images to dynamic-resolution patching (later Nemotron VL models); "
+                                      "Nano V2 VL tiles images"),
+    "sound_config": Check((None, {}), "add the audio branch of later models"),
+    "video_temporal_patch_size": Check((1, None), "embed video frames in tubelets (V3/Omni); V2 embeds each frame"),
+    "select_layer": Check((-1, None), "take vision features from an earlier ViT block"),
+    "pad2square": Check((False, None), "pad images to a square before tiling (ours resizes each tile)"),
+    "dynamic_image_size": Check((True, None), "turn tiling off"),
+    "min_dynamic_patch": Check((1, None), "set a minimum tile count above 1"),
+}
+# vision_config (RADIO's remote `RADIOConfig`): we read args.model, args.cpe_max_size and patch_size.
+VISION_IGNORED = {
+    "auto_map": "remote code is never executed", "_name_or_path": "metadata",
+    "version": "informational (e.g. radio_v2.5-h)",
+    "max_resolution": "largest input RADIO accepts; our tiles are force_image_size",
+    "preferred_resolution": "informational; our tiles are force_image_size",
+    "adaptor_names": "RADIO teacher adaptor heads (unused by the VLM; tensors ignored)",
+    "adaptor_configs": "RADIO teacher adaptor heads (unused by the VLM; tensors ignored)",
+    "feature_normalizer_config": "RADIO feature normaliser (unused by the VLM; tensors ignored)",
+    "inter_feature_normalizer_config": "RADIO feature normaliser (unused by the VLM; tensors ignored)",
+    "use_cache": "runtime choice",
+}
+VISION_CHECKS = {
+    "vitdet_window_size": Check((None,), "window attention in the ViT (ViTDet); the released models attend globally"),
+}
+# vision_config.args is RADIO's training command line (argparse namespace): optimiser, data, logging, teachers.
+# Only the keys that build the network matter; the rest is accepted as one class, named in the notes.
+ARGS_MAPPED = ("model", "cpe_max_size")
+ARGS_CHECKS = {
+    "model_norm": Check((False, None), "add a final norm after the ViT blocks"),
+    "vitdet_window_size": Check((None,), "window attention in the ViT (ViTDet); the released models attend globally"),
+    "window_size": Check((None,), "window attention in the ViT"),
+    "model_kwargs": Check(({}, None), "pass extra options to the timm ViT constructor"),
+    "in_chans": Check((3, None), "change the number of input channels"),
+    "min_num_patches": Check((None,), "switch to dynamic-resolution patching"),
+    "max_num_patches": Check((None,), "switch to dynamic-resolution patching"),
+}
+ARGS_PREFIX_TOKENS = ("teachers", "register_multiple", "cls_token_per_teacher", "num_registers", "num_cls_tokens",
+                      "cpe_num_registers")
 
 
-def vision_config_from_hf(vc: dict, where: str) -> VisionConfig:
+def vision_config_from_hf(vc: dict, where: str, notes: list | None = None) -> VisionConfig:
     if not isinstance(vc, dict):
         raise ConfigError(f"{where}: vision_config must be an object")
     args = vc.get("args") or {}
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}: vision_config.args must be an object, found {type(args).__name__}")
+    reader = KeyReader(where, "vision_config", notes)
+    reader.sort({k: v for k, v in vc.items() if k != "args"}, mapped=("model", "patch_size"),
+                specific=VISION_IGNORED, checks=VISION_CHECKS)
+    args_reader = KeyReader(where, "vision_config.args", reader.notes)
+    training = {k: "RADIO training arguments (optimiser, data, logging; they do not build the network)"
+                for k in args if k not in ARGS_MAPPED and k not in ARGS_CHECKS}
+    training.update({k: "cls/register token count (read from the cls_token tensor's shape instead)"
+                     for k in ARGS_PREFIX_TOKENS if k in args})
+    training.update({k: "duplicate of vision_config.patch_size" for k in ("patch_size",) if k in args})
+    args_reader.sort(args, mapped=ARGS_MAPPED, specific=training, checks=ARGS_CHECKS)
     name = args.get("model") or vc.get("model")
     if not name:
         raise ConfigError(f"{where}: vision_config.args.model (a timm ViT name such as vit_huge_patch16_224) is missing")
-    for key in _VISION_MUST_BE_OFF:
-        if args.get(key):
-            raise ConfigError(f"{where}: vision_config.args.{key}={args[key]!r} is not supported by this encoder "
-                              f"(the released models leave it off)")
+    reader.finish("RADIO vision_config")
+    args_reader.finish("RADIO vision_config.args")
     patch = vc.get("patch_size", args.get("patch_size", 16))
     patch = patch[0] if isinstance(patch, list) else patch
-    return VisionConfig(model=name, patch_size=int(patch), cpe_max_size=int(args.get("cpe_max_size", 2048)))
+    return VisionConfig(model=name, patch_size=int(patch), cpe_max_size=int(args.get("cpe_max_size") or 2048))
 
 
-def vl_config_from_hf(raw: dict, *, num_prefix_tokens: int | None = None, where: str = "config.json") -> VLConfig:
-    """Build a `VLConfig` from a `NemotronH_Nano_VL_V2` config.json, strictly."""
+# RADIO's default input conditioner is OpenAI CLIP's mean/std (NVlabs RADIO `input_conditioner.py`,
+# `get_default_conditioner`); docs/checkpoints.md says where the normalisation is read from.
+RADIO_DEFAULT_NORM = {"norm_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "norm_std": [0.26862954, 0.26130258, 0.27577711]}
+
+
+def with_normalisation(raw: dict, preprocessor: dict | None) -> dict:
+    """config.json's norm_mean/norm_std, else preprocessor_config.json's (norm_* or image_*), else RADIO's default.
+    The loader and the processor both resolve it here, so they agree; the loader then checks the checkpoint's
+    own input_conditioner buffers against the result."""
     raw = dict(raw)
+    pre = preprocessor or {}
+    for key, alias in (("norm_mean", "image_mean"), ("norm_std", "image_std")):
+        if raw.get(key) is None:
+            raw[key] = pre.get(key) if pre.get(key) is not None else pre.get(alias) or RADIO_DEFAULT_NORM[key]
+    return raw
+
+
+def vl_config_from_hf(raw: dict, *, num_prefix_tokens: int | None = None, where: str = "config.json",
+                      notes: list | None = None) -> VLConfig:
+    """Build a `VLConfig` from a `NemotronH_Nano_VL_V2` config.json under the policy of vl/config_policy.py;
+    accepted-and-ignored keys of every section are appended to `notes`."""
+    raw = dict(raw)
+    notes = [] if notes is None else notes
+    lm_key = "llm_config" if raw.get("llm_config") is not None else "text_config"
     lm_raw = raw.pop("llm_config", None) or raw.pop("text_config", None)
     raw.pop("text_config", None)
     if lm_raw is None:
         raise ConfigError(f"{where}: neither llm_config nor text_config is present")
-    lm = lm_config_from_hf(lm_raw, where=f"{where} (llm_config)")
-    vision = vision_config_from_hf(raw.pop("vision_config", None), where)
+    lm = lm_config_from_hf(lm_raw, where=f"{where} ({lm_key})", notes=notes, section=lm_key)
+    vision = vision_config_from_hf(raw.pop("vision_config", None), where, notes)
     if num_prefix_tokens is not None:
         vision = dataclasses.replace(vision, num_prefix_tokens=num_prefix_tokens)
+    reader = KeyReader(where, "top level", notes)
     if raw.get("patch_size") not in (None, vision.patch_size):
-        raise ConfigError(f"{where}: patch_size={raw['patch_size']} differs from vision_config ({vision.patch_size})")
-    if raw.get("image_tag_type", "internvl") != "internvl":
-        raise ConfigError(f"{where}: image_tag_type={raw['image_tag_type']!r}; only 'internvl' is supported")
-    if raw.get("sound_config"):
-        raise ConfigError(f"{where}: sound_config is set; the audio branch is not supported")
-    if raw.get("video_temporal_patch_size", 1) not in (1, None):
-        raise ConfigError(f"{where}: video_temporal_patch_size={raw['video_temporal_patch_size']}; V2 uses 1")
-    out, tokens, unknown = {}, {}, []
-    for key, value in raw.items():
+        reader.refuse("patch_size", raw["patch_size"], "differ from vision_config.patch_size",
+                      str(vision.patch_size))
+    if raw.get("image_tag_type", "internvl") not in ("internvl", None):
+        reader.refuse("image_tag_type", raw["image_tag_type"], "change the image tags around each run",
+                      "'internvl' (<img>...</img>)")
+    taken = reader.sort(raw, mapped=set(_VL_MAPPED) | set(_VL_TOKENS), specific=VL_IGNORED, checks=VL_CHECKS)
+    reader.finish("NemotronH_Nano_VL_V2")
+    out, tokens = {}, {}
+    for key, value in taken.items():
         if key in _VL_MAPPED:
             out[key] = value
-        elif key in _VL_TOKENS:
-            if value is not None:
-                tokens[_VL_TOKENS[key]] = value
-        elif key not in VL_IGNORED:
-            unknown.append(key)
-    if unknown:
-        raise ConfigError(f"{where}: unknown NemotronH_Nano_VL_V2 config keys {sorted(unknown)}; neither mapped nor "
-                          f"on the documented ignore list (vl.config.VL_IGNORED)")
-    if out.get("force_image_size") is None:
-        out.pop("force_image_size", None)
+        elif value is not None:
+            tokens[_VL_TOKENS[key]] = value
+    if out.get("max_num_tiles") is None and raw.get("max_dynamic_patch") is not None:
+        out["max_num_tiles"] = raw["max_dynamic_patch"]
+    for key in ("force_image_size", "max_num_tiles", "use_thumbnail", "template", "norm_mean", "norm_std"):
+        if out.get(key) is None:
+            out.pop(key, None)
     for key in ("norm_mean", "norm_std"):
         if key in out:
             out[key] = tuple(_float(v, key) for v in out[key])

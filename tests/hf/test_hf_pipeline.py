@@ -392,3 +392,30 @@ def test_demo_pipeline_answers_held_out_documents(demo):
         scores.append(exact_match(split_reasoning(text, opened)[1], [sample.answer]))
     assert any(scores), f"no held-out question answered correctly: {[(s.question, s.answer) for s in samples]}"
 
+
+
+# --- generation arguments the way transformers takes them ------------------------------------------------------
+def test_generation_args_given_directly_or_in_generate_kwargs_equal_engine(pipe, engine):
+    want = engine_text(engine, chat())
+    direct = pipe(text=chat(), max_new_tokens=NEW, do_sample=False, return_full_text=False,
+                  skip_special_tokens=False)[0]["generated_text"]
+    nested = pipe(text=chat(), generate_kwargs={"do_sample": False, "max_new_tokens": NEW}, return_full_text=False,
+                  skip_special_tokens=False)[0]["generated_text"]
+    assert direct == nested == want
+    # sampling with top_k=1 keeps only the best token: it reaches generation only if it equals greedy decoding
+    top1 = answer(pipe, chat(), do_sample=True, temperature=1.3, top_k=1, top_p=0.9, repetition_penalty=1.0)
+    assert top1 == want
+    with pytest.raises(GenerationOptionError, match="both directly and in generate_kwargs"):
+        pipe(text=chat(), do_sample=False, generate_kwargs={"do_sample": False})
+    with pytest.raises(GenerationOptionError, match="num_beams"):  # a generation argument we do not implement
+        pipe(text=chat(), max_new_tokens=2, num_beams=2)
+
+
+def test_stop_sequence_reaches_generation(pipe, engine):
+    full = engine_text(engine, chat())
+    cut = next(k for k in range(2, len(full)) if full[k - 2:k].strip() and full.find(full[k - 2:k]) == k - 2)
+    stop = full[cut - 2:cut]  # two characters that first occur there
+    out = answer(pipe, chat(), stop_sequence=stop)
+    assert stop in out and full.startswith(out) and len(out) < len(full)
+    stopped = engine.chat(chat(), max_new_tokens=NEW, stop=[stop])
+    assert stopped.finish_reason == "stop_string" and out.startswith(stopped.text)

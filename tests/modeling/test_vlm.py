@@ -127,7 +127,7 @@ def test_normalisation_buffers_must_agree_with_config(saved):
     (saved / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="input_conditioner.norm_mean"):
         vl.load_pretrained(saved)
-    del cfg["norm_mean"], cfg["norm_std"]  # absent from the config: taken from the buffers
+    del cfg["norm_mean"], cfg["norm_std"]  # absent: RADIO's default, which these buffers hold
     (saved / "config.json").write_text(json.dumps(cfg))
     assert vl.load_pretrained(saved).config.norm_std == pytest.approx(tiny_vl().norm_std, abs=1e-7)
 

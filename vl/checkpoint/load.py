@@ -39,8 +39,22 @@ def resolve_dir(path) -> Path:
             return Path(snapshot_download(path, local_files_only=True))
         except Exception:  # noqa: BLE001 - any failure means "not cached"
             pass
+        raise CheckpointError(fetch_instructions(path))
     raise CheckpointError(f"{path}: not a checkpoint directory (and not a hub id already in the local cache); "
                           f"hub downloads are not attempted")
+
+
+def fetch_instructions(repo_id: str) -> str:
+    """What to do when a hub id is not in the local cache: the exact commands to fetch it (docs/checkpoints.md)."""
+    local = "./" + repo_id.split("/")[1]
+    return (f"{repo_id}: not a local directory, and not in the local Hugging Face cache; nothing is downloaded "
+            f"here. On a machine with internet, fetch it with\n"
+            f"    hf download {repo_id} --local-dir {local}\n"
+            f"or in Python\n"
+            f"    from huggingface_hub import snapshot_download\n"
+            f"    snapshot_download({repo_id!r}, local_dir={local!r})\n"
+            f"then copy that folder here and pass it as the model: --model {local} (or vl.Engine.from_pretrained"
+            f"({local!r})). Supported checkpoints and the memory they need: docs/checkpoints.md")
 
 
 def read_config(directory: Path) -> dict:
@@ -119,19 +133,22 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     kind = checkpoint_kind(raw, directory)
     files = CheckpointFiles(directory)
     target = resolve_dtype(dtype, raw)
+    notes: list[str] = []
     if kind == "nemotron_h":
         from vl.checkpoint import nemotron_h as lm_adapter
         from vl.config import lm_config_from_hf
         from vl.modeling.nemotron_h import NemotronHForCausalLM
 
-        cfg = lm_config_from_hf(raw, where=str(directory / "config.json"))
+        cfg = lm_config_from_hf(raw, where=str(directory / "config.json"), notes=notes)
         with torch.device("meta"):
             model = NemotronHForCausalLM(cfg)
         plan = lm_adapter.plan_lm(files.names())
     else:
         from vl.checkpoint import nano_vl
 
-        model, plan = nano_vl.build_and_plan(raw, files, directory)
+        model, plan = nano_vl.build_and_plan(raw, files, directory, notes=notes)
+    if notes:  # once per load: what config.json holds that cannot change the maths (docs/config_policy.md)
+        log.debug("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
@@ -146,6 +163,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
         log.log(logging.WARNING if fallback else logging.INFO, qload.notice(str(directory)))
     model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()
     model.checkpoint_dir = str(directory)
+    model.config_notes = notes
     model.quantization = qload
     from vl.runtime.cpu_matmul import upcast_16bit_matmuls
 

@@ -20,7 +20,7 @@ import torch
 from vl.checkpoint import nemotron_h as lm_adapter
 from vl.checkpoint.adapter import Plan
 from vl.checkpoint.files import CheckpointFiles, save_tensors
-from vl.config import VLConfig, vl_config_from_hf, vl_config_to_hf
+from vl.config import VLConfig, vl_config_from_hf, vl_config_to_hf, with_normalisation
 from vl.errors import CheckpointError
 
 VISION = "vision_model.radio_model.model."
@@ -60,7 +60,21 @@ def _conditioner(files: CheckpointFiles, key: str):
     return tuple(float(v) for v in files.get(name).flatten()) if name in files.infos else None
 
 
-def build_and_plan(raw: dict, files: CheckpointFiles, directory: Path):
+def read_preprocessor(directory: Path) -> dict | None:
+    """preprocessor_config.json as a dict, or None when the directory has none."""
+    pre = Path(directory) / "preprocessor_config.json"
+    if not pre.exists():
+        return None
+    try:
+        value = json.loads(pre.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{pre}: invalid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{pre}: expected a JSON object")
+    return value
+
+
+def build_and_plan(raw: dict, files: CheckpointFiles, directory: Path, notes: list | None = None):
     """Config (with K from the cls-token tensor and normalisation resolved) -> meta model + plan."""
     from vl.modeling.vlm import NemotronVL
 
@@ -68,17 +82,8 @@ def build_and_plan(raw: dict, files: CheckpointFiles, directory: Path):
         raise CheckpointError(f"{directory}: missing tensor {CLS_TOKEN!r} (it also fixes the number of cls/register "
                               f"tokens)")
     k = files.infos[CLS_TOKEN].shape[0]
-    raw = dict(raw)
-    pre = directory / "preprocessor_config.json"
-    if "norm_mean" not in raw:  # config first, then the processor file, then the checkpoint's own buffers
-        extra = json.loads(pre.read_text()) if pre.exists() else {}
-        mean = extra.get("norm_mean", extra.get("image_mean")) or _conditioner(files, "norm_mean")
-        std = extra.get("norm_std", extra.get("image_std")) or _conditioner(files, "norm_std")
-        if mean is None or std is None:
-            raise CheckpointError(f"{directory}: no norm_mean/norm_std in config.json, preprocessor_config.json or the "
-                                  f"input_conditioner buffers; the image normalisation is unknown")
-        raw["norm_mean"], raw["norm_std"] = list(mean), list(std)
-    cfg = vl_config_from_hf(raw, num_prefix_tokens=k, where=str(directory / "config.json"))
+    raw = with_normalisation(raw, read_preprocessor(directory))  # the same resolution as vl.load_processor
+    cfg = vl_config_from_hf(raw, num_prefix_tokens=k, where=str(directory / "config.json"), notes=notes)
     with torch.device("meta"):
         model = NemotronVL(cfg)
     return model, plan_vl(files.names())
@@ -91,7 +96,9 @@ def check_buffers(model, files: CheckpointFiles, plan: Plan):
         got = _conditioner(files, key)
         if got is not None and any(abs(a - b) > 1e-4 for a, b in zip(got, want)):
             raise CheckpointError(f"{files.directory}: input_conditioner.{key}={got} disagrees with the config's "
-                                  f"{key}={list(want)}; refusing to guess the image normalisation")
+                                  f"{key}={list(want)} (config.json, else preprocessor_config.json, else RADIO's "
+                                  f"default); refusing to guess the image normalisation: write the right {key} "
+                                  f"into config.json")
 
 
 def export_state_dict(model) -> dict[str, torch.Tensor]:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import sys
 import warnings
 
+from vl.errors import GenerationOptionError
+
 MODEL_TYPE = "NemotronH_Nano_VL_V2"
 MODEL_CLASS = "NemotronNanoVLV2ForImageTextToText"
 # The processor class name written by the reference checkpoints (preprocessor_config.json `processor_class`):
@@ -117,6 +119,38 @@ def _guard_pipeline(module) -> None:
     preprocess.__wrapped__ = original
     preprocess.__doc__ = original.__doc__
     cls.preprocess = preprocess
+
+    original_sanitize = cls._sanitize_parameters
+
+    def _sanitize_parameters(self, *args, **kwargs):
+        preprocess_params, forward_params, postprocess_params = original_sanitize(self, *args, **kwargs)
+        if getattr(getattr(self, "processor", None), "_vl_preprocess_plain", None) is not None:
+            route_generation_args(preprocess_params, forward_params)
+        return preprocess_params, forward_params, postprocess_params
+
+    _sanitize_parameters.__wrapped__ = original_sanitize
+    _sanitize_parameters.__doc__ = original_sanitize.__doc__
+    cls._sanitize_parameters = _sanitize_parameters
+
+
+def route_generation_args(preprocess_params: dict, forward_params: dict) -> None:
+    """Generation arguments given directly to the pipeline call (`do_sample=False`, `temperature=...`) go to
+    `generate`, as `generate_kwargs={...}` and `max_new_tokens` already do; transformers' image-text-to-text
+    pipeline would hand them to the processor. A key is a generation argument when `GenerationConfig` has it and
+    our processor does not take it; anything else stays with the processor, which refuses what it does not know."""
+    from transformers.generation import GenerationConfig
+
+    from vl.hf.processor import HF_TEMPLATE_KEYS, OUR_KEYS
+
+    generation = set(GenerationConfig().to_dict()) - set(HF_TEMPLATE_KEYS) - set(OUR_KEYS) - {"transformers_version"}
+    moved = {k: preprocess_params.pop(k) for k in list(preprocess_params) if k in generation}
+    if not moved:
+        return
+    given = dict(forward_params.get("generate_kwargs") or {})
+    twice = sorted(set(moved) & set(given))
+    if twice:
+        raise GenerationOptionError(f"{twice} given both directly and in generate_kwargs; pass each once")
+    forward_params["generate_kwargs"] = {**given, **moved}
 
 
 class _ModelStandIn:

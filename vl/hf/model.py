@@ -3,9 +3,9 @@
 Loading is `vl.Engine.from_pretrained` (our strict loader, no remote code), so the wrapper holds exactly the model
 and stop ids the engine uses. `generate` speaks transformers' interface (`max_new_tokens`, `max_length`,
 `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`, `eos_token_id`, `pad_token_id`, `streamer`,
-`generation_config`, `return_dict_in_generate`) and delegates decoding to `vl.runtime.generate.generate_steps`,
-the engine's loop: same vision encoding per media item, same prefill chunks, same sampling, hence the same
-tokens as `vl.Engine.chat`. Options it cannot honour (beam search, several return sequences, logits
+`generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`) and delegates decoding to
+`vl.runtime.generate.generate_steps`, the engine's loop: same vision encoding per media item, same prefill
+chunks, same sampling, hence the same tokens as `vl.Engine.chat`. Options it cannot honour (beam search, several return sequences, logits
 processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
@@ -32,7 +32,8 @@ DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_
 # transformers' global defaults (GenerationConfig._get_default_generation_params) for what we implement
 SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 SUPPORTED = set(SAMPLING_DEFAULTS) | {"max_new_tokens", "max_length", "eos_token_id", "pad_token_id",
-                                      "bos_token_id", "decoder_start_token_id", "return_dict_in_generate",
+                                      "stop_strings", "bos_token_id", "decoder_start_token_id",
+                                      "return_dict_in_generate",
                                       "use_cache", "num_beams", "num_return_sequences", "transformers_version",
                                       "_from_model_config", "min_length", "output_scores", "output_logits",
                                       "output_attentions", "output_hidden_states", "cache_implementation"}
@@ -192,10 +193,12 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
                                 if kwargs.get(k) is not None)
         if unknown_inputs:
             raise GenerationOptionError(f"{unknown_inputs} are not supported by this model's generate")
+        tokenizer = kwargs.pop("tokenizer", None) or getattr(self._engine, "tokenizer", None)
         for k in ("inputs_embeds", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
-                  "assistant_model", "negative_prompt_ids", "synced_gpus", "tokenizer"):
+                  "assistant_model", "negative_prompt_ids", "synced_gpus"):
             kwargs.pop(k, None)
         gc = _resolve(generation_config or self.generation_config, kwargs)
+        stop_strings = StopStrings(gc["stop_strings"], tokenizer, input_ids.shape[0])
         b = input_ids.shape[0]
         if streamer is not None and b != 1:
             raise GenerationOptionError(f"a streamer takes one sequence; found a batch of {b}")
@@ -229,11 +232,13 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
             streamer.put(input_ids.cpu())
         try:
             for ev in steps:
-                step = [pad if tok is None else tok for tok in ev.tokens]
+                step = [pad if tok is None or stop_strings.done[i] else tok for i, tok in enumerate(ev.tokens)]
                 for i, tok in enumerate(step):
                     new[i].append(tok)
                 if streamer is not None:
                     streamer.put(torch.tensor(step, dtype=torch.long))
+                if stop_strings.update(ev.tokens, ev.finished, new):
+                    break
         finally:
             steps.close()
             if streamer is not None:
@@ -293,8 +298,40 @@ def _resolve(base: GenerationConfig, kwargs: dict) -> dict:
     eos = gc.eos_token_id
     stops = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
     pad = gc.pad_token_id if gc.pad_token_id is not None else (min(stops) if stops else 0)
+    strings = gc.stop_strings
+    strings = [] if strings is None else [strings] if isinstance(strings, str) else list(strings)
+    if not all(isinstance(x, str) and x for x in strings):
+        raise GenerationOptionError(f"stop_strings must be non-empty strings, found {gc.stop_strings!r}")
     return {"params": params, "stop_ids": stops, "pad_token_id": int(pad), "max_new_tokens": gc.max_new_tokens,
-            "max_length": gc.max_length, "return_dict_in_generate": bool(gc.return_dict_in_generate)}
+            "max_length": gc.max_length, "return_dict_in_generate": bool(gc.return_dict_in_generate),
+            "stop_strings": strings}
+
+
+class StopStrings:
+    """transformers' `stop_strings` (the pipeline's `stop_sequence`): a row is done once its decoded new text
+    contains a stop string; the tokens up to and including the one that completed it are kept (as transformers'
+    `StopStringCriteria` keeps them), later positions are padding. Text is decoded as `vl.Engine.chat` decodes it
+    (`skip_special_tokens=False`)."""
+
+    def __init__(self, strings: list[str], tokenizer, rows: int):
+        if strings and tokenizer is None:
+            raise GenerationOptionError("stop_strings need a tokenizer: pass tokenizer=processor.tokenizer to generate")
+        self.strings, self.tokenizer = strings, tokenizer
+        self.done = [False] * rows
+        self._seen = [0] * rows  # length of the text already searched, per row
+
+    def update(self, tokens: list, finished: list[bool], new: list[list[int]]) -> bool:
+        """After one step: marks rows that produced a stop string; True when every row is done."""
+        if not self.strings:
+            return False
+        for i, tok in enumerate(tokens):
+            if self.done[i] or tok is None:
+                continue
+            text = self.tokenizer.decode(new[i], skip_special_tokens=False)
+            start = max(0, self._seen[i] - max(len(s) for s in self.strings) + 1)
+            self.done[i] = any(s in text[start:] for s in self.strings)
+            self._seen[i] = len(text)
+        return all(d or f for d, f in zip(self.done, finished))
 
 
 def _global_defaults() -> dict:
@@ -359,9 +396,11 @@ def _check_same_config(config, raw: dict, directory: Path) -> None:
     """A config object handed in must describe this directory: overrides would not reach our loader."""
     if not isinstance(config, NemotronNanoVLV2Config):
         raise ConfigError(f"config must be a NemotronNanoVLV2Config, found {type(config).__name__}")
+    from vl.config_policy import of_generic_class
+
     for key, value in raw.items():
-        if key in _CONFIG_METADATA:
-            continue
+        if key in _CONFIG_METADATA or of_generic_class(key):  # transformers may move or drop these (5.x moves
+            continue  # generation defaults out of the config); they cannot change what the loader builds
         if json.loads(json.dumps(getattr(config, key, None))) != value:
             raise CheckpointError(f"config.{key} differs from {directory / 'config.json'}; changed settings are not "
                                   f"applied by this loader: edit config.json (or use vl.load_pretrained)")

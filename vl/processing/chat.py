@@ -227,19 +227,25 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     """Renders through the tokenizer's own `chat_template` when it has one, else through `render_messages`.
     We resolve the reasoning mode here and hand it to any template as a toggle in the system message.
     Toggles are removed from user messages first; templates strip them anyway, so the text is unchanged.
-    A foreign template therefore cannot choose a mode other than the one we report."""
+    A foreign template therefore cannot choose a mode other than the one we report. Media messages reach the
+    template as typed content lists when it renders them (`template_takes_lists`), else as strings with the
+    placeholders in place, so string-only templates (Nemotron Nano 9B v2's) work on media prompts too."""
     if not getattr(tokenizer, "chat_template", None):
         return render_messages(messages, thinking=thinking, add_generation_prompt=add_generation_prompt,
                                pdf_pages=pdf_pages, tokens=tokens)
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
     mode = resolve_thinking(turns, thinking)
+    lists = any(t.media for t in turns) and template_takes_lists(tokenizer, tokens)
+    placeholder = {"image": tokens.img_context, "video": tokens.video_context}
     plain = [] if turns[0].role == "system" else [{"role": "system", "content": ""}]
     for turn in turns:
         parts = [{"type": k, "text": p if turn.role == "assistant" else _drop_toggles(p)} if k == "text"
                  else {"type": k} for k, p in turn.parts]
-        text_only = all(p["type"] == "text" for p in parts)
-        plain.append({"role": turn.role, "content": PART_SEPARATOR.join(p["text"] for p in parts) if text_only
-                      else parts})
+        if lists and not all(p["type"] == "text" for p in parts):
+            plain.append({"role": turn.role, "content": parts})
+        else:  # a string, media flattened to their placeholders: what a string-only template can take
+            plain.append({"role": turn.role, "content": PART_SEPARATOR.join(
+                p["text"] if p["type"] == "text" else placeholder[p["type"]] for p in parts)})
     plain[0]["content"] += "\n" + (TOGGLE_ON if mode else TOGGLE_OFF)  # system: text only, so a string
     prefill = add_generation_prompt and turns[-1].role == "assistant"
     if prefill and not plain[-1]["content"].strip():  # nothing to continue: a plain generation prompt
@@ -253,6 +259,28 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
                           f"images and {len(queues['video'])} videos; fix that template or remove it to use ours")
     return RenderedPrompt(text, tuple(queues[k].pop(0) for k in found), mode,
                           add_generation_prompt and _opens_think(text))
+
+
+_TAKES_LISTS: dict[tuple, bool] = {}
+
+
+def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS) -> bool:
+    """Whether the tokenizer's chat_template renders typed content lists (`[{"type": "image"}, {"type": "text",
+    ...}]`) into our placeholder text. Probed once per template: a string-only template (the published Nemotron
+    Nano 9B v2 one calls `.replace` on the content) raises or prints the list's repr; then media messages are
+    handed to it as strings with the placeholders already in place, which is the same text."""
+    template = tokenizer.chat_template
+    key = (template if isinstance(template, str) else repr(template), tokens.img_context)
+    if key not in _TAKES_LISTS:
+        probe = [{"role": "system", "content": ""},
+                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "vl-probe"}]}]
+        try:
+            text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+            _TAKES_LISTS[key] = (isinstance(text, str) and text.count(tokens.img_context) == 1
+                                 and "vl-probe" in text and "type" not in text)  # no repr of the parts
+        except Exception:  # noqa: BLE001 - any template failure on a list means "takes strings only"
+            _TAKES_LISTS[key] = False
+    return _TAKES_LISTS[key]
 
 
 def _drop_toggles(text: str) -> str:  # to a fixed point: one pass can form a new toggle ("/no_/thinkthink")

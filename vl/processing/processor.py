@@ -81,6 +81,8 @@ def _count_media_parts(messages) -> dict[str, int]:
 
 
 class Processor:
+    has_vision = True
+
     def __init__(self, tokenizer, config: VLConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
                  allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
                  timestamp_convention: str = "reference"):
@@ -221,30 +223,39 @@ class Processor:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def stop_token_ids(self) -> set[int]:
-        """End of turn plus the tokenizer's EOS (generation_config.json is read by the engine)."""
-        out = set()
-        for tok in (chat.END_OF_TURN, self.tokenizer.eos_token):
-            if tok:
-                i = self.tokenizer.convert_tokens_to_ids(tok)
-                if i is not None and i != self.tokenizer.unk_token_id:
-                    out.add(int(i))
-        return out
+        return tokenizer_stop_ids(self.tokenizer)
 
 
-def load_processor(path, **kwargs) -> Processor:
+def tokenizer_stop_ids(tokenizer) -> set[int]:
+    """End of turn plus the tokenizer's EOS (generation_config.json is read by the engine)."""
+    out = set()
+    for tok in (chat.END_OF_TURN, tokenizer.eos_token):
+        if tok:
+            i = tokenizer.convert_tokens_to_ids(tok)
+            if i is not None and i != tokenizer.unk_token_id:
+                out.add(int(i))
+    return out
+
+
+def load_processor(path, **kwargs):
+    """The processor for the checkpoint at `path`, from config.json, preprocessor_config.json and the tokenizer
+    files only (no weights are opened): `Processor` for Nano V2 VL, `TextProcessor` for text-only Nemotron-H.
+    Dispatch is the loader's (`checkpoint_kind`: config.json fields, never folder names)."""
     from transformers import AutoTokenizer
 
-    from vl.checkpoint.load import read_config, resolve_dir
-    from vl.config import vl_config_from_hf
+    from vl.checkpoint.load import checkpoint_kind, read_config, resolve_dir
+    from vl.checkpoint.nano_vl import read_preprocessor
+    from vl.config import lm_config_from_hf, vl_config_from_hf, with_normalisation
 
     directory = resolve_dir(path)
     raw = read_config(directory)
-    if "norm_mean" not in raw:  # same resolution order as the loader: config, preprocessor file, buffers
-        from vl.checkpoint.files import CheckpointFiles
-        from vl.checkpoint.nano_vl import build_and_plan
+    where = str(directory / "config.json")
+    if checkpoint_kind(raw, directory) == "nemotron_h":
+        from vl.processing.text_processor import TextProcessor
 
-        cfg = build_and_plan(raw, CheckpointFiles(directory), directory)[0].config
-    else:
-        cfg = vl_config_from_hf(raw, where=str(directory / "config.json"))
+        cfg = lm_config_from_hf(raw, where=where)
+        return TextProcessor(AutoTokenizer.from_pretrained(str(directory)), cfg, **kwargs)
+    # the same normalisation resolution as the loader, which also checks the weights' own buffers against it
+    cfg = vl_config_from_hf(with_normalisation(raw, read_preprocessor(directory)), where=where)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     return Processor(tokenizer, cfg, **kwargs)

@@ -99,7 +99,7 @@ class Engine:
         import vl
 
         model = vl.load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
-        if video_pruning_rate is not None:
+        if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
         processor = vl.load_processor(path, **processor_kwargs)
         return cls(model, processor, stop_ids=_generation_stop_ids(path), decode=decode)

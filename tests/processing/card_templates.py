@@ -1,0 +1,42 @@
+"""A string-only chat template in the style of the one published with NVIDIA-Nemotron-Nano-9B-v2 (written for
+these tests, not copied): `<SPECIAL_10>System` / `<SPECIAL_11>User` / `<SPECIAL_11>Assistant` turns, `/think` and
+`/no_think` read from system and user messages and removed from them, `<think></think>` opening the answer when
+reasoning is off, past answers without their reasoning. Like the published one, it calls string methods on
+`content`, so a typed content list makes it fail."""
+
+STRING_ONLY_TEMPLATE = r"""
+{%- set ns = namespace(enable_thinking=true) -%}
+{%- for message in messages -%}
+  {%- set content = message['content'] -%}
+  {%- if message['role'] == 'user' or message['role'] == 'system' -%}
+    {%- if '/think' in content.replace('</think>', '') -%}{%- set ns.enable_thinking = true -%}
+    {%- elif '/no_think' in content -%}{%- set ns.enable_thinking = false -%}
+    {%- endif -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if messages[0]['role'] != 'system' -%}
+  {{- '<SPECIAL_10>System\n' -}}
+{%- else -%}
+  {{- '<SPECIAL_10>System\n' + messages[0]['content'].replace('/think', '').replace('/no_think', '').strip() -}}
+{%- endif -%}
+{{- '\n' -}}
+{%- set messages = messages[1:] if messages[0]['role'] == 'system' else messages -%}
+{%- if messages and messages[-1]['role'] == 'assistant' -%}
+  {%- set ns.last = messages[-1]['content'].strip() -%}
+  {%- set messages = messages[:-1] -%}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- set content = message['content'] -%}
+  {%- if message['role'] == 'user' -%}
+    {{- '<SPECIAL_11>User\n' + content.replace('/think', '').replace('/no_think', '').strip() + '\n' -}}
+  {%- elif message['role'] == 'assistant' -%}
+    {%- if '</think>' in content -%}{%- set content = content.split('</think>')[1] -%}{%- endif -%}
+    {{- '<SPECIAL_11>Assistant\n' + content.strip() + '\n<SPECIAL_12>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt or ns.last is defined -%}
+  {{- '<SPECIAL_11>Assistant\n' -}}
+  {{- '<think>\n' if ns.enable_thinking else '<think></think>' -}}
+  {%- if ns.last is defined -%}{{- ns.last -}}{%- endif -%}
+{%- endif -%}
+"""
