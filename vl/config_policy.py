@@ -11,19 +11,23 @@ section (`llm_config` / `text_config`, a text-only `nemotron_h` config.json, the
 4. a key of a generic class that cannot change inference: `_`-prefixed bookkeeping, generation defaults stored in
    the config, attention-implementation hints, dtype hints, token ids (read from the tokenizer or
    generation_config.json), transformers' generic `PretrainedConfig` attributes of 4.x and 5.x;
-5. anything else is unknown and refused: we cannot tell whether it changes the maths.
+5. anything else is unknown: accepted, not read, and named in a warning, since refusing a file for a key this code
+   cannot judge would only block the user (a release may carry fields we have not seen); the warning says that
+   outputs may differ if the key does change the model.
 
 Accepted keys are collected per class in `notes` (the loaded model's `config_notes`, logged once by the loader).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from vl.errors import ConfigError
 
 DOC = "docs/config_policy.md"
+log = logging.getLogger("vl.config")
 
 # transformers 4.x `PretrainedConfig.__init__` attributes as `to_dict()` writes them (4.40-4.57), minus the
 # generation parameters (GENERATION_KEYS), token ids (TOKEN_ID_KEYS), dtype and attention hints (below), and the
@@ -116,7 +120,8 @@ class KeyReader:
     """Sorts the keys of one config section; collects what was accepted, refused and unknown.
 
     `notes` (shared by the sections of one file) receives one line per class of accepted keys when
-    `finish()` runs; `finish()` raises one `ConfigError` naming every refused or unknown key."""
+    `finish()` runs; `finish()` raises one `ConfigError` naming every refused key and warns once about unknown
+    ones."""
 
     def __init__(self, where: str, section: str, notes: list | None = None):
         self.where, self.section = where, section
@@ -169,12 +174,13 @@ class KeyReader:
         problems = []
         if self.refused:
             problems.append("unsupported values: " + "; ".join(self.refused))
-        if self.unknown:
-            problems.append(f"unknown {kind} config keys {sorted(self.unknown)}: they are neither mapped nor of an "
-                            f"accepted class ({DOC}), so whether they change the maths is unknown; remove them if "
-                            f"they do not")
         if problems:
             raise ConfigError(f"{self.label}: " + ". ".join(problems))
+        if self.unknown:
+            note = (f"{self.label}: unknown {kind} config keys {sorted(self.unknown)} accepted and not read: they are "
+                    f"neither mapped nor of an accepted class ({DOC}); if one changes the model, its outputs may differ")
+            log.warning(note)
+            self.notes.append(note)
         for cls, keys in self.accepted.items():
             self.notes.append(f"{self.label}: accepted and ignored, {CLASS_NAMES.get(cls, cls)}: {', '.join(keys)}")
         return self.notes
