@@ -83,7 +83,7 @@ def _count_media_parts(messages) -> dict[str, int]:
 class Processor:
     def __init__(self, tokenizer, config: VLConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
                  allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
-                 timestamp_convention: str = "reference"):
+                 timestamp_convention: str = "exact"):
         self.tokenizer, self.config, self.limits = tokenizer, config, limits
         self.allowed_roots = None if allowed_roots is None else [Path(r).resolve() for r in allowed_roots]
         self.isolate, self.video_backend, self.timestamp_convention = isolate, video_backend, timestamp_convention
@@ -180,6 +180,8 @@ class Processor:
                                        timestamps=list(vid.timestamps_s), fps=vid.fps))
                 if vid.partial:
                     notes.append("some video frames could not be decoded and were skipped")
+                if vid.backend_note:
+                    notes.append(f"video decoded with PyAV instead of {self.video_backend}: {vid.backend_note}")
                 runs.append(chat.video_placeholder([cfg.tokens_per_tile] * n, vid.timestamps_s, self.tokens))
         text = chat.expand_placeholders(prompt.text, runs, self.tokens)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
