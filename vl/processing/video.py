@@ -49,7 +49,7 @@ from vl.processing.images import RESAMPLE, normalize
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 
 BACKENDS = ("decord", "pyav")
-DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord seeks them correctly
+DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord checked correct on them
 _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead of decoding through a larger gap
 _DECODE_BATCH_BYTES = 256 << 20  # decord get_batch size: at most this much full-resolution RGB at once
 _DECODER_THREADS = 4  # bounded so that a worker's address space (RLIMIT_AS) does not grow with the core count
@@ -299,7 +299,8 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
 def _decord_refusal(path: str, meta: VideoMetadata) -> str:
     """Why decord must not decode this file ("" when it may)."""
     if meta.container not in DECORD_CONTAINERS:
-        return f"decord mis-seeks {meta.container} files"
+        return (f"decord is not used for {meta.container} files (it returns wrong frames from MPEG-PS and MPEG-TS; "
+                f"only {' and '.join(DECORD_CONTAINERS)} files are checked against it)")
     if meta.video_streams != 1:
         return f"the file has {meta.video_streams} video streams and decord cannot be told which one to decode"
     container, _ = video_formats.open_video(path)
@@ -308,7 +309,8 @@ def _decord_refusal(path: str, meta: VideoMetadata) -> str:
             frame = next(container.decode(_stream(container, meta)), None)
         except _av_errors():
             frame = None
-    if frame is not None and video_formats.display_transpose(video_formats.frame_display_matrix(frame)):
+    matrix = None if frame is None else video_formats.frame_display_matrix(frame)
+    if video_formats.display_transpose(matrix) is not None:
         return "the stream has a rotation/flip display matrix, which decord does not apply correctly"
     return ""
 
