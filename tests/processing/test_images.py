@@ -43,7 +43,7 @@ from vl.errors import (  # noqa: E402
     UnsupportedFormatError,
     VLError,
 )
-from vl.processing.images import BACKGROUND_RGB, load_image, preprocess_image  # noqa: E402
+from vl.processing.images import BACKGROUND_RGB, decode_image_bytes, load_image, preprocess_image  # noqa: E402
 from vl.processing.limits import MediaLimits  # noqa: E402
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -400,3 +400,44 @@ def test_only_typed_errors_for_bad_sources():
         load_image(12345)
     with pytest.raises(VLError):
         load_image("/nonexistent/file.png")
+
+
+# --- colour keys (PNG tRNS outside palette images) --------------------------------------------------------------
+
+
+def _keyed_png(array, mode, key) -> bytes:
+    im = Image.fromarray(array)  # uint8 (H, W, 3) -> RGB, uint8 (H, W) -> L, uint16 (H, W) -> I;16
+    assert im.mode == mode
+    return encode(im, "PNG", transparency=key)
+
+
+@pytest.mark.parametrize("case", ["rgb", "grey", "grey16", "bilevel"])
+def test_8_colour_key_composited_over_white(case):
+    """Pixels equal to the tRNS key are transparent (PNG §11.3.2.1) and come out white, as alpha does."""
+    if case == "rgb":
+        a = np.zeros((4, 6, 3), np.uint8)
+        a[:2], a[2:] = (10, 20, 30), (200, 0, 0)
+        data, keyed, kept = _keyed_png(a, "RGB", (10, 20, 30)), (slice(0, 2),), ((3, 0), (200, 0, 0))
+    elif case == "grey":
+        a = np.zeros((4, 6), np.uint8)
+        a[2:] = 128
+        data, keyed, kept = _keyed_png(a, "L", 0), (slice(0, 2),), ((3, 0), (128, 128, 128))
+    elif case == "grey16":
+        a = np.full((4, 6), 1000, np.uint16)
+        a[2:] = 65535
+        data, keyed, kept = _keyed_png(a, "I;16", 1000), (slice(0, 2),), ((3, 0), (255, 255, 255))
+    else:
+        a = np.zeros((4, 6), bool)
+        a[:, 3:] = True
+        data = encode(Image.fromarray(a), "PNG", transparency=0)
+        keyed, kept = (slice(None), slice(0, 3)), ((0, 4), (255, 255, 255))
+    png = Image.open(io.BytesIO(data))
+    assert "transparency" in png.info and png.mode != "P"  # the fixture really is a colour-keyed image
+    out = np.asarray(decode_image_bytes(data))
+    assert (out[keyed] == 255).all(), out[..., 0]  # white where the key matched, not the key colour / black
+    (y, x), colour = kept
+    assert tuple(out[y, x]) == colour
+    if case in ("rgb", "grey"):  # same as Pillow's own RGBA conversion composited over white
+        rgba = png.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        assert np.array_equal(out, np.asarray(Image.alpha_composite(white, rgba).convert("RGB")))

@@ -15,9 +15,10 @@ always passed in, never defaulted here). Safe opening follows reliability_matrix
 - first frame only (never `seek()`; that was the MPO/DCX bomb-check bypass);
 - EXIF orientation applied by hand (values 1..8); unreadable EXIF or other values keep the image un-rotated and
   log a warning, because `ImageOps.exif_transpose` raises a different exception type per EXIF defect;
-- modes to RGB: alpha (RGBA, LA, La, PA, P with transparency) composited over WHITE (vLLM's default
-  `rgba_background_color`); CMYK by Pillow's naive conversion (no ICC); 16-/32-bit greyscale (`I;16*`, `I`)
-  scaled to 8 bit by 1/257 (plain `convert` would clip them to white); `1` -> black/white; `F` clipped to 0..255.
+- modes to RGB: alpha (RGBA, LA, La, PA, P with transparency) and colour keys (PNG tRNS in RGB/greyscale
+  images) composited over WHITE (vLLM's default `rgba_background_color`); CMYK by Pillow's naive conversion
+  (no ICC); 16-/32-bit greyscale (`I;16*`, `I`) scaled to 8 bit by 1/257 (plain `convert` would clip them to
+  white); `1` -> black/white; `F` clipped to 0..255.
 
 Resampling: one choice, PIL bicubic on uint8 (HF-remote revision 1 of `image_processing.py` uses PIL
 `resize` bicubic; PIL's bicubic widens its kernel when downscaling, i.e. it is antialiased like vLLM's
@@ -250,8 +251,43 @@ def _apply_orientation(im: Image.Image) -> Image.Image:
     return im.transpose(_TRANSPOSE[orientation])
 
 
+_ALPHA_MODES = ("RGBA", "LA", "La", "RGBa", "PA")
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
-    """Any Pillow mode -> RGB by the policy in the module docstring."""
+    """Any Pillow mode -> RGB by the policy in the module docstring.
+
+    A colour key (PNG `tRNS` in a truecolour or greyscale image, PNG spec §11.3.2.1: pixels equal to that one
+    colour/grey level are fully transparent; Pillow keeps it in `info["transparency"]`) is composited over white
+    like an alpha channel; palette transparency goes through Pillow's own P -> RGBA conversion below.
+    """
+    if im.mode != "P" and im.mode not in _ALPHA_MODES and "transparency" in im.info:
+        mask = _colour_key_mask(im, im.info["transparency"])
+        if mask is not None:
+            plain = im.copy()
+            plain.info.pop("transparency", None)
+            rgb = np.array(_to_rgb_opaque(plain))  # (H, W, 3)
+            rgb[mask] = BACKGROUND_RGB
+            return Image.fromarray(rgb, "RGB")
+    return _to_rgb_opaque(im)
+
+
+def _colour_key_mask(im: Image.Image, key):
+    """(H, W) bool mask of the pixels equal to the colour key, or None when the key does not fit the mode."""
+    a = np.asarray(im)
+    if im.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(isinstance(v, int) for v in key):
+        mask = (a == np.asarray(key, dtype=a.dtype)).all(axis=-1)
+    elif im.mode == "1" and isinstance(key, int):
+        mask = a == bool(key)
+    elif (im.mode in ("L", "I") or im.mode.startswith("I;16")) and isinstance(key, int):
+        mask = a == key
+    else:
+        logger.warning("transparency key %.40r does not fit mode %s; image kept opaque", key, im.mode)
+        return None
+    return mask if mask.shape == (im.height, im.width) else None
+
+
+def _to_rgb_opaque(im: Image.Image) -> Image.Image:
     mode = im.mode
     if mode == "RGB":  # copy a file-backed image: closing the file would invalidate it
         return im.copy() if isinstance(im, ImageFile.ImageFile) else im
