@@ -93,6 +93,9 @@ CONTAINERS = {  # name: (muxer, codec, suffix, codec options)
     "webm_vp9": ("webm", "libvpx-vp9", ".webm", None),
     "avi_mpeg4": ("avi", "mpeg4", ".avi", None),
     "mov_mjpeg": ("mov", "mjpeg", ".mov", None),
+    "mp4_hevc": ("mp4", "libx265", ".mp4", {"x265-params": "log-level=error"}),
+    "ogg_vp8": ("ogg", "libvpx", ".ogv", None),
+    "flv": ("flv", "flv", ".flv", None),
 }
 
 
@@ -117,8 +120,31 @@ def test_2_frames_by_content_and_times_by_container_pts(containers, name, backen
     assert np.allclose(_rgb(out)[:, 0], [(8 * i) % 256 for i in out.frame_indices], atol=6)
     _assert_times_are_the_containers(out, path)
     assert not out.partial
-    if backend == "decord" and name in ("mpeg_ps", "mpegts_h264", "avi_mpeg4"):
+    if backend == "decord" and name in ("mpeg_ps", "mpegts_h264", "avi_mpeg4", "ogg_vp8", "flv"):
         assert out.backend == "pyav" and "not used for" in out.backend_note
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_2_audio_stream_first(tmp_path, backend):
+    """Stream 0 is audio: the video stream (index 1) is the one probed and decoded."""
+    path = str(tmp_path / "av.mkv")
+    with av.open(path, "w") as c:
+        audio = c.add_stream("aac", rate=16000)
+        v = c.add_stream("libx264", rate=10, options={"preset": "ultrafast"})
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        for i in range(20):
+            for packet in v.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), 8 * i, np.uint8), "rgb24")):
+                c.mux(packet)
+        for packet in v.encode():
+            c.mux(packet)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*audio.encode(frame), *audio.encode()]:
+            c.mux(packet)
+    out = load_video(path, tile_size=16, backend=backend, **HALF)
+    assert out.metadata.stream_index == 1 and out.num_frames == 20
+    assert np.allclose(_rgb(out)[:, 0], [8 * i for i in out.frame_indices], atol=4)
+    _assert_times_are_the_containers(out, path, 1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
