@@ -83,6 +83,19 @@ def test_1_frame_size_cap_applies_to_the_decoded_stream(two_streams, backend):
     assert np.allclose(_rgb(out)[:, 1], 0, atol=4)
 
 
+def test_1_a_huge_second_stream_is_never_decoded(tmp_path):
+    """A 64x64 default stream beside one above the frame-size cap (4160x4160): the small stream passes the caps
+    and is the only one decoded (decord, which could pick the other stream and abort the process, is not used);
+    with the large stream as default, the cap refuses the file."""
+    path = make_multistream_video(tmp_path / "huge2.mp4", [(64, 64, 2, 4), (4160, 4160, 1, 1)], default=0)
+    out = load_video(path, tile_size=16, backend="decord", **HALF)  # in-process, the Engine.chat default
+    assert out.metadata.stream_index == 0 and (out.metadata.width, out.metadata.height) == (64, 64)
+    assert out.backend == "pyav" and out.num_frames == 4
+    big_first = make_multistream_video(tmp_path / "huge1.mp4", [(64, 64, 2, 4), (4160, 4160, 1, 1)], default=1)
+    with pytest.raises(MediaTooLargeError, match="4160x4160"):  # above the default 4096 x 4096 cap
+        load_video(big_first, backend="decord", **HALF)
+
+
 # --- 2. containers decord mis-seeks; other containers and codecs ---------------------------------------------
 
 CONTAINERS = {  # name: (muxer, codec, suffix, codec options)

@@ -41,7 +41,6 @@ from vl.errors import (
     MediaTooLargeError,
     NoVideoStreamError,
     RemoteMediaError,
-    UnsupportedFormatError,
     VLError,
 )
 from vl.processing import video_formats
@@ -91,9 +90,6 @@ def sample_frame_indices(num_frames: int, fps: float, target_fps: float = 2.0, m
     if n == num_frames:
         return list(range(num_frames))
     return np.linspace(0, num_frames - 1, n, dtype=int).tolist()
-
-
-TIMESTAMP_CONVENTIONS = ("exact", "reference")
 
 
 def frame_timestamps(indices, fps: float, convention: str = "exact") -> list[float]:
@@ -363,7 +359,7 @@ def decode_video_file(path: str, limits: MediaLimits, tile_size: int, target_fps
     meta = probe_video(path, limits)
     try:
         index = index_video(path, meta, limits)
-    except (VLError, UnsupportedFormatError):
+    except VLError:
         raise
     except _av_errors() as e:
         raise CorruptMediaError(f"cannot read the video ({_describe(e)}); re-encode it.") from None

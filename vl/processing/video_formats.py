@@ -17,7 +17,10 @@ decord opens files itself (no hooks), so it only ever sees files that passed 1-3
 containers whose magic bytes no other FFmpeg demuxer outranks (video.py, `DECORD_CONTAINERS`).
 """
 
+import math
 import struct
+
+from PIL import Image
 
 from vl.errors import UnsupportedFormatError
 
@@ -158,12 +161,8 @@ def display_transpose(matrix: bytes | None):
     """
     if not matrix or len(matrix) < 36:
         return None
-    from PIL import Image
-
     m = struct.unpack("<9i", matrix[:36])
-    import math
-
-    a, b, c, d = (m[0] / 65536, m[1] / 65536, m[3] / 65536, m[4] / 65536)
+    a, b, c, d = m[0] / 65536, m[1] / 65536, m[3] / 65536, m[4] / 65536
     sx, sy = math.hypot(a, c), math.hypot(b, d)
     if sx == 0 or sy == 0:
         return None
