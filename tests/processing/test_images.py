@@ -441,3 +441,23 @@ def test_8_colour_key_composited_over_white(case):
         rgba = png.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         assert np.array_equal(out, np.asarray(Image.alpha_composite(white, rgba).convert("RGB")))
+
+
+def _png_from_rows(width, height, depth, colour_type, rows: bytes, trns: bytes) -> bytes:
+    """A hand-written PNG (filter 0 on every row), for bit depths Pillow cannot write."""
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"tRNS", trns)
+            + png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
+
+
+def test_8_colour_key_at_the_file_bit_depth():
+    """The key is stored at the file's bit depth: 4-bit grey key 1 is the pixel Pillow scales to 17; a 16-bit
+    RGB key (never above 255 after Pillow keeps the high byte) is matched on its high byte, and no longer
+    overflows."""
+    grey4 = _png_from_rows(4, 1, 4, 0, b"\x00" + bytes([0x01, 0x23]), struct.pack(">H", 1))  # pixels 0 1 2 3
+    out = np.asarray(decode_image_bytes(grey4))[0]
+    assert out[:, 0].tolist() == [0, 255, 34, 51]  # only the pixel equal to the key turns white
+    px = np.array([[(1000, 2000, 3000), (60000, 2000, 3000)]], ">u2")
+    rgb16 = _png_from_rows(2, 1, 16, 2, b"\x00" + px.tobytes(), struct.pack(">HHH", 1000, 2000, 3000))
+    out = np.asarray(decode_image_bytes(rgb16))[0]
+    assert out[0].tolist() == [255, 255, 255] and out[1].tolist() == [60000 >> 8, 2000 >> 8, 3000 >> 8]

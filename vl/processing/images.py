@@ -185,6 +185,8 @@ def decode_image_bytes(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Ima
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as im:
             check_size(*im.size, limits)  # header only: nothing is decoded yet
+            if fmt == "PNG" and "transparency" in im.info and im.mode != "P":
+                im.info["transparency"] = _png_key_in_decoded_scale(data, im.info["transparency"])
             im.load()  # frame 0
             rgb = to_rgb(_apply_orientation(im))
     except VLError:
@@ -272,14 +274,32 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return _to_rgb_opaque(im)
 
 
+def _png_key_in_decoded_scale(data: bytes, key):
+    """A PNG tRNS key is stored at the file's bit depth (PNG spec §11.3.2.1); Pillow scales the pixels of 2- and
+    4-bit greyscale up to 0..255 and keeps only the high byte of 16-bit RGB, but leaves the key as stored.
+    Bring the key to the decoded pixels' scale (for 16-bit RGB this compares high bytes: as close as 8-bit
+    pixels allow). IHDR is the first chunk: bit depth at byte 24, colour type at byte 25."""
+    depth, colour_type = data[24], data[25]
+    if colour_type == 0 and depth in (2, 4) and isinstance(key, int):
+        return key * (255 // (2**depth - 1))
+    if colour_type == 2 and depth == 16 and isinstance(key, tuple):
+        return tuple(v >> 8 if isinstance(v, int) else v for v in key)
+    return key
+
+
 def _colour_key_mask(im: Image.Image, key):
     """(H, W) bool mask of the pixels equal to the colour key, or None when the key does not fit the mode."""
     a = np.asarray(im)
-    if im.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(isinstance(v, int) for v in key):
+    limit = 255 if im.mode in ("1", "L", "RGB") else 65535 if im.mode.startswith("I;16") else 2**31 - 1
+
+    def fits(v) -> bool:
+        return isinstance(v, int) and 0 <= v <= limit
+
+    if im.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(fits(v) for v in key):
         mask = (a == np.asarray(key, dtype=a.dtype)).all(axis=-1)
-    elif im.mode == "1" and isinstance(key, int):
+    elif im.mode == "1" and fits(key):
         mask = a == bool(key)
-    elif (im.mode in ("L", "I") or im.mode.startswith("I;16")) and isinstance(key, int):
+    elif (im.mode in ("L", "I") or im.mode.startswith("I;16")) and fits(key):
         mask = a == key
     else:
         logger.warning("transparency key %.40r does not fit mode %s; image kept opaque", key, im.mode)
