@@ -93,8 +93,8 @@ ROWS = [
         _t(T_IMG, "test_i12_fuzz_only_typed_errors_escape", "test_i12_fuzz_cases_do_not_kill_the_isolated_worker")
         + _t(R + "test_image_fuzz.py", "test_i12_2000_mutated_images_only_typed_errors_escape",
              "test_i12_fuzz_reached_the_decoders")),
-    Row("I13", "PNG tRNS colour key in RGB, grey, 16-bit grey and 1-bit images", "composited over white like alpha",
-        _t(T_IMG, "test_8_colour_key_composited_over_white"), REAL),
+    Row("I13", "PNG tRNS colour key in RGB, grey (1/4/8/16-bit) and 16-bit RGB images", "composited over white like alpha",
+        _t(T_IMG, "test_8_colour_key_composited_over_white", "test_8_colour_key_at_the_file_bit_depth"), REAL),
     # --- 6.2 video ---------------------------------------------------------------------------------------
     Row("V1", "zero-length file; 100 random bytes as .mp4", "clear error at open", _t(T_VID, "test_v1_empty_and_random_bytes")),
     Row("V2", "MP4 cut mid-file (moov missing / mdat truncated)", "clear error or flagged partial decode; never a hang",
@@ -118,11 +118,12 @@ ROWS = [
     Row("V9", "several video streams (the best one not first; a small first and a large second; audio first)",
         "probe, caps and decode on the one best stream; frames by content, times = container pts",
         _t(T_VRF, "test_1_multistream_probe_cap_and_decode_use_the_best_stream",
-           "test_1_frame_size_cap_applies_to_the_decoded_stream", "test_2_audio_stream_first"), REAL),
-    Row("V10", "MPEG-PS/TS (decord returns wrong frames), MKV, WebM, AVI, MOV, Ogg, FLV, HEVC, B-frames, late start",
-        "every backend: frames by content, times = container pts", _t(T_VRF,
-        "test_2_frames_by_content_and_times_by_container_pts", "test_2_nonzero_start_time", "test_9_sniffing_ignores_the_file_name"),
-        REAL),
+           "test_1_frame_size_cap_applies_to_the_decoded_stream", "test_1_a_huge_second_stream_is_never_decoded",
+           "test_2_audio_stream_first"), REAL),
+    Row("V10", "MPEG-PS/TS (decord returns wrong frames; seeks land wrong), MKV, WebM, AVI, MOV, Ogg, FLV, HEVC, "
+        "B-frames, late start", "every backend, dense and sparse sampling: frames by content, times = container pts",
+        _t(T_VRF, "test_2_frames_by_content_and_times_by_container_pts", "test_2_sparse_sampling_across_long_gaps",
+           "test_2_nonzero_start_time", "test_9_sniffing_ignores_the_file_name"), REAL),
     Row("V11", "first keyframe flagged discard (MP4 edit list)", "only displayed frames counted and timed; not partial",
         _t(T_VRF, "test_3_discarded_packets_are_not_frames"), REAL),
     Row("V12", "display matrix: rotations and flips", "applied whatever the backend; golden tile",

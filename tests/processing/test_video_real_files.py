@@ -137,6 +137,29 @@ def test_2_frames_by_content_and_times_by_container_pts(containers, name, backen
         assert out.backend == "pyav" and "not used for" in out.backend_note
 
 
+LONG = {"mpeg": "mpeg2video", "mpegts": "libx264", "matroska": "libx264", "avi": "mpeg4", "ogg": "libvpx",
+        "flv": "flv"}
+
+
+@pytest.fixture(scope="module")
+def long_clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("long")
+    return {muxer: make_video(d / f"long.{muxer}", frames=900, fps=30, size=(64, 48), codec=codec,
+                              container_format=muxer) for muxer, codec in LONG.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("muxer", list(LONG))
+def test_2_sparse_sampling_across_long_gaps(long_clips, muxer, backend):
+    """8 frames of 900 (gaps of ~128 frames, where PyAV seeks): MPEG-PS/TS seeks are byte estimates that
+    landed past the target or on a non-keyframe (lost frames, MPEG-2 frames without their references)."""
+    path = long_clips[muxer]
+    out = load_video(path, tile_size=16, max_frames=8, backend=backend, **HALF)
+    assert out.frame_indices == [0, 128, 256, 385, 513, 642, 770, 899] and not out.partial
+    assert np.allclose(_rgb(out)[:, 0], [(8 * i) % 256 for i in out.frame_indices], atol=6)
+    _assert_times_are_the_containers(out, path)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_2_audio_stream_first(tmp_path, backend):
     """Stream 0 is audio: the video stream (index 1) is the one probed and decoded."""

@@ -50,6 +50,11 @@ from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 BACKENDS = ("decord", "pyav")
 DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord checked correct on them
 _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead of decoding through a larger gap
+# containers whose seeks land on the keyframe before the target (an index: MP4 sample tables, Matroska cues, AVI
+# idx1; FLV and Ogg checked too). MPEG-PS/TS seeks are byte estimates: they land after the target (frames lost)
+# or on a non-keyframe (MPEG-2 frames decoded without their references), so those files are decoded straight
+# through (tests/processing/test_video_real_files.py, sparse sampling)
+_SEEKABLE_CONTAINERS = ("mp4", "matroska", "avi", "flv", "ogg")
 _DECODE_BATCH_BYTES = 256 << 20  # decord get_batch size: at most this much full-resolution RGB at once
 _DECODER_THREADS = 4  # bounded so that a worker's address space (RLIMIT_AS) does not grow with the core count
 
@@ -234,8 +239,9 @@ def _decode_pyav(path, meta, limits, tile_size, index, indices):
         stream = _stream(container, meta)
         stream.thread_type = "AUTO"
         stream.thread_count = _DECODER_THREADS
+        gap = _SEEK_GAP_FRAMES if meta.container in _SEEKABLE_CONTAINERS else len(index.pts)  # no seeks
         got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, limits,
-                                      index.partial)
+                                      index.partial, gap)
     kept = [i for i, p in zip(indices, wanted) if p in got]
     return kept, [got[index.pts[i]] for i in kept], partial
 
@@ -251,8 +257,8 @@ def _frame_tile(frame, tile_size: int, limits: MediaLimits) -> np.ndarray:
     return _to_tile(image, tile_size)
 
 
-def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial):
-    """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than _SEEK_GAP_FRAMES.
+def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial, seek_gap=_SEEK_GAP_FRAMES):
+    """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than `seek_gap` frames.
 
     A seek happens at most once per target and only between frames the index knows, so odd pts (edit lists,
     decoder-invented timestamps) fall back to plain sequential decoding instead of looping.
@@ -262,7 +268,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
 
     def far(k):
         here = -1 if last is None else position.get(last, position[wanted[k]])
-        return position[wanted[k]] - here > _SEEK_GAP_FRAMES and seeked_for != k
+        return position[wanted[k]] - here > seek_gap and seeked_for != k
 
     try:
         while k < len(wanted):
