@@ -42,6 +42,8 @@ class Row:
 
 T_IMG, T_VID, T_PDF, T_SBX = ("tests/processing/test_images.py", "tests/processing/test_video.py",
                               "tests/processing/test_documents.py", "tests/processing/test_sandbox.py")
+T_VRF, T_PRF = "tests/processing/test_video_real_files.py", "tests/processing/test_documents_real_files.py"
+REAL = "found by running real-file corpora (image suites, a video-decoder suite, a malformed-PDF suite)"
 T_LM, T_VLM, T_QL = ("tests/checkpoint/test_lm_loading.py", "tests/modeling/test_vlm.py",
                      "tests/quant/test_checkpoint_loading.py")
 T_NH, T_ENG = "tests/modeling/test_nemotron_h.py", "tests/runtime/test_engine.py"
@@ -91,6 +93,8 @@ ROWS = [
         _t(T_IMG, "test_i12_fuzz_only_typed_errors_escape", "test_i12_fuzz_cases_do_not_kill_the_isolated_worker")
         + _t(R + "test_image_fuzz.py", "test_i12_2000_mutated_images_only_typed_errors_escape",
              "test_i12_fuzz_reached_the_decoders")),
+    Row("I13", "PNG tRNS colour key in RGB, grey (1/4/8/16-bit) and 16-bit RGB images", "composited over white like alpha",
+        _t(T_IMG, "test_8_colour_key_composited_over_white", "test_8_colour_key_at_the_file_bit_depth"), REAL),
     # --- 6.2 video ---------------------------------------------------------------------------------------
     Row("V1", "zero-length file; 100 random bytes as .mp4", "clear error at open", _t(T_VID, "test_v1_empty_and_random_bytes")),
     Row("V2", "MP4 cut mid-file (moov missing / mdat truncated)", "clear error or flagged partial decode; never a hang",
@@ -111,6 +115,26 @@ ROWS = [
     Row("V8", "decoder worker SIGKILLed mid-decode", "clear 'decoder crashed'; next request OK; worker respawned",
         _t(T_VID, "test_v8_worker_killed_mid_decode_then_next_request_ok")
         + _t(T_SBX, "test_v8_worker_killed_mid_decode", "test_crash_becomes_typed_error_and_worker_respawns")),
+    Row("V9", "several video streams (the best one not first; a small first and a large second; audio first)",
+        "probe, caps and decode on the one best stream; frames by content, times = container pts",
+        _t(T_VRF, "test_1_multistream_probe_cap_and_decode_use_the_best_stream",
+           "test_1_frame_size_cap_applies_to_the_decoded_stream", "test_1_a_huge_second_stream_is_never_decoded",
+           "test_2_audio_stream_first"), REAL),
+    Row("V10", "MPEG-PS/TS (decord returns wrong frames; seeks land wrong), MKV, WebM, AVI, MOV, Ogg, FLV, HEVC, "
+        "B-frames, late start", "every backend, dense and sparse sampling: frames by content, times = container pts",
+        _t(T_VRF, "test_2_frames_by_content_and_times_by_container_pts", "test_2_sparse_sampling_across_long_gaps",
+           "test_2_nonzero_start_time", "test_9_sniffing_ignores_the_file_name"), REAL),
+    Row("V11", "first keyframe flagged discard (MP4 edit list)", "only displayed frames counted and timed; not partial",
+        _t(T_VRF, "test_3_discarded_packets_are_not_frames"), REAL),
+    Row("V12", "display matrix: rotations and flips", "applied whatever the backend; golden tile",
+        _t(T_VRF, "test_4_rotation_applied_whatever_the_backend"), REAL),
+    Row("V13", "prompt timestamps at 60 fps; VFR", "presentation time of the frame shown (default)",
+        _t(T_VRF, "test_5_default_timestamps_are_the_presentation_times") + _t(T_VID, "test_v6_variable_frame_rate"),
+        REAL),
+    Row("V14", "image files, still-image codecs, HLS playlist / concat list naming a file outside the root, as video",
+        "'unsupported format' before any decoder; no nested open", _t(T_VRF,
+        "test_9_image_files_are_refused_on_the_video_path", "test_9_still_image_codecs_in_a_video_container_are_refused",
+        "test_9_playlists_and_lists_are_never_followed", "test_9_every_nested_open_goes_through_the_guard"), REAL),
     # --- 6.3 PDF -----------------------------------------------------------------------------------------
     Row("P1", "encrypted PDF, no / wrong password", "clear 'encrypted PDF' error", _t(T_PDF, "test_p1_encrypted_pdf")),
     Row("P2", "10,000-page PDF", "page cap before anything is rendered", _t(T_PDF, "test_p2_page_cap_before_rendering")
@@ -122,6 +146,13 @@ ROWS = [
         _t(T_PDF, "test_p5_two_threads_one_lock")),
     Row("P6", "PDF sent to the image path", "rejected by sniffing; Pillow's PDF parser never invoked",
         _t(T_PDF, "test_p6_pdf_to_image_endpoint_and_image_to_pdf_endpoint")),
+    Row("P7", "failing PDFs (encrypted, no pages, garbage, truncated) in many orders and fresh processes",
+        "same code and message every time; never 'PDFium: Success'",
+        _t(T_PRF, "test_6_pdf_error_codes_depend_on_the_file_alone"), REAL),
+    Row("P8", "page bomb: 200 blank 2048-pt pages in a 38 KB file", "'too large' before rendering; peak RSS flat; "
+        "pages rendered and tiled one at a time", _t(T_PRF, "test_7_page_bomb_refused_before_rendering",
+        "test_7_page_bomb_peak_memory", "test_7_pages_are_rendered_and_tiled_one_at_a_time",
+        "test_7_processor_page_tiles_equal_tiling_the_rendered_page"), REAL),
     # --- 6.4 checkpoints ---------------------------------------------------------------------------------
     Row("C1", ".bin pickle whose __reduce__ writes a marker", "refused; marker never created",
         _t(T_LM, "test_pickle_only_checkpoint_is_refused_never_unpickled", "test_pickle_beside_safetensors_is_never_opened")),

@@ -183,18 +183,31 @@ def make_video(
     options: dict | None = None,
     pts_list=None,
     time_base=None,
+    container_format: str | None = None,
+    rotation: int | None = None,
+    hflip: bool = False,
+    codec_options: dict | None = None,
+    marker: bool = False,
 ) -> str:
     """Encode `frames` frames whose grey level encodes the frame index (value 8*i mod 256).
 
-    `pts_list` (with `time_base`) writes explicit presentation times, e.g. for a variable-frame-rate file.
+    `pts_list` (with `time_base`) writes explicit presentation times, e.g. for a variable-frame-rate file, or
+    negative ones, which an MP4 muxer turns into an edit list whose demuxer flags those packets discard.
+    `container_format` forces the muxer ("mpeg" for MPEG-PS, "mpegts", "matroska", ...); `rotation`/`hflip`
+    write a display matrix (PyAV's counter-clockwise degrees); `marker` paints a red 8x8 block at the stored
+    top-left corner (to see where a rotation moved it).
     """
     import av
 
     w, h = size
     rng = np.random.default_rng(0)
-    with av.open(str(path), "w", options=options or {}) as container:
-        stream = container.add_stream(codec, rate=fps, options={"preset": "ultrafast"} if codec == "libx264" else {})
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+    with av.open(str(path), "w", format=container_format, options=options or {}) as container:
+        default_options = {"preset": "ultrafast"} if codec == "libx264" else {}
+        stream = container.add_stream(codec, rate=fps, options=codec_options or default_options)
+        stream.width, stream.height = w, h
+        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+        if rotation is not None or hflip:
+            stream.set_display_rotation(rotation or 0, hflip=hflip)
         if time_base is not None:
             stream.codec_context.time_base = time_base
             stream.time_base = time_base
@@ -202,6 +215,8 @@ def make_video(
             a = np.full((h, w, 3), (8 * i) % 256, np.uint8)
             if noise:
                 a[: h // 2] = rng.integers(0, 256, (h // 2, w, 3), dtype=np.uint8)
+            if marker:
+                a[:8, :8] = (255, 0, 0)
             frame = av.VideoFrame.from_ndarray(a, format="rgb24")
             if pts_list is not None:
                 frame.pts = pts_list[i]
@@ -228,3 +243,49 @@ def make_audio_only(path, seconds: float = 1.0) -> str:
         for packet in stream.encode():
             container.mux(packet)
     return str(path)
+
+
+def make_multistream_video(path, streams, default: int = 0) -> str:
+    """One MP4 with several video streams. `streams`: (width, height, fps, frames) each. Frame i of stream k has
+    red = 8*i mod 256, green = 60*k, blue = 7, so a tile tells both the stream and the frame. Stream `default`
+    carries the default disposition (which libavformat's best-stream choice prefers)."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        out = []
+        for k, (w, h, fps, n) in enumerate(streams):
+            stream = container.add_stream("libx264", rate=fps, options={"preset": "ultrafast"})
+            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+            stream.disposition = av.stream.Disposition.default if k == default else av.stream.Disposition(0)
+            out.append((stream, n))
+        for k, (stream, n) in enumerate(out):
+            for i in range(n):
+                a = np.empty((stream.height, stream.width, 3), np.uint8)
+                a[...] = ((8 * i) % 256, 60 * k, 7)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+    return str(path)
+
+
+def container_pts(path, stream_index: int | None = None) -> list[float]:
+    """Presentation times (s) of the displayed frames of a stream, as the container states them: packets
+    flagged discard skipped, sorted, relative to the first displayed frame. The oracle for timestamp tests."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0] if stream_index is None else container.streams[stream_index]
+        pts = sorted(p.pts for p in container.demux(stream) if p.size and not p.is_discard and p.pts is not None)
+        return [float((p - pts[0]) * stream.time_base) for p in pts]
+
+
+def hls_playlist(directory, segment) -> str:
+    """An HLS playlist in `directory` whose only segment is the file `segment` (anywhere on disk)."""
+    import os
+
+    path = os.path.join(str(directory), "list.m3u8")
+    with open(path, "w") as f:
+        f.write("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXT-X-MEDIA-SEQUENCE:0\n"
+                f"#EXTINF:3.0,\n{os.path.relpath(str(segment), str(directory))}\n#EXT-X-ENDLIST\n")
+    return path

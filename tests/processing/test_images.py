@@ -43,7 +43,7 @@ from vl.errors import (  # noqa: E402
     UnsupportedFormatError,
     VLError,
 )
-from vl.processing.images import BACKGROUND_RGB, load_image, preprocess_image  # noqa: E402
+from vl.processing.images import BACKGROUND_RGB, decode_image_bytes, load_image, preprocess_image  # noqa: E402
 from vl.processing.limits import MediaLimits  # noqa: E402
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -400,3 +400,64 @@ def test_only_typed_errors_for_bad_sources():
         load_image(12345)
     with pytest.raises(VLError):
         load_image("/nonexistent/file.png")
+
+
+# --- colour keys (PNG tRNS outside palette images) --------------------------------------------------------------
+
+
+def _keyed_png(array, mode, key) -> bytes:
+    im = Image.fromarray(array)  # uint8 (H, W, 3) -> RGB, uint8 (H, W) -> L, uint16 (H, W) -> I;16
+    assert im.mode == mode
+    return encode(im, "PNG", transparency=key)
+
+
+@pytest.mark.parametrize("case", ["rgb", "grey", "grey16", "bilevel"])
+def test_8_colour_key_composited_over_white(case):
+    """Pixels equal to the tRNS key are transparent (PNG §11.3.2.1) and come out white, as alpha does."""
+    if case == "rgb":
+        a = np.zeros((4, 6, 3), np.uint8)
+        a[:2], a[2:] = (10, 20, 30), (200, 0, 0)
+        data, keyed, kept = _keyed_png(a, "RGB", (10, 20, 30)), (slice(0, 2),), ((3, 0), (200, 0, 0))
+    elif case == "grey":
+        a = np.zeros((4, 6), np.uint8)
+        a[2:] = 128
+        data, keyed, kept = _keyed_png(a, "L", 0), (slice(0, 2),), ((3, 0), (128, 128, 128))
+    elif case == "grey16":
+        a = np.full((4, 6), 1000, np.uint16)
+        a[2:] = 65535
+        data, keyed, kept = _keyed_png(a, "I;16", 1000), (slice(0, 2),), ((3, 0), (255, 255, 255))
+    else:
+        a = np.zeros((4, 6), bool)
+        a[:, 3:] = True
+        data = encode(Image.fromarray(a), "PNG", transparency=0)
+        keyed, kept = (slice(None), slice(0, 3)), ((0, 4), (255, 255, 255))
+    png = Image.open(io.BytesIO(data))
+    assert "transparency" in png.info and png.mode != "P"  # the fixture really is a colour-keyed image
+    out = np.asarray(decode_image_bytes(data))
+    assert (out[keyed] == 255).all(), out[..., 0]  # white where the key matched, not the key colour / black
+    (y, x), colour = kept
+    assert tuple(out[y, x]) == colour
+    if case in ("rgb", "grey"):  # same as Pillow's own RGBA conversion composited over white
+        rgba = png.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        assert np.array_equal(out, np.asarray(Image.alpha_composite(white, rgba).convert("RGB")))
+
+
+def _png_from_rows(width, height, depth, colour_type, rows: bytes, trns: bytes) -> bytes:
+    """A hand-written PNG (filter 0 on every row), for bit depths Pillow cannot write."""
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"tRNS", trns)
+            + png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
+
+
+def test_8_colour_key_at_the_file_bit_depth():
+    """The key is stored at the file's bit depth: 4-bit grey key 1 is the pixel Pillow scales to 17; a 16-bit
+    RGB key (never above 255 after Pillow keeps the high byte) is matched on its high byte, and no longer
+    overflows."""
+    grey4 = _png_from_rows(4, 1, 4, 0, b"\x00" + bytes([0x01, 0x23]), struct.pack(">H", 1))  # pixels 0 1 2 3
+    out = np.asarray(decode_image_bytes(grey4))[0]
+    assert out[:, 0].tolist() == [0, 255, 34, 51]  # only the pixel equal to the key turns white
+    px = np.array([[(1000, 2000, 3000), (60000, 2000, 3000)]], ">u2")
+    rgb16 = _png_from_rows(2, 1, 16, 2, b"\x00" + px.tobytes(), struct.pack(">HHH", 1000, 2000, 3000))
+    out = np.asarray(decode_image_bytes(rgb16))[0]
+    assert out[0].tolist() == [255, 255, 255] and out[1].tolist() == [60000 >> 8, 2000 >> 8, 3000 >> 8]

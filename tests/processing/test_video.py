@@ -28,6 +28,7 @@ from vl.errors import (  # noqa: E402
     MediaTooLargeError,
     NoVideoStreamError,
     RemoteMediaError,
+    UnsupportedFormatError,
 )
 from vl.processing.limits import MediaLimits  # noqa: E402
 from vl.processing.video import frame_timestamps, load_video, probe_video, sample_frame_indices  # noqa: E402
@@ -131,11 +132,13 @@ def test_bytes_and_file_object_sources(clips):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_v1_empty_and_random_bytes(tmp_path, backend):
-    for name, data in [("empty.mp4", b""), ("random.mp4", os.urandom(100))]:
+    # empty: corrupt; random bytes: no video container by content (the name says .mp4, the bytes do not)
+    for name, data, error in [("empty.mp4", b"", CorruptMediaError),
+                              ("random.mp4", b"\x00" + os.urandom(99), UnsupportedFormatError)]:
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(CorruptMediaError):
+        with pytest.raises(error):
             load_video(str(tmp_path / name), backend=backend, **HALF)
-        with pytest.raises(CorruptMediaError):
+        with pytest.raises(error):
             load_video(data, backend=backend, **HALF)
 
 

@@ -57,9 +57,9 @@ def tiny_processor(rel_tiny_dir):
 
 @pytest.fixture()
 def decoded(monkeypatch):
-    """Counts calls of the three decoders the processor uses."""
+    """Counts calls of the decoders the processor uses (PDFs: opened and checked, then rendered and tiled)."""
     calls = []
-    for name in ("preprocess_image", "render_pdf", "load_video"):
+    for name in ("preprocess_image", "open_pdf_pages", "render_pdf_tiles", "load_video"):
         real = getattr(processor_module, name)
         monkeypatch.setattr(processor_module, name,
                             lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
@@ -89,7 +89,8 @@ def test_i10_one_item_over_a_cap_is_refused_before_anything_is_decoded(tiny_proc
     # at the caps everything is accepted: the refusals above are the caps, not the inputs
     tiny_processor(_user(*[{"type": "image", "image": png}] * 4))
     tiny_processor(_user({"type": "pdf", "pdf": pdf}, {"type": "image", "image": png}))
-    assert decoded.count("preprocess_image") == 4 + 3 + 1 and decoded.count("render_pdf") == 1
+    assert decoded.count("preprocess_image") == 4 + 1
+    assert decoded.count("open_pdf_pages") == 1 and decoded.count("render_pdf_tiles") == 1  # 3 pages, one render
 
 
 # --- many isolated requests leak nothing --------------------------------------------------------------------

@@ -7,14 +7,23 @@ Safety follows reliability_matrix.md §1.4 and rows P1-P6:
 - byte cap and `%PDF` signature first (images never reach PDFium, PDFs never reach Pillow's own PDF parser);
 - page count and rendered pixels (page size in points x render scale, as pypdfium2 computes the bitmap:
   `ceil(w * scale) x ceil(h * scale)`) are checked for every selected page before the first page is rendered;
-- encrypted files without or with a wrong password -> `EncryptedPDFError` (from PdfiumError.err_code);
-  unreadable files -> `CorruptMediaError`; `isolate=True` renders in a sandbox worker (segfault history).
+- the sum of rendered pixels over the selected pages is capped too (`max_pdf_total_pixels`): 200 blank
+  2048-pt pages are a 25 KB file that would render to ~10 GB;
+- pages are rendered one at a time; `render_pdf_tiles` (the processor's path) tiles each page as soon as it is
+  rendered and drops its bitmap, so a document never exists as full-resolution pages all at once;
+- the error for a file PDFium cannot open is decided by this file alone (docs/pdf.md, "Error codes"): PDFium's
+  last-error value is process-global and only written on some failure paths (a document that opens with no
+  pages leaves the previous document's code in place, and pypdfium2 reports it), so it is reset before every
+  open and read only when the open itself failed; `EncryptedPDFError` needs the file to declare encryption
+  (an `/Encrypt` entry) as well as PDFium's password/security code; everything else is `CorruptMediaError`;
+  `isolate=True` renders in a sandbox worker (segfault history).
 
 Render scale: 2.0 (144 dpi) by default, so a Letter page becomes 1224 x 1584 px, which the image tiler maps to
 a 3 x 4 grid of 512 px tiles (+ thumbnail), close to the model's 12-tile maximum.
 """
 
 import math
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -34,7 +43,9 @@ from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 
 PDFIUM_LOCK = threading.RLock()
 DEFAULT_SCALE = 2.0  # 144 dpi
-_FPDF_ERR_PASSWORD, _FPDF_ERR_SECURITY = 4, 5
+_FPDF_ERR_FILE, _FPDF_ERR_FORMAT, _FPDF_ERR_PASSWORD, _FPDF_ERR_SECURITY = 2, 3, 4, 5
+_OPEN_FAILURE = {_FPDF_ERR_FILE: "PDFium cannot read it", _FPDF_ERR_FORMAT: "it is not in PDF format or is corrupted"}
+_ENCRYPT_KEY = re.compile(rb"/Encrypt(?![A-Za-z0-9])")  # the trailer's (or xref stream's) /Encrypt entry
 
 
 @dataclass
@@ -95,35 +106,61 @@ def render_pdf(
 
 def render_pdf_bytes(data: bytes, pages: str | None, scale: float, password: str | None,
                      limits: MediaLimits) -> RenderedDocument:
-    if b"%PDF-" not in data[:1024]:  # the spec allows junk before the header, within the first 1024 bytes
-        raise UnsupportedFormatError("expected a PDF (no '%PDF-' header in the first 1024 bytes); send a PDF file.")
-    import pypdfium2 as pdfium
-
     with PDFIUM_LOCK:
+        pdf = _open_document(data, password)
         try:
-            pdf = pdfium.PdfDocument(data, password=password)
-        except pdfium.PdfiumError as e:
-            code = getattr(e, "err_code", None)
-            if code == _FPDF_ERR_PASSWORD:
-                what = "no password was given" if password is None else "the password is wrong"
-                raise EncryptedPDFError(f"the PDF is encrypted and {what}; send an unencrypted copy.") from None
-            if code == _FPDF_ERR_SECURITY:
-                raise EncryptedPDFError("the PDF uses an unsupported security scheme; send an unencrypted copy.") from None
-            raise CorruptMediaError(f"cannot open the PDF ({e}); the file is damaged; re-export it.") from None
-        try:
-            return _render_open_document(pdf, pages, scale, limits)
+            selected, sizes = _select_pages(pdf, pages, scale, limits)
+            images = list(_rendered_pages(pdf, selected, scale))
+            return RenderedDocument(images, [i + 1 for i in selected], sizes, len(pdf), scale, _metadata(pdf))
         except VLError:
             raise
-        except (pdfium.PdfiumError, ValueError, OSError) as e:
+        except (_pdfium().PdfiumError, ValueError, OSError) as e:
             raise CorruptMediaError(f"cannot render the PDF ({e}); the file is damaged; re-export it.") from None
         finally:
             pdf.close()
 
 
-def _render_open_document(pdf, pages, scale, limits) -> RenderedDocument:
+def _pdfium():
+    import pypdfium2
+
+    return pypdfium2
+
+
+def _open_document(data: bytes, password: str | None):
+    """PdfDocument for `data`, or the typed error this file alone deserves (module docstring). Caller holds
+    PDFIUM_LOCK (the last-error value is shared by the whole process)."""
+    if b"%PDF-" not in data[:1024]:  # the spec allows junk before the header, within the first 1024 bytes
+        raise UnsupportedFormatError("expected a PDF (no '%PDF-' header in the first 1024 bytes); send a PDF file.")
+    pdfium = _pdfium()
+    import pypdfium2.raw as pdfium_c
+
+    reset = pdfium_c.FPDF_LoadMemDocument64(b"\0", 1, None)  # fails -> sets the last error to a known value
+    if reset:
+        pdfium_c.FPDF_CloseDocument(reset)
+    secret = None if password is None else (password + "\x00").encode("utf-8")
+    raw = pdfium_c.FPDF_LoadMemDocument64(data, len(data), secret)
+    if not raw:
+        raise _open_error(pdfium_c.FPDF_GetLastError(), data, password)
+    if pdfium_c.FPDF_GetPageCount(raw) < 1:
+        pdfium_c.FPDF_CloseDocument(raw)
+        raise CorruptMediaError("the PDF has no pages (or its page tree is damaged); re-export it.")
+    return pdfium.PdfDocument(raw)  # PDFium reads `data` lazily: callers keep it alive until pdf.close()
+
+
+def _open_error(code: int, data: bytes, password: str | None) -> Exception:
+    encrypted = _ENCRYPT_KEY.search(data) is not None
+    if encrypted and code == _FPDF_ERR_PASSWORD:
+        what = "no password was given" if password is None else "the password is wrong"
+        return EncryptedPDFError(f"the PDF is encrypted and {what}; send an unencrypted copy.")
+    if encrypted and code == _FPDF_ERR_SECURITY:
+        return EncryptedPDFError("the PDF uses an unsupported security scheme; send an unencrypted copy.")
+    why = _OPEN_FAILURE.get(code, "PDFium cannot parse it")
+    return CorruptMediaError(f"cannot open the PDF: {why}; the file is damaged; re-export it.")
+
+
+def _select_pages(pdf, pages, scale, limits) -> tuple[list[int], list[tuple[float, float]]]:
+    """0-based selected pages and their sizes in points, every cap checked from the page tree: nothing rendered."""
     num_pages = len(pdf)
-    if num_pages == 0:
-        raise CorruptMediaError("the PDF has no pages.")
     selected = parse_page_range(pages, num_pages)
     if len(selected) > limits.max_pdf_pages:
         raise MediaTooLargeError(
@@ -131,32 +168,166 @@ def _render_open_document(pdf, pages, scale, limits) -> RenderedDocument:
             "pass a page range such as '1-20'."
         )
     sizes = [pdf.get_page_size(i) for i in selected]  # from the page tree, nothing rendered yet
+    total = 0
     for number, (w, h) in zip(selected, sizes):
         if not (w > 0 and h > 0 and math.isfinite(w) and math.isfinite(h)):
             raise CorruptMediaError(f"page {number + 1} has an invalid size {w} x {h} pt.")
-        px_w, px_h = math.ceil(w * scale), math.ceil(h * scale)
+        px_w, px_h = rendered_size((w, h), scale)
         if px_w * px_h > limits.max_pdf_page_pixels:
             raise MediaTooLargeError(
                 f"page {number + 1} is {w:.0f} x {h:.0f} pt, {px_w} x {px_h} px at scale {scale}, above the "
                 f"{limits.max_pdf_page_pixels:,}-pixel cap; render it at a lower scale."
             )
-    images = []
+        total += px_w * px_h
+    check_total_pixels(total, len(selected), scale, limits)
+    return selected, sizes
+
+
+def rendered_size(size_pt: tuple[float, float], scale: float) -> tuple[int, int]:
+    """Bitmap size of a page as pypdfium2 renders it: ceil(w * scale) x ceil(h * scale)."""
+    return math.ceil(size_pt[0] * scale), math.ceil(size_pt[1] * scale)
+
+
+def check_total_pixels(total: int, pages: int, scale: float, limits: MediaLimits) -> None:
+    if total > limits.max_pdf_total_pixels:
+        raise MediaTooLargeError(
+            f"{pages} pages render to {total:,} pixels at scale {scale}, above the {limits.max_pdf_total_pixels:,}"
+            "-pixel cap per request; pass a page range or a lower render scale."
+        )
+
+
+def _rendered_pages(pdf, selected, scale):
+    """RGB PIL page images, one at a time; each PDFium page and bitmap is closed before the next is made.
+    Caller holds PDFIUM_LOCK."""
     for index in selected:
-        page = pdf[index]
-        try:
-            bitmap = page.render(scale=scale, may_draw_forms=False)
-            try:
-                images.append(bitmap.to_pil().convert("RGB"))  # a copy: the bitmap buffer is freed below
-            finally:
-                bitmap.close()
-        finally:
-            page.close()
-    meta = {}
+        yield _render_page(pdf, index, scale)
+
+
+def _render_page(pdf, index: int, scale: float) -> Image.Image:
+    """One page as an RGB image. Caller holds PDFIUM_LOCK."""
+    page = pdf[index]
     try:
-        meta = {k: str(v)[:200] for k, v in pdf.get_metadata_dict(skip_empty=True).items()}
+        bitmap = page.render(scale=scale, may_draw_forms=False)
+        try:
+            return bitmap.to_pil().convert("RGB")  # a copy: the bitmap buffer is freed below
+        finally:
+            bitmap.close()
+    finally:
+        page.close()
+
+
+def _metadata(pdf) -> dict[str, str]:
+    try:
+        return {k: str(v)[:200] for k, v in pdf.get_metadata_dict(skip_empty=True).items()}
     except Exception:  # noqa: BLE001 - metadata is optional decoration, never a reason to fail
-        meta = {}
-    return RenderedDocument(images, [i + 1 for i in selected], sizes, num_pages, scale, meta)
+        return {}
+
+
+# --- page by page: plan from the page tree, then render and tile one page at a time -------------------------
+
+
+@dataclass(frozen=True)
+class PdfPages:
+    """A checked PDF before anything is rendered: the selected pages and their rendered pixel sizes."""
+
+    data: bytes
+    password: str | None
+    scale: float
+    page_numbers: list[int]  # 1-based
+    pixel_sizes: list[tuple[int, int]]
+    num_pages: int
+
+
+@dataclass(frozen=True)
+class PdfPage:
+    """One page of a `PdfPages`, as a media item: `size` is what the budget planner needs; pixels come later."""
+
+    document: PdfPages
+    position: int  # index into document.page_numbers
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.document.pixel_sizes[self.position]
+
+    @property
+    def number(self) -> int:
+        return self.document.page_numbers[self.position]
+
+
+def open_pdf_pages(source, *, pages: str | None = None, scale: float = DEFAULT_SCALE, password: str | None = None,
+                   limits: MediaLimits = DEFAULT_LIMITS, isolate: bool = False) -> PdfPages:
+    """Read and check an untrusted PDF (every cap, from the page tree) without rendering a page."""
+    if not 0 < scale <= 16:
+        raise ValueError(f"scale must be in (0, 16], found {scale}")
+    data = read_bytes(source, limits.max_pdf_bytes, what="PDF")
+    args = (data, pages, scale, password, limits)
+    if isolate:
+        from vl.processing.sandbox import run_isolated
+
+        numbers, sizes, count = run_isolated(_page_plan, *args, timeout=limits.pdf_timeout_s,
+                                             memory_mb=limits.worker_memory_mb)
+    else:
+        numbers, sizes, count = _page_plan(*args)
+    return PdfPages(data, password, scale, numbers, sizes, count)
+
+
+def _page_plan(data, pages, scale, password, limits):
+    with PDFIUM_LOCK:
+        pdf = _open_document(data, password)
+        try:
+            selected, sizes = _select_pages(pdf, pages, scale, limits)
+            return [i + 1 for i in selected], [rendered_size(s, scale) for s in sizes], len(pdf)
+        except VLError:
+            raise
+        except (_pdfium().PdfiumError, ValueError, OSError) as e:
+            raise CorruptMediaError(f"cannot read the PDF's pages ({e}); the file is damaged; re-export it.") from None
+        finally:
+            pdf.close()
+
+
+def render_pdf_tiles(doc: PdfPages, max_tiles: list[int], *, tile_size: int, use_thumbnail: bool,
+                     limits: MediaLimits = DEFAULT_LIMITS, isolate: bool = False):
+    """Render the pages of `doc` one at a time and tile each at once (images.tile_uint8, `max_tiles[k]` for
+    page k): peak memory is one page bitmap plus the tiles, whatever the page count.
+
+    Returns one (uint8 tiles (N, S, S, 3), (cols, rows), (width, height)) per page, in page order.
+    """
+    if len(max_tiles) != len(doc.page_numbers):
+        raise ValueError(f"need one tile cap per page ({len(doc.page_numbers)}), found {len(max_tiles)}")
+    args = (doc.data, doc.password, doc.scale, doc.page_numbers, list(max_tiles), tile_size, use_thumbnail, limits)
+    if isolate:
+        from vl.processing.sandbox import run_isolated
+
+        return run_isolated(_render_tiles_bytes, *args, timeout=limits.pdf_timeout_s,
+                            memory_mb=limits.worker_memory_mb)
+    return _render_tiles_bytes(*args)
+
+
+def _render_tiles_bytes(data, password, scale, page_numbers, max_tiles, tile_size, use_thumbnail, limits):
+    from vl.processing.images import tile_uint8
+
+    out = []
+    with PDFIUM_LOCK:
+        pdf = _open_document(data, password)
+    try:
+        selected = [n - 1 for n in page_numbers]
+        with PDFIUM_LOCK:
+            sizes = [rendered_size(pdf.get_page_size(i), scale) for i in selected]
+        check_total_pixels(sum(w * h for w, h in sizes), len(selected), scale, limits)  # checked where it renders
+        for index, cap in zip(selected, max_tiles):
+            with PDFIUM_LOCK:  # held while PDFium works, not while tiling
+                image = _render_page(pdf, index, scale)
+            tiles, grid = tile_uint8(image, tile_size, cap, use_thumbnail)
+            out.append((tiles, grid, image.size))
+            del image
+    except VLError:
+        raise
+    except (_pdfium().PdfiumError, ValueError, OSError, IndexError) as e:
+        raise CorruptMediaError(f"cannot render the PDF ({e}); the file is damaged; re-export it.") from None
+    finally:
+        with PDFIUM_LOCK:
+            pdf.close()
+    return out
 
 
 # --- token budget ----------------------------------------------------------------------------------

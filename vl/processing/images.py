@@ -15,9 +15,10 @@ always passed in, never defaulted here). Safe opening follows reliability_matrix
 - first frame only (never `seek()`; that was the MPO/DCX bomb-check bypass);
 - EXIF orientation applied by hand (values 1..8); unreadable EXIF or other values keep the image un-rotated and
   log a warning, because `ImageOps.exif_transpose` raises a different exception type per EXIF defect;
-- modes to RGB: alpha (RGBA, LA, La, PA, P with transparency) composited over WHITE (vLLM's default
-  `rgba_background_color`); CMYK by Pillow's naive conversion (no ICC); 16-/32-bit greyscale (`I;16*`, `I`)
-  scaled to 8 bit by 1/257 (plain `convert` would clip them to white); `1` -> black/white; `F` clipped to 0..255.
+- modes to RGB: alpha (RGBA, LA, La, PA, P with transparency) and colour keys (PNG tRNS in RGB/greyscale
+  images) composited over WHITE (vLLM's default `rgba_background_color`); CMYK by Pillow's naive conversion
+  (no ICC); 16-/32-bit greyscale (`I;16*`, `I`) scaled to 8 bit by 1/257 (plain `convert` would clip them to
+  white); `1` -> black/white; `F` clipped to 0..255.
 
 Resampling: one choice, PIL bicubic on uint8 (HF-remote revision 1 of `image_processing.py` uses PIL
 `resize` bicubic; PIL's bicubic widens its kernel when downscaling, i.e. it is antialiased like vLLM's
@@ -184,6 +185,8 @@ def decode_image_bytes(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Ima
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as im:
             check_size(*im.size, limits)  # header only: nothing is decoded yet
+            if fmt == "PNG" and "transparency" in im.info and im.mode != "P":
+                im.info["transparency"] = _png_key_in_decoded_scale(data, im.info["transparency"])
             im.load()  # frame 0
             rgb = to_rgb(_apply_orientation(im))
     except VLError:
@@ -250,8 +253,61 @@ def _apply_orientation(im: Image.Image) -> Image.Image:
     return im.transpose(_TRANSPOSE[orientation])
 
 
+_ALPHA_MODES = ("RGBA", "LA", "La", "RGBa", "PA")
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
-    """Any Pillow mode -> RGB by the policy in the module docstring."""
+    """Any Pillow mode -> RGB by the policy in the module docstring.
+
+    A colour key (PNG `tRNS` in a truecolour or greyscale image, PNG spec §11.3.2.1: pixels equal to that one
+    colour/grey level are fully transparent; Pillow keeps it in `info["transparency"]`) is composited over white
+    like an alpha channel; palette transparency goes through Pillow's own P -> RGBA conversion below.
+    """
+    if im.mode != "P" and im.mode not in _ALPHA_MODES and "transparency" in im.info:
+        mask = _colour_key_mask(im, im.info["transparency"])
+        if mask is not None:
+            plain = im.copy()
+            plain.info.pop("transparency", None)
+            rgb = np.array(_to_rgb_opaque(plain))  # (H, W, 3)
+            rgb[mask] = BACKGROUND_RGB
+            return Image.fromarray(rgb, "RGB")
+    return _to_rgb_opaque(im)
+
+
+def _png_key_in_decoded_scale(data: bytes, key):
+    """A PNG tRNS key is stored at the file's bit depth (PNG spec §11.3.2.1); Pillow scales the pixels of 2- and
+    4-bit greyscale up to 0..255 and keeps only the high byte of 16-bit RGB, but leaves the key as stored.
+    Bring the key to the decoded pixels' scale (for 16-bit RGB this compares high bytes: as close as 8-bit
+    pixels allow). IHDR is the first chunk: bit depth at byte 24, colour type at byte 25."""
+    depth, colour_type = data[24], data[25]
+    if colour_type == 0 and depth in (2, 4) and isinstance(key, int):
+        return key * (255 // (2**depth - 1))
+    if colour_type == 2 and depth == 16 and isinstance(key, tuple):
+        return tuple(v >> 8 if isinstance(v, int) else v for v in key)
+    return key
+
+
+def _colour_key_mask(im: Image.Image, key):
+    """(H, W) bool mask of the pixels equal to the colour key, or None when the key does not fit the mode."""
+    a = np.asarray(im)
+    limit = 255 if im.mode in ("1", "L", "RGB") else 65535 if im.mode.startswith("I;16") else 2**31 - 1
+
+    def fits(v) -> bool:
+        return isinstance(v, int) and 0 <= v <= limit
+
+    if im.mode == "RGB" and isinstance(key, tuple) and len(key) == 3 and all(fits(v) for v in key):
+        mask = (a == np.asarray(key, dtype=a.dtype)).all(axis=-1)
+    elif im.mode == "1" and fits(key):
+        mask = a == bool(key)
+    elif (im.mode in ("L", "I") or im.mode.startswith("I;16")) and fits(key):
+        mask = a == key
+    else:
+        logger.warning("transparency key %.40r does not fit mode %s; image kept opaque", key, im.mode)
+        return None
+    return mask if mask.shape == (im.height, im.width) else None
+
+
+def _to_rgb_opaque(im: Image.Image) -> Image.Image:
     mode = im.mode
     if mode == "RGB":  # copy a file-backed image: closing the file would invalidate it
         return im.copy() if isinstance(im, ImageFile.ImageFile) else im

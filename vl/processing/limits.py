@@ -9,8 +9,9 @@ them so), chosen to admit what the model can use and refuse what only costs memo
   (48 MP sensors) and stays below Pillow's own bomb limit (`Image.MAX_IMAGE_PIXELS` = 89,478,485);
 - video: 2 fps x 128 frames is the reference sampling (nemotron_nano_v2_vl.md §6.1); an hour of video still
   gives 128 frames, and 4096 x 4096 admits DCI 4K while refusing the 8192 x 8192 bomb of matrix row V4;
-- PDF: 200 rendered pages (a long report) and 4096 x 4096 rendered pixels per page (A0 at 144 dpi is larger
-  and is refused; lower the render scale for such pages);
+- PDF: 200 rendered pages (a long report), 4096 x 4096 rendered pixels per page (A0 at 144 dpi is larger
+  and is refused; lower the render scale for such pages) and 400 M rendered pixels per request (200 Letter
+  pages at 144 dpi);
 - decode workers: wall-clock timeouts and the 2 GiB address-space cap of matrix §6 "Bounded".
 """
 
@@ -39,6 +40,9 @@ class MediaLimits:
     max_pdf_bytes: int = 256 * MiB
     max_pdf_pages: int = 200  # pages rendered (after the page-range selection)
     max_pdf_page_pixels: int = 4096 * 4096  # rendered bitmap of one page, from page size x render scale
+    # sum over the rendered pages of a request: 200 Letter pages at 144 dpi (388 M) fit, 200 pages at the
+    # per-page cap (3.4 G pixels, the 25 KB "page bomb" of 2048-pt blank pages) do not
+    max_pdf_total_pixels: int = 400_000_000
     max_documents: int = 1
     # --- decode workers (sandbox.py) ----------------------------------------------------------------
     image_timeout_s: float = 10.0

@@ -22,8 +22,15 @@ from vl.config import VLConfig
 from vl.errors import ConfigError, CorruptMediaError, InputError, RemoteMediaError
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
-from vl.processing.documents import DEFAULT_SCALE, plan_document_budget, render_pdf
-from vl.processing.images import preprocess_image
+from vl.processing.documents import (
+    DEFAULT_SCALE,
+    PdfPage,
+    check_total_pixels,
+    open_pdf_pages,
+    plan_document_budget,
+    render_pdf_tiles,
+)
+from vl.processing.images import ImageTiles, normalize, preprocess_image
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.video import load_video
 
@@ -85,7 +92,7 @@ class Processor:
 
     def __init__(self, tokenizer, config: VLConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
                  allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
-                 timestamp_convention: str = "reference"):
+                 timestamp_convention: str = "exact"):
         self.tokenizer, self.config, self.limits = tokenizer, config, limits
         self.allowed_roots = None if allowed_roots is None else [Path(r).resolve() for r in allowed_roots]
         self.isolate, self.video_backend, self.timestamp_convention = isolate, video_backend, timestamp_convention
@@ -117,11 +124,24 @@ class Processor:
         return source
 
     def _pdf_pages(self, scale: float, page_range: str | None):
+        """PDF -> page items, checked against every cap but not rendered yet: pages are rendered and tiled one at a
+        time once the token budget has fixed each page's tile cap (`_page_tiles`)."""
         def load(source):
-            doc = render_pdf(self._check_source(source), pages=page_range, scale=scale, limits=self.limits,
-                             isolate=self.isolate)
-            return doc.pages
+            doc = open_pdf_pages(self._check_source(source), pages=page_range, scale=scale, limits=self.limits,
+                                 isolate=self.isolate)
+            return [PdfPage(doc, k) for k in range(len(doc.page_numbers))]
         return load
+
+    def _page_tiles(self, page: PdfPage, caps: dict, rendered: dict) -> ImageTiles:
+        """Tiles of one PDF page; the first page asked of a document renders and tiles all of its pages."""
+        key = id(page.document)
+        if key not in rendered:
+            cfg = self.config
+            rendered[key] = render_pdf_tiles(page.document, caps[key], tile_size=cfg.force_image_size,
+                                             use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
+        tiles, grid, size = rendered[key][page.position]
+        return ImageTiles(normalize(tiles, self.config.norm_mean, self.config.norm_std), grid,
+                          tiles.shape[0] > grid[0] * grid[1], tuple(size))
 
     # --- the call ----------------------------------------------------------------------------------
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
@@ -154,13 +174,24 @@ class Processor:
                 caps[i] = cap
             if plan.reduced:
                 notes.append(plan.reason)
+        pages = [(m.source, cap) for m, cap in zip(prompt.media, caps) if isinstance(m.source, PdfPage)]
+        check_total_pixels(sum(p.size[0] * p.size[1] for p, _ in pages), len(pages), pdf_scale, self.limits)
+        page_caps: dict[int, list[int]] = {}  # id(PdfPages) -> tile cap of each of its pages
+        for page, cap in pages:
+            page_caps.setdefault(id(page.document), [max_num_tiles] * len(page.document.page_numbers))
+            page_caps[id(page.document)][page.position] = cap
+        rendered: dict = {}
         tiles, spans, infos, runs = [], [], [], []
         for item, cap in zip(prompt.media, caps):
             opts = item.options or {}
             if item.kind == "image":
-                img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
-                                       tile_size=cfg.force_image_size, max_num_tiles=int(opts.get("max_num_tiles", cap)),
-                                       use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
+                if isinstance(item.source, PdfPage):
+                    img = self._page_tiles(item.source, page_caps, rendered)
+                else:
+                    img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean,
+                                           norm_std=cfg.norm_std, tile_size=cfg.force_image_size,
+                                           max_num_tiles=int(opts.get("max_num_tiles", cap)),
+                                           use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
                 pixels = img.pixel_values
                 if skip_blank_tiles and img.num_tiles > 1:
                     pixels, note = self._skip_blank(pixels, img.has_thumbnail)
@@ -182,6 +213,8 @@ class Processor:
                                        timestamps=list(vid.timestamps_s), fps=vid.fps))
                 if vid.partial:
                     notes.append("some video frames could not be decoded and were skipped")
+                if vid.backend_note:
+                    notes.append(f"video decoded with PyAV instead of {self.video_backend}: {vid.backend_note}")
                 runs.append(chat.video_placeholder([cfg.tokens_per_tile] * n, vid.timestamps_s, self.tokens))
         text = chat.expand_placeholders(prompt.text, runs, self.tokens)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -6,18 +6,26 @@ the same bicubic resampling and `(x/255 - mean)/std` as images.py. Index choice 
 `n = clamp(floor(duration * target_fps), 1, max_frames)` with `duration = num_frames / fps`, all frames when
 `n == num_frames`, else `linspace(0, num_frames - 1, n)` truncated to int.
 
-Timestamps: `timestamps_s[i] = frame_indices[i] / fps` (exact, "exact" convention, the default). The reference
-prompt code uses `frame_duration_ms = int(1000 / fps)`, `t = index * frame_duration_ms / 1000` (§6.3), which
-drifts (frame 300 of a 30 fps clip is 9.90 s, not 10.00 s); `timestamp_convention="reference"` reproduces it
-for prompt-for-prompt parity with vLLM. `presentation_times_s` are the decoder's own pts, exact even for
-variable-frame-rate files. The prompt text ("Frame {i} sampled at {t:.2f} seconds: ") is built in chat.py.
+Timestamps (docs/video.md, "Timestamps"): by default ("exact") the prompt states the presentation time of the
+frame actually shown, from the container's own pts, relative to the first displayed frame; exact for variable
+frame rates too. `timestamp_convention="reference"` reproduces the public reference processors
+(`index * int(1000 / fps) / 1000`, transformers `nemotron_h_omni` and vLLM `nano_nemotron_vl`), which drift
+(frame 300 of a 30 fps clip is 9.90 s, not 10.00 s). The prompt text is built in chat.py.
 
-Order of checks (reliability_matrix.md §0, §1.3): byte cap -> container header via PyAV (no video stream,
-resolution, duration, header frame count) -> index pass over packets (real frame count, capped by
-`max_video_frames`; header counts are distrusted, e.g. stream-copied cuts) -> decode only the sampled frames.
-Backends: decord (default, as the design names it) and PyAV; decord can abort or segfault the interpreter on bad
-streams (decord #25, #229), so servers should pass `isolate=True` (sandbox.py) for untrusted files. Frames the
-decoder cannot deliver (truncated files) are dropped and flagged `partial=True`; zero frames is an error.
+Order of checks (reliability_matrix.md §0, §1.3): byte cap -> container sniffed and allowlisted
+(video_formats.py: forced demuxer, file protocol only, no nested opens) -> header of the best video stream
+(the one libavformat picks; no video stream, codec, resolution, duration, header frame count) -> index pass over
+that stream's packets (presentation times of displayed frames: packets flagged discard, e.g. cut by an MP4
+edit list, are not frames; capped by `max_video_frames`) -> decode only the sampled frames of that same stream.
+Every probe, cap and decode uses that one stream.
+
+Backends: decord (default, as the design names it) and PyAV. decord decodes whichever stream it likes, ignores
+discard flags, mis-seeks some containers (MPEG-PS, MPEG-TS) and breaks 90-degree rotations, so it is used only
+when the file is one it handles (`_decord_refusal`) and its output agrees with the container index (frame count,
+per-frame timestamps, frame shape); otherwise the same call decodes with PyAV and says why in `backend_note`.
+PyAV applies the display matrix (rotation/flip) as the `ffmpeg` command line does. decord can abort or segfault
+the interpreter on bad streams (decord #25, #229), so servers should pass `isolate=True` (sandbox.py). Frames
+the decoder cannot deliver (truncated files) are dropped and flagged `partial=True`; zero frames is an error.
 """
 
 import math
@@ -28,37 +36,54 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from vl.errors import CorruptMediaError, MediaTooLargeError, NoVideoStreamError, RemoteMediaError, VLError
+from vl.errors import (
+    CorruptMediaError,
+    MediaTooLargeError,
+    NoVideoStreamError,
+    RemoteMediaError,
+    VLError,
+)
+from vl.processing import video_formats
 from vl.processing.images import RESAMPLE, normalize
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 
 BACKENDS = ("decord", "pyav")
+DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord checked correct on them
 _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead of decoding through a larger gap
+# containers whose seeks land on the keyframe before the target (an index: MP4 sample tables, Matroska cues, AVI
+# idx1; FLV and Ogg checked too). MPEG-PS/TS seeks are byte estimates: they land after the target (frames lost)
+# or on a non-keyframe (MPEG-2 frames decoded without their references), so those files are decoded straight
+# through (tests/processing/test_video_real_files.py, sparse sampling)
+_SEEKABLE_CONTAINERS = ("mp4", "matroska", "avi", "flv", "ogg")
 _DECODE_BATCH_BYTES = 256 << 20  # decord get_batch size: at most this much full-resolution RGB at once
 _DECODER_THREADS = 4  # bounded so that a worker's address space (RLIMIT_AS) does not grow with the core count
 
 
 @dataclass(frozen=True)
 class VideoMetadata:
-    width: int
+    width: int  # coded size of the decoded stream (before any display rotation)
     height: int
     fps: float | None  # container's average frame rate; None when missing or absurd
     duration_s: float | None
     header_frames: int  # as declared by the container (0 = not declared); never trusted for indexing
     codec: str
+    container: str = ""  # sniffed container (video_formats.CONTAINERS)
+    stream_index: int = 0  # the best video stream: probed, capped and decoded
+    video_streams: int = 1  # video streams in the file
 
 
 @dataclass
 class VideoFrames:
     pixel_values: "object"  # torch.FloatTensor (T, 3, S, S), one tile per frame
-    frame_indices: list[int]  # source frame numbers (0-based, presentation order)
-    timestamps_s: list[float]  # by `timestamp_convention`, from frame_indices and fps
-    presentation_times_s: list[float]  # decoder pts relative to the first frame
-    fps: float  # source fps used for sampling and timestamps
-    num_frames: int  # frames found by the index pass (real count, not the header's)
+    frame_indices: list[int]  # source frame numbers (0-based, presentation order, displayed frames only)
+    timestamps_s: list[float]  # by `timestamp_convention`: the frames' presentation times by default
+    presentation_times_s: list[float]  # container pts of the frames shown, relative to the first displayed frame
+    fps: float  # source fps used for sampling (and for the "reference" timestamps)
+    num_frames: int  # displayed frames found by the index pass (real count, not the header's)
     metadata: VideoMetadata
     partial: bool  # some sampled frames could not be decoded (truncated/corrupt stream)
-    backend: str
+    backend: str  # the backend that decoded the frames
+    backend_note: str = ""  # why decord was not used when it was asked for
 
 
 def sample_frame_indices(num_frames: int, fps: float, target_fps: float = 2.0, max_frames: int = 128) -> list[int]:
@@ -73,6 +98,7 @@ def sample_frame_indices(num_frames: int, fps: float, target_fps: float = 2.0, m
 
 
 def frame_timestamps(indices, fps: float, convention: str = "exact") -> list[float]:
+    """Timestamps from frame numbers alone (constant frame rate). load_video's "exact" uses the pts instead."""
     if convention == "exact":
         return [i / fps for i in indices]
     if convention == "reference":
@@ -88,17 +114,22 @@ def _av_errors():
 
 
 def probe_video(path: str, limits: MediaLimits = DEFAULT_LIMITS) -> VideoMetadata:
-    """Container header only (PyAV), checked against `limits` before anything is decoded."""
+    """Container header only (PyAV), checked against `limits` before anything is decoded.
+
+    The container must pass video_formats' allowlist; the stream described is the best video stream, the one
+    every later step decodes."""
     import av
 
     try:
-        with av.open(path, metadata_errors="ignore") as container:
-            if not container.streams.video:
+        container, name = video_formats.open_video(path)
+        with container:
+            stream = video_formats.best_video_stream(container)
+            if stream is None:
                 kinds = sorted({s.type for s in container.streams}) or ["none"]
                 raise NoVideoStreamError(
                     f"expected a video stream, found only {'/'.join(kinds)} streams; send a file with video."
                 )
-            stream = container.streams.video[0]
+            codec = video_formats.check_codec(stream)
             ctx = stream.codec_context
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             fps = float(rate) if rate else None
@@ -108,8 +139,9 @@ def probe_video(path: str, limits: MediaLimits = DEFAULT_LIMITS) -> VideoMetadat
             elif container.duration:
                 duration = container.duration / av.time_base
             meta = VideoMetadata(ctx.width, ctx.height, fps if fps and 0 < fps <= 1000 else None,
-                                 duration or None, int(stream.frames or 0), ctx.name or "unknown")
-    except NoVideoStreamError:
+                                 duration or None, int(stream.frames or 0), codec, name, stream.index,
+                                 len(container.streams.video))
+    except VLError:
         raise
     except _av_errors() as e:
         raise CorruptMediaError(f"cannot open the video ({_describe(e)}); re-encode it.") from None
@@ -125,11 +157,7 @@ def _describe(e: BaseException) -> str:
 def _check_metadata(meta: VideoMetadata, limits: MediaLimits) -> None:
     if meta.width <= 0 or meta.height <= 0:
         raise CorruptMediaError(f"expected a positive frame size, found {meta.width}x{meta.height}.")
-    if meta.width * meta.height > limits.max_video_frame_pixels:
-        raise MediaTooLargeError(
-            f"video frames too large: {meta.width}x{meta.height}, the cap is {limits.max_video_frame_pixels:,} "
-            "pixels per frame; downscale the video."
-        )
+    _check_frame_size(meta.width, meta.height, limits)
     if meta.duration_s is not None and meta.duration_s > limits.max_video_duration_s:
         raise MediaTooLargeError(
             f"video too long: {meta.duration_s:.0f} s, the cap is {limits.max_video_duration_s:.0f} s; cut it."
@@ -137,6 +165,14 @@ def _check_metadata(meta: VideoMetadata, limits: MediaLimits) -> None:
     if meta.header_frames > limits.max_video_frames:
         raise MediaTooLargeError(
             f"video declares {meta.header_frames} frames, the cap is {limits.max_video_frames}; cut it."
+        )
+
+
+def _check_frame_size(width: int, height: int, limits: MediaLimits) -> None:
+    if width * height > limits.max_video_frame_pixels:
+        raise MediaTooLargeError(
+            f"video frames too large: {width}x{height}, the cap is {limits.max_video_frame_pixels:,} "
+            "pixels per frame; downscale the video."
         )
 
 
@@ -151,17 +187,32 @@ def _fps_from_pts(pts_sorted, time_base) -> float | None:
     return (len(pts_sorted) - 1) / float((pts_sorted[-1] - pts_sorted[0]) * time_base)
 
 
-def _decode_pyav(path, meta, limits, tile_size, target_fps, max_frames):
-    import av
+@dataclass
+class _Index:
+    pts: list[int]  # sorted presentation times of the displayed frames, in stream time_base units
+    time_base: object  # fractions.Fraction
+    partial: bool  # the packet walk stopped at an unreadable tail
 
+
+def _stream(container, meta: VideoMetadata):
+    return container.streams[meta.stream_index]
+
+
+def index_video(path: str, meta: VideoMetadata, limits: MediaLimits) -> _Index:
+    """Packets only, no decoding: the presentation times of the frames a player would display.
+
+    Packets flagged discard (AV_PKT_FLAG_DISCARD: cut by an MP4 edit list, for example) are decoded by FFmpeg
+    for reference but never output, so they are not frames here either.
+    """
     partial = False
-    with av.open(path, metadata_errors="ignore") as container:  # index pass: packets only, no decoding
-        stream = container.streams.video[0]
+    pts = []
+    container, _ = video_formats.open_video(path)
+    with container:
+        stream = _stream(container, meta)
         time_base = stream.time_base
-        pts = []
         try:
             for packet in container.demux(stream):
-                if packet.size == 0:
+                if packet.size == 0 or packet.is_discard:
                     continue
                 stamp = packet.pts if packet.pts is not None else packet.dts
                 if stamp is not None:
@@ -177,24 +228,37 @@ def _decode_pyav(path, meta, limits, tile_size, target_fps, max_frames):
     pts.sort()
     if not pts:
         raise CorruptMediaError("the video stream has no readable frames; re-encode it.")
-    fps = meta.fps or _fps_from_pts(pts, time_base)
-    if not fps:
-        raise CorruptMediaError("the video declares no frame rate and it cannot be measured; re-encode it.")
-    indices = sample_frame_indices(len(pts), fps, target_fps, max_frames)
-    position = {p: k for k, p in enumerate(pts)}
-    wanted = [pts[i] for i in indices]
-    with av.open(path, metadata_errors="ignore") as container:  # decode pass, fresh demuxer state
-        stream = container.streams.video[0]
+    return _Index(pts, time_base, partial)
+
+
+def _decode_pyav(path, meta, limits, tile_size, index, indices):
+    wanted = [index.pts[i] for i in indices]
+    position = {p: k for k, p in enumerate(index.pts)}
+    container, _ = video_formats.open_video(path)  # decode pass, fresh demuxer state
+    with container:
+        stream = _stream(container, meta)
         stream.thread_type = "AUTO"
         stream.thread_count = _DECODER_THREADS
-        got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, partial)
+        gap = _SEEK_GAP_FRAMES if meta.container in _SEEKABLE_CONTAINERS else len(index.pts)  # no seeks
+        got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, limits,
+                                      index.partial, gap)
     kept = [i for i, p in zip(indices, wanted) if p in got]
-    pts_s = [float((pts[i] - pts[0]) * time_base) for i in kept]
-    return kept, [got[pts[i]] for i in kept], pts_s, fps, len(pts), partial
+    return kept, [got[index.pts[i]] for i in kept], partial
 
 
-def _decode_wanted(container, stream, wanted, position, tile_size, partial):
-    """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than _SEEK_GAP_FRAMES.
+def _frame_tile(frame, tile_size: int, limits: MediaLimits) -> np.ndarray:
+    """Decoded frame -> tile, shown as its display matrix asks; the frame-size cap applies to what was decoded
+    (a stream may change resolution after its header)."""
+    _check_frame_size(frame.width, frame.height, limits)
+    image = frame.to_image()
+    transpose = video_formats.display_transpose(video_formats.frame_display_matrix(frame))
+    if transpose is not None:
+        image = image.transpose(transpose)
+    return _to_tile(image, tile_size)
+
+
+def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial, seek_gap=_SEEK_GAP_FRAMES):
+    """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than `seek_gap` frames.
 
     A seek happens at most once per target and only between frames the index knows, so odd pts (edit lists,
     decoder-invented timestamps) fall back to plain sequential decoding instead of looping.
@@ -204,7 +268,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, partial):
 
     def far(k):
         here = -1 if last is None else position.get(last, position[wanted[k]])
-        return position[wanted[k]] - here > _SEEK_GAP_FRAMES and seeked_for != k
+        return position[wanted[k]] - here > seek_gap and seeked_for != k
 
     try:
         while k < len(wanted):
@@ -220,47 +284,78 @@ def _decode_wanted(container, stream, wanted, position, tile_size, partial):
                 while k < len(wanted) and wanted[k] < last:
                     k, partial = k + 1, True  # the decoder never delivered it
                 if k < len(wanted) and wanted[k] == last:
-                    got[last] = _to_tile(frame.to_image(), tile_size)
+                    got[last] = _frame_tile(frame, tile_size, limits)
                     k += 1
                 if k >= len(wanted) or far(k):
                     break
             else:
                 partial = partial or k < len(wanted)
                 break
+    except VLError:
+        raise
     except _av_errors():
         partial = True
     return got, partial
 
 
-def _decode_decord(path, meta, limits, tile_size, target_fps, max_frames):
+def _decord_refusal(path: str, meta: VideoMetadata) -> str:
+    """Why decord must not decode this file ("" when it may)."""
+    if meta.container not in DECORD_CONTAINERS:
+        return (f"decord is not used for {meta.container} files (it returns wrong frames from MPEG-PS and MPEG-TS; "
+                f"only {' and '.join(DECORD_CONTAINERS)} files are checked against it)")
+    if meta.video_streams != 1:
+        return f"the file has {meta.video_streams} video streams and decord cannot be told which one to decode"
+    container, _ = video_formats.open_video(path)
+    with container:
+        try:
+            frame = next(container.decode(_stream(container, meta)), None)
+        except _av_errors():
+            frame = None
+    matrix = None if frame is None else video_formats.frame_display_matrix(frame)
+    if video_formats.display_transpose(matrix) is not None:
+        return "the stream has a rotation/flip display matrix, which decord does not apply correctly"
+    return ""
+
+
+def _decode_decord(path, meta, limits, tile_size, index, indices):
+    """decord's frames, or the reason they cannot be trusted (a str): its frame count, per-frame timestamps and
+    frame shape must agree with the container index (each timestamp nearer to its own pts than to a
+    neighbour's)."""
     import decord
 
+    decord_errors = (RuntimeError, decord._ffi.base.DECORDError)
     try:
         reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=_DECODER_THREADS)
-    except (RuntimeError, decord._ffi.base.DECORDError) as e:
-        raise CorruptMediaError(f"decord cannot open the video ({type(e).__name__}); re-encode it.") from None
+    except decord_errors as e:
+        return f"decord cannot open the video ({type(e).__name__})"
     try:
         n = len(reader)
-        if n == 0:
-            raise CorruptMediaError("the video stream has no readable frames; re-encode it.")
-        if n > limits.max_video_frames:
-            raise MediaTooLargeError(f"video has {n} frames, the cap is {limits.max_video_frames}; cut it.")
-        fps = meta.fps or float(reader.get_avg_fps() or 0) or None
-        if not fps:
-            raise CorruptMediaError("the video declares no frame rate; re-encode it.")
-        indices = sample_frame_indices(n, fps, target_fps, max_frames)
+        if n != len(index.pts):
+            return f"decord counts {n} frames where the container displays {len(index.pts)}"
+        first = float(reader.get_frame_timestamp([0])[0, 0])
+        stamps = reader.get_frame_timestamp(indices)[:, 0].astype(np.float64) - first
+        pts_s = _pts_seconds(index, range(len(index.pts)))
+        for i, t in zip(indices, stamps):
+            gaps = [abs(pts_s[j] - pts_s[i]) for j in (i - 1, i + 1) if 0 <= j < len(pts_s)]
+            tolerance = max(min(gaps) / 2 if gaps else 1.0, 1e-6)
+            if not (math.isfinite(t) and abs(t - pts_s[i]) < tolerance):
+                return (f"decord places frame {i} at {t:.3f} s where the container says {pts_s[i]:.3f} s")
         tiles = []
         step = max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
         for start in range(0, len(indices), step):
             batch = reader.get_batch(indices[start : start + step]).asnumpy()  # (b, H, W, 3)
+            if batch.shape[1:] != (meta.height, meta.width, 3):
+                return f"decord decoded frames of shape {batch.shape[1:]}, the stream is {meta.width}x{meta.height}"
             tiles += [_to_tile(Image.fromarray(a), tile_size) for a in batch]
-        stamps = reader.get_frame_timestamp(indices)[:, 0]
-        first = float(reader.get_frame_timestamp([0])[0, 0])
-    except (RuntimeError, decord._ffi.base.DECORDError) as e:
-        raise CorruptMediaError(f"decord failed to decode the video ({type(e).__name__}); re-encode it.") from None
+    except decord_errors as e:
+        return f"decord failed to decode the video ({type(e).__name__})"
     finally:
         del reader
-    return indices, tiles, [float(t) - first for t in stamps], fps, n, False
+    return indices, tiles, index.partial
+
+
+def _pts_seconds(index: _Index, which) -> list[float]:
+    return [float((index.pts[i] - index.pts[0]) * index.time_base) for i in which]
 
 
 def decode_video_file(path: str, limits: MediaLimits, tile_size: int, target_fps: float, max_frames: int, backend: str):
@@ -268,12 +363,39 @@ def decode_video_file(path: str, limits: MediaLimits, tile_size: int, target_fps
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
     meta = probe_video(path, limits)
-    decode = _decode_decord if backend == "decord" else _decode_pyav
-    indices, tiles, pts_s, fps, n, partial = decode(path, meta, limits, tile_size, target_fps, max_frames)
+    try:
+        index = index_video(path, meta, limits)
+    except VLError:
+        raise
+    except _av_errors() as e:
+        raise CorruptMediaError(f"cannot read the video ({_describe(e)}); re-encode it.") from None
+    fps = meta.fps or _fps_from_pts(index.pts, index.time_base)
+    if not fps:
+        raise CorruptMediaError("the video declares no frame rate and it cannot be measured; re-encode it.")
+    indices = sample_frame_indices(len(index.pts), fps, target_fps, max_frames)
+    note, result = "", None
+    if backend == "decord":
+        try:
+            note = _decord_refusal(path, meta)
+        except _av_errors() as e:
+            note = f"PyAV could not read the first frame ({_describe(e)})"
+        if not note:
+            result = _decode_decord(path, meta, limits, tile_size, index, indices)
+            if isinstance(result, str):
+                note, result = result, None
+    if result is None:
+        try:
+            result = _decode_pyav(path, meta, limits, tile_size, index, indices)
+        except VLError:
+            raise
+        except _av_errors() as e:
+            raise CorruptMediaError(f"cannot decode the video ({_describe(e)}); re-encode it.") from None
+    kept, tiles, partial = result
     if not tiles:
         raise CorruptMediaError("none of the sampled video frames could be decoded; the file is corrupt.")
-    return {"indices": indices, "tiles": np.stack(tiles), "pts_s": pts_s, "fps": fps, "num_frames": n,
-            "partial": partial, "metadata": meta}
+    return {"indices": kept, "tiles": np.stack(tiles), "pts_s": _pts_seconds(index, kept), "fps": fps,
+            "num_frames": len(index.pts), "partial": partial, "metadata": meta,
+            "backend": "pyav" if note or backend == "pyav" else "decord", "backend_note": note}
 
 
 def load_video(
@@ -285,7 +407,7 @@ def load_video(
     target_fps: float = 2.0,
     max_frames: int = 128,
     backend: str = "decord",
-    timestamp_convention: str = "exact",
+    timestamp_convention: str = "exact",  # "exact": pts of the frame shown; "reference": see the docstring
     limits: MediaLimits = DEFAULT_LIMITS,
     isolate: bool = False,
 ) -> VideoFrames:
@@ -310,13 +432,15 @@ def load_video(
     return VideoFrames(
         pixel_values=normalize(out["tiles"], norm_mean, norm_std),  # (T, 3, S, S)
         frame_indices=out["indices"],
-        timestamps_s=frame_timestamps(out["indices"], out["fps"], timestamp_convention),
+        timestamps_s=(list(out["pts_s"]) if timestamp_convention == "exact"
+                      else frame_timestamps(out["indices"], out["fps"], timestamp_convention)),
         presentation_times_s=out["pts_s"],
         fps=out["fps"],
         num_frames=out["num_frames"],
         metadata=out["metadata"],
         partial=out["partial"],
-        backend=backend,
+        backend=out["backend"],
+        backend_note=out["backend_note"],
     )
 
 

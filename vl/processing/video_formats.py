@@ -1,0 +1,189 @@
+"""What may reach FFmpeg on the video path: real video containers and codecs, one file, nothing it points to.
+
+FFmpeg probes a file's format from its bytes and name, and some of its demuxers open other files: an HLS
+playlist (`.m3u8`) or a concat list reads the files it names, `image2` decodes TIFF/TGA/DDS/PSD/JPEG 2000
+still images, and MP4 data references (`dref`) can name external files. So the video path (docs/video.md,
+"What the video path accepts"):
+
+1. sniffs the container from its magic bytes (never the file name) against `CONTAINERS`, refusing still-image
+   brands of ISO media (AVIF, HEIF, CR3) and everything else with `UnsupportedFormatError`;
+2. opens the file with that demuxer forced (`format=`), so FFmpeg's own probe cannot pick a playlist, list or
+   image demuxer; with `protocol_whitelist=file`, MP4 `enable_drefs=0`, and an `io_open` hook that lets
+   libavformat open the top-level file and nothing else (every nested open is refused and reported);
+3. decodes only the best video stream as libavformat picks it (`av_find_best_stream`, PyAV's
+   `streams.best("video")`), and only if its codec is in `CODECS`.
+
+decord opens files itself (no hooks), so it only ever sees files that passed 1-3 in PyAV first, and only
+containers whose magic bytes no other FFmpeg demuxer outranks (video.py, `DECORD_CONTAINERS`).
+"""
+
+import math
+import struct
+
+from PIL import Image
+
+from vl.errors import UnsupportedFormatError
+
+# sniffed name -> FFmpeg demuxer forced at open
+CONTAINERS = {
+    "mp4": "mov",  # MP4 / QuickTime / 3GP
+    "matroska": "matroska",  # MKV / WebM
+    "avi": "avi",
+    "mpegts": "mpegts",  # MPEG-TS / M2TS
+    "mpeg-ps": "mpeg",  # MPEG program stream (.mpg, .vob)
+    "ogg": "ogg",
+    "flv": "flv",
+}
+# decoders of real video codecs (FFmpeg codec names); still-image decoders (png, tiff, jpeg2000, dds, ...) are
+# deliberately absent even when a container carries them
+CODECS = frozenset({
+    "h264", "hevc", "av1", "vp8", "vp9", "mpeg1video", "mpeg2video", "mpeg4", "msmpeg4v2", "msmpeg4v3",
+    "h263", "flv1", "theora", "vc1", "wmv3", "mjpeg", "prores", "dnxhd",
+})
+_IMAGE_BRANDS = {b"avif", b"avis", b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1",
+                 b"mif2", b"crx ", b"jp2 ", b"jpx "}
+_QUICKTIME_FIRST_ATOMS = {b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"}
+
+
+def sniff_container(head: bytes) -> str:
+    """Container name (a key of CONTAINERS) from the first bytes of a file, or UnsupportedFormatError."""
+    if len(head) >= 12 and head[4:8] in _QUICKTIME_FIRST_ATOMS:
+        if head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS:
+            raise UnsupportedFormatError(
+                f"expected a video, found a still image in ISO media (brand {head[8:12].decode('latin-1')!r}, "
+                "e.g. AVIF/HEIF); send it as an image in PNG or JPEG."
+            )
+        return "mp4"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "matroska"
+    if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
+        return "avi"
+    if _ts_sync(head, 0, 188) or _ts_sync(head, 4, 192):
+        return "mpegts"
+    if head.startswith(b"\x00\x00\x01\xba"):
+        return "mpeg-ps"
+    if head.startswith(b"OggS"):
+        return "ogg"
+    if head.startswith(b"FLV\x01"):
+        return "flv"
+    what = _describe_head(head)
+    raise UnsupportedFormatError(
+        f"expected a video container (MP4/MOV, MKV/WebM, AVI, MPEG-TS, MPEG-PS, Ogg, FLV, by content), found "
+        f"{what}; re-encode the video to MP4 (H.264)."
+    )
+
+
+def _ts_sync(head: bytes, offset: int, packet: int) -> bool:
+    """MPEG-TS: the sync byte 0x47 at the start of three consecutive packets."""
+    return len(head) >= offset + 2 * packet + 1 and all(head[offset + k * packet] == 0x47 for k in range(3))
+
+
+def _describe_head(head: bytes) -> str:
+    if not head:
+        return "an empty file"
+    if head.lstrip()[:7] == b"#EXTM3U":
+        return "an HLS playlist (playlists are never followed)"
+    if head.startswith(b"ffconcat") or head.lstrip()[:5] == b"file ":
+        return "an FFmpeg concat list (lists are never followed)"
+    try:
+        from vl.processing.images import sniff_format
+
+        return f"a {sniff_format(head)} image"
+    except UnsupportedFormatError as e:
+        found = str(e).split("found ", 1)[-1].split(";", 1)[0]
+        return found if found != "unrecognized bytes" else "unrecognized bytes"
+
+
+def open_options(container: str) -> dict:
+    """Demuxer options: only the file protocol; MP4 data references never followed."""
+    options = {"protocol_whitelist": "file"}
+    if container == "mp4":
+        options["enable_drefs"] = "0"
+    return options
+
+
+class NestedOpenGuard:
+    """`io_open` hook for av.open: libavformat may open `path` (the top-level file) and nothing else."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.refused: list[str] = []
+
+    def __call__(self, url: str, flags: int, options: dict):
+        if url == self.path and not flags & 2:  # AVIO_FLAG_WRITE = 2
+            return open(self.path, "rb")
+        self.refused.append(str(url)[:200])
+        raise PermissionError(f"nested open refused: {str(url)[:80]!r}")
+
+
+def open_video(path: str):
+    """av.open with the forced demuxer, protocol policy and nested-open guard; returns (container, name)."""
+    import av
+
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    name = sniff_container(head)
+    container = av.open(path, format=CONTAINERS[name], options=open_options(name), metadata_errors="ignore",
+                        io_open=NestedOpenGuard(path))
+    return container, name
+
+
+def best_video_stream(container):
+    """The stream FFmpeg itself would play (av_find_best_stream), or None."""
+    if not container.streams.video:
+        return None
+    try:
+        return container.streams.best("video")
+    except Exception:  # noqa: BLE001 - defensive: a PyAV without best() behaves like "first video stream"
+        return container.streams.video[0]
+
+
+def check_codec(stream) -> str:
+    name = stream.codec_context.codec.canonical_name if stream.codec_context.codec else "unknown"
+    if name not in CODECS:
+        raise UnsupportedFormatError(
+            f"expected a video codec ({', '.join(sorted(CODECS))}), found {name!r}; re-encode the video to H.264."
+        )
+    return name
+
+
+# --- display matrix -------------------------------------------------------------------------------------
+
+
+def display_transpose(matrix: bytes | None):
+    """The PIL transpose that shows a decoded frame as its display matrix asks, or None.
+
+    The matrix is FFmpeg's AV_FRAME_DATA_DISPLAYMATRIX (3x3 int32, 16.16 fixed point). The mapping follows
+    what the `ffmpeg` command line does when it auto-rotates (fftools/ffmpeg_filter.c): the clockwise angle
+    `theta = -rotation` (rotation as av_display_rotation_get computes it) picks a transpose for 90/270 degrees
+    (with a flip when the matrix mirrors), horizontal/vertical flips for 180 and a vertical flip for 0.
+    Angles that are not multiples of 90 degrees are left as stored (ffmpeg would rotate with black fill).
+    """
+    if not matrix or len(matrix) < 36:
+        return None
+    m = struct.unpack("<9i", matrix[:36])
+    a, b, c, d = m[0] / 65536, m[1] / 65536, m[3] / 65536, m[4] / 65536
+    sx, sy = math.hypot(a, c), math.hypot(b, d)
+    if sx == 0 or sy == 0:
+        return None
+    rotation = -math.degrees(math.atan2(b / sy, a / sx))  # counter-clockwise, as av_display_rotation_get
+    theta = -round(rotation)
+    theta -= 360 * math.floor(theta / 360 + 0.9 / 360)  # into [0, 360)
+    T = Image.Transpose
+    if abs(theta - 90) < 1:
+        return T.TRANSPOSE if m[3] > 0 else T.ROTATE_270  # transpose=cclock_flip / clock
+    if abs(theta - 270) < 1:
+        return T.TRANSVERSE if m[3] < 0 else T.ROTATE_90  # transpose=clock_flip / cclock
+    if abs(theta - 180) < 1:
+        h, v = m[0] < 0, m[4] < 0
+        return T.ROTATE_180 if h and v else T.FLIP_LEFT_RIGHT if h else T.FLIP_TOP_BOTTOM if v else None
+    if abs(theta) < 1 or abs(theta - 360) < 1:
+        return T.FLIP_TOP_BOTTOM if m[4] < 0 else None
+    return None
+
+
+def frame_display_matrix(frame) -> bytes | None:
+    for side in frame.side_data:
+        if getattr(side.type, "name", "") == "DISPLAYMATRIX":
+            return bytes(side)
+    return None
