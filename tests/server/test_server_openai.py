@@ -130,7 +130,8 @@ def _error(call):
 
 def test_bad_requests_are_400_with_our_codes(client, media):
     def ask(content, **kw):
-        return lambda: client.chat.completions.create(model="demo", max_tokens=4, temperature=0,
+        kw = {"max_tokens": 4, **kw}
+        return lambda: client.chat.completions.create(model="demo", temperature=0,
                                                       messages=[{"role": "user", "content": content}], **kw)
 
     img = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}

@@ -101,13 +101,13 @@ class Scheduler:
                 self._cond.wait()
             if self._closed:
                 return None
-        if self.batch_window_s > 0:  # let requests sent together arrive together
-            time.sleep(self.batch_window_s)
+            first = self._waiting.popleft()  # it holds the engine from now on: it no longer waits
+            self._running = 1
+        key = batch_key(first.params)
+        if key is not None and self.max_batch > 1 and self.batch_window_s > 0:
+            time.sleep(self.batch_window_s)  # let requests sent together arrive together
+        batch = [first]
         with self._cond:
-            if not self._waiting:
-                return []
-            first = self._waiting.popleft()
-            batch, key = [first], batch_key(first.params)
             if key is not None:
                 for job in list(self._waiting):
                     if len(batch) >= self.max_batch:
@@ -116,7 +116,7 @@ class Scheduler:
                         self._waiting.remove(job)
                         batch.append(job)
             self._running = len(batch)
-            return batch
+        return batch
 
     def _work(self) -> None:
         while True:
