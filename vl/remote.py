@@ -135,8 +135,10 @@ class RemoteEngine:
         return self._model or self._model_entry()["id"]
 
     @property
-    def context_length(self) -> int | None:
-        return self._model_entry().get("max_model_len")
+    def context_length(self) -> int:
+        """The server's `max_model_len` (vLLM and vl serve report it); else the released model's 131072
+        (the vLLM recipe's --max-model-len, docs/server.md)."""
+        return int(self._model_entry().get("max_model_len") or 131072)
 
     @property
     def model(self) -> _RemoteModel:
