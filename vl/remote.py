@@ -208,6 +208,8 @@ class RemoteEngine:
                     break
         end = time.perf_counter()
         reasoning_text, answer_text = "".join(reasoning).strip(), "".join(answer).strip()
+        if not reasoning_text and THINK_CLOSE in answer_text:  # a server without a reasoning parser
+            reasoning_text, _, answer_text = (part.strip() for part in answer_text.partition(THINK_CLOSE))
         truncated = finish == "length" and bool(reasoning_text) and not answer_text
         text = answer_text if not reasoning_text else reasoning_text + ("" if truncated else THINK_CLOSE + answer_text)
         stats = Stats(prompt_tokens=usage.get("prompt_tokens"), new_tokens=usage.get("completion_tokens"),

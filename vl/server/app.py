@@ -85,7 +85,7 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
         parsed = await loop.run_in_executor(None, lambda: parse_chat_request(
             body, served_names=config.served_names, policy=config.policy, ceilings=config.ceilings,
             default_max_tokens=config.default_max_tokens))
-        job = Job(parsed.chat, parsed.params, loop)
+        job = Job(parsed.chat, parsed.params, loop, stream=parsed.stream)
         scheduler.submit(job)
         cid = R.completion_id()
         if parsed.stream:

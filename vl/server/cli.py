@@ -53,6 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "gives none (default: the checkpoint's)")
     p.add_argument("--decode-sandbox", choices=["on", "off"], default="on", help="decode media in killable "
                    "subprocesses (default on)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, one per core); "
+                   "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -66,6 +68,10 @@ def build(args: argparse.Namespace):
     from vl.server.request import Ceilings
     from vl.server.scheduler import Scheduler
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
     model = args.model or default_model()
     roots = [str(Path(r).resolve()) for r in args.allowed_root]
     engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,

@@ -30,6 +30,7 @@ class Job:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)  # Event | ChatResult | VLError, then None
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.monotonic)
+    stream: bool = True  # False: only the result is delivered (no cross-thread wake-up per token)
 
     def __post_init__(self):
         self.request.cancel = self.cancel
@@ -153,8 +154,10 @@ class Scheduler:
         ended = set()
         try:
             for i, item in self.engine.stream_batch([j.request for j in live], params, raise_errors=False):
-                live[i].deliver(item)
-                if not hasattr(item, "kind"):  # a ChatResult or an error: this request is over
+                is_event = hasattr(item, "kind")
+                if live[i].stream or not is_event:
+                    live[i].deliver(item)
+                if not is_event:  # a ChatResult or an error: this request is over
                     ended.add(i)
                     live[i].deliver(None)
                     self.served += 1
