@@ -107,7 +107,8 @@ def config_from_args(args: argparse.Namespace):
                                  "pass --model PATH")
     return RunConfig(task=args.task, data=args.data, out=args.out, model=model, split=args.split,
                      media_root=args.media_root, limit=args.limit,
-                     batch_size=args.batch_size or (args.concurrency if args.backend == "openai" else 1),
+                     batch_size=(args.batch_size if args.batch_size is not None
+                                 else args.concurrency if args.backend == "openai" else 1),
                      thinking=args.thinking, max_new_tokens=args.max_new_tokens, max_num_tiles=args.max_tiles,
                      fps=args.fps, max_frames=args.max_frames, video_pruning_rate=args.video_pruning_rate,
                      skip_blank_tiles=args.skip_blank_tiles, token_pruning_rate=args.token_pruning_rate,
