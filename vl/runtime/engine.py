@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -21,7 +21,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from vl.errors import AuthenticationError, DecodeTimeoutError, InputError, RequestTooLargeError, VLError
+from vl.errors import (
+    AuthenticationError,
+    DecodeTimeoutError,
+    InputError,
+    RequestTooLargeError,
+    ServerUnavailableError,
+    VLError,
+)
 from vl.runtime.engine import ChatResult
 from vl.server import responses as R
 from vl.server.media import MediaPolicy
@@ -95,6 +102,7 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
 
     async def _complete(request: Request, job: Job, model: str, cid: str):
         watcher = asyncio.ensure_future(_watch_disconnect(request, job))
+        result = None
         try:
             while True:
                 item = await job.out.get()
@@ -107,6 +115,8 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
                         raise DecodeTimeoutError(f"the answer was not finished within this server's limit of "
                                                  f"{config.ceilings.request_timeout_s:g} s (--request-timeout)")
                     result = item
+            if result is None:  # withdrawn before it ran: its client is gone, nobody reads this
+                raise ServerUnavailableError("the request was withdrawn before it ran")
             return JSONResponse(R.completion(result, model, cid))
         finally:
             watcher.cancel()
