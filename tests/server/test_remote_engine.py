@@ -94,3 +94,19 @@ def test_app_runner_on_a_remote_engine(engine, served):
     assert final.done and final.answer == engine.chat(messages, max_new_tokens=20, thinking=False).answer
     table = stats_markdown(final.result, timeout_s=60)
     assert "prompt tokens" in table and "remote model 'demo'" in table
+
+
+def test_eval_sweep_over_a_remote_server(served, tmp_path):
+    import json
+
+    from data_recipes.synthetic.export import export_split
+    from eval.runner import RunConfig
+    from eval.sweep import run_sweep
+
+    tile = json.loads((DEMO / "config.json").read_text())["force_image_size"]
+    data = export_split("document", "test", 2, tmp_path / "docs", tile_size=tile)
+    cfg = RunConfig(task="synthetic_docs", data=str(data), out=str(tmp_path / "sweep"), backend="openai",
+                    base_url=served + "/v1", concurrency=2, batch_size=2, progress=False)
+    table = run_sweep(cfg, "max_new_tokens", [2, 16])
+    assert [r["n"] for r in table["rows"]] == [2, 2] and all(r["n_error"] == 0 for r in table["rows"])
+    assert {r["vision_tokens_after"] for r in table["rows"]} != {None}  # reported by our server
