@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--media-root", default=None, help="folder media paths are relative to (default: the data "
                    "file's folder); paths may not leave it")
     p.add_argument("--limit", type=int, default=None, help="first N items only")
-    p.add_argument("--batch-size", type=int, default=1, help="conversations generated together (default 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="conversations generated together (default 1; "
+                   "with --backend openai: --concurrency)")
     p.add_argument("--resume", action="store_true", help="continue a run in --out: skip finished items, redo "
                    "unfinished and retriable ones; records of another configuration are never reused")
     p.add_argument("--thinking", type=_on_off, default=False, help="reasoning on|off (default off: /no_think, "
@@ -75,14 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-sandbox", type=_on_off, default=True, help="decode media in killable subprocesses "
                    "(default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--backend", choices=["local", "openai"], default="local", help="local: the model in this "
+                   "process (default); openai: any OpenAI-compatible server at --base-url (vl serve, vLLM, SGLang)")
+    p.add_argument("--base-url", default=None, help="with --backend openai: the server, e.g. http://host:8000/v1")
+    p.add_argument("--api-key", default=None, help="with --backend openai: sent as a bearer token (default: "
+                   "$OPENAI_API_KEY when set)")
+    p.add_argument("--served-model", default=None, help="with --backend openai: the model id (default: the one "
+                   "the server lists)")
+    p.add_argument("--concurrency", type=int, default=4, help="with --backend openai: requests in flight at once "
+                   "(default 4); --batch-size defaults to it")
     return p
 
 
 def config_from_args(args: argparse.Namespace):
     from eval.runner import RunConfig
 
+    import os
+
     model = args.model
-    if model is None:
+    if args.backend == "openai":
+        model = None
+    elif model is None:
         from vl.cli import default_model
 
         model = default_model()
@@ -92,13 +106,18 @@ def config_from_args(args: argparse.Namespace):
             raise RunOptionError(f"no --model given and the shipped demo model is not in {model} (no config.json); "
                                  "pass --model PATH")
     return RunConfig(task=args.task, data=args.data, out=args.out, model=model, split=args.split,
-                     media_root=args.media_root, limit=args.limit, batch_size=args.batch_size,
+                     media_root=args.media_root, limit=args.limit,
+                     batch_size=(args.batch_size if args.batch_size is not None
+                                 else args.concurrency if args.backend == "openai" else 1),
                      thinking=args.thinking, max_new_tokens=args.max_new_tokens, max_num_tiles=args.max_tiles,
                      fps=args.fps, max_frames=args.max_frames, video_pruning_rate=args.video_pruning_rate,
                      skip_blank_tiles=args.skip_blank_tiles, token_pruning_rate=args.token_pruning_rate,
                      seed=args.seed, dtype=args.dtype, device=args.device, retries=args.retries,
                      max_attempts=args.max_attempts, item_timeout_s=args.item_timeout, isolation=args.isolation,
-                     decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress)
+                     decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress,
+                     backend=args.backend, base_url=args.base_url,
+                     api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), served_model=args.served_model,
+                     concurrency=args.concurrency)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -87,6 +87,8 @@ def model_facts(model: str, dtype: str | None = None) -> dict:
 
 def fingerprint(task: Task, facts: dict, settings: GenerationSettings, device_type: str) -> str:
     model = {k: facts.get(k) for k in ("path", "weights_digest", "config_digest", "files_digest", "precision")}
+    if facts.get("remote"):  # a served model (eval/remote_backend.py): its URL and model id
+        model["remote"] = facts["remote"]
     decided = {k: v for k, v in dataclasses.asdict(settings).items() if k != "timeout_s"}
     payload = {"format": RECORD_FORMAT, "model": model, "device_type": device_type,
                "task": {"name": task.name, "pre_prompt": task.pre_prompt, "post_prompt": task.post_prompt},

@@ -56,6 +56,7 @@ from vl.errors import (
 )
 
 ISOLATION = ("process", "inline")
+BACKENDS = ("local", "openai")
 
 
 class RunOptionError(InputError):
@@ -95,6 +96,11 @@ class RunConfig:
     decode_sandbox: bool = True  # media decoding in killable subprocesses (vl/processing/sandbox.py)
     resume: bool = False
     progress: bool = True
+    backend: str = "local"  # "local": vl.Engine here; "openai": an OpenAI-compatible server (eval/remote_backend.py)
+    base_url: str | None = None
+    api_key: str | None = None
+    served_model: str | None = None  # None: the one model the server lists
+    concurrency: int = 4  # requests in flight at once against a server
 
     def __post_init__(self):
         checks = [
@@ -113,6 +119,9 @@ class RunConfig:
             (self.item_timeout_s is None or self.item_timeout_s > 0, "item_timeout_s", "seconds > 0"),
             (self.isolation in ISOLATION, "isolation", f"one of {ISOLATION}"),
             (isinstance(self.thinking, bool), "thinking", "True (/think) or False (/no_think)"),
+            (self.backend in BACKENDS, "backend", f"one of {BACKENDS}"),
+            (self.backend != "openai" or bool(self.base_url), "base_url", "a server URL with --backend openai"),
+            (self.concurrency >= 1, "concurrency", "an integer >= 1"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -238,6 +247,10 @@ def default_device(device: str | None, local_rank: int) -> str:
 
 
 def make_backend(cfg: RunConfig, device: str):
+    if cfg.backend == "openai":
+        from eval.remote_backend import RemoteBackend
+
+        return RemoteBackend(cfg.base_url, api_key=cfg.api_key, model=cfg.served_model, concurrency=cfg.concurrency)
     kwargs = {"model": cfg.model, "dtype": cfg.dtype, "device": device, "decode_sandbox": cfg.decode_sandbox}
     if cfg.isolation == "inline":
         return EngineBackend(**kwargs)
@@ -313,6 +326,13 @@ class Runner:
         self.log = log or (_stderr if self.dist.main else (lambda msg: None))
         self.sleep = sleep
         self.device = default_device(cfg.device, self.dist.local_rank)
+        if cfg.backend == "openai":  # the model lives behind a URL: its address and id identify it
+            from eval.remote_backend import remote_facts
+
+            self.device = "remote"
+            if backend is None:
+                backend, self._made_backend = make_backend(cfg, self.device), True
+            facts = facts or remote_facts(backend.engine)
         if facts is None:
             if cfg.model is None:
                 raise RunOptionError("no model: pass --model PATH (a Nano V2 VL checkpoint directory)")
@@ -320,7 +340,7 @@ class Runner:
         self.facts = facts
         self.settings = effective_settings(cfg, self.task, facts)
         self.fingerprint = fingerprint(self.task, facts, self.settings, self.device.split(":")[0])
-        self._backend, self._own_backend = backend, backend is None
+        self._backend, self._own_backend = backend, backend is None or getattr(self, "_made_backend", False)
         self.out = Path(cfg.out)
         self.records_dir = self.out / "records"
         self.stats = {"items_run": 0, "retries": 0, "batch_splits": 0, "errors": 0}
@@ -561,7 +581,7 @@ class Runner:
             "evs_rate": s.video_pruning_rate, "skip_blank_tiles": s.skip_blank_tiles,
             "token_pruning_rate": s.token_pruning_rate, "precision": self.facts.get("precision"),
             "device_type": self.device.split(":")[0], "seeds": {"torch": s.seed},
-            "model": self.facts.get("path"),
+            "model": self.facts.get("path"), "remote": self.facts.get("remote"),
             "model_digests": {k: self.facts.get(k) for k in ("weights_digest", "config_digest", "files_digest")},
             "fingerprint": self.fingerprint, "record_format": RECORD_FORMAT,
         })

@@ -43,7 +43,11 @@ def _token_stats(records: list[dict]) -> dict:
     ok = [r["tokens"] for r in records if r.get("status") == "ok" and r.get("tokens")]
     out: dict[str, Any] = {"items": len(ok)}
     for key in ("prompt", "vision_before", "vision_after", "new"):
-        total = sum(t.get(key, 0) for t in ok)
+        values = [t.get(key, 0) for t in ok]
+        if any(v is None for v in values):  # a backend that does not report it (a remote server)
+            out[key] = {"total": None, "mean": None, "note": "not reported by the backend"}
+            continue
+        total = sum(values)
         out[key] = {"total": total, "mean": round(total / len(ok), 3) if ok else None}
     before, after = out["vision_before"]["total"], out["vision_after"]["total"]
     out["vision_kept_fraction"] = round(after / before, 6) if before else None

@@ -70,10 +70,14 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
               dist: Dist | None = None, log=None) -> dict | None:
     """One run per value of `field`; rank 0 returns the sweep table (other ranks None)."""
     dist = dist or Dist()
-    facts = facts or model_facts(cfg.model, cfg.dtype)
     own = backend is None
     if own:
         backend = make_backend(cfg, default_device(cfg.device, dist.local_rank))
+    if facts is None and cfg.backend == "openai":
+        from eval.remote_backend import remote_facts
+
+        facts = remote_facts(backend.engine)
+    facts = facts or model_facts(cfg.model, cfg.dtype)
     rows = []
     try:
         # Untimed warm-up on two items of the first setting: otherwise the first run alone pays the one-time

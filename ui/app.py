@@ -184,6 +184,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=AppLimits.request_timeout_s,
                    help="seconds after which an answer is cut off")
     p.add_argument("--examples-dir", default=None, help="where the bundled examples are written on first run")
+    p.add_argument("--backend", default=None, metavar="URL", help="answer with the model of an OpenAI-compatible "
+                   "server at URL (vl serve, vLLM, ...) instead of loading one here (docs/server.md)")
+    p.add_argument("--api-key", default=None, help="with --backend: bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--served-model", default=None, help="with --backend: model id (default: the one it lists)")
     return p.parse_args(argv)
 
 
@@ -199,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     from vl.cli import default_model
 
     model = args.model or default_model()
-    if not (Path(model) / "config.json").is_file() and args.model is None:
+    shown = Path(model).name
+    if not (Path(model) / "config.json").is_file() and args.model is None and not args.backend:
         print(f"vl app: the demo model is not in {model} yet; pass --model DIR (a checkpoint directory)",
               file=sys.stderr)
         return 2
@@ -221,9 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         examples_dir, examples = ensure_examples(args.examples_dir)
     try:
         with _Step(3, steps, f"loading the model from {model}"):
-            engine = UIEngine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map, isolate=True,
-                                              limits=limits.media,
-                                              allowed_roots=[get_upload_folder(), examples_dir])
+            if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)
+                from vl.remote import RemoteEngine
+
+                engine = RemoteEngine(args.backend, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+                                      model=args.served_model, limits=limits.media)
+                shown, model = f"{engine.model_name} at {args.backend}", None
+            else:
+                engine = UIEngine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map, isolate=True,
+                                                  limits=limits.media,
+                                                  allowed_roots=[get_upload_folder(), examples_dir])
     except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
         print(f"vl app: could not load the model: {exc}", file=sys.stderr)
         if own_uploads:
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with _Step(4, steps, "building the interface"):
         demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
-                         model_name=Path(model).name)
+                         model_name=shown)
     print(f"[5/5] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C: uploads are removed
         signal.signal(signal.SIGTERM, _raise_interrupt)

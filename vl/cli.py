@@ -20,6 +20,7 @@ COMMANDS = {
     "chat": ("vl.cli:chat_main", "one question about images / a PDF / a video, answer streamed to stdout"),
     "eval": ("eval.__main__:main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
                                    "compares two)"),
+    "serve": ("vl.server.cli:main", "OpenAI-compatible server: /v1/models, /v1/chat/completions (docs/server.md)"),
     "quantize": ("vl.quant.cli:main", "export a BF16 checkpoint to FP8 or NVFP4 (ModelOpt layout)"),
     "bench": ("vl.bench:main", "speed and memory against transformers, measured in one process"),
     "train-demo": ("data_recipes.train:main", "train the demo model on synthetic documents and videos"),

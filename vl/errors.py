@@ -86,3 +86,59 @@ class DecoderCrashedError(VLError):
 class DecodeTimeoutError(VLError):
     code = "decode_timeout"
     http_status = 504
+
+
+# --- serving (vl/server, vl/remote.py) ---------------------------------------------------------------
+class MediaURLRefusedError(RemoteMediaError):
+    """An http(s) media URL sent to a server started without --allow-fetch."""
+
+    code = "media_url_refused"
+    http_status = 400
+
+
+class MediaFetchError(InputError):
+    """A media URL the server was allowed to fetch could not be fetched (refused address, HTTP error, redirect,
+    too slow)."""
+
+    code = "media_fetch_failed"
+
+
+class AuthenticationError(InputError):
+    code = "invalid_api_key"
+    http_status = 401
+
+
+class ModelNotFoundError(InputError):
+    code = "model_not_found"
+    http_status = 404
+
+
+class RequestTooLargeError(InputError):
+    code = "request_too_large"
+    http_status = 413
+
+
+class QueueFullError(VLError):
+    """Every queue slot is taken; the client should retry later (the server never makes it wait unboundedly)."""
+
+    code = "queue_full"
+    http_status = 429
+
+
+class ServerUnavailableError(VLError, ConnectionError):
+    """The server cannot take the request now (shutting down, or a remote server that does not answer);
+    transient: retrying later may succeed."""
+
+    code = "unavailable"
+    http_status = 503
+
+
+def error_class_for(code: str) -> type[VLError]:
+    """The error class whose stable `code` this is (VLError for an unknown one): how a client of our server
+    turns an error reply back into the same typed error a local engine would have raised."""
+    stack, found = [VLError], {}
+    while stack:
+        cls = stack.pop()
+        found.setdefault(cls.code, cls)
+        stack.extend(cls.__subclasses__())
+    return found.get(code, VLError)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import resource
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,15 +17,11 @@ from pathlib import Path
 import torch
 
 from vl.errors import GenerationOptionError, InputError
-from vl.processing.chat import ThinkSplitter, split_reasoning
-from vl.runtime.detokenize import IncrementalDecoder
-from vl.runtime.generate import decode_step, generate_steps, left_pad, left_pad_embeds
+from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
+from vl.runtime.generate import decode_step
 from vl.runtime.placement import execution_device
-from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.sampling import SamplingParams
 
-_PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
-                   "add_generation_prompt", "skip_blank_tiles")
 
 
 @dataclass
@@ -135,127 +129,50 @@ class Engine:
              reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
              video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0,
              cancel: threading.Event | None = None, timeout_s: float | None = None, **processor_kwargs):
-        unknown = sorted(set(processor_kwargs) - set(_PROCESSOR_KEYS))
-        if unknown:
-            raise GenerationOptionError(f"unknown option(s) {unknown}; sampling: temperature, top_p, top_k, "
-                                        f"repetition_penalty, seed; processing: {', '.join(_PROCESSOR_KEYS)}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 repetition_penalty=repetition_penalty, seed=seed)
-        if reasoning_budget is not None and (not isinstance(reasoning_budget, int) or reasoning_budget < 0):
-            raise GenerationOptionError(f"reasoning_budget must be an int >= 0, found {reasoning_budget!r}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
-        processor_kwargs["token_pruning_rate"] = token_pruning_rate
-        gen = self._chat_events(messages, max_new_tokens, params, thinking, reasoning_budget, stop or [],
-                                video_pruning_rate, cancel, timeout_s, processor_kwargs)
+        request = ChatRequest(messages, max_new_tokens, thinking, reasoning_budget, list(stop or []),
+                              video_pruning_rate, token_pruning_rate, cancel, timeout_s, processor_kwargs).validate()
+        s = ChatStream(self._chat_events(request, params))
         if stream:
-            return ChatStream(gen)
-        s = ChatStream(gen)
+            return s
         for _ in s:
             pass
         return s.result
 
-    def _chat_events(self, messages, max_new_tokens, params, thinking, reasoning_budget, stop, video_pruning_rate,
-                     cancel, timeout_s, proc):
-        with self._lock:
-            t0 = time.perf_counter()
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
-            embeds, inputs, stats = self.prepare(messages, thinking=thinking, video_pruning_rate=video_pruning_rate,
-                                                 **proc)
-            opened = inputs.prompt.prompt_opened_think
-            budget = None if reasoning_budget is None else ReasoningBudget(self.tokenizer, reasoning_budget, opened)
-            splitter, decoder = ThinkSplitter(opened), IncrementalDecoder(self.tokenizer)
-            ids: list[int] = []
-            text, finish, first = "", "length", None
-            steps = generate_steps(self.lm, inputs_embeds=embeds, max_new_tokens=max_new_tokens, params=params,
-                                   stop_ids=self.stop_ids, prefill_chunk=self.prefill_chunk,
-                                   controllers=[budget], context_length=self.context_length,
-                                   context_ids=inputs.input_ids, decode=self.decode)
-            for ev in steps:
-                tok = ev.tokens[0]
-                first = first or time.perf_counter()
-                if tok in self.stop_ids:
-                    finish = "stop"
-                    break
-                ids.append(tok)
-                piece = decoder.push(tok)
-                hit = _find_stop(text + piece, stop, len(text))
-                if hit is not None:
-                    piece, finish = (text + piece)[:hit][len(text):], "stop_string"
-                text += piece
-                for kind, chunk in splitter.feed(piece):
-                    yield Event(kind, chunk)
-                if finish == "stop_string":
-                    break
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                    finish = "timeout"
-                    break
-            steps.close()
-            if finish in ("length", "stop", "cancelled", "timeout"):
-                tail = decoder.flush()
-                text += tail
-                for kind, chunk in splitter.feed(tail):
-                    yield Event(kind, chunk)
-            for kind, chunk in splitter.finish():
-                yield Event(kind, chunk)
-            end = time.perf_counter()
-            reasoning, answer, truncated = split_reasoning(text, opened)
-            stats.new_tokens = len(ids)
-            stats.total_s = end - t0
-            stats.time_to_first_token_s = (first or end) - t0
-            if first and len(ids) > 1:
-                stats.decode_tokens_per_s = (len(ids) - 1) / max(end - first, 1e-9)
-            stats.peak_memory_bytes = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
-                                       else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-            if budget is not None and budget.forced:
-                stats.notes.append(f"reasoning cut at the budget of {reasoning_budget} tokens")
-            return ChatResult(text, reasoning, answer, ids, stats, finish, truncated)
+    def _chat_events(self, request: ChatRequest, params: SamplingParams):
+        result = None
+        for _, item in run_batch(self, [request], params):
+            if isinstance(item, Event):
+                yield item
+            else:
+                result = item
+        return result
 
     def chat_batch(self, conversations, **kwargs) -> list[ChatResult]:
         """Several conversations at once (left-padded); results equal running them one by one."""
         kwargs = dict(kwargs)
         if kwargs.pop("stream", False):
-            raise GenerationOptionError("chat_batch does not stream; call chat(stream=True) per conversation")
-        max_new_tokens = kwargs.pop("max_new_tokens", 256)
-        thinking = kwargs.pop("thinking", None)
-        vpr = kwargs.pop("video_pruning_rate", None)
-        tpr = kwargs.pop("token_pruning_rate", 0.0)
-        proc = {k: kwargs.pop(k) for k in list(kwargs) if k in _PROCESSOR_KEYS}
-        for k in ("reasoning_budget", "stop", "cancel", "timeout_s"):
-            if kwargs.get(k) is not None:
-                raise GenerationOptionError(f"{k} is supported by chat(), not chat_batch()")
-            kwargs.pop(k, None)
+            raise GenerationOptionError("chat_batch does not stream; call chat(stream=True) per conversation, "
+                                        "or stream_batch()")
+        shared = {k: kwargs.pop(k) for k in ("max_new_tokens", "thinking", "reasoning_budget", "video_pruning_rate",
+                                             "token_pruning_rate", "cancel", "timeout_s") if k in kwargs}
+        stop = list(kwargs.pop("stop", None) or [])
+        proc = {k: kwargs.pop(k) for k in list(kwargs) if k in PROCESSOR_KEYS}
         params = SamplingParams.from_kwargs(**kwargs)
-        with self._lock:
-            t0 = time.perf_counter()
-            prepared = [self.prepare(m, thinking=thinking, video_pruning_rate=vpr, token_pruning_rate=tpr, **proc)
-                        for m in conversations]
-            embeds, mask = left_pad_embeds([e[0] for e, _, _ in prepared])
-            ctx, _ = left_pad([p.input_ids[0] for _, p, _ in prepared])
-            rows = [[] for _ in prepared]
-            first = None
-            for ev in generate_steps(self.lm, inputs_embeds=embeds, attention_mask=mask,
-                                     max_new_tokens=max_new_tokens, params=params, stop_ids=self.stop_ids,
-                                     prefill_chunk=self.prefill_chunk, context_length=self.context_length,
-                                     context_ids=ctx, decode=self.decode):
-                first = first or time.perf_counter()
-                for i, tok in enumerate(ev.tokens):
-                    if tok is not None and tok not in self.stop_ids:
-                        rows[i].append(tok)
-            end = time.perf_counter()
-        results = []
-        for (_, inputs, stats), toks in zip(prepared, rows):
-            text = self.tokenizer.decode(toks)
-            reasoning, answer, truncated = split_reasoning(text, inputs.prompt.prompt_opened_think)
-            stats.new_tokens, stats.total_s = len(toks), end - t0
-            stats.time_to_first_token_s = (first or end) - t0
-            finish = "length" if len(toks) >= max_new_tokens else "stop"
-            results.append(ChatResult(text, reasoning, answer, toks, stats, finish, truncated))
+        requests = [ChatRequest(m, stop=list(stop), processor=dict(proc), **shared) for m in conversations]
+        results: list = [None] * len(requests)
+        for i, item in self.stream_batch(requests, params, raise_errors=True):
+            if isinstance(item, ChatResult):
+                results[i] = item
         return results
+
+    def stream_batch(self, requests: list[ChatRequest], params: SamplingParams = SamplingParams(), *,
+                     raise_errors: bool = False):
+        """Requests with their own options, decoded together (vl/runtime/batch.py): yields `(i, Event)`,
+        `(i, ChatResult)` when request i ends, and `(i, VLError)` for a request that could not be prepared
+        (unless `raise_errors`). The server's batches go through here."""
+        return run_batch(self, requests, params, raise_errors=raise_errors)
 
     # --- tokens --------------------------------------------------------------------------------------
     def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,
@@ -325,18 +242,6 @@ class VisionCache:
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return value
-
-
-def _find_stop(text: str, stops: list[str], searched_upto: int) -> int | None:
-    """Index where the earliest stop string starts, looking only at text not already searched."""
-    best = None
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s, max(0, searched_upto - len(s) + 1))
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
 
 
 def _generation_stop_ids(path) -> set[int]:

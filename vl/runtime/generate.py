@@ -98,13 +98,15 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
                    params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
                    controllers: list | None = None, context_length: int | None = None, context_ids=None,
                    on_prefill_done: Callable[[], None] | None = None,
-                   decode: str = "eager") -> Iterator[StepEvent]:
+                   decode: str = "eager", finished: list[bool] | None = None) -> Iterator[StepEvent]:
     """Prefill then decode; yields one `StepEvent` per generated position.
 
     `lm` is a Nemotron-H LM (or anything with its forward signature and `.config`). `controllers[i]`, when
     given, has `.next_forced(row_ids) -> int | None` and `.observe(token_id)`; a forced token replaces the
     sampled one for that row. `context_ids` (b, n): the ids the repetition penalty counts as seen (defaults to
-    input_ids; pass them when prefilling from embeddings). `decode`: see `decode_step`.
+    input_ids; pass them when prefilling from embeddings). `decode`: see `decode_step`. `finished` (b,), when
+    given, is the caller's own per-row flag list: setting a row's flag between steps ends that row (a client that
+    went away, a stop string, the row's own token limit); the loop returns once every row has finished.
     """
     x = input_ids if inputs_embeds is None else inputs_embeds
     b, t = x.shape[0], x.shape[1]
@@ -138,7 +140,10 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
         on_prefill_done()
     pos = torch.tensor(t, device=device) if static else None  # next position, advanced in place
     stop = torch.tensor(sorted(set(int(s) for s in stop_ids)), dtype=torch.long)
-    finished = [False] * b
+    if finished is None:
+        finished = [False] * b
+    elif len(finished) != b:
+        raise GenerationOptionError(f"finished has {len(finished)} flags for a batch of {b} rows")
     context_ids = input_ids if context_ids is None else context_ids
     seen = context_ids.cpu() if (context_ids is not None and params.repetition_penalty != 1.0) else None
     history: list[list[int]] = [[] for _ in range(b)]

@@ -1,0 +1,162 @@
+"""`vl serve` throughput: 8 concurrent clients against one client at a time, on the demo model.
+
+Starts `vl serve` on a free loopback port (the shipped demo model unless --model), then sends the same
+document questions (held-out synthetic pages and PDFs, greedy, reasoning --thinking on|off, at most
+--max-tokens each) in two phases, interleaved
+over --rounds rounds so that a busy machine affects both alike:
+  * sequential: one client, one request after the other;
+  * concurrent: --clients client threads at once, each with its share of the requests (the server batches
+    what arrives together, vl/server/scheduler.py).
+Reports requests/s and completion tokens/s of each phase, their ratio, and p50/p95 request latency.
+
+Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 16] [--clients 8] [--rounds 2]
+       [--max-tokens 32] [--max-batch 8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def questions(n: int, tile: int) -> list[dict]:
+    from data_recipes.synthetic.export import export_split
+
+    data = export_split("document", "test", n, Path(tempfile.mkdtemp(prefix="vl-bench-server-")), tile_size=tile)
+    out = []
+    for line in data.read_text().splitlines():
+        row = json.loads(line)
+        part = row["content"][0]
+        b64 = base64.b64encode((data.parent / part[part["type"]]).read_bytes()).decode()
+        media = ({"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}} if part["type"] == "image"
+                 else {"type": "file", "file": {"filename": "page.pdf", "file_data": "data:application/pdf;base64," + b64}})
+        out.append({"media": media, "question": row["question"]})
+    return out
+
+
+def ask(client: httpx.Client, base: str, q: dict, max_tokens: int, thinking: bool) -> tuple[float, int]:
+    body = {"messages": [{"role": "user", "content": [q["media"], {"type": "text", "text": q["question"]}]}],
+            "max_tokens": max_tokens, "temperature": 0, "chat_template_kwargs": {"enable_thinking": thinking}}
+    t0 = time.perf_counter()
+    r = client.post(base + "/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - t0, r.json()["usage"]["completion_tokens"]
+
+
+def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bool) -> dict:
+    lat, toks, lock = [], [], threading.Lock()
+    shares = [qs[i::clients] for i in range(clients)]
+
+    def run(share):
+        with httpx.Client() as c:
+            for q in share:
+                s, n = ask(c, base, q, max_tokens, thinking)
+                with lock:
+                    lat.append(s)
+                    toks.append(n)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(s,)) for s in shares]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "requests": len(lat), "wall_s": wall, "latencies_s": lat, "tokens": sum(toks)}
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(q / 100 * len(v) + 0.5) - 1))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(REPO / "vl" / "demo"))
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--thinking", choices=["on", "off"], default="on", help="reasoning on (the model's default: "
+                   "longer answers) or off")
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="vl serve --threads (default 1: on a busy 2-core machine "
+                   "two torch threads wait on each other, measured 60 ms against 2.5 ms per decode step)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    tile = json.loads((Path(args.model) / "config.json").read_text())["force_image_size"]
+    qs = questions(args.requests, tile)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    server = subprocess.Popen([sys.executable, "-m", "vl.cli", "serve", "--model", args.model, "--port", str(port),
+                               "--max-batch", str(args.max_batch), "--max-queue", str(4 * args.clients),
+                               "--threads", str(args.threads), "--log-level", "warning"], cwd=REPO, env=env)
+    try:
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+            if server.poll() is not None:
+                raise SystemExit("vl serve exited")
+        phase(base, qs[:4], 4, args.max_tokens, args.thinking == "on")  # warm-up: first calls, allocator growth, each batch size once
+        phase(base, qs[:2], 1, args.max_tokens, args.thinking == "on")
+        seq, conc = [], []
+        for _ in range(args.rounds):
+            seq.append(phase(base, qs, 1, args.max_tokens, args.thinking == "on"))
+            conc.append(phase(base, qs, args.clients, args.max_tokens, args.thinking == "on"))
+        health = httpx.get(base + "/health").json()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    def summary(runs):
+        wall = sum(r["wall_s"] for r in runs)
+        lat = [x for r in runs for x in r["latencies_s"]]
+        n, toks = sum(r["requests"] for r in runs), sum(r["tokens"] for r in runs)
+        return {"requests_per_s": n / wall, "tokens_per_s": toks / wall, "p50_s": statistics.median(lat),
+                "p95_s": pct(lat, 95), "requests": n, "completion_tokens": toks, "wall_s": wall}
+
+    s, c = summary(seq), summary(conc)
+    result = {"sequential": s, "concurrent": c, "speedup_requests_per_s": c["requests_per_s"] / s["requests_per_s"],
+              "clients": args.clients, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
+              "thinking": args.thinking, "threads": args.threads,
+              "batches": health.get("batches"), "served": health.get("served"), "load_avg": os.getloadavg(),
+              "cpu_threads": os.cpu_count()}
+    print(f"one at a time : {s['requests_per_s']:.2f} req/s, {s['tokens_per_s']:.1f} tok/s, "
+          f"p50 {s['p50_s']:.2f} s, p95 {s['p95_s']:.2f} s ({s['requests']} requests)")
+    print(f"{args.clients} concurrent  : {c['requests_per_s']:.2f} req/s, {c['tokens_per_s']:.1f} tok/s, "
+          f"p50 {c['p50_s']:.2f} s, p95 {c['p95_s']:.2f} s ({c['requests']} requests)")
+    print(f"throughput ratio (concurrent / one at a time): {result['speedup_requests_per_s']:.2f}x; "
+          f"{health.get('batches')} batches for {health.get('served')} requests; load average "
+          f"{' '.join(f'{x:.1f}' for x in result['load_avg'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Start `vl serve` (a subprocess) or the same app in this process (uvicorn in a thread), on free loopback ports.
+
+The in-process form shares one loaded engine between several server configurations (API key, tiny limits, an
+engine that never emits its stop token), which keeps the error-class tests to seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "vl" / "demo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_health(base: str, proc: subprocess.Popen | None = None, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vl serve exited with {proc.returncode}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{base} did not come up within {timeout} s")
+
+
+def start_serve(port: int, *flags: str, log_path: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = open(log_path, "a") if log_path else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "-m", "vl.cli", "serve", "--port", str(port), "--log-level", "warning",
+                             *flags], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def in_process_server(engine, **config):
+    """The `vl serve` app over `engine`, served by uvicorn in a thread; yields (base_url, scheduler)."""
+    import uvicorn
+
+    from vl.server.app import ServerConfig, create_app
+    from vl.server.scheduler import Scheduler
+
+    sched_kw = {k: config.pop(k) for k in ("max_batch", "max_queue", "batch_window_s") if k in config}
+    scheduler = Scheduler(engine, **sched_kw)
+    app = create_app(engine, scheduler, ServerConfig(**config))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_health(base, timeout=30)
+        yield base, scheduler
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        scheduler.close()
+
+
+def data_uri(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def png_bytes(colour="red", size=(96, 64)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "PNG")
+    return buf.getvalue()

@@ -1,0 +1,146 @@
+"""The server's media policy (vl/server/media.py) and request parsing (vl/server/request.py), without a model:
+data URIs capped before decoding, file:// only under allowed roots (symlinks resolved), URLs refused unless
+fetching is on, and then no non-public address, no redirect, byte and time caps (a loopback test server
+counts its hits)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import os
+import threading
+import time
+
+import pytest
+
+from vl.errors import (
+    GenerationOptionError,
+    InputError,
+    MediaFetchError,
+    MediaTooLargeError,
+    MediaURLRefusedError,
+    ModelNotFoundError,
+    RemoteMediaError,
+)
+from vl.processing.limits import MediaLimits
+from vl.server.media import MediaPolicy, resolve
+from vl.server.request import Ceilings, parse_chat_request
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    hits = 0
+
+    def do_GET(self):  # noqa: N802
+        type(self).hits += 1
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/ok")
+            self.end_headers()
+        elif self.path == "/big":
+            self.send_response(200)
+            self.send_header("Content-Length", str(10_000))
+            self.end_headers()
+            self.wfile.write(b"x" * 10_000)
+        elif self.path == "/slow":
+            self.send_response(200)
+            self.end_headers()
+            for _ in range(40):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.05)
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def http_server():
+    _Handler.hits = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_data_uri_size_is_checked_before_decoding():
+    policy = MediaPolicy(limits=MediaLimits(max_image_bytes=1000))
+    assert resolve("data:image/png;base64," + base64.b64encode(b"a" * 900).decode(), "image", policy) == b"a" * 900
+    with pytest.raises(MediaTooLargeError, match="at most 1000"):
+        resolve("data:image/png;base64," + "A" * 4000, "image", policy)
+    with pytest.raises(InputError, match="base64"):
+        resolve("data:image/png;base64,???", "image", policy)
+    with pytest.raises(InputError, match="data:<mime>;base64"):
+        resolve("data:image/png,raw", "image", policy)
+
+
+def test_file_urls_only_under_allowed_roots(tmp_path):
+    inside, outside = tmp_path / "media", tmp_path / "secret"
+    inside.mkdir()
+    outside.mkdir()
+    (inside / "a.png").write_bytes(b"x")
+    (outside / "b.png").write_bytes(b"y")
+    os.symlink(outside / "b.png", inside / "link.png")
+    with pytest.raises(RemoteMediaError, match="--allowed-root"):
+        resolve(f"file://{inside / 'a.png'}", "image", MediaPolicy())
+    policy = MediaPolicy(allowed_roots=(inside,))
+    assert resolve(f"file://{inside / 'a.png'}", "image", policy) == str((inside / "a.png").resolve())
+    for escape in (f"file://{outside / 'b.png'}", f"file://{inside}/../secret/b.png", f"file://{inside / 'link.png'}",
+                   f"file://{inside}/%2e%2e/secret/b.png", "file://evil.example.com/etc/passwd"):
+        with pytest.raises(RemoteMediaError):
+            resolve(escape, "image", policy)
+
+
+def test_urls_refused_unless_fetching_is_on_and_never_private_by_default(http_server):
+    with pytest.raises(MediaURLRefusedError, match="--allow-fetch"):
+        resolve(http_server + "/ok", "image", MediaPolicy())
+    with pytest.raises(MediaFetchError, match="non-public"):
+        resolve(http_server + "/ok", "image", MediaPolicy(allow_fetch=True))
+    for host in ("http://169.254.169.254/latest", "http://10.0.0.1/x", "http://localhost/x"):
+        with pytest.raises(MediaFetchError, match="non-public"):
+            resolve(host, "image", MediaPolicy(allow_fetch=True))
+    assert _Handler.hits == 0
+
+
+def test_fetch_caps_bytes_time_and_redirects(http_server):
+    policy = MediaPolicy(allow_fetch=True, allow_private_fetch=True, fetch_max_bytes=1000, fetch_timeout_s=0.5)
+    assert resolve(http_server + "/ok", "image", policy) == b"hello"
+    with pytest.raises(MediaTooLargeError):
+        resolve(http_server + "/big", "image", policy)
+    with pytest.raises(MediaFetchError, match="redirect"):
+        resolve(http_server + "/redirect", "image", policy)
+    t0 = time.monotonic()
+    with pytest.raises(MediaFetchError, match="longer than"):
+        resolve(http_server + "/slow", "image", policy)
+    assert time.monotonic() - t0 < 1.5
+    assert _Handler.hits == 4  # the redirect's target was never requested
+
+
+def _parse(**body):
+    return parse_chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, served_names=("m",),
+                              policy=MediaPolicy(), ceilings=Ceilings(max_tokens=100))
+
+
+def test_request_fields():
+    p = _parse(max_completion_tokens=7, temperature=0, stop="x", seed=3, top_k=-1, mm_processor_kwargs={
+        "max_num_tiles": 2, "fps": 1.0, "max_frames": 8}, chat_template_kwargs={"enable_thinking": False},
+        video_pruning_rate=0.5, token_pruning_rate=0.25, skip_blank_tiles=True, reasoning_budget=10, user="u")
+    c = p.chat
+    assert (c.max_new_tokens, c.stop, c.thinking, c.reasoning_budget) == (7, ["x"], False, 10)
+    assert c.processor == {"max_num_tiles": 2, "fps": 1.0, "max_frames": 8, "skip_blank_tiles": True}
+    assert (c.video_pruning_rate, c.token_pruning_rate, p.params.seed, p.params.top_k) == (0.5, 0.25, 3, 0)
+    assert _parse().params.temperature == 1.0 and _parse().chat.max_new_tokens == 100  # OpenAI's defaults, capped
+    for bad in ({"max_tokens": 101}, {"n": 3}, {"logprobs": True}, {"tools": [{"type": "function"}]},
+                {"presence_penalty": 0.5}, {"mm_processor_kwargs": {"max_frames": 129}},
+                {"mm_processor_kwargs": {"size": 9}}, {"video_pruning_rate": 1.0}, {"temperature": -1},
+                {"chat_template_kwargs": {"foo": 1}}, {"stop": ["a"] * 17}, {"top_p": 0}):
+        with pytest.raises(GenerationOptionError):
+            _parse(**bad)
+    with pytest.raises(ModelNotFoundError):
+        _parse(model="other")
+    with pytest.raises(InputError, match="unsupported part type"):
+        _parse(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])

@@ -1,0 +1,305 @@
+"""`RemoteEngine`: `vl.Engine`'s `chat` interface over any OpenAI-compatible server (`vl serve`, vLLM, SGLang, NIM).
+
+Tools that take an engine (the eval runner, the Gradio app) can drive a model served elsewhere: messages in
+our shape become an OpenAI Chat Completions request with every medium sent as a `data:` URI (images as
+`image_url`, videos as vLLM's `video_url`, PDFs as OpenAI's `file` part), the options become OpenAI fields
+plus vLLM's and our extensions (only those that differ from their defaults are sent, so a server that does
+not know an extension is not sent it needlessly), and the streamed reply becomes the same `Event`s and
+`ChatResult`. Transient failures (connection errors, 429, 502, 503) are retried with exponential backoff
+before any text arrived, as lmms-eval's OpenAI backend does. Statistics only a local engine knows (vision
+tokens when the server does not report them, memory, cache hits) are None, never made up.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vl.errors import (
+    DecodeTimeoutError,
+    GenerationOptionError,
+    InputError,
+    ServerUnavailableError,
+    VLError,
+    error_class_for,
+)
+from vl.processing.chat import THINK_CLOSE
+from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.runtime.engine import ChatResult, ChatStream, Event, Stats
+
+RETRY_STATUS = {429, 502, 503}
+_MM_KEYS = ("max_num_tiles", "fps", "max_frames", "pages")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """What the app's controls need to know about a remote model. Our server reports these in /v1/models;
+    for other servers they are the released Nano V2 VL's processing defaults (12 tiles of 512 px, 256
+    tokens each: docs/server.md), and the EVS rate is unknown (None)."""
+
+    max_num_tiles: int = 12
+    video_pruning_rate: float | None = None
+    tokens_per_tile: int = 256
+    norm_mean: tuple = (0.0, 0.0, 0.0)  # no tiles come back from a server; previews are not shown
+    norm_std: tuple = (1.0, 1.0, 1.0)
+
+
+class _RemoteModel:
+    def __init__(self, config: RemoteConfig):
+        self.config = config
+
+
+def encode_media(kind: str, source, limits: MediaLimits = DEFAULT_LIMITS) -> dict:
+    """One media part of our messages -> the OpenAI part carrying it as a data: URI."""
+    from vl.processing.images import read_bytes, sniff_format
+
+    if kind == "image" and hasattr(source, "save") and hasattr(source, "mode"):  # a PIL image
+        buf = io.BytesIO()
+        source.save(buf, format="PNG")
+        data = buf.getvalue()
+    else:
+        cap = {"image": limits.max_image_bytes, "video": limits.max_video_bytes, "pdf": limits.max_pdf_bytes}[kind]
+        data = read_bytes(source, cap, kind)
+    b64 = base64.b64encode(data).decode("ascii")
+    if kind == "image":
+        return {"type": "image_url", "image_url": {"url": f"data:image/{sniff_format(data).lower()};base64,{b64}"}}
+    if kind == "video":
+        return {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64}"}}
+    name = Path(os.fspath(source)).name if isinstance(source, (str, os.PathLike)) else "document.pdf"
+    return {"type": "file", "file": {"filename": name if name.lower().endswith(".pdf") else name + ".pdf",
+                                     "file_data": f"data:application/pdf;base64,{b64}"}}
+
+
+def to_openai_messages(messages, limits: MediaLimits = DEFAULT_LIMITS) -> list[dict]:
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append({"role": message.get("role"), "content": content})
+            continue
+        parts = []
+        for part in content:
+            kind = part.get("type")
+            if kind == "text":
+                parts.append({"type": "text", "text": part.get("text", "")})
+            elif kind in ("image", "video", "pdf"):
+                parts.append(encode_media(kind, part.get(kind), limits))
+            else:
+                raise InputError(f"cannot send a {kind!r} part to a remote server; expected text, image, video or pdf")
+        out.append({"role": message.get("role"), "content": parts})
+    return out
+
+
+class RemoteEngine:
+    def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
+                 timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 0.5,
+                 limits: MediaLimits = DEFAULT_LIMITS):
+        import httpx
+
+        base = base_url.rstrip("/")
+        self.base_url = base if base.endswith("/v1") else base + "/v1"
+        self.api_key, self._model, self.timeout_s = api_key, model, timeout_s
+        self.max_retries, self.backoff_s, self.limits = max_retries, backoff_s, limits
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False)
+        self._entry: dict | None = None
+        self._lock = threading.Lock()
+
+    # --- the served model ------------------------------------------------------------------------------
+    def models(self) -> list[dict]:
+        r = self._send("GET", "/models")
+        return list(r.json().get("data") or [])
+
+    def _model_entry(self) -> dict:
+        with self._lock:
+            if self._entry is None:
+                listed = self.models()
+                if self._model is None:
+                    if len(listed) != 1:
+                        raise InputError(f"{self.base_url} serves {len(listed)} models "
+                                         f"({', '.join(m.get('id', '?') for m in listed)}); name one "
+                                         "(--served-model)")
+                    self._entry = listed[0]
+                else:
+                    self._entry = next((m for m in listed if m.get("id") == self._model), {"id": self._model})
+            return self._entry
+
+    @property
+    def model_name(self) -> str:
+        return self._model or self._model_entry()["id"]
+
+    @property
+    def context_length(self) -> int:
+        """The server's `max_model_len` (vLLM and vl serve report it); else the released model's 131072
+        (the vLLM recipe's --max-model-len, docs/server.md)."""
+        return int(self._model_entry().get("max_model_len") or 131072)
+
+    @property
+    def model(self) -> _RemoteModel:
+        facts = self._model_entry().get("vl") or {}
+        return _RemoteModel(RemoteConfig(**{k: v for k, v in facts.items()
+                                            if k in RemoteConfig.__dataclass_fields__ and v is not None}))
+
+    def info(self) -> dict:
+        return {"base_url": self.base_url, "model": self.model_name}
+
+    # --- chat ------------------------------------------------------------------------------------------
+    def request_body(self, messages, *, max_new_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
+                     repetition_penalty=1.0, seed=None, thinking=None, reasoning_budget=None, stop=None,
+                     video_pruning_rate=None, token_pruning_rate=0.0, **processor_kwargs) -> dict:
+        unknown = sorted(set(processor_kwargs) - set(_MM_KEYS) - {"skip_blank_tiles", "context_length"})
+        if unknown:
+            raise GenerationOptionError(f"option(s) {unknown} cannot be sent to a remote server")
+        body = {"model": self.model_name, "messages": to_openai_messages(messages, self.limits),
+                "max_tokens": max_new_tokens, "temperature": temperature, "stream": True,
+                "stream_options": {"include_usage": True}}
+        optional = {"top_p": (top_p, 1.0), "top_k": (top_k, 0), "repetition_penalty": (repetition_penalty, 1.0),
+                    "seed": (seed, None), "reasoning_budget": (reasoning_budget, None), "stop": (stop or None, None),
+                    "video_pruning_rate": (video_pruning_rate, None), "token_pruning_rate": (token_pruning_rate, 0.0),
+                    "skip_blank_tiles": (processor_kwargs.get("skip_blank_tiles", False), False)}
+        body.update({k: v for k, (v, default) in optional.items() if v != default})
+        if thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
+        mm = {k: processor_kwargs[k] for k in _MM_KEYS if processor_kwargs.get(k) is not None}
+        if mm:
+            body["mm_processor_kwargs"] = mm
+        return body
+
+    def chat(self, messages, *, stream: bool = False, cancel: threading.Event | None = None,
+             timeout_s: float | None = None, **kwargs):
+        kwargs.pop("context_length", None)  # a local document budget; the server plans with its own context
+        body = self.request_body(messages, **kwargs)
+        s = ChatStream(self._chat_events(body, cancel, timeout_s, kwargs.get("thinking")))
+        if stream:
+            return s
+        for _ in s:
+            pass
+        return s.result
+
+    def _chat_events(self, body, cancel, timeout_s, thinking):
+        t0 = time.perf_counter()
+        reasoning, answer, finish, usage, first = [], [], "stop", {}, None
+        with self._open_stream(body) as response:
+            for obj in _sse_objects(response):
+                if "error" in obj:
+                    raise _typed_error(obj["error"], response.status_code)
+                usage = obj.get("usage") or usage
+                for choice in obj.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    for key, kind, sink in (("reasoning_content", "reasoning", reasoning),
+                                            ("reasoning", "reasoning", reasoning), ("content", "answer", answer)):
+                        text = delta.get(key)
+                        if text:
+                            first = first or time.perf_counter()
+                            sink.append(text)
+                            yield Event(kind, text)
+                    finish = choice.get("finish_reason") or finish
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                    finish = "timeout"
+                    break
+        end = time.perf_counter()
+        reasoning_text, answer_text = "".join(reasoning).strip(), "".join(answer).strip()
+        if not reasoning_text and THINK_CLOSE in answer_text:  # a server without a reasoning parser
+            reasoning_text, _, answer_text = (part.strip() for part in answer_text.partition(THINK_CLOSE))
+        truncated = finish == "length" and bool(reasoning_text) and not answer_text
+        text = answer_text if not reasoning_text else reasoning_text + ("" if truncated else THINK_CLOSE + answer_text)
+        stats = Stats(prompt_tokens=usage.get("prompt_tokens"), new_tokens=usage.get("completion_tokens"),
+                      vision_tokens_before=usage.get("vision_tokens_before"),
+                      vision_tokens_after=usage.get("vision_tokens_after"),
+                      time_to_first_token_s=(first or end) - t0, total_s=end - t0, peak_memory_bytes=None,
+                      vision_cache_hits=None)
+        n = stats.new_tokens
+        if first and n and n > 1:
+            stats.decode_tokens_per_s = (n - 1) / max(end - first, 1e-9)
+        stats.notes.append(f"remote model {self.model_name!r} at {self.base_url}: times measured by this client"
+                           + ("" if stats.vision_tokens_before is not None
+                              else "; vision-token counts are not reported by this server"))
+        return ChatResult(text, reasoning_text, answer_text, [], stats, finish, truncated)
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+    def _open_stream(self, body):
+        """The streamed response, opened with retries (nothing has been shown to the caller yet)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def opened():
+            response = self._send("POST", "/chat/completions", json_body=body, stream=True)
+            try:
+                yield response
+            finally:
+                response.close()
+        return opened()
+
+    def _send(self, method: str, path: str, json_body=None, stream: bool = False):
+        import httpx
+
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                request = self._client.build_request(method, self.base_url + path, json=json_body)
+                response = self._client.send(request, stream=stream)
+            except (httpx.TransportError, OSError) as e:  # refused, reset, DNS, timeouts
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code < 400:
+                return response
+            if stream:
+                response.read()
+            response.close()
+            if response.status_code in RETRY_STATUS:
+                last = f"HTTP {response.status_code}: {_error_message(response)}"
+                continue
+            try:
+                error = response.json().get("error") or {}
+            except (json.JSONDecodeError, ValueError, AttributeError):
+                error = {}
+            raise _typed_error(error if isinstance(error, dict) else {"message": str(error)}, response.status_code)
+        raise ServerUnavailableError(f"{self.base_url}{path} did not answer after {self.max_retries + 1} attempts "
+                                     f"(last: {last}); is the server up?")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _sse_objects(response):
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except json.JSONDecodeError:
+            raise VLError(f"the server sent a malformed stream event: {data[:80]!r}") from None
+
+
+def _error_message(response) -> str:
+    try:
+        return str((response.json().get("error") or {}).get("message"))[:200]
+    except Exception:  # noqa: BLE001 - a non-JSON error page
+        return response.text[:200]
+
+
+def _typed_error(error: dict, status: int) -> VLError:
+    """An OpenAI error object -> our typed error: the same class (by stable code) a local engine raises when
+    the server is ours; by HTTP status otherwise."""
+    code, message = str(error.get("code") or ""), str(error.get("message") or "the server refused the request")
+    cls = error_class_for(code)
+    if cls is VLError:
+        cls = DecodeTimeoutError if status == 504 else InputError if 400 <= status < 500 else VLError
+    exc = cls(message)
+    if cls is VLError or cls is InputError:
+        exc.code = code or exc.code
+    return exc

@@ -1,0 +1,120 @@
+"""`vl serve`: load a checkpoint, start the scheduler, serve the OpenAI-compatible API with uvicorn.
+
+Flags follow vLLM's spellings where one exists (`--host`, `--port`, `--api-key`, `--served-model-name`,
+`--allowed-root` ~ `--allowed-local-media-path`), and `vl app`'s for the model (`--model`, `--dtype`,
+`--device-map`, `--video-pruning-rate`). docs/server.md has the security policy behind the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from vl.server.request import Ceilings
+
+    c = Ceilings()
+    p = argparse.ArgumentParser(prog="vl serve", description="OpenAI-compatible server: GET /v1/models, "
+                                "POST /v1/chat/completions, GET /health (docs/server.md)")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model, vl/demo)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
+                   "anything else should sit behind a proxy and use --api-key)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("VL_API_KEY"), help="require Authorization: Bearer KEY on "
+                   "/v1/* (default: $VL_API_KEY; none = open)")
+    p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model "
+                   "folder's name)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; one more gets 429 (default 64)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
+    p.add_argument("--batch-window-ms", type=float, default=10.0, help="how long the idle server waits for "
+                   "requests sent together before it starts a batch (default 10)")
+    p.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds from arrival to "
+                   f"the last token; past it: 504 (default {c.request_timeout_s:g})")
+    p.add_argument("--max-tokens-limit", type=int, default=c.max_tokens, help="ceiling on max_tokens per request "
+                   f"(default {c.max_tokens})")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="request body cap in MiB; over it: 413")
+    p.add_argument("--allowed-root", action="append", default=[], help="folder file:// media may come from "
+                   "(repeatable; default: none, file:// refused)")
+    p.add_argument("--allow-fetch", action="store_true", help="fetch http(s) media URLs (public addresses only, "
+                   "no redirects, capped in bytes and time)")
+    p.add_argument("--allow-private-fetch", action="store_true", help="with --allow-fetch: also from loopback and "
+                   "private addresses (trusted networks only)")
+    p.add_argument("--fetch-timeout", type=float, default=10.0, help="seconds per fetched URL (default 10)")
+    p.add_argument("--fetch-max-mb", type=float, default=None, help="bytes per fetched URL in MiB (default: the "
+                   "media kind's upload cap)")
+    p.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: the checkpoint's)")
+    p.add_argument("--device-map", default=None, help='accelerate device map, e.g. "auto" (default: CPU, or the '
+                   "first GPU)")
+    p.add_argument("--video-pruning-rate", type=float, default=None, help="EVS rate in [0, 1) when a request "
+                   "gives none (default: the checkpoint's)")
+    p.add_argument("--decode-sandbox", choices=["on", "off"], default="on", help="decode media in killable "
+                   "subprocesses (default on)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, one per core); "
+                   "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def build(args: argparse.Namespace):
+    """-> (engine, scheduler, ServerConfig, app); loads the model (a broken checkpoint is never served)."""
+    from vl.cli import default_model
+    from vl.runtime.engine import Engine
+    from vl.server.app import ServerConfig, create_app
+    from vl.server.media import MediaPolicy
+    from vl.server.request import Ceilings
+    from vl.server.scheduler import Scheduler
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    model = args.model or default_model()
+    roots = [str(Path(r).resolve()) for r in args.allowed_root]
+    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
+                                    video_pruning_rate=args.video_pruning_rate, isolate=args.decode_sandbox == "on",
+                                    allowed_roots=roots or None)
+    mib = 1 << 20
+    policy = MediaPolicy(limits=engine.processor.limits, allowed_roots=tuple(roots), allow_fetch=args.allow_fetch,
+                         allow_private_fetch=args.allow_private_fetch, fetch_timeout_s=args.fetch_timeout,
+                         fetch_max_bytes=None if args.fetch_max_mb is None else int(args.fetch_max_mb * mib))
+    ceilings = Ceilings(max_tokens=args.max_tokens_limit, request_timeout_s=args.request_timeout)
+    cfg = engine.model.config
+    info = {"vl": {"max_num_tiles": getattr(cfg, "max_num_tiles", None),
+                   "video_pruning_rate": getattr(cfg, "video_pruning_rate", None),
+                   "tokens_per_tile": getattr(cfg, "tokens_per_tile", None)}}
+    config = ServerConfig(served_names=(args.served_model_name or Path(model).resolve().name,),
+                          api_key=args.api_key or None, max_body_bytes=int(args.max_body_mb * mib),
+                          default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,
+                          model_info=info)
+    scheduler = Scheduler(engine, max_batch=args.max_batch, max_queue=args.max_queue,
+                          batch_window_s=args.batch_window_ms / 1000)
+    return engine, scheduler, config, create_app(engine, scheduler, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.max_batch < 1 or args.max_queue < 0 or args.request_timeout <= 0 or args.max_tokens_limit < 1:
+        print("vl serve: --max-batch must be >= 1, --max-queue >= 0, --request-timeout > 0, --max-tokens-limit >= 1",
+              file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from vl.errors import VLError
+
+    try:
+        _, scheduler, config, app = build(args)
+    except (VLError, OSError) as exc:  # never serve a half-loaded model
+        print(f"vl serve: could not load the model: {exc}", file=sys.stderr)
+        return 2
+    name = config.served_names[0]
+    print(f"vl serve: model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr,
+          flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        scheduler.close()
+    return 0

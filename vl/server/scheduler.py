@@ -1,0 +1,174 @@
+"""Admission and batching: a bounded queue in front of one engine worker thread.
+
+Requests wait in a queue of at most `max_queue`; one more is refused at once with `QueueFullError` (429),
+as TGI's `try_acquire` and SGLang's `--max-queued-requests` do, so no client waits unboundedly. The worker
+takes the oldest request plus every waiting request that can share its batch (same sampling parameters; a
+seeded sampled request runs alone so that its seed means what it says), up to `max_batch`, and runs them
+through `Engine.stream_batch` (vl/runtime/batch.py), whose rows equal single runs. A request that fails to
+prepare fails alone; a request whose client went away is dropped from the queue, or stops decoding at its
+next token; a request past its deadline ends with `DecodeTimeoutError` (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from vl.errors import DecodeTimeoutError, QueueFullError, ServerUnavailableError, VLError
+from vl.runtime.batch import ChatRequest
+from vl.runtime.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Job:
+    request: ChatRequest
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # Event | ChatResult | VLError, then None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    enqueued: float = field(default_factory=time.monotonic)
+    stream: bool = True  # False: only the result is delivered (no cross-thread wake-up per token)
+
+    def __post_init__(self):
+        self.request.cancel = self.cancel
+
+    def deliver(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+def batch_key(params: SamplingParams):
+    """Requests with equal keys may share a batch; None: this request runs alone."""
+    if not params.greedy and params.seed is not None:
+        return None
+    return (params.temperature, params.top_k, params.top_p, params.repetition_penalty)
+
+
+class Scheduler:
+    def __init__(self, engine, *, max_batch: int = 8, max_queue: int = 64, batch_window_s: float = 0.01):
+        if max_batch < 1 or max_queue < 0:
+            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, found {max_batch}, {max_queue}")
+        self.engine, self.max_batch, self.max_queue, self.batch_window_s = engine, max_batch, max_queue, batch_window_s
+        self._waiting: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._running = 0
+        self._closed = False
+        self.served = self.refused = self.batches = 0
+        self._thread = threading.Thread(target=self._work, name="vl-serve-engine", daemon=True)
+        self._thread.start()
+
+    # --- the event-loop side -----------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise ServerUnavailableError("the server is shutting down; retry against another replica")
+            if len(self._waiting) >= self.max_queue and not (self._running == 0 and not self._waiting):
+                self.refused += 1
+                raise QueueFullError(f"the queue is full ({len(self._waiting)} waiting, {self._running} running, "
+                                     f"--max-queue {self.max_queue}); retry later")
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def withdraw(self, job: Job) -> None:
+        """The client went away: drop the job if it still waits, else stop it at its next token."""
+        job.cancel.set()
+        with self._cond:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                pass
+
+    def snapshot(self) -> dict:
+        with self._cond:
+            return {"waiting": len(self._waiting), "running": self._running, "max_queue": self.max_queue,
+                    "max_batch": self.max_batch, "served": self.served, "refused": self.refused,
+                    "batches": self.batches}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._cond.notify_all()
+        for job in waiting:
+            job.deliver(ServerUnavailableError("the server is shutting down"))
+            job.deliver(None)
+
+    # --- the worker --------------------------------------------------------------------------------
+    def _take(self) -> list[Job] | None:
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            first = self._waiting.popleft()  # it holds the engine from now on: it no longer waits
+            self._running = 1
+        key = batch_key(first.params)
+        if key is not None and self.max_batch > 1 and self.batch_window_s > 0:
+            time.sleep(self.batch_window_s)  # let requests sent together arrive together
+        batch = [first]
+        with self._cond:
+            if key is not None:
+                for job in list(self._waiting):
+                    if len(batch) >= self.max_batch:
+                        break
+                    if batch_key(job.params) == key:
+                        self._waiting.remove(job)
+                        batch.append(job)
+            self._running = len(batch)
+        return batch
+
+    def _work(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    self._running = 0
+
+    def _run(self, batch: list[Job]) -> None:
+        now = time.monotonic()
+        live = []
+        for job in batch:
+            timeout = job.request.timeout_s
+            if job.cancel.is_set():
+                job.deliver(None)
+                continue
+            if timeout is not None:
+                left = timeout - (now - job.enqueued)  # time in the queue counts
+                if left <= 0:
+                    job.deliver(DecodeTimeoutError(f"the request waited {now - job.enqueued:.1f} s in the queue, "
+                                                   f"past this server's limit of {timeout:g} s; retry later"))
+                    job.deliver(None)
+                    continue
+                job.request.timeout_s = left
+            live.append(job)
+        if not live:
+            return
+        self.batches += 1
+        params = live[0].params
+        ended = set()
+        try:
+            for i, item in self.engine.stream_batch([j.request for j in live], params, raise_errors=False):
+                is_event = hasattr(item, "kind")
+                if live[i].stream or not is_event:
+                    live[i].deliver(item)
+                if not is_event:  # a ChatResult or an error: this request is over
+                    ended.add(i)
+                    live[i].deliver(None)
+                    self.served += 1
+        except VLError as e:
+            self._fail(live, ended, e)
+        except Exception as e:  # noqa: BLE001 - a bug or a device fault: fail this batch, keep serving
+            self._fail(live, ended, VLError(f"generation failed ({type(e).__name__}); the server keeps serving"))
+
+    @staticmethod
+    def _fail(live, ended, error) -> None:
+        for i, job in enumerate(live):
+            if i not in ended:
+                job.deliver(error)
+                job.deliver(None)
