@@ -57,7 +57,8 @@ def item_digest(task: Task, item: Item) -> str:
 
 def model_facts(model: str, dtype: str | None = None) -> dict:
     """What identifies the model without loading it: path, digests, precision, media defaults."""
-    from vl.checkpoint.load import checkpoint_kind, read_config, resolve_dir, resolve_dtype
+    from vl.checkpoint.load import resolve_dtype
+    from vl.directory import checkpoint_kind, read_config, resolve_dir
     from vl.config import lm_config_from_hf, vl_config_from_hf
 
     directory = resolve_dir(model)

@@ -18,7 +18,7 @@ def load_pretrained(path, dtype=None, device_map=None, **kwargs):
 
 def load_processor(path, **kwargs):
     """Messages -> model inputs, for the checkpoint directory at `path`."""
-    from vl.processing.processor import load_processor as _load
+    from vl.processing.load import load_processor as _load
 
     return _load(path, **kwargs)
 

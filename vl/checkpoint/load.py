@@ -8,10 +8,7 @@ target dtype, so the weights exist once.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,74 +16,13 @@ from torch import nn
 from vl.checkpoint import adapter as ad
 from vl.checkpoint import quantized
 from vl.checkpoint.files import CheckpointFiles, scan_non_finite
-from vl.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from vl.directory import checkpoint_kind, read_config, resolve_dir
+from vl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve_dir(path) -> Path:
-    """A local directory, or a hub id that huggingface_hub already has in its cache (never downloads)."""
-    p = Path(os.fspath(path)).expanduser()
-    if p.is_dir():
-        return p
-    if isinstance(path, str) and path.count("/") == 1 and not p.exists():
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(path, local_files_only=True))
-        except Exception:  # noqa: BLE001 - any failure means "not cached"
-            pass
-        raise CheckpointError(fetch_instructions(path))
-    raise CheckpointError(f"{path}: not a checkpoint directory (and not a hub id already in the local cache); "
-                          f"hub downloads are not attempted")
-
-
-def fetch_instructions(repo_id: str) -> str:
-    """What to do when a hub id is not in the local cache: the exact commands to fetch it (docs/checkpoints.md)."""
-    local = "./" + repo_id.split("/")[1]
-    return (f"{repo_id}: not a local directory, and not in the local Hugging Face cache; nothing is downloaded "
-            f"here. On a machine with internet, fetch it with\n"
-            f"    hf download {repo_id} --local-dir {local}\n"
-            f"or in Python\n"
-            f"    from huggingface_hub import snapshot_download\n"
-            f"    snapshot_download({repo_id!r}, local_dir={local!r})\n"
-            f"then copy that folder here and pass it as the model: --model {local} (or vl.Engine.from_pretrained"
-            f"({local!r})). Supported checkpoints and the memory they need: docs/checkpoints.md")
-
-
-def read_config(directory: Path) -> dict:
-    f = directory / "config.json"
-    if not f.exists():
-        raise CheckpointError(f"{directory}: no config.json")
-    try:
-        raw = json.loads(f.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{f}: invalid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{f}: expected a JSON object")
-    return raw
-
-
-def checkpoint_kind(raw: dict, directory: Path) -> str:
-    model_type = raw.get("model_type")
-    archs = raw.get("architectures") or []
-    if model_type == "nemotron_h" or "NemotronHForCausalLM" in archs:
-        kind = "nemotron_h"
-    elif model_type == "NemotronH_Nano_VL_V2" or "NemotronH_Nano_VL_V2" in archs:
-        kind = "nano_vl_v2"
-    else:
-        if raw.get("auto_map"):
-            raise UnsafeCheckpointError(
-                f"{directory}: model_type={model_type!r} / architectures={archs} is not a supported architecture and "
-                f"would need its remote code (auto_map {raw['auto_map']}); remote code is never executed")
-        raise ConfigError(f"{directory}: unsupported model_type={model_type!r} (architectures {archs}); supported: "
-                          f"nemotron_h, NemotronH_Nano_VL_V2")
-    if raw.get("auto_map"):
-        log.info("%s: ignoring auto_map (remote code is never executed); loading %s natively", directory, kind)
-    return kind
 
 
 def resolve_dtype(dtype, raw: dict) -> torch.dtype:

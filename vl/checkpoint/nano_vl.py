@@ -21,6 +21,7 @@ from vl.checkpoint import nemotron_h as lm_adapter
 from vl.checkpoint.adapter import Plan
 from vl.checkpoint.files import CheckpointFiles, save_tensors
 from vl.config import VLConfig, vl_config_from_hf, vl_config_to_hf, with_normalisation
+from vl.directory import read_preprocessor
 from vl.errors import CheckpointError
 
 VISION = "vision_model.radio_model.model."
@@ -58,20 +59,6 @@ def plan_vl(names) -> Plan:
 def _conditioner(files: CheckpointFiles, key: str):
     name = CONDITIONER + key
     return tuple(float(v) for v in files.get(name).flatten()) if name in files.infos else None
-
-
-def read_preprocessor(directory: Path) -> dict | None:
-    """preprocessor_config.json as a dict, or None when the directory has none."""
-    pre = Path(directory) / "preprocessor_config.json"
-    if not pre.exists():
-        return None
-    try:
-        value = json.loads(pre.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{pre}: invalid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{pre}: expected a JSON object")
-    return value
 
 
 def build_and_plan(raw: dict, files: CheckpointFiles, directory: Path, notes: list | None = None):

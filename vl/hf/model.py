@@ -75,7 +75,7 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         """Our loader (vl.Engine.from_pretrained) on a local directory. Accepts `dtype` (or `torch_dtype`,
         "auto" = the checkpoint's), `device_map`, `video_pruning_rate`; transformers' hub keywords are
         accepted and have nothing to do for a local directory."""
-        from vl.checkpoint.load import read_config, resolve_dir
+        from vl.directory import read_config, resolve_dir
         from vl.runtime.engine import Engine
 
         if model_args:

@@ -68,7 +68,7 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
     # --- loading / saving ----------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        from vl.processing.processor import load_processor
+        from vl.processing.load import load_processor
 
         revision = kwargs.pop("revision", None)
         if revision not in (None, "main"):

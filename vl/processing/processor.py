@@ -268,27 +268,3 @@ def tokenizer_stop_ids(tokenizer) -> set[int]:
             if i is not None and i != tokenizer.unk_token_id:
                 out.add(int(i))
     return out
-
-
-def load_processor(path, **kwargs):
-    """The processor for the checkpoint at `path`, from config.json, preprocessor_config.json and the tokenizer
-    files only (no weights are opened): `Processor` for Nano V2 VL, `TextProcessor` for text-only Nemotron-H.
-    Dispatch is the loader's (`checkpoint_kind`: config.json fields, never folder names)."""
-    from transformers import AutoTokenizer
-
-    from vl.checkpoint.load import checkpoint_kind, read_config, resolve_dir
-    from vl.checkpoint.nano_vl import read_preprocessor
-    from vl.config import lm_config_from_hf, vl_config_from_hf, with_normalisation
-
-    directory = resolve_dir(path)
-    raw = read_config(directory)
-    where = str(directory / "config.json")
-    if checkpoint_kind(raw, directory) == "nemotron_h":
-        from vl.processing.text_processor import TextProcessor
-
-        cfg = lm_config_from_hf(raw, where=where)
-        return TextProcessor(AutoTokenizer.from_pretrained(str(directory)), cfg, **kwargs)
-    # the same normalisation resolution as the loader, which also checks the weights' own buffers against it
-    cfg = vl_config_from_hf(with_normalisation(raw, read_preprocessor(directory)), where=where)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    return Processor(tokenizer, cfg, **kwargs)

@@ -203,7 +203,7 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     """BF16 / FP32 checkpoint at `model_dir` -> ModelOpt `fmt` ("fp8" | "nvfp4") checkpoint at `out_dir`."""
     import vl
     from vl.checkpoint.files import CheckpointFiles, save_tensors
-    from vl.checkpoint.load import read_config, resolve_dir
+    from vl.directory import read_config, resolve_dir
     from vl.quant.rotate import rotate_residual_stream
 
     t0 = time.perf_counter()

@@ -246,7 +246,7 @@ class VisionCache:
 
 def _generation_stop_ids(path) -> set[int]:
     """eos ids from generation_config.json (reference §11), if present."""
-    from vl.checkpoint.load import resolve_dir
+    from vl.directory import resolve_dir
 
     f = Path(resolve_dir(path)) / "generation_config.json"
     if not f.exists():

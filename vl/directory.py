@@ -1,0 +1,93 @@
+"""A checkpoint directory's small files, read before any weight: where it is, its config.json and
+preprocessor_config.json, and which kind of checkpoint it is (read from config.json fields, never from names).
+
+These sit below the model code so that the processor, the loader, eval fingerprints and the server read a
+directory the same way without importing the loader (docs/architecture.md, layers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from vl.errors import CheckpointError, ConfigError, UnsafeCheckpointError
+
+log = logging.getLogger("vl.checkpoint.load")
+
+
+def resolve_dir(path) -> Path:
+    """A local directory, or a hub id that huggingface_hub already has in its cache (never downloads)."""
+    p = Path(os.fspath(path)).expanduser()
+    if p.is_dir():
+        return p
+    if isinstance(path, str) and path.count("/") == 1 and not p.exists():
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(path, local_files_only=True))
+        except Exception:  # noqa: BLE001 - any failure means "not cached"
+            pass
+        raise CheckpointError(fetch_instructions(path))
+    raise CheckpointError(f"{path}: not a checkpoint directory (and not a hub id already in the local cache); "
+                          f"hub downloads are not attempted")
+
+
+def fetch_instructions(repo_id: str) -> str:
+    """What to do when a hub id is not in the local cache: the exact commands to fetch it (docs/checkpoints.md)."""
+    local = "./" + repo_id.split("/")[1]
+    return (f"{repo_id}: not a local directory, and not in the local Hugging Face cache; nothing is downloaded "
+            f"here. On a machine with internet, fetch it with\n"
+            f"    hf download {repo_id} --local-dir {local}\n"
+            f"or in Python\n"
+            f"    from huggingface_hub import snapshot_download\n"
+            f"    snapshot_download({repo_id!r}, local_dir={local!r})\n"
+            f"then copy that folder here and pass it as the model: --model {local} (or vl.Engine.from_pretrained"
+            f"({local!r})). Supported checkpoints and the memory they need: docs/checkpoints.md")
+
+
+def read_config(directory: Path) -> dict:
+    f = directory / "config.json"
+    if not f.exists():
+        raise CheckpointError(f"{directory}: no config.json")
+    try:
+        raw = json.loads(f.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{f}: invalid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{f}: expected a JSON object")
+    return raw
+
+
+def checkpoint_kind(raw: dict, directory: Path) -> str:
+    model_type = raw.get("model_type")
+    archs = raw.get("architectures") or []
+    if model_type == "nemotron_h" or "NemotronHForCausalLM" in archs:
+        kind = "nemotron_h"
+    elif model_type == "NemotronH_Nano_VL_V2" or "NemotronH_Nano_VL_V2" in archs:
+        kind = "nano_vl_v2"
+    else:
+        if raw.get("auto_map"):
+            raise UnsafeCheckpointError(
+                f"{directory}: model_type={model_type!r} / architectures={archs} is not a supported architecture and "
+                f"would need its remote code (auto_map {raw['auto_map']}); remote code is never executed")
+        raise ConfigError(f"{directory}: unsupported model_type={model_type!r} (architectures {archs}); supported: "
+                          f"nemotron_h, NemotronH_Nano_VL_V2")
+    if raw.get("auto_map"):
+        log.info("%s: ignoring auto_map (remote code is never executed); loading %s natively", directory, kind)
+    return kind
+
+
+def read_preprocessor(directory: Path) -> dict | None:
+    """preprocessor_config.json as a dict, or None when the directory has none."""
+    pre = Path(directory) / "preprocessor_config.json"
+    if not pre.exists():
+        return None
+    try:
+        value = json.loads(pre.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{pre}: invalid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{pre}: expected a JSON object")
+    return value

@@ -1,0 +1,26 @@
+"""`vl.load_processor`: the processor of a checkpoint directory, from its small files only (no weights opened)."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from vl.config import lm_config_from_hf, vl_config_from_hf, with_normalisation
+from vl.directory import checkpoint_kind, read_config, read_preprocessor, resolve_dir
+from vl.processing.processor import Processor
+from vl.processing.text_processor import TextProcessor
+
+
+def load_processor(path, **kwargs):
+    """The processor for the checkpoint at `path`, from config.json, preprocessor_config.json and the tokenizer
+    files only (no weights are opened): `Processor` for Nano V2 VL, `TextProcessor` for text-only Nemotron-H.
+    Dispatch is the loader's (`checkpoint_kind`: config.json fields, never folder names)."""
+    directory = resolve_dir(path)
+    raw = read_config(directory)
+    where = str(directory / "config.json")
+    if checkpoint_kind(raw, directory) == "nemotron_h":
+        cfg = lm_config_from_hf(raw, where=where)
+        return TextProcessor(AutoTokenizer.from_pretrained(str(directory)), cfg, **kwargs)
+    # the same normalisation resolution as the loader, which also checks the weights' own buffers against it
+    cfg = vl_config_from_hf(with_normalisation(raw, read_preprocessor(directory)), where=where)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    return Processor(tokenizer, cfg, **kwargs)
