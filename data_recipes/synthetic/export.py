@@ -26,7 +26,7 @@ from PIL import Image
 
 from vl.errors import ConfigError
 
-from . import generate, make_dataset
+from .families import generate, make_dataset
 from .common import Sample
 
 PDF_DATE = time.gmtime(946684800)  # 2000-01-01, so the same pages give the same bytes
