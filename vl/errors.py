@@ -133,6 +133,18 @@ class ServerUnavailableError(VLError, ConnectionError):
     http_status = 503
 
 
+class QuantFormatError(CheckpointError):
+    """A quantized tensor or scale has the wrong dtype / shape / value, or a scale is missing."""
+
+    code = "bad_quant_format"
+
+
+class QuantUnavailableError(VLError, RuntimeError):
+    """A requested execution path (e.g. native FP8 GEMM) does not exist on this device."""
+
+    code = "quant_unavailable"
+
+
 def error_class_for(code: str) -> type[VLError]:
     """The error class whose stable `code` this is (VLError for an unknown one): how a client of our server
     turns an error reply back into the same typed error a local engine would have raised."""

@@ -1,5 +1,5 @@
 """What a quantized checkpoint says about itself: its ModelOpt config, its exclusions, and which Linears hold
-quantized tensors. Also the typed errors of `vl.quant` (the other quant files import them from here).
+quantized tensors. (The typed errors of `vl.quant` live in vl/errors.py with the others.)
 
 References (notes §7.1, §7.2): vLLM `modelopt.py` (`ModelOptFp8Config.from_config`,
 `ModelOptNvFp4Config`, `is_layer_excluded`) for the two config spellings and the exclusion rule;
@@ -22,24 +22,14 @@ from typing import Mapping
 
 import torch
 
-from vl.errors import CheckpointError, ConfigError, VLError
+from vl.errors import ConfigError, QuantFormatError, QuantUnavailableError  # noqa: F401 - the two quant errors are re-exported
+from vl.quant.fp8 import fp8_scale_granularity
+from vl.quant.nvfp4 import check_nvfp4_shapes
 
 log = logging.getLogger(__name__)
 
 
 # --- errors ----------------------------------------------------------------------------------------
-class QuantFormatError(CheckpointError):
-    """A quantized tensor or scale has the wrong dtype / shape / value, or a scale is missing."""
-
-    code = "bad_quant_format"
-
-
-class QuantUnavailableError(VLError, RuntimeError):
-    """A requested execution path (e.g. native FP8 GEMM) does not exist on this device."""
-
-    code = "quant_unavailable"
-
-
 # --- config ----------------------------------------------------------------------------------------
 FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
 NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")
@@ -259,8 +249,6 @@ def _scalar_positive(t: torch.Tensor, key: str) -> None:
 
 
 def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | None:
-    from vl.quant.fp8 import fp8_scale_granularity  # local: fp8 imports this module
-    from vl.quant.nvfp4 import check_nvfp4_shapes
 
     w = sd[f"{name}.weight"]
     present = {s: f"{name}.{s}" in sd for s in QUANT_SUFFIXES}

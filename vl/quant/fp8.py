@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from vl.quant.config import QuantFormatError
+from vl.errors import QuantFormatError
 
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vl.quant.config import QuantFormatError
+from vl.errors import QuantFormatError
 from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
 
 BLOCK = 16
