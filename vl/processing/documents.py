@@ -31,6 +31,7 @@ from vl.errors import (
 )
 from vl.processing.images import find_grid, read_bytes
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.progress import Work
 
 PDFIUM_LOCK = threading.RLock()
 DEFAULT_SCALE = 2.0  # 144 dpi
@@ -85,16 +86,36 @@ def render_pdf(
     if not 0 < scale <= 16:
         raise ValueError(f"scale must be in (0, 16], found {scale}")
     data = read_bytes(source, limits.max_pdf_bytes, what="PDF")
-    if isolate:
-        from vl.processing.sandbox import run_isolated
 
-        return run_isolated(render_pdf_bytes, data, pages, scale, password, limits,
-                            timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
-    return render_pdf_bytes(data, pages, scale, password, limits)
+    def run(page_spec, render=True):
+        if isolate:
+            from vl.processing.sandbox import run_isolated
+
+            return run_isolated(render_pdf_bytes, data, page_spec, scale, password, limits, render,
+                                timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
+        return render_pdf_bytes(data, page_spec, scale, password, limits, render)
+
+    work = Work.current()
+    if work.cancel is None and work.on_progress is None:
+        return run(pages)
+    # someone watches: check every selected page first (nothing rendered), then render a few pages per call,
+    # reporting "page i/n" and stopping between calls. Each call sends the bytes again, so calls are fewer for
+    # big files: at most ~256 MiB of bytes go to the renderer in all.
+    plan = run(pages, render=False)
+    numbers = plan.page_numbers
+    calls = max(1, min(len(numbers), (256 << 20) // max(len(data), 1)))
+    per_call = math.ceil(len(numbers) / calls)
+    images = []
+    work.report("rendering PDF page", 0, len(numbers))
+    for k in range(0, len(numbers), per_call):
+        chunk = numbers[k:k + per_call]
+        images += run(",".join(str(n) for n in chunk)).pages
+        work.report("rendering PDF page", len(images), len(numbers))
+    return RenderedDocument(images, numbers, plan.page_sizes_pt, plan.num_pages, scale, plan.metadata)
 
 
 def render_pdf_bytes(data: bytes, pages: str | None, scale: float, password: str | None,
-                     limits: MediaLimits) -> RenderedDocument:
+                     limits: MediaLimits, render: bool = True) -> RenderedDocument:
     if b"%PDF-" not in data[:1024]:  # the spec allows junk before the header, within the first 1024 bytes
         raise UnsupportedFormatError("expected a PDF (no '%PDF-' header in the first 1024 bytes); send a PDF file.")
     import pypdfium2 as pdfium
@@ -111,7 +132,7 @@ def render_pdf_bytes(data: bytes, pages: str | None, scale: float, password: str
                 raise EncryptedPDFError("the PDF uses an unsupported security scheme; send an unencrypted copy.") from None
             raise CorruptMediaError(f"cannot open the PDF ({e}); the file is damaged; re-export it.") from None
         try:
-            return _render_open_document(pdf, pages, scale, limits)
+            return _render_open_document(pdf, pages, scale, limits, render)
         except VLError:
             raise
         except (pdfium.PdfiumError, ValueError, OSError) as e:
@@ -120,7 +141,8 @@ def render_pdf_bytes(data: bytes, pages: str | None, scale: float, password: str
             pdf.close()
 
 
-def _render_open_document(pdf, pages, scale, limits) -> RenderedDocument:
+def _render_open_document(pdf, pages, scale, limits, render: bool = True) -> RenderedDocument:
+    """`render=False` runs every check and reads the page sizes, and renders nothing (`pages` stays empty)."""
     num_pages = len(pdf)
     if num_pages == 0:
         raise CorruptMediaError("the PDF has no pages.")
@@ -141,7 +163,7 @@ def _render_open_document(pdf, pages, scale, limits) -> RenderedDocument:
                 f"{limits.max_pdf_page_pixels:,}-pixel cap; render it at a lower scale."
             )
     images = []
-    for index in selected:
+    for index in selected if render else ():
         page = pdf[index]
         try:
             bitmap = page.render(scale=scale, may_draw_forms=False)

@@ -25,6 +25,7 @@ from vl.processing import chat
 from vl.processing.documents import DEFAULT_SCALE, plan_document_budget, render_pdf
 from vl.processing.images import preprocess_image
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.progress import Work
 from vl.processing.video import load_video
 
 
@@ -153,8 +154,13 @@ class Processor:
             if plan.reduced:
                 notes.append(plan.reason)
         tiles, spans, infos, runs = [], [], [], []
-        for item, cap in zip(prompt.media, caps):
+        work = Work.current()
+        for k, (item, cap) in enumerate(zip(prompt.media, caps)):
             opts = item.options or {}
+            if item.kind == "image":
+                work.report("tiling page" if item.document is not None else "tiling image", k, len(prompt.media))
+            else:
+                work.report(f"decoding the video (up to {int(opts.get('max_frames', max_frames))} frames)", 0, 0)
             if item.kind == "image":
                 img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
                                        tile_size=cfg.force_image_size, max_num_tiles=int(opts.get("max_num_tiles", cap)),
@@ -174,6 +180,7 @@ class Processor:
                 vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
                                        int(opts.get("max_frames", max_frames)), notes)
                 n = vid.pixel_values.shape[0]
+                work.report("video frames decoded", n, n)
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
                 infos.append(MediaInfo("video", n, frame_indices=list(vid.frame_indices),
@@ -181,6 +188,8 @@ class Processor:
                 if vid.partial:
                     notes.append("some video frames could not be decoded and were skipped")
                 runs.append(chat.video_placeholder([cfg.tokens_per_tile] * n, vid.timestamps_s, self.tokens))
+        if prompt.media:
+            work.report("media ready", len(prompt.media), len(prompt.media))
         text = chat.expand_placeholders(prompt.text, runs, self.tokens)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         input_ids = torch.tensor([ids], dtype=torch.long)

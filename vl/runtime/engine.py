@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from vl.errors import GenerationOptionError, InputError
+from vl.errors import GenerationOptionError, InputError, StoppedError
 from vl.processing.chat import ThinkSplitter, split_reasoning
+from vl.processing.progress import Work
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.generate import decode_step, generate_steps, left_pad, left_pad_embeds
 from vl.runtime.placement import execution_device
@@ -119,14 +120,18 @@ class Engine:
         return self.lm.backbone.embeddings.weight.dtype
 
     def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
-                stats: Stats | None = None, **proc):
-        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced."""
+                stats: Stats | None = None, work: Work | None = None, **proc):
+        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced.
+
+        `work`: the request's stop event and progress callback, current while media are read and encoded
+        (vl/processing/progress.py); a stop there raises `StoppedError`."""
         stats = stats or Stats()
         proc.setdefault("context_length", self.context_length)
-        inputs = self.processor(messages, thinking=thinking, **proc)
-        stats.notes += inputs.notes
-        embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media, video_pruning_rate,
-                              token_pruning_rate, self._vision_cache, stats)
+        with work or Work():
+            inputs = self.processor(messages, thinking=thinking, **proc)
+            stats.notes += inputs.notes
+            embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
+                                  video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
         return embeds, inputs, stats
 
     # --- chat ----------------------------------------------------------------------------------------
@@ -134,7 +139,11 @@ class Engine:
              top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None, thinking=None,
              reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
              video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0,
-             cancel: threading.Event | None = None, timeout_s: float | None = None, **processor_kwargs):
+             cancel: threading.Event | None = None, timeout_s: float | None = None, progress=None,
+             **processor_kwargs):
+        """`cancel`: set it to stop the request at the next safe point (a page, a tile, a token): the result's
+        `finish_reason` is then "cancelled". `progress(what, done, total)`: called while media are read and
+        encoded (total 0 = unknown), so that long documents and videos can show "page 3/30"."""
         unknown = sorted(set(processor_kwargs) - set(_PROCESSOR_KEYS))
         if unknown:
             raise GenerationOptionError(f"unknown option(s) {unknown}; sampling: temperature, top_p, top_k, "
@@ -146,6 +155,7 @@ class Engine:
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {max_new_tokens!r}")
         processor_kwargs["token_pruning_rate"] = token_pruning_rate
+        processor_kwargs["work"] = Work(cancel, progress)
         gen = self._chat_events(messages, max_new_tokens, params, thinking, reasoning_budget, stop or [],
                                 video_pruning_rate, cancel, timeout_s, processor_kwargs)
         if stream:
@@ -161,8 +171,12 @@ class Engine:
             t0 = time.perf_counter()
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            embeds, inputs, stats = self.prepare(messages, thinking=thinking, video_pruning_rate=video_pruning_rate,
-                                                 **proc)
+            try:
+                embeds, inputs, stats = self.prepare(messages, thinking=thinking,
+                                                     video_pruning_rate=video_pruning_rate, **proc)
+            except StoppedError:  # stopped before the first token: nothing was generated
+                stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])
+                return ChatResult("", "", "", [], stats, "cancelled")
             opened = inputs.prompt.prompt_opened_think
             budget = None if reasoning_budget is None else ReasoningBudget(self.tokenizer, reasoning_budget, opened)
             splitter, decoder = ThinkSplitter(opened), IncrementalDecoder(self.tokenizer)
@@ -285,13 +299,15 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
     else:
         vectors = None
         if pixel_values is not None and media:
-            outs, start = [], 0
+            outs, start, work = [], 0, Work.current()
             for span in media:
+                work.report("encoding tiles", start, int(pixel_values.shape[0]))
                 tiles = pixel_values[start:start + span.num_tiles]
                 start += span.num_tiles
                 encode = lambda t=tiles: model.encode_tiles(t.to(device, dtype))  # noqa: E731
                 outs.append(vision_cache.get(tiles, span.kind, encode, stats) if vision_cache is not None
                             else encode())
+            work.report("encoding tiles", start, int(pixel_values.shape[0]))
             vectors = torch.cat(outs)
         embeds, _, vision = model.prepare_inputs(ids, media=media, tile_vectors=vectors,
                                                  video_pruning_rate=video_pruning_rate,
