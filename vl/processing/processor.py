@@ -43,6 +43,7 @@ class MediaInfo:
     document: Any = None  # for PDF pages: the document's name
     page: int | None = None
     thumbnails: list = field(default_factory=list)  # small PIL previews for the UI
+    tiles_skipped: list[int] = field(default_factory=list)  # blank tiles dropped before the encoder (their index)
 
 
 @dataclass
@@ -165,16 +166,16 @@ class Processor:
                 img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
                                        tile_size=cfg.force_image_size, max_num_tiles=int(opts.get("max_num_tiles", cap)),
                                        use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
-                pixels = img.pixel_values
+                pixels, skipped = img.pixel_values, []
                 if skip_blank_tiles and img.num_tiles > 1:
-                    pixels, note = self._skip_blank(pixels, img.has_thumbnail)
+                    pixels, note, skipped = self._skip_blank(pixels, img.has_thumbnail)
                     notes += [note] if note else []
                 n = int(pixels.shape[0])
                 tiles.append(pixels)
                 spans.append(MediaSpan("image", n))
                 infos.append(MediaInfo("image", n, img.grid, img.image_size,
                                        document=None if item.document is None else str(item.document)[:200],
-                                       page=item.page))
+                                       page=item.page, tiles_skipped=skipped))
                 runs.append(chat.image_placeholder(n, cfg.tokens_per_tile, self.tokens))
             else:
                 vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
@@ -216,14 +217,15 @@ class Processor:
             return load_video(source, backend="pyav", **kwargs)
 
     def _skip_blank(self, pixels, has_thumbnail: bool):
-        """Drop whitespace tiles before the encoder (the thumbnail stays); returns (tiles, note or None)."""
+        """Drop whitespace tiles before the encoder (the thumbnail stays); returns (tiles, note or None,
+        indices of the dropped tiles)."""
         side = int(round(self.config.tokens_per_tile ** 0.5))
         layout = TokenLayout.page(int(pixels.shape[0]), side, side, has_thumbnail=has_thumbnail)
         red = BlankTileSkipper(pixel_std=tuple(self.config.norm_std))(pixels, layout)
         removed = red.info["tiles_removed"]
         note = (f"skipped {len(removed)} blank tile(s) of {layout.groups} "
                 f"({len(removed) * self.config.tokens_per_tile} tokens)") if removed else None
-        return red.tokens, note
+        return red.tokens, note, list(removed)
 
     # --- helpers -----------------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

@@ -13,7 +13,7 @@ import resource
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -52,7 +52,7 @@ class Stats:
     reductions: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # not what a caller attached (tensors)
 
 
 @dataclass
@@ -132,6 +132,9 @@ class Engine:
             stats.notes += inputs.notes
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
                                   video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
+        skipped = sum(len(i.tiles_skipped) for i in inputs.items)
+        if skipped:  # blank tiles never reached the encoder; "before" counts them, so before -> after shows both
+            stats.vision_tokens_before += skipped * self.processor.config.tokens_per_tile
         return embeds, inputs, stats
 
     # --- chat ----------------------------------------------------------------------------------------
@@ -317,6 +320,7 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
             stats.vision_tokens_after = (int(vision.keep.sum()) if vision.keep is not None
                                          else stats.vision_tokens_before)
             stats.reductions = vision.info
+            stats.vision_keep = vision.keep  # (n_placeholders,) bool | None: which tokens survived, for pictures
     if stats is not None:
         stats.prompt_tokens = int(embeds.shape[1])
     return embeds
