@@ -1,0 +1,56 @@
+"""The Stop button: ends the work at the next safe point, says "stopped", and is inactive when nothing runs.
+
+Gradio's `cancels=` alone cancels the event's task, but the thread in which the handler runs goes on until it
+next yields, and before the first token there is no yield: a stopped PDF request used to render and encode every
+page to the end (the next request then reported those pages as vision-cache hits). So each browser session holds
+a `StopFlag` (a `gr.State`: one per session, never shared between users); the handler passes its event to
+`vl.Engine.chat(cancel=...)`, which checks it between pages, tiles and tokens and kills a decode worker that is
+running (vl/processing/progress.py). The Stop click sets the flag, cancels the event, and writes "stopped" into
+the tab's status, since a cancelled handler cannot write anything any more.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import gradio as gr
+
+STOPPED_TEXT = "*stopped*"
+
+
+class StopFlag:
+    """A per-session stop event. `gr.State` deep-copies its default for each session: each gets its own."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def __deepcopy__(self, memo):
+        return StopFlag()
+
+    def start(self) -> threading.Event:
+        """A new request begins: a fresh event (a stop of the previous request must not stop this one)."""
+        self.event = threading.Event()
+        return self.event
+
+    def stop(self) -> None:
+        self.event.set()
+
+
+def stop_state() -> gr.State:
+    return gr.State(StopFlag())
+
+
+def wire_stop(stop: gr.Button, flag: gr.State, status, runs: list[tuple]) -> None:
+    """Stop: set the session's flag, cancel the running event, show "stopped" in `status`, go inactive.
+    `runs`: (trigger, event) pairs, e.g. `(ask.click, event)`; each trigger makes Stop active while its event
+    runs. `stop` should be built with `interactive=False`."""
+
+    def on_stop(f: StopFlag):
+        if isinstance(f, StopFlag):
+            f.stop()
+        return STOPPED_TEXT, gr.Button(interactive=False)
+
+    stop.click(on_stop, flag, [status, stop], cancels=[e for _, e in runs], queue=False, api_visibility="private")
+    for trigger, event in runs:
+        trigger(lambda: gr.Button(interactive=True), None, stop, queue=False, api_visibility="private")
+        event.then(lambda: gr.Button(interactive=False), None, stop, queue=False, api_visibility="private")
