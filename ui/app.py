@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ui.limits import AppLimits
+from ui.page_style import APP_CSS
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 
@@ -174,7 +175,7 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
     return demo.launch(server_name=host, server_port=port, share=False, max_file_size=limits.max_upload_mb << 20,
                        allowed_paths=allowed, blocked_paths=blocked, show_error=False, enable_monitoring=False,
                        strict_cors=True, ssr_mode=False, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
-                       inbrowser=False)
+                       inbrowser=False, css=APP_CSS)
 
 
 def _raise_interrupt(signum, frame):

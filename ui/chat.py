@@ -52,8 +52,16 @@ def _parts(content, ctx: AppContext) -> list[dict]:
 
 
 def is_error_message(m: dict) -> bool:
+    """An assistant message made by `respond` from a failure. Gradio 6 hands history content back either as a
+    string or as a list of parts ({"type": "text", "text": ...})."""
+    if m.get("role") != "assistant":
+        return False
     content = m.get("content")
-    return m.get("role") == "assistant" and isinstance(content, str) and content.startswith(ERROR_MARK)
+    if isinstance(content, (list, tuple)):
+        content = content[0] if len(content) == 1 else None
+    if isinstance(content, dict):
+        content = content.get("text")
+    return isinstance(content, str) and content.startswith(ERROR_MARK)
 
 
 def chat_messages(ctx: AppContext, message, history) -> list[dict]:

@@ -118,6 +118,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
             chart = gr.Plot(label="Vision tokens kept per frame", show_label=False)
             stats = gr.Markdown(label="Stats", elem_id="video-stats")
             frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept)", columns=6, height=200,
+                                elem_id="video-frames",
                                 object_fit="contain", format="png")
 
     flag = stop_state()

@@ -38,9 +38,10 @@ class Work:
             raise StoppedError("stopped by the user before the answer began")
 
     def report(self, what: str, done: int, total: int = 0) -> None:
-        self.check()
+        """Tell the watcher, then a safe point (a stop asked for by the callback itself counts too)."""
         if self.on_progress is not None:
             self.on_progress(what, done, total)
+        self.check()
 
     @staticmethod
     def current() -> Work:
