@@ -64,6 +64,12 @@ def gen_options(limits: AppLimits, thinking, reasoning_budget, max_new_tokens, t
 
 
 
+def file_example(name: str) -> dict:
+    """A local file as "Use via API" shows it (`handle_file(name)`), instead of Gradio's sample URLs, which this
+    app refuses (it never fetches remote media)."""
+    return {"path": name, "meta": {"_type": "gradio.FileData"}, "orig_name": name}
+
+
 def api_example(component, value):
     """`component` with `value` as its sample in "Use via API" (Gradio shows "Hello!!" for every textbox).
 

@@ -14,7 +14,7 @@ import gradio as gr
 import gradio_client.utils as client_utils
 from gradio.utils import NamedString
 
-from ui.controls import MODEL, AppContext, Controls, api_example, gen_options
+from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.kept_tokens import draw_kept, keep_grids
 from ui.limits import check_float, check_int, check_upload, user_error
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
@@ -139,9 +139,10 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     tpt = cfg.tokens_per_tile
     with gr.Row():
         with gr.Column(scale=1):
-            files = without_stray_temp_files(gr.File(
+            files = api_example(without_stray_temp_files(gr.File(
                 file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
-                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files"))
+                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files")),
+                [file_example("page.png")])
             pages = api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
                                            f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
                                            elem_id="doc-pages"), "1-3")

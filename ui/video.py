@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 from matplotlib.figure import Figure
 
-from ui.controls import MODEL, AppContext, Controls, api_example, gen_options
+from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
 from ui.limits import check_float, check_int, check_upload, user_error
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
@@ -94,8 +94,8 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     default_rate = float(ctx.config.video_pruning_rate or 0.0)
     with gr.Row():
         with gr.Column(scale=1):
-            video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", height=260,
-                             elem_id="video-file")
+            video = api_example(gr.Video(sources=["upload"], format=None, include_audio=True, label="Video",
+                                         height=260, elem_id="video-file"), file_example("clip.mp4"))
             question = api_example(gr.Textbox(label="Question", placeholder="Which way does the square move?",
                                               lines=2, elem_id="video-question"), "Which way does the square move?")
             with gr.Row():
