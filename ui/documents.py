@@ -18,7 +18,7 @@ from ui.controls import MODEL, AppContext, Controls, api_example, file_example, 
 from ui.kept_tokens import draw_kept, keep_grids
 from ui.limits import check_float, check_int, check_upload, user_error
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
-from ui.stop import STOPPED_TEXT, StopFlag, stop_state, wire_stop
+from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 from vl.processing.documents import parse_page_range
 
@@ -187,11 +187,11 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     # the reduction controls come after the shared ones, so API callers that predate them keep working
     inputs = [files, pages, question, max_tiles, budget] + controls.inputs + [skip_blank, prune_rate, flag]
     outputs = [reasoning, answer, gallery, stats]
-    event = ask.click(handler, inputs, outputs, api_name="document", concurrency_id=MODEL,
-                      concurrency_limit=ctx.limits.concurrency)
-    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
-                                concurrency_limit=ctx.limits.concurrency)
-    wire_stop(stop, flag, stats, [(ask.click, event), (question.submit, submitted)])
+    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="document", concurrency_id=MODEL,
+                          concurrency_limit=ctx.limits.concurrency)
+    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private",
+                              concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
+    wire_stop(stop, flag, stats, [event, submitted])
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")

@@ -40,17 +40,33 @@ def stop_state() -> gr.State:
     return gr.State(StopFlag())
 
 
-def wire_stop(stop: gr.Button, flag: gr.State, status, runs: list[tuple]) -> None:
-    """Stop: set the session's flag, cancel the running event, show "stopped" in `status`, go inactive.
-    `runs`: (trigger, event) pairs, e.g. `(ask.click, event)`; each trigger makes Stop active while its event
-    runs. `stop` should be built with `interactive=False`."""
+def _active():
+    return gr.Button(interactive=True)
+
+
+def _inactive():
+    return gr.Button(interactive=False)
+
+
+def run_with_stop(trigger, stop: gr.Button, fn, inputs, outputs, **kwargs):
+    """`trigger(fn, inputs, outputs, **kwargs)` with Stop active while it runs; returns the event of `fn`.
+
+    A chain (activate -> fn -> deactivate): a second listener on the same trigger did not reliably update the
+    button in Gradio 6.31."""
+    event = trigger(_active, None, stop, queue=False, api_visibility="private").then(fn, inputs, outputs, **kwargs)
+    event.then(_inactive, None, stop, queue=False, api_visibility="private")
+    return event
+
+
+def wire_stop(stop: gr.Button, flag: gr.State, status, events: list) -> None:
+    """Stop: set the session's flag, cancel `events`, show "stopped" in `status`, go inactive.
+    `stop` should be built with `interactive=False` and the events made with `run_with_stop`."""
 
     def on_stop(f: StopFlag):
         if isinstance(f, StopFlag):
             f.stop()
         return STOPPED_TEXT, gr.Button(interactive=False)
 
-    stop.click(on_stop, flag, [status, stop], cancels=[e for _, e in runs], queue=False, api_visibility="private")
-    for trigger, event in runs:
-        trigger(lambda: gr.Button(interactive=True), None, stop, queue=False, api_visibility="private")
-        event.then(lambda: gr.Button(interactive=False), None, stop, queue=False, api_visibility="private")
+    # queued (in Gradio's default group, not the model's): with queue=False the page showed "Error" over the
+    # status, or kept "generating…"
+    stop.click(on_stop, flag, [status, stop], cancels=events, api_visibility="private")

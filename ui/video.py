@@ -15,7 +15,7 @@ from ui.controls import MODEL, AppContext, Controls, api_example, file_example, 
 from ui.documents import check_question
 from ui.limits import check_float, check_int, check_upload, user_error
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
-from ui.stop import STOPPED_TEXT, StopFlag, stop_state, wire_stop
+from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 
 VIDEO_TYPES = [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"]
@@ -130,11 +130,11 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
 
     inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
     outputs = [reasoning, answer, chart, frames, stats]
-    event = ask.click(handler, inputs, outputs, api_name="video", concurrency_id=MODEL,
-                      concurrency_limit=lim.concurrency)
-    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
-                                concurrency_limit=lim.concurrency)
-    wire_stop(stop, flag, stats, [(ask.click, event), (question.submit, submitted)])
+    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="video", concurrency_id=MODEL,
+                          concurrency_limit=lim.concurrency)
+    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private",
+                              concurrency_id=MODEL, concurrency_limit=lim.concurrency)
+    wire_stop(stop, flag, stats, [event, submitted])
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")
