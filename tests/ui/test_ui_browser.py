@@ -7,7 +7,7 @@ browser for the module. Three apps serve the pages:
   what the demo model cannot read, documents show blank-tile skipping and redundant-token pruning (before ->
   after, kept tokens drawn per tile), galleries show every picture whole, a chat error is an assistant message
   and the chat stays usable; the screenshots in docs/screenshots/ are taken here, so they stay current;
-- the app in-process over a tiny random model (`app`), whose /think answers run for many seconds: Stop ends the
+- the app in-process over a tiny random model that never stops on its own (`endless_served`): Stop ends the
   work, says "stopped", releases the engine, and is inactive whenever nothing runs.
 """
 
@@ -59,6 +59,26 @@ def demo_served(examples, upload_dir):
     demo = build_app(engine, limits=limits, examples_dir=examples.dir, examples=examples.records, model_name="demo",
                      demo_model=True)
     launch_app(demo, port=free_port(), limits=limits, model_dir=DEMO, examples_dir=examples.dir,
+               prevent_thread_lock=True, quiet=True)
+    yield SimpleNamespace(url=demo.local_url, engine=engine)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def endless_served(endless_dir, examples, upload_dir):
+    """The app in-process over `endless_dir` (its answers never stop on their own), with room for 100k new
+    tokens: an answer runs far longer than any Stop test needs, however fast the machine decodes."""
+    from ui.app import build_app, launch_app
+    from ui.limits import AppLimits
+    from ui.measure import free_port
+    from ui.runner import UIEngine
+
+    limits = AppLimits(max_new_tokens=100_000)
+    engine = UIEngine.from_pretrained(endless_dir, isolate=True, limits=limits.media,
+                                      allowed_roots=[upload_dir, examples.dir])
+    demo = build_app(engine, limits=limits, examples_dir=examples.dir, examples=examples.records,
+                     model_name="endless")
+    launch_app(demo, port=free_port(), limits=limits, model_dir=endless_dir, examples_dir=examples.dir,
                prevent_thread_lock=True, quiet=True)
     yield SimpleNamespace(url=demo.local_url, engine=engine)
     demo.close()
@@ -231,10 +251,11 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
 
 
 @pytest.mark.parametrize("width", WIDTHS.values(), ids=WIDTHS.keys())
-def test_browser_stop_ends_the_work_and_says_stopped(app, examples, browser, width):
+def test_browser_stop_ends_the_work_and_says_stopped(endless_served, examples, browser, width):
     """Finding 3: Stop is inactive when nothing runs, active while an answer streams; pressing it ends the work
     (the engine is free at once), writes "stopped" where "generating…" was, and goes inactive again."""
     ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+    app = endless_served
     page = _open(browser, app.url, width)
     try:
         stop = page.locator("#doc-stop")
@@ -242,8 +263,7 @@ def test_browser_stop_ends_the_work_and_says_stopped(app, examples, browser, wid
         _upload(browser, page, "#doc-files", ex["path"])
         page.locator("#doc-question textarea").fill(ex["question"])
         page.locator("#settings").get_by_text("Generation settings").click()
-        page.locator("#settings input[type=checkbox]").first.check()  # /think: this model then runs for ~20 s
-        _set_number(page, "#max-new-tokens", 2048)
+        _set_number(page, "#max-new-tokens", 100_000)  # minutes of decoding: only Stop ends it
         page.locator("#doc-ask").click()
         _wait_text(page, "#doc-stats", "generating")
         _wait_until(stop.is_enabled, "Stop was not active while the answer streamed")
