@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ui.chat_export import export_files
 from ui.controls import AppContext, Controls, api_example, gen_options
 from ui.documents import IMAGE_TYPES
 from ui.limits import check_float, check_int, check_upload, error_text
@@ -181,7 +182,18 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
                                                                       prune_rate, flag],
                                  examples=chat_examples, run_examples_on_click=False,
                                  api_name="chat", concurrency_limit=lim.concurrency,
-                                 save_history=False, fill_height=False)
+                                 save_history=True, fill_height=False)  # kept in the browser across reloads
+    with gr.Row():
+        export = gr.Button("Export conversation (JSON and Markdown)", size="sm", elem_id="chat-export")
+        exported = gr.File(label="Conversation", file_count="multiple", interactive=False, visible=False,
+                           elem_id="chat-exported")
+
+    def on_export(history):
+        from gradio.utils import get_upload_folder
+
+        return gr.File(value=export_files(history, get_upload_folder()), visible=True)
+
+    export.click(on_export, interface.chatbot, exported, queue=False, api_visibility="private")
     # Stop sets the session's flag: the engine ends at its next safe point and the answer says "(stopped)"
     textbox.stop(lambda f: f.stop() if isinstance(f, StopFlag) else None, flag, None, queue=False,
                  api_visibility="private")

@@ -187,10 +187,9 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     # the reduction controls come after the shared ones, so API callers that predate them keep working
     inputs = [files, pages, question, max_tiles, budget] + controls.inputs + [skip_blank, prune_rate, flag]
     outputs = [reasoning, answer, gallery, stats]
-    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="document", concurrency_id=MODEL,
-                          concurrency_limit=ctx.limits.concurrency)
-    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private",
-                              concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
+    run = dict(scroll_to="doc-answer", concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
+    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="document", **run)
+    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private", **run)
     wire_stop(stop, flag, stats, [event, submitted])
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,

@@ -48,12 +48,20 @@ def _inactive():
     return gr.Button(interactive=False)
 
 
-def run_with_stop(trigger, stop: gr.Button, fn, inputs, outputs, **kwargs):
+# on a narrow screen the answer is below the inputs, out of sight: bring it into view when the question is asked
+SCROLL_JS = """() => {{ if (window.innerWidth < 768) {{
+    const el = document.querySelector('#{}'); if (el) el.scrollIntoView({{block: 'start'}}); }} }}"""
+
+
+def run_with_stop(trigger, stop: gr.Button, fn, inputs, outputs, scroll_to: str | None = None, **kwargs):
     """`trigger(fn, inputs, outputs, **kwargs)` with Stop active while it runs; returns the event of `fn`.
+    `scroll_to`: the elem_id brought into view on narrow screens when it starts (the answer).
 
     A chain (activate -> fn -> deactivate): a second listener on the same trigger did not reliably update the
     button in Gradio 6.31."""
-    event = trigger(_active, None, stop, queue=False, api_visibility="private").then(fn, inputs, outputs, **kwargs)
+    js = SCROLL_JS.format(scroll_to) if scroll_to else None
+    event = trigger(_active, None, stop, queue=False, api_visibility="private", js=js).then(fn, inputs, outputs,
+                                                                                           **kwargs)
     event.then(_inactive, None, stop, queue=False, api_visibility="private")
     return event
 

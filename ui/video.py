@@ -130,10 +130,9 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
 
     inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
     outputs = [reasoning, answer, chart, frames, stats]
-    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="video", concurrency_id=MODEL,
-                          concurrency_limit=lim.concurrency)
-    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private",
-                              concurrency_id=MODEL, concurrency_limit=lim.concurrency)
+    run = dict(scroll_to="video-answer", concurrency_id=MODEL, concurrency_limit=lim.concurrency)
+    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="video", **run)
+    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private", **run)
     wire_stop(stop, flag, stats, [event, submitted])
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,

@@ -199,6 +199,10 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
         page.locator("#doc-skip-blank input[type=checkbox]").check()
         _set_number(page, "#doc-prune-rate", 0.5)
         page.locator("#doc-ask").click()
+        if not desktop:  # 11: on a narrow screen the answer, below the inputs, is brought into view
+            _wait_until(lambda: page.evaluate("() => { const r = document.querySelector('#doc-answer')"
+                                              ".getBoundingClientRect(); return r.top > -5 && r.top < innerHeight; }"),
+                        "the answer was not scrolled into view", timeout=5)
         stats = _wait_text(page, "#doc-stats", "finished by")
         row = next(line for line in stats.splitlines() if line.startswith("vision tokens before"))
         before, after = (int(x) for x in row.split("\t")[-1].split(" → "))
@@ -232,7 +236,7 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
         box = page.locator("#chat-input")
         thumb = page.locator('#chat-input [aria-label="File thumbnail"]').first
         _upload(browser, page, "#chat-input", str(fake), shown=thumb)
-        box.locator("textarea").fill("What is the total?")
+        box.locator("textarea").fill("Is this a picture?")
         box.locator("textarea").press("Enter")
         page.locator("#chat-box").get_by_text("Input refused").wait_for(timeout=60_000)
         assert "[unsupported_format]" in page.locator("#chat-box").inner_text()
@@ -246,6 +250,14 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
         assert page.locator("#chat-box").get_by_text(png["answer"], exact=True).count() >= 1
         if desktop:
             _shot(page, "chat")
+            # 11: the conversation is exported, and kept across a reload
+            page.locator("#chat-export").click()
+            page.locator("#chat-exported").get_by_text(".md").wait_for(timeout=30_000)
+            page.reload(wait_until="load")
+            page.locator("#doc-ask").wait_for(timeout=60_000)
+            page.get_by_role("tab", name="Chat").click()
+            page.get_by_text("Is this a picture?").first.click()  # the saved conversation, listed by its start
+            page.locator("#chat-box").get_by_text("Input refused").first.wait_for(timeout=30_000)
     finally:
         page.close()
 

@@ -252,3 +252,24 @@ def test_kept_tokens_are_drawn_on_their_squares():
     assert keep_grids(None, 2, 4) is None
     with pytest.raises(ValueError):
         keep_grids(keep, 3, 4)
+
+
+def test_chat_export_names_files_and_keeps_titles(tmp_path):
+    import json
+
+    from ui.chat_export import conversation_markdown, export_files
+
+    history = [{"role": "user", "content": [{"type": "file", "file": {"path": "/srv/up/abc/page.png"}},
+                                            {"type": "text", "text": "What is the total?"}]},
+               {"role": "assistant", "content": "the TOTAL line", "metadata": {"title": "Reasoning"}},
+               {"role": "assistant", "content": [{"type": "text", "text": "12"}]}]
+    paths = export_files(history, tmp_path)
+    data = json.loads(Path(paths[0]).read_text())
+    assert data == [{"role": "user", "content": [{"type": "file", "name": "page.png"},
+                                                 {"type": "text", "text": "What is the total?"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "the TOTAL line"}],
+                     "title": "Reasoning"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "12"}]}]
+    md = Path(paths[1]).read_text()
+    assert md == conversation_markdown(history) and "/srv/up" not in md and "*(file: page.png)*" in md
+    assert "**Assistant · Reasoning:**" in md
