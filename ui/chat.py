@@ -173,7 +173,7 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
 
     textbox = gr.MultimodalTextbox(file_count="multiple", file_types=IMAGE_TYPES + VIDEO_TYPES + [".pdf"],
                                    sources=["upload"], placeholder="Ask about an image, a PDF or a video…",
-                                   label="Message", elem_id="chat-input")
+                                   label="Message", elem_id="chat-input", stop_btn=True)  # shown while answering
     textbox = api_example(textbox, {"text": "What is the total?", "files": []})
     chat_examples = [[{"text": e["question"], "files": [e["path"]]}] for e in examples or []] or None
     interface = gr.ChatInterface(fn, multimodal=True, textbox=textbox,

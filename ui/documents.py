@@ -113,7 +113,7 @@ def document_gallery(ctx: AppContext, stats, page_numbers) -> list[tuple]:
 
 def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_budget, thinking, reasoning_budget,
                     max_new_tokens, temperature, skip_blank=False, prune_rate=0.0, flag=None, progress=None):
-    cancel = flag.start() if isinstance(flag, StopFlag) else None
+    cancel = flag.event if isinstance(flag, StopFlag) else None  # cleared at the click (ui/stop.py)
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
         messages, proc, page_numbers = document_request(ctx, files, pages, question, max_tiles, token_budget,
@@ -188,9 +188,9 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     inputs = [files, pages, question, max_tiles, budget] + controls.inputs + [skip_blank, prune_rate, flag]
     outputs = [reasoning, answer, gallery, stats]
     run = dict(scroll_to="doc-answer", concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
-    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="document", **run)
-    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private", **run)
-    wire_stop(stop, flag, stats, [event, submitted])
+    event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="document", **run)
+    run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
+    wire_stop(stop, flag, stats)
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")

@@ -26,7 +26,8 @@ log = logging.getLogger("ui")
 
 # a shared server admits less than the library defaults: fewer pages (the cap `vl chat` uses too) and a shorter
 # video per request
-APP_MEDIA_LIMITS = MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES, max_video_duration_s=1800.0, max_video_bytes=512 * MiB,
+APP_MEDIA_LIMITS = MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES, max_video_duration_s=1800.0,
+                               max_video_bytes=512 * MiB,
                                max_pdf_bytes=128 * MiB)
 
 

@@ -56,7 +56,7 @@ def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, i
 
 def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, thinking, reasoning_budget,
                  max_new_tokens, temperature, flag=None, progress=None):
-    cancel = flag.start() if isinstance(flag, StopFlag) else None
+    cancel = flag.event if isinstance(flag, StopFlag) else None  # cleared at the click (ui/stop.py)
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
         if not video:
@@ -131,9 +131,9 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
     outputs = [reasoning, answer, chart, frames, stats]
     run = dict(scroll_to="video-answer", concurrency_id=MODEL, concurrency_limit=lim.concurrency)
-    event = run_with_stop(ask.click, stop, handler, inputs, outputs, api_name="video", **run)
-    submitted = run_with_stop(question.submit, stop, handler, inputs, outputs, api_visibility="private", **run)
-    wire_stop(stop, flag, stats, [event, submitted])
+    event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="video", **run)
+    run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
+    wire_stop(stop, flag, stats)
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")

@@ -261,6 +261,7 @@ def test_document_token_reduction_before_after_and_kept_tokens(client, examples,
     assert final[1] == want.answer
     s = want.stats
     assert s.vision_tokens_after < s.vision_tokens_before
-    assert f"| vision tokens before → after reduction | {s.vision_tokens_before} → {s.vision_tokens_after} |" in final[3]
+    row = f"| vision tokens before → after reduction | {s.vision_tokens_before} → {s.vision_tokens_after} |"
+    assert row in final[3]
     kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[2]]  # "p1 · tile 1/2 · 3/4 kept"
     assert all(g["caption"].endswith(" kept") for g in final[2]) and sum(kept) == s.vision_tokens_after

@@ -282,13 +282,28 @@ def test_browser_stop_ends_the_work_and_says_stopped(endless_served, examples, b
         try:
             stop.click(timeout=5_000)
         except browser.TimeoutError:
-            raise AssertionError(f"Stop went inactive while the answer ran: {page.locator('#doc-stats').inner_text()!r}, "
-                                 f"reasoning {len(page.locator('#doc-answer textarea').input_value())} chars") from None
+            status = page.locator("#doc-stats").inner_text()
+            raise AssertionError(f"Stop went inactive while the answer ran: {status!r}") from None
         _wait_text(page, "#doc-stats", "stopped", timeout=10)
         _wait_until(stop.is_disabled, "Stop stayed active after stopping", timeout=5)
         assert app.engine._lock.acquire(timeout=5), "the engine still works on the stopped request"
         app.engine._lock.release()
         time.sleep(1.0)
         assert "stopped" in page.locator("#doc-stats").inner_text()  # nothing overwrote it
+        if width == WIDTHS["desktop"]:  # the Chat tab's Stop: the answer ends with "(stopped)" and its stats
+            page.get_by_role("tab", name="Chat").click()
+            box = page.locator("#chat-input")
+            box.locator("textarea").fill("Tell me everything.")
+            box.locator("textarea").press("Enter")
+            stop_chat = box.locator("button.stop-button")
+            _wait_until(stop_chat.is_visible, lambda: f"no Stop in the chat: {page.locator('#chat-box').inner_text()!r}",
+                        60)
+            time.sleep(1.0)  # let the answer stream a while
+            stop_chat.click(timeout=10_000)
+            page.locator("#chat-box").get_by_text("(stopped)").wait_for(timeout=15_000)
+            page.locator("#chat-box").get_by_text("Stats").first.wait_for(timeout=5_000)
+            assert app.engine._lock.acquire(timeout=5), "the engine still works on the stopped chat"
+            app.engine._lock.release()
+            _wait_until(box.locator("textarea").is_enabled, "the chat input stayed disabled after Stop")
     finally:
         page.close()
