@@ -117,9 +117,9 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="video-answer")
             chart = gr.Plot(label="Vision tokens kept per frame", show_label=False)
             stats = gr.Markdown(label="Stats", elem_id="video-stats")
-            frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept)", columns=6, height=200,
-                                elem_id="video-frames",
-                                object_fit="contain", format="png")
+            frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept; click one to seek the video)",
+                                columns=6, height=200, elem_id="video-frames", object_fit="contain", format="png")
+            seek_to = gr.Number(visible=False)
 
     flag = stop_state()
 
@@ -134,7 +134,26 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="video", **run)
     run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
     wire_stop(stop, flag, stats)
+    # a click on a frame seeks the video to that frame's timestamp (its caption: "12.50 s · 180/256")
+    frames.select(frame_time, None, seek_to, queue=False, api_visibility="private").then(
+        None, seek_to, None, js=SEEK_JS, api_visibility="private")
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")
     return event
+
+
+SEEK_JS = """(t) => { const v = document.querySelector('#video-file video');
+    if (v && t !== null && t !== undefined) { v.currentTime = t; v.scrollIntoView({block: 'nearest'}); } }"""
+
+
+def frame_time(evt: gr.SelectData):
+    """The clicked frame's timestamp in seconds, from its caption; nothing when the caption has none."""
+    value = evt.value if isinstance(evt.value, dict) else {}
+    head = str(value.get("caption") or "").split(" · ", 1)[0]
+    if not head.endswith(" s"):
+        return gr.skip()
+    try:
+        return float(head[:-2])
+    except ValueError:
+        return gr.skip()

@@ -228,6 +228,13 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
         assert _assert_whole(page, "#video-frames") >= 2
         if desktop:
             _shot(page, "video_qa")
+            # 11: a click on a frame seeks the video to its timestamp
+            second = page.locator("#video-frames .thumbnail-item").nth(1)
+            t = float(second.locator(".caption-label").inner_text().split(" s", 1)[0])
+            second.click()
+            _wait_until(lambda: abs(page.evaluate("() => document.querySelector('#video-file video').currentTime")
+                                    - t) < 0.05, f"the video did not seek to {t} s", timeout=10)
+            page.keyboard.press("Escape")  # close the gallery's preview
 
         # 2: a broken upload in the chat is an assistant message; the input stays live and the next turn works
         page.get_by_role("tab", name="Chat").click()
