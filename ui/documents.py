@@ -17,6 +17,7 @@ from gradio.utils import NamedString
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.kept_tokens import draw_kept, keep_grids
 from ui.limits import check_float, check_int, check_upload, user_error
+from ui.page_picker import wire_page_picker
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
 from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
@@ -146,6 +147,8 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
             pages = api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
                                            f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
                                            elem_id="doc-pages"), "1-3")
+            picker = gr.Gallery(label="Pages (click to add to the page range)", elem_id="doc-page-picker",
+                                columns=8, height=150, object_fit="contain", visible=False, allow_preview=False)
             question = api_example(gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
                                               max_length=MAX_QUESTION_CHARS, elem_id="doc-question"),
                                    "What is the total?")
@@ -176,6 +179,7 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
             gallery = gr.Gallery(label="Tiles the model saw", elem_id="doc-gallery", columns=5, height=260,
                                  object_fit="contain", format="png")
 
+    wire_page_picker(ctx, files, pages, picker)
     flag = stop_state()
 
     def handler(files, pages, question, max_tiles, token_budget, thinking, reasoning_budget, max_new_tokens,

@@ -11,5 +11,6 @@ APP_CSS = """
 #doc-gallery .grid-container, #video-frames .grid-container {
   grid-template-columns: repeat(auto-fill, minmax(104px, 1fr)) !important;
 }
+#doc-page-picker .grid-container { grid-template-columns: repeat(auto-fill, minmax(64px, 1fr)) !important; }
 button:disabled, button[disabled] { opacity: 0.4; cursor: not-allowed; filter: grayscale(0.7); }
 """

@@ -195,6 +195,15 @@ def test_browser_demo_tabs(demo_served, examples, browser, tmp_path, width):
         # 7: blank-tile skipping and redundant-token pruning, before -> after, kept tokens drawn per tile
         pdf = next(e for e in examples.tabs["document"] if e["path"].endswith(".pdf"))
         _upload(browser, page, "#doc-files", pdf["path"])
+        # 11: the PDF's pages as thumbnails; clicks build the page range
+        picker = page.locator("#doc-page-picker .thumbnail-item")
+        picker.first.wait_for(timeout=30_000)
+        assert picker.count() == 4 and _assert_whole(page, "#doc-page-picker") == 4
+        picker.nth(3).click()
+        picker.nth(1).click()
+        _wait_until(lambda: page.locator("#doc-pages textarea, #doc-pages input").first.input_value() == "2,4",
+                    "the page range did not follow the clicks")
+        page.locator("#doc-pages textarea, #doc-pages input").first.fill("")
         page.locator("#doc-question textarea").fill(pdf["question"])
         page.locator("#doc-skip-blank input[type=checkbox]").check()
         _set_number(page, "#doc-prune-rate", 0.5)

@@ -273,3 +273,13 @@ def test_chat_export_names_files_and_keeps_titles(tmp_path):
     md = Path(paths[1]).read_text()
     assert md == conversation_markdown(history) and "/srv/up" not in md and "*(file: page.png)*" in md
     assert "**Assistant · Reasoning:**" in md
+
+
+def test_page_picker_keeps_the_range_sorted_and_compact():
+    from ui.page_picker import add_page
+
+    assert add_page("", 3) == "3"
+    assert add_page("3", 1) == "1,3"
+    assert add_page("1,3", 2) == "1-3"
+    assert add_page("1-3,7", 5) == "1-3,5,7"
+    assert add_page("1-3", 2) == "1-3"
