@@ -265,3 +265,23 @@ def test_document_token_reduction_before_after_and_kept_tokens(client, examples,
     assert row in final[3]
     kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[2]]  # "p1 · tile 1/2 · 3/4 kept"
     assert all(g["caption"].endswith(" kept") for g in final[2]) and sum(kept) == s.vision_tokens_after
+
+
+def test_long_documents_report_page_progress(client, tmp_path):
+    """Finding 9: while a PDF is read the page shows "rendering PDF page i/n" (Gradio progress), not one line."""
+    from PIL import Image
+
+    from data_recipes.synthetic.export import write_pdf
+
+    pdf = write_pdf([Image.new("RGB", (400, 520), "white")] * 24, tmp_path / "long.pdf")  # ~1 s to render here
+    job = client.submit(*document_args([handle_file(pdf)], "How many pages?", max_new_tokens=2), api_name="/document")
+    seen = set()
+    t0 = time.perf_counter()
+    while not job.done():
+        assert time.perf_counter() - t0 < 60
+        for p in job.status().progress_data or []:
+            seen.add((p.desc, p.index, p.length))
+        time.sleep(0.01)
+    assert "finished by" in job.result()[3]
+    # polled, so not every step is seen; "page i/24" must be
+    assert any(desc == "rendering PDF page" and n == 24 for desc, _, n in seen), sorted(seen, key=str)
