@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ui.limits import AppLimits
+from ui.page_style import APP_CSS
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "
@@ -57,8 +58,13 @@ class _Step:
 
 
 # --- building ----------------------------------------------------------------------------------------------
+DEMO_WARNING = ("**The demo model reads only the small synthetic documents and clips it was trained on** (the "
+                "bundled examples below). On real photos, papers or videos its answers are noise. For those, start "
+                "the app with a real checkpoint: `vl app --model DIR`.")
+
+
 def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Path | None = None,
-              examples: list[dict] | None = None, model_name: str = ""):
+              examples: list[dict] | None = None, model_name: str = "", demo_model: bool = False):
     """The Blocks app over `engine` (a `ui.runner.UIEngine`); call `launch_app` to serve it.
 
     Set `GRADIO_TEMP_DIR` before calling: Gradio components fix their upload folder when they are built.
@@ -83,7 +89,9 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
                     f"uploads up to {limits.max_upload_mb} MB · "
                     f"up to {m.max_images} images or one PDF of at most {m.max_pdf_pages} pages · one video of at "
                     f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
-                    f"{limits.request_timeout_s:g} s")
+                    f"{limits.request_timeout_s:g} s", elem_id="header")
+        if demo_model:
+            gr.Markdown(f"⚠️ {DEMO_WARNING}", elem_id="demo-warning")
         controls = build_controls(limits)
         vision = getattr(engine.processor, "has_vision", True)  # False for text-only Nemotron-H checkpoints
         with gr.Tabs():
@@ -98,8 +106,9 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
                 else:
                     gr.Markdown(NO_VISION)
             with gr.Tab("Chat", id="chat"):
-                build_chat_tab(ctx, controls)
+                build_chat_tab(ctx, controls, by_tab.get("document", [])[:1] + by_tab.get("video", [])[:1])
     _share_model_slot(demo, MODEL)
+    _stop_chat_by_flag(demo)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency, api_open=False)
     return demo
 
@@ -118,6 +127,19 @@ def _share_model_slot(demo, concurrency_id: str) -> None:
             found += 1
     if not found:
         raise RuntimeError("could not find the chat tab's generation events; Gradio's ChatInterface changed")
+
+
+def _stop_chat_by_flag(demo) -> None:
+    """The chat textbox's Stop sets the session's stop flag (ui/chat.py), and the engine ends at its next safe
+    point, so the answer can still say "(stopped)" and carry its stats. Gradio's own cancel of the chat event
+    would drop that last message, so it is taken off the Stop button's event."""
+    found = 0
+    for block_fn in demo.fns.values():
+        if block_fn.fn is None and block_fn.cancels and any(t[1] == "stop" for t in block_fn.targets):
+            block_fn.cancels = []
+            found += 1
+    if found != 1:
+        raise RuntimeError(f"expected one Stop-cancels event of the chat textbox, found {found}; Gradio changed")
 
 
 def served_paths(model_dir, examples_dir, cwd=None) -> tuple[list[str], list[str]]:
@@ -162,7 +184,7 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
     return demo.launch(server_name=host, server_port=port, share=False, max_file_size=limits.max_upload_mb << 20,
                        allowed_paths=allowed, blocked_paths=blocked, show_error=False, enable_monitoring=False,
                        strict_cors=True, ssr_mode=False, prevent_thread_lock=prevent_thread_lock, quiet=quiet,
-                       inbrowser=False)
+                       inbrowser=False, css=APP_CSS)
 
 
 def _raise_interrupt(signum, frame):
@@ -243,12 +265,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with _Step(4, steps, "building the interface"):
         demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
-                         model_name=shown)
+                         model_name=shown,
+                         demo_model=model is not None and Path(model).resolve() == Path(default_model()).resolve())
     print(f"[5/5] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C: uploads are removed
         signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        launch_app(demo, host=args.host, port=args.port, limits=limits, model_dir=model, examples_dir=examples_dir)
+        # quiet: Gradio's own start-up lines repeat the URL above and suggest `share=True`, which vl app never sets
+        launch_app(demo, host=args.host, port=args.port, limits=limits, model_dir=model, examples_dir=examples_dir,
+                   quiet=True)
     except KeyboardInterrupt:
         pass
     finally:

@@ -13,13 +13,17 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.controls import AppContext, Controls, gen_options
-from ui.limits import check_float, check_int, check_upload, user_error
+from ui.chat_export import export_files
+from ui.controls import AppContext, Controls, api_example, gen_options
+from ui.documents import IMAGE_TYPES
+from ui.limits import check_float, check_int, check_upload, error_text
 from ui.runner import stats_markdown, stream_chat
+from ui.stop import StopFlag, stop_state
 from ui.video import VIDEO_TYPES
 from vl.errors import InputError
 
 THOUGHT_TITLE = "Reasoning"
+ERROR_MARK = "⚠️ "  # an assistant message that starts with it reports a failure; it is never sent to the model
 
 
 def _kind(path: str) -> str:
@@ -48,12 +52,38 @@ def _parts(content, ctx: AppContext) -> list[dict]:
     raise InputError(f"cannot read a chat message part of type {type(content).__name__}")
 
 
+def is_error_message(m: dict) -> bool:
+    """An assistant message made by `respond` from a failure. Gradio 6 hands history content back either as a
+    string or as a list of parts ({"type": "text", "text": ...})."""
+    if m.get("role") != "assistant":
+        return False
+    content = m.get("content")
+    if isinstance(content, (list, tuple)):
+        content = content[0] if len(content) == 1 else None
+    if isinstance(content, dict):
+        content = content.get("text")
+    return isinstance(content, str) and content.startswith(ERROR_MARK)
+
+
 def chat_messages(ctx: AppContext, message, history) -> list[dict]:
-    """Gradio's (message, history) -> engine messages; consecutive parts of one role are one turn."""
+    """Gradio's (message, history) -> engine messages; consecutive parts of one role are one turn.
+
+    A user turn that was answered by an error message is left out (its file may be the broken one), so one bad
+    upload does not break every later turn of the conversation."""
     turns: list[dict] = []
-    for m in history or []:
+    history = list(history or [])
+    failed = set()
+    for i, m in enumerate(history):
+        if is_error_message(m):
+            j = i - 1
+            while j >= 0 and history[j].get("role") != "user":
+                j -= 1
+            while j >= 0 and history[j].get("role") == "user":
+                failed.add(j)
+                j -= 1
+    for i, m in enumerate(history):
         role = m.get("role")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant") or i in failed or is_error_message(m):
             continue
         if role == "assistant" and (m.get("metadata") or {}).get("title"):
             continue  # a reasoning bubble
@@ -79,16 +109,23 @@ def chat_messages(ctx: AppContext, message, history) -> list[dict]:
 
 
 def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-            max_tiles, fps, max_frames, evs_rate):
+            max_tiles, fps, max_frames, evs_rate, skip_blank=False, prune_rate=0.0, flag=None):
+    """Streams the assistant's messages. A failure becomes an assistant message (`ERROR_MARK` ...), never a
+    `gr.Error`: Gradio 6.31's ChatInterface leaves its textbox disabled after a raised error, until a reload."""
+    cancel = flag.start() if isinstance(flag, StopFlag) else None
+    out: list = []
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
         proc = dict(max_num_tiles=check_int("tiles per image", max_tiles, 1, ctx.limits.max_tiles),
                     fps=check_float("fps", fps, 0.1, ctx.limits.max_fps),
                     max_frames=check_int("max frames", max_frames, 1, ctx.limits.max_frames),
-                    video_pruning_rate=check_float("EVS rate", evs_rate, 0.0, 0.95))
+                    video_pruning_rate=check_float("EVS rate", evs_rate, 0.0, 0.95),
+                    skip_blank_tiles=bool(skip_blank),
+                    token_pruning_rate=check_float("redundant-token pruning rate", prune_rate or 0.0, 0.0, 0.95))
         messages = chat_messages(ctx, message, history)
         t0 = time.perf_counter()
-        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s, **proc):
+        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
+                                cancel=cancel, **proc):
             out = []
             if options.thinking:
                 thinking_done = snap.done or bool(snap.answer)
@@ -99,6 +136,8 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
             answer = snap.answer
             if snap.done:
                 stats = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
+                if snap.result.finish_reason == "cancelled":
+                    answer = f"{answer}\n\n*(stopped)*" if answer else "*(stopped)*"
                 out.append(gr.ChatMessage(role="assistant", content=answer or "*(no answer)*"))
                 out.append(gr.ChatMessage(role="assistant", content=stats,
                                           metadata={"title": "Stats", "status": "done"}))
@@ -106,10 +145,11 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
                 out.append(gr.ChatMessage(role="assistant", content=answer))
             yield out
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
-        raise user_error(exc) from None
+        title, text = error_text(exc, where="chat")
+        yield out + [gr.ChatMessage(role="assistant", content=f"{ERROR_MARK}**{title}:** {text}")]
 
 
-def build_chat_tab(ctx: AppContext, controls: Controls):
+def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | None = None):
     lim = ctx.limits
     with gr.Accordion("Media settings for chat", open=False):
         with gr.Row():
@@ -120,16 +160,42 @@ def build_chat_tab(ctx: AppContext, controls: Controls):
             max_frames = gr.Slider(1, lim.max_frames, value=min(64, lim.max_frames), step=1, label="Max frames")
             rate = gr.Slider(0.0, 0.95, value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
                              label="EVS pruning rate")
+        with gr.Row():
+            skip_blank = gr.Checkbox(value=False, label="Skip blank tiles",
+                                     info="whitespace tiles of images and pages never reach the vision encoder")
+            prune_rate = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Redundant-token pruning rate",
+                                   info="fraction of image / page tokens dropped as repeated background")
+    flag = stop_state()
 
     def fn(message, history, thinking, reasoning_budget, max_new_tokens, temperature, max_tiles, fps, max_frames,
-           rate):
+           rate, skip_blank_tiles, token_pruning_rate, flag):
         yield from respond(ctx, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-                           max_tiles, fps, max_frames, rate)
+                           max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag)
 
-    textbox = gr.MultimodalTextbox(file_count="multiple", file_types=["image", "video", ".pdf"],
-                                   sources=["upload"], placeholder="Ask about an image, a PDF or a video…")
-    return gr.ChatInterface(fn, multimodal=True, textbox=textbox,
-                            chatbot=gr.Chatbot(height=420, label="Chat"),
-                            additional_inputs=controls.inputs + [max_tiles, fps, max_frames, rate],
-                            api_name="chat", concurrency_limit=lim.concurrency,
-                            save_history=False, fill_height=False)
+    textbox = gr.MultimodalTextbox(file_count="multiple", file_types=IMAGE_TYPES + VIDEO_TYPES + [".pdf"],
+                                   sources=["upload"], placeholder="Ask about an image, a PDF or a video…",
+                                   label="Message", elem_id="chat-input", stop_btn=True)  # shown while answering
+    textbox = api_example(textbox, {"text": "What is the total?", "files": []})
+    chat_examples = [[{"text": e["question"], "files": [e["path"]]}] for e in examples or []] or None
+    interface = gr.ChatInterface(fn, multimodal=True, textbox=textbox,
+                                 chatbot=gr.Chatbot(height=420, label="Chat", elem_id="chat-box"),
+                                 additional_inputs=controls.inputs + [max_tiles, fps, max_frames, rate, skip_blank,
+                                                                      prune_rate, flag],
+                                 examples=chat_examples, run_examples_on_click=False,
+                                 api_name="chat", concurrency_limit=lim.concurrency,
+                                 save_history=True, fill_height=False)  # kept in the browser across reloads
+    with gr.Row():
+        export = gr.Button("Export conversation (JSON and Markdown)", size="sm", elem_id="chat-export")
+        exported = gr.File(label="Conversation", file_count="multiple", interactive=False, visible=False,
+                           elem_id="chat-exported")
+
+    def on_export(history):
+        from gradio.utils import get_upload_folder
+
+        return gr.File(value=export_files(history, get_upload_folder()), visible=True)
+
+    export.click(on_export, interface.chatbot, exported, queue=False, api_visibility="private")
+    # Stop sets the session's flag: the engine ends at its next safe point and the answer says "(stopped)"
+    textbox.stop(lambda f: f.stop() if isinstance(f, StopFlag) else None, flag, None, queue=False,
+                 api_visibility="private")
+    return interface

@@ -62,3 +62,18 @@ def gen_options(limits: AppLimits, thinking, reasoning_budget, max_new_tokens, t
                       max_new_tokens=check_int("max new tokens", max_new_tokens, 1, limits.max_new_tokens),
                       temperature=check_float("temperature", temperature, 0.0, 2.0))
 
+
+
+def file_example(name: str) -> dict:
+    """A local file as "Use via API" shows it (`handle_file(name)`), instead of Gradio's sample URLs, which this
+    app refuses (it never fetches remote media)."""
+    return {"path": name, "meta": {"_type": "gradio.FileData"}, "orig_name": name}
+
+
+def api_example(component, value):
+    """`component` with `value` as its sample in "Use via API" (Gradio shows "Hello!!" for every textbox).
+
+    An instance attribute, not a subclass: Gradio's component metaclass writes a `.pyi` stub next to the module
+    of every component subclass."""
+    component.example_payload = component.example_value = lambda: value
+    return component

@@ -14,13 +14,17 @@ import gradio as gr
 import gradio_client.utils as client_utils
 from gradio.utils import NamedString
 
-from ui.controls import MODEL, AppContext, Controls, gen_options
-from ui.limits import check_int, check_upload, user_error
-from ui.runner import previews, stats_markdown, stream_chat
+from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
+from ui.kept_tokens import draw_kept, keep_grids
+from ui.limits import check_float, check_int, check_upload, user_error
+from ui.page_picker import wire_page_picker
+from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
+from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 from vl.processing.documents import parse_page_range
 
-IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"]
+# what the image decoder accepts (vl/processing/images.py ALLOWED_FORMATS; it checks the bytes, not the name)
+IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"]
 MAX_QUESTION_CHARS = 4000
 
 
@@ -72,7 +76,8 @@ def check_question(question) -> str:
     return question
 
 
-def document_request(ctx: AppContext, files, pages, question, max_tiles, token_budget):
+def document_request(ctx: AppContext, files, pages, question, max_tiles, token_budget, skip_blank=False,
+                     prune_rate=0.0):
     """Checked inputs -> (messages, processor kwargs, page numbers for captions)."""
     paths = [check_upload(f, ctx.media_roots, ctx.limits.max_upload_mb << 20) for f in _paths(files)]
     if not paths:
@@ -81,7 +86,9 @@ def document_request(ctx: AppContext, files, pages, question, max_tiles, token_b
     pages = (pages or "").strip() or None
     if pages and not any(Path(p).suffix.lower() == ".pdf" for p in paths):
         raise InputError("a page range applies to a PDF; no PDF was uploaded")
-    proc = {"max_num_tiles": check_int("tiles per page", max_tiles, 1, ctx.limits.max_tiles), "pages": pages}
+    proc = {"max_num_tiles": check_int("tiles per page", max_tiles, 1, ctx.limits.max_tiles), "pages": pages,
+            "skip_blank_tiles": bool(skip_blank),
+            "token_pruning_rate": check_float("redundant-token pruning rate", prune_rate or 0.0, 0.0, 0.95)}
     budget = check_int("vision token budget", token_budget or 0, 0, ctx.engine.context_length)
     if budget:
         reserved = 1024  # the processor's default room for the question and the answer
@@ -93,21 +100,39 @@ def document_request(ctx: AppContext, files, pages, question, max_tiles, token_b
     return document_messages(paths, question), proc, page_numbers
 
 
+def document_gallery(ctx: AppContext, stats, page_numbers) -> list[tuple]:
+    """(picture, caption) per tile the model saw; with redundant-token pruning on, the dropped tokens' squares
+    are washed out (ui/kept_tokens.py) and the caption says how many of the tile's tokens were kept."""
+    shown = previews(stats, ctx.config, ctx.limits.max_gallery, page_numbers)
+    tpt = ctx.config.tokens_per_tile
+    pixels = getattr(stats, "pixel_values", None)
+    grids = keep_grids(getattr(stats, "vision_keep", None), 0 if pixels is None else int(pixels.shape[0]), tpt)
+    if not grids:
+        return [(p.image, p.caption) for p in shown]
+    return [(draw_kept(p.image, g), f"{p.caption} · {int(g.sum())}/{tpt} kept") for p, g in zip(shown, grids)]
+
+
 def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_budget, thinking, reasoning_budget,
-                    max_new_tokens, temperature):
+                    max_new_tokens, temperature, skip_blank=False, prune_rate=0.0, flag=None, progress=None):
+    cancel = flag.event if isinstance(flag, StopFlag) else None  # cleared at the click (ui/stop.py)
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
-        messages, proc, page_numbers = document_request(ctx, files, pages, question, max_tiles, token_budget)
+        messages, proc, page_numbers = document_request(ctx, files, pages, question, max_tiles, token_budget,
+                                                        skip_blank, prune_rate)
         yield "", "", [], "*reading the document…*"
-        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s, **proc):
+        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
+                                cancel=cancel, progress=gradio_progress(progress), **proc):
             if not snap.done:
                 yield snap.reasoning, snap.answer, gr.skip(), "*generating…*"
                 continue
-            shown = previews(snap.result.stats, ctx.config, ctx.limits.max_gallery, page_numbers)
+            if snap.result.finish_reason == "cancelled" and not snap.result.token_ids:
+                yield snap.reasoning, snap.answer, [], STOPPED_TEXT
+                return
+            gallery = document_gallery(ctx, snap.result.stats, page_numbers)
             stats = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
-            yield snap.reasoning, snap.answer, [(p.image, p.caption) for p in shown], stats
+            yield snap.reasoning, snap.answer, gallery, stats
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
-        raise user_error(exc) from None
+        raise user_error(exc, where="document") from None
 
 
 def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
@@ -115,22 +140,33 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     tpt = cfg.tokens_per_tile
     with gr.Row():
         with gr.Column(scale=1):
-            files = without_stray_temp_files(gr.File(
+            files = api_example(without_stray_temp_files(gr.File(
                 file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
-                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files"))
-            pages = gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
-                               f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1)
-            question = gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
-                                  max_length=MAX_QUESTION_CHARS, elem_id="doc-question")
+                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files")),
+                [file_example("page.png")])
+            pages = api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
+                                           f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
+                                           elem_id="doc-pages"), "1-3")
+            picker = gr.Gallery(label="Pages (click to add to the page range)", elem_id="doc-page-picker",
+                                columns=8, height=150, object_fit="contain", visible=False, allow_preview=False)
+            question = api_example(gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
+                                              max_length=MAX_QUESTION_CHARS, elem_id="doc-question"),
+                                   "What is the total?")
             with gr.Row():
                 max_tiles = gr.Slider(1, ctx.limits.max_tiles, value=min(cfg.max_num_tiles, ctx.limits.max_tiles),
                                       step=1, label="Tiles per page (max)")
                 budget = gr.Slider(0, min(ctx.engine.context_length, 32 * 13 * tpt), value=0, step=tpt,
                                    label="Vision token budget for PDF pages",
                                    info="0 = fit the model's context; otherwise pages get fewer tiles to fit")
+            with gr.Row(elem_id="doc-reduction"):
+                skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", elem_id="doc-skip-blank",
+                                         info="whitespace tiles never reach the vision encoder")
+                prune_rate = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Redundant-token pruning rate",
+                                       elem_id="doc-prune-rate",
+                                       info="fraction of page tokens dropped as repeated background (0 = off)")
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="doc-ask")
-                stop = gr.Button("Stop", variant="stop", elem_id="doc-stop")
+                stop = gr.Button("Stop", variant="stop", elem_id="doc-stop", interactive=False)
             if examples:
                 gr.Examples([[[e["path"]], e.get("pages", ""), e["question"]] for e in examples],
                             inputs=[files, pages, question], label="Bundled examples (click one, then Ask)")
@@ -139,23 +175,26 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
                 reasoning = gr.Textbox(label="Reasoning (streams when /think is on)", lines=6, max_lines=20,
                                        interactive=False, autoscroll=True)
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="doc-answer")
-            stats = gr.Markdown(elem_id="doc-stats")
+            stats = gr.Markdown(label="Stats", elem_id="doc-stats")
             gallery = gr.Gallery(label="Tiles the model saw", elem_id="doc-gallery", columns=5, height=260,
                                  object_fit="contain", format="png")
 
-    def handler(files, pages, question, max_tiles, token_budget, thinking, reasoning_budget, max_new_tokens,
-                temperature):
-        yield from answer_document(ctx, files, pages, question, max_tiles, token_budget, thinking,
-                                   reasoning_budget, max_new_tokens, temperature)
+    wire_page_picker(ctx, files, pages, picker)
+    flag = stop_state()
 
-    inputs = [files, pages, question, max_tiles, budget] + controls.inputs
+    def handler(files, pages, question, max_tiles, token_budget, thinking, reasoning_budget, max_new_tokens,
+                temperature, skip_blank_tiles, token_pruning_rate, flag, progress=gr.Progress()):
+        yield from answer_document(ctx, files, pages, question, max_tiles, token_budget, thinking,
+                                   reasoning_budget, max_new_tokens, temperature, skip_blank_tiles,
+                                   token_pruning_rate, flag, progress)
+
+    # the reduction controls come after the shared ones, so API callers that predate them keep working
+    inputs = [files, pages, question, max_tiles, budget] + controls.inputs + [skip_blank, prune_rate, flag]
     outputs = [reasoning, answer, gallery, stats]
-    event = ask.click(handler, inputs, outputs, api_name="document", concurrency_id=MODEL,
-                      concurrency_limit=ctx.limits.concurrency)
-    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
-                                concurrency_limit=ctx.limits.concurrency)
-    # the browser asks the server to cancel: Gradio closes our generator, whose `finally` closes the engine stream
-    stop.click(None, None, None, cancels=[event, submitted])
+    run = dict(scroll_to="doc-answer", concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
+    event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="document", **run)
+    run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
+    wire_stop(stop, flag, stats)
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")

@@ -17,14 +17,17 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vl.cli_flags import INTERACTIVE_PDF_PAGES
 from vl.errors import GenerationOptionError, InputError, RemoteMediaError, VLError
 from vl.processing.limits import MediaLimits
 
 MiB = 1 << 20
 log = logging.getLogger("ui")
 
-# a shared server admits less than the library defaults: fewer pages and a shorter video per request
-APP_MEDIA_LIMITS = MediaLimits(max_pdf_pages=32, max_video_duration_s=1800.0, max_video_bytes=512 * MiB,
+# a shared server admits less than the library defaults: fewer pages (the cap `vl chat` uses too) and a shorter
+# video per request
+APP_MEDIA_LIMITS = MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES, max_video_duration_s=1800.0,
+                               max_video_bytes=512 * MiB,
                                max_pdf_bytes=128 * MiB)
 
 
@@ -93,8 +96,46 @@ def check_upload(path, roots: list[Path], max_bytes: int) -> str:
     return str(p)
 
 
-def user_error(exc: BaseException):
-    """Any failure -> a `gr.Error` that is safe to show: the typed message for ours, a request id otherwise.
+# Advice written for library callers, rewritten to what a user of the app can do where the message is shown.
+# Keys: a phrase of a vl error message; values: {tab or "*": replacement}.
+APP_ADVICE = {
+    "pass a page range such as '1-20'": {
+        "document": "type a page range such as 1-20 in the PDF pages box",
+        "*": f"ask about it in the Document QA tab, whose PDF pages box picks up to {INTERACTIVE_PDF_PAGES} pages",
+    },
+    "split the request or raise MediaLimits.max_images.": {"*": "send fewer images per message."},
+    "split the request or raise MediaLimits.max_videos.": {"*": "send one video per message."},
+    "split the request or raise MediaLimits.max_documents.": {"*": "send one PDF per message."},
+    " or raise MediaLimits.worker_memory_mb.": {"*": " (decoders here have a fixed memory cap)."},
+    "pass fewer pages.": {"document": "type a shorter page range in the PDF pages box.",
+                          "*": "use the Document QA tab and its PDF pages box."},
+    ": pass a page range.": {"document": ": type a shorter page range in the PDF pages box.",
+                             "*": ": use the Document QA tab and its PDF pages box."},
+}
+
+
+def app_advice(message: str, where: str = "*") -> str:
+    """`message` with library advice (Python classes, arguments) replaced by what the app's user can do."""
+    for phrase, by_tab in APP_ADVICE.items():
+        if phrase in message:
+            message = message.replace(phrase, by_tab.get(where, by_tab["*"]))
+    return message
+
+
+def error_text(exc: BaseException, where: str = "*") -> tuple[str, str]:
+    """(title, message) safe to show for any failure: the typed message for ours, a request id otherwise.
+    Not escaped (see `user_error`)."""
+    if isinstance(exc, VLError):
+        kind = "Input refused" if isinstance(exc, InputError) else "Could not process the request"
+        log.info("request refused [%s]: %s", exc.code, exc)
+        return kind, f"{app_advice(str(exc), where)} [{exc.code}]"
+    request_id = uuid.uuid4().hex[:12]
+    log.exception("internal error, request id %s", request_id)
+    return "Internal error", f"Internal error (request id {request_id}); it was logged and the app keeps serving."
+
+
+def user_error(exc: BaseException, where: str = "*"):
+    """Any failure -> a `gr.Error` that is safe to show (`error_text`), `where` = the tab, for the advice.
 
     Messages are HTML-escaped: Gradio renders them as HTML, and they can quote user-chosen file names.
     """
@@ -102,11 +143,5 @@ def user_error(exc: BaseException):
 
     if isinstance(exc, gr.Error):
         return exc
-    if isinstance(exc, VLError):
-        kind = "Input refused" if isinstance(exc, InputError) else "Could not process the request"
-        log.info("request refused [%s]: %s", exc.code, exc)
-        return gr.Error(html.escape(f"{exc} [{exc.code}]"), title=kind, print_exception=False)
-    request_id = uuid.uuid4().hex[:12]
-    log.exception("internal error, request id %s", request_id)
-    return gr.Error(f"Internal error (request id {request_id}); it was logged and the app keeps serving.",
-                    title="Internal error", print_exception=False)
+    title, message = error_text(exc, where)
+    return gr.Error(html.escape(message), title=title, print_exception=False)

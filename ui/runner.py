@@ -18,6 +18,7 @@ from PIL import Image
 
 from ui.heap import trim_heap
 from vl.runtime.engine import ChatResult, Engine, Stats
+from vl.runtime.outcome import finish_label, finish_note
 
 YIELD_EVERY_S = 0.05  # at most ~20 page updates a second; every kind change and the end are always sent
 
@@ -60,7 +61,8 @@ class Snapshot:
     events: int = 0
 
 
-def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: float, **processor_kwargs):
+def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: float, cancel=None, progress=None,
+                **processor_kwargs):
     """Yields `Snapshot`s as text arrives; the last one has `done=True` and the `ChatResult`.
 
     Errors from the processor or the engine propagate (the caller turns them into messages). When the
@@ -71,8 +73,8 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
     t0 = time.perf_counter()
     it = None
     try:
-        stream = engine.chat(messages, stream=True, timeout_s=timeout_s, **options.engine_kwargs(),
-                             **processor_kwargs)
+        stream = engine.chat(messages, stream=True, timeout_s=timeout_s, cancel=cancel, progress=progress,
+                             **options.engine_kwargs(), **processor_kwargs)
         snap, last_kind, last_yield = Snapshot(), None, 0.0
         it = iter(stream)
         for event in it:
@@ -95,9 +97,18 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
         trim_heap()  # the request's buffers are free now; give their pages back (ui/heap.py says why)
 
 
+def gradio_progress(progress):
+    """`Engine.chat(progress=...)` for a `gr.Progress`: "rendering PDF page 3/30", "encoding tiles 12/40"."""
+    if progress is None:
+        return None
+
+    def report(what: str, done: int, total: int) -> None:
+        progress((done, total) if total else None, desc=what, unit="steps")
+
+    return report
+
+
 # --- what the page shows next to the answer ------------------------------------------------------------
-FINISH_TEXT = {"stop": "end of answer", "length": "max new tokens reached", "stop_string": "stop string",
-               "cancelled": "stopped", "timeout": "time limit reached"}
 
 
 def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: list[str] | None = None) -> str:
@@ -111,16 +122,15 @@ def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: li
             ("decode speed", f"{s.decode_tokens_per_s:.1f} tokens/s"),
             ("new tokens", f"{s.new_tokens}"),
             ("total time", f"{s.total_s:.2f} s"),
-            ("finished by", FINISH_TEXT.get(result.finish_reason, result.finish_reason))]
+            ("finished by", finish_label(result))]
     if s.vision_cache_hits:
         rows.append(("vision encoder cache hits", f"{s.vision_cache_hits}"))
     lines = ["| this answer | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     notes = list(s.notes) + list(extra or [])
     if result.finish_reason == "timeout":
         notes.append(f"generation was stopped at this server's time limit of {timeout_s:g} s")
-    if result.reasoning_truncated:
-        notes.append("the reasoning did not finish within the token limit, so there is no answer; raise "
-                     "max new tokens or set a reasoning budget")
+    if note := finish_note(result):
+        notes.append(note)
     if notes:
         lines.append("")
         lines += [f"- {n}" for n in notes]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import gradio as gr
 from matplotlib.figure import Figure
 
-from ui.controls import MODEL, AppContext, Controls, gen_options
+from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
 from ui.limits import check_float, check_int, check_upload, user_error
-from ui.runner import previews, stats_markdown, stream_chat
+from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
+from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 
 VIDEO_TYPES = [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"]
@@ -54,7 +55,8 @@ def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, i
 
 
 def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, thinking, reasoning_budget,
-                 max_new_tokens, temperature):
+                 max_new_tokens, temperature, flag=None, progress=None):
+    cancel = flag.event if isinstance(flag, StopFlag) else None  # cleared at the click (ui/stop.py)
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
         if not video:
@@ -67,10 +69,14 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
         messages = [{"role": "user", "content": [{"type": "video", "video": path},
                                                  {"type": "text", "text": question}]}]
         yield "", "", None, [], "*sampling frames…*"
-        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s, **proc):
+        for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
+                                cancel=cancel, progress=gradio_progress(progress), **proc):
             if not snap.done:
                 yield snap.reasoning, snap.answer, gr.skip(), gr.skip(), "*generating…*"
                 continue
+            if snap.result.finish_reason == "cancelled" and not snap.result.token_ids:
+                yield snap.reasoning, snap.answer, None, [], STOPPED_TEXT
+                return
             stats = snap.result.stats
             tpf = ctx.config.tokens_per_tile
             ts, kept, info = kept_per_frame(stats, tpf)
@@ -80,7 +86,7 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
             text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
             yield snap.reasoning, snap.answer, chart, frames, text
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
-        raise user_error(exc) from None
+        raise user_error(exc, where="video") from None
 
 
 def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
@@ -88,9 +94,10 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     default_rate = float(ctx.config.video_pruning_rate or 0.0)
     with gr.Row():
         with gr.Column(scale=1):
-            video = gr.Video(sources=["upload"], format=None, include_audio=True, label="Video", height=260,
-                             elem_id="video-file")
-            question = gr.Textbox(label="Question", placeholder="Which way does the square move?", lines=2)
+            video = api_example(gr.Video(sources=["upload"], format=None, include_audio=True, label="Video",
+                                         height=260, elem_id="video-file"), file_example("clip.mp4"))
+            question = api_example(gr.Textbox(label="Question", placeholder="Which way does the square move?",
+                                              lines=2, elem_id="video-question"), "Which way does the square move?")
             with gr.Row():
                 fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Frames per second sampled")
                 max_frames = gr.Slider(1, lim.max_frames, value=min(128, lim.max_frames), step=1,
@@ -99,7 +106,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                                  info="fraction of video tokens removed (0 = off)")
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="video-ask")
-                stop = gr.Button("Stop", variant="stop", elem_id="video-stop")
+                stop = gr.Button("Stop", variant="stop", elem_id="video-stop", interactive=False)
             if examples:
                 gr.Examples([[e["path"], e["question"]] for e in examples], inputs=[video, question],
                             label="Bundled examples (click one, then Ask)")
@@ -109,22 +116,44 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                                        interactive=False, autoscroll=True)
             answer = gr.Textbox(label="Answer", lines=4, max_lines=20, interactive=False, elem_id="video-answer")
             chart = gr.Plot(label="Vision tokens kept per frame", show_label=False)
-            stats = gr.Markdown(elem_id="video-stats")
-            frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept)", columns=6, height=200,
-                                object_fit="contain", format="png")
+            stats = gr.Markdown(label="Stats", elem_id="video-stats")
+            frames = gr.Gallery(label="Frames the model saw (timestamp · tokens kept; click one to seek the video)",
+                                columns=6, height=200, elem_id="video-frames", object_fit="contain", format="png")
+            seek_to = gr.Number(visible=False)
 
-    def handler(video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature):
+    flag = stop_state()
+
+    def handler(video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature,
+                flag, progress=gr.Progress()):
         yield from answer_video(ctx, video, question, fps, max_frames, rate, thinking, reasoning_budget,
-                                max_new_tokens, temperature)
+                                max_new_tokens, temperature, flag, progress)
 
-    inputs = [video, question, fps, max_frames, rate] + controls.inputs
+    inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
     outputs = [reasoning, answer, chart, frames, stats]
-    event = ask.click(handler, inputs, outputs, api_name="video", concurrency_id=MODEL,
-                      concurrency_limit=lim.concurrency)
-    submitted = question.submit(handler, inputs, outputs, api_visibility="private", concurrency_id=MODEL,
-                                concurrency_limit=lim.concurrency)
-    stop.click(None, None, None, cancels=[event, submitted])
+    run = dict(scroll_to="video-answer", concurrency_id=MODEL, concurrency_limit=lim.concurrency)
+    event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="video", **run)
+    run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
+    wire_stop(stop, flag, stats)
+    # a click on a frame seeks the video to that frame's timestamp (its caption: "12.50 s · 180/256")
+    frames.select(frame_time, None, seek_to, queue=False, api_visibility="private").then(
+        None, seek_to, None, js=SEEK_JS, api_visibility="private")
     # the reasoning section opens when /think is switched on, so the thinking is seen as it streams
     controls.thinking.change(lambda on: gr.Accordion(open=bool(on)), controls.thinking, reasoning_box, queue=False,
                              api_visibility="private")
     return event
+
+
+SEEK_JS = """(t) => { const v = document.querySelector('#video-file video');
+    if (v && t !== null && t !== undefined) { v.currentTime = t; v.scrollIntoView({block: 'nearest'}); } }"""
+
+
+def frame_time(evt: gr.SelectData):
+    """The clicked frame's timestamp in seconds, from its caption; nothing when the caption has none."""
+    value = evt.value if isinstance(evt.value, dict) else {}
+    head = str(value.get("caption") or "").split(" · ", 1)[0]
+    if not head.endswith(" s"):
+        return gr.skip()
+    try:
+        return float(head[:-2])
+    except ValueError:
+        return gr.skip()

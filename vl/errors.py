@@ -58,6 +58,12 @@ class NoVideoStreamError(MediaError):
     code = "no_video_stream"
 
 
+class MediaNotFoundError(InputError):
+    """A named media file does not exist (checked before the model loads, so the user waits for nothing)."""
+
+    code = "file_not_found"
+
+
 class TooManyItemsError(InputError):
     code = "too_many_items"
     http_status = 413
@@ -81,6 +87,13 @@ class GenerationOptionError(InputError):
 # --- runtime faults --------------------------------------------------------------------------------
 class DecoderCrashedError(VLError):
     code = "decoder_crashed"
+
+
+class StoppedError(VLError):
+    """The user stopped the request (Stop button, Ctrl-C) while its media were read or encoded."""
+
+    code = "stopped"
+    http_status = 499
 
 
 class DecodeTimeoutError(VLError):

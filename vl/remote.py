@@ -172,9 +172,13 @@ class RemoteEngine:
         return body
 
     def chat(self, messages, *, stream: bool = False, cancel: threading.Event | None = None,
-             timeout_s: float | None = None, **kwargs):
+             timeout_s: float | None = None, progress=None, **kwargs):
+        """`progress` is accepted for the local engine's interface; the server reports no progress before its
+        first token, so it is told once that the request went out."""
         kwargs.pop("context_length", None)  # a local document budget; the server plans with its own context
         body = self.request_body(messages, **kwargs)
+        if progress is not None:
+            progress("waiting for the server", 0, 0)
         s = ChatStream(self._chat_events(body, cancel, timeout_s, kwargs.get("thinking")))
         if stream:
             return s

@@ -419,3 +419,17 @@ def test_stop_sequence_reaches_generation(pipe, engine):
     assert stop in out and full.startswith(out) and len(out) < len(full)
     stopped = engine.chat(chat(), max_new_tokens=NEW, stop=[stop])
     assert stopped.finish_reason == "stop_string" and out.startswith(stopped.text)
+
+
+@needs_demo
+def test_demo_pipeline_default_output_is_the_answer_with_the_reasoning_apart(demo):
+    """The default (chat) output's assistant message is the answer; the reasoning is `reasoning_content`, as the
+    model card's reasoning parsers return them; no raw think tag in either."""
+    pipe, engine = demo
+    msgs = demo_messages(demo_samples(1)[0])
+    for thinking in (True, False):
+        want = engine.chat(msgs, max_new_tokens=64, thinking=thinking)
+        reply = pipe(text=msgs, max_new_tokens=64, thinking=thinking)[0]["generated_text"][-1]
+        assert reply["role"] == "assistant" and reply["content"] == want.answer and want.answer
+        assert reply.get("reasoning_content", "") == want.reasoning and bool(want.reasoning) == thinking
+        assert "think>" not in reply["content"] + reply.get("reasoning_content", "")

@@ -263,7 +263,8 @@ SPLIT_CASES = [
     ("<think>never closed </thi", False, ("never closed </thi", "", True)),  # unclosed, partial tag at the end
     ("  <thin", False, ("", "<thin", False)),  # a tag prefix that never completes is answer text
     ("x <think>y</think> z", False, ("", "x <think>y</think> z", False)),  # <think> not at the start: literal
-    ("a</think>b</think>c", True, ("a", "b</think>c", False)),  # only the first closing tag splits
+    ("a</think>b</think>c", True, ("a", "bc", False)),  # the first closing tag splits; later raw tags are dropped
+    ("<think>r</think>b<th</think>ink>c", False, ("r", "bc", False)),  # to a fixed point
     ("</think>", True, ("", "", False)),
     ("", True, ("", "", True)),
     ("", False, ("", "", False)),

@@ -175,8 +175,31 @@ def test_document_token_reduction_paths(engine):
     full = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8)
     skipped = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8, skip_blank_tiles=True)
     assert any("blank tile" in n for n in skipped.stats.notes)
-    assert skipped.stats.vision_tokens_before < full.stats.vision_tokens_before
+    # skipped tiles never reach the encoder; "before" still counts them, so before -> after shows the skip
+    assert skipped.stats.vision_tokens_before == full.stats.vision_tokens_before
+    assert skipped.stats.vision_tokens_after < full.stats.vision_tokens_after == full.stats.vision_tokens_before
     assert skipped.stats.prompt_tokens < full.stats.prompt_tokens
     pruned = engine.chat(msgs, max_new_tokens=2, max_num_tiles=8, token_pruning_rate=0.9)
     assert pruned.stats.vision_tokens_after <= pruned.stats.vision_tokens_before
     assert pruned.stats.reductions and pruned.stats.reductions[0]["method"] == "redundant_tokens"
+
+
+def test_stop_before_the_first_token_encodes_no_further_image(engine):
+    """A stop while tiles are encoded (the user pressed Stop on a long document) ends the request there: no token,
+    finish "cancelled", and the images after the stop were never encoded (the next request finds only the first
+    one in the vision cache)."""
+    images = [Image.new("RGB", (64, 64), c) for c in ("#102030", "#405060", "#708090")]
+    msgs = [{"role": "user", "content": [{"type": "image", "image": im} for im in images]
+             + [{"type": "text", "text": "Compare."}]}]
+    cancel, seen = threading.Event(), []
+
+    def progress(what, done, total):
+        seen.append((what, done, total))
+        if what == "encoding tiles" and done > 0:
+            cancel.set()
+
+    stopped = engine.chat(msgs, max_new_tokens=4, cancel=cancel, progress=progress)
+    assert stopped.finish_reason == "cancelled" and stopped.token_ids == [] and stopped.answer == ""
+    assert ("media ready", 3, 3) in seen
+    again = engine.chat(msgs, max_new_tokens=2)
+    assert again.stats.vision_cache_hits == 1, again.stats  # only the first image had been encoded

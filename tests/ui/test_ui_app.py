@@ -232,3 +232,56 @@ def test_document_requests_leave_no_stray_files_in_the_upload_folder(client, exa
         client.predict(*args, api_name="/document")
     after = sorted(p for p in upload_dir.rglob("*") if p.is_file())
     assert after == before, [str(p.relative_to(upload_dir)) for p in set(after) - set(before)]
+
+
+def test_api_names_and_samples_read_as_words(client):
+    """"Use via API" lists every endpoint's parameters and results by name, with samples a user can send: no
+    `value_54` / `parameter_65`, no "Hello!!" as a page range."""
+    import re
+
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/document", "/video", "/chat"} <= set(api)
+    for name, info in api.items():
+        labels = [p["label"] for p in info["parameters"]] + [r["label"] for r in info["returns"]]
+        assert not [x for x in labels if re.fullmatch(r"(value|parameter)_\d+", x)], (name, labels)
+        samples = str([p["example_input"] for p in info["parameters"]])
+        assert "Hello!!" not in samples and "://" not in samples, (name, samples)  # the app fetches no URL
+    doc = {p["parameter_name"]: p for p in api["/document"]["parameters"]}
+    assert doc["pages"]["example_input"] == "1-3" and doc["question"]["example_input"] == "What is the total?"
+    assert {"skip_blank_tiles", "token_pruning_rate"} <= set(doc) and "flag" not in doc
+    assert doc["token_pruning_rate"]["parameter_has_default"]  # callers from before these controls keep working
+
+
+def test_document_token_reduction_before_after_and_kept_tokens(client, examples, reference_engine):
+    ex = _doc(examples, ".pdf")
+    args = document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4) + [True, 0.5]
+    _, final, _, _ = run_streamed(client, "/document", args)
+    want = reference_engine.chat(_messages("pdf", ex["path"], ex["question"]), max_new_tokens=4, thinking=False,
+                                 skip_blank_tiles=True, token_pruning_rate=0.5)
+    assert final[1] == want.answer
+    s = want.stats
+    assert s.vision_tokens_after < s.vision_tokens_before
+    row = f"| vision tokens before → after reduction | {s.vision_tokens_before} → {s.vision_tokens_after} |"
+    assert row in final[3]
+    kept = [int(g["caption"].rsplit(" · ", 1)[1].split("/")[0]) for g in final[2]]  # "p1 · tile 1/2 · 3/4 kept"
+    assert all(g["caption"].endswith(" kept") for g in final[2]) and sum(kept) == s.vision_tokens_after
+
+
+def test_long_documents_report_page_progress(client, tmp_path):
+    """Finding 9: while a PDF is read the page shows "rendering PDF page i/n" (Gradio progress), not one line."""
+    from PIL import Image
+
+    from data_recipes.synthetic.export import write_pdf
+
+    pdf = write_pdf([Image.new("RGB", (400, 520), "white")] * 24, tmp_path / "long.pdf")  # ~1 s to render here
+    job = client.submit(*document_args([handle_file(pdf)], "How many pages?", max_new_tokens=2), api_name="/document")
+    seen = set()
+    t0 = time.perf_counter()
+    while not job.done():
+        assert time.perf_counter() - t0 < 60
+        for p in job.status().progress_data or []:
+            seen.add((p.desc, p.index, p.length))
+        time.sleep(0.01)
+    assert "finished by" in job.result()[3]
+    # polled, so not every step is seen; "page i/24" must be
+    assert any(desc == "rendering PDF page" and n == 24 for desc, _, n in seen), sorted(seen, key=str)

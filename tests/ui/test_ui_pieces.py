@@ -180,3 +180,106 @@ def test_nothing_happens_at_import():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_failed_chat_turn_is_left_out_of_later_prompts(tmp_path):
+    """Issue: one bad upload used to lock the chat. Its error is an assistant message now; the next turn must not
+    send the failed turn (its broken file) to the model again, whichever form Gradio gives the history in."""
+    from types import SimpleNamespace
+
+    from ui.chat import ERROR_MARK, chat_messages, is_error_message
+
+    root = tmp_path / "uploads"
+    root.mkdir()
+    bad, good = root / "bad.png", root / "good.png"
+    bad.write_bytes(b"text")
+    good.write_bytes(b"x")
+    ctx = SimpleNamespace(media_roots=[root.resolve()], limits=AppLimits())
+    error = f"{ERROR_MARK}**Input refused:** not an image [unsupported_format]"
+    for content in (error, [{"type": "text", "text": error}]):
+        history = [{"role": "user", "content": [{"type": "file", "file": {"path": str(bad)}}]},
+                   {"role": "user", "content": "What is it?"},
+                   {"role": "assistant", "content": content}]
+        assert is_error_message(history[-1])
+        turns = chat_messages(ctx, {"text": "And this one?", "files": [str(good)]}, history)
+        assert turns == [{"role": "user", "content": [{"type": "image", "image": str(good.resolve())},
+                                                      {"type": "text", "text": "And this one?"}]}]
+    assert not is_error_message({"role": "assistant", "content": "A page."})
+    assert not is_error_message({"role": "user", "content": error})
+
+
+def test_advice_is_rewritten_for_where_it_is_shown():
+    from ui.limits import app_advice, error_text
+    from vl.errors import MediaTooLargeError, TooManyItemsError
+
+    pages = MediaTooLargeError("40 pages selected, at most 32 are rendered per request; pass a page range such as "
+                               "'1-20'.")
+    assert "PDF pages box" in error_text(pages, "document")[1] and "pass a page range" not in error_text(pages)[1]
+    assert "Document QA tab" in error_text(pages, "chat")[1]
+    many = TooManyItemsError("at most 4 image(s) per request are accepted, found 5; split the request or raise "
+                             "MediaLimits.max_images.")
+    title, text = error_text(many, "chat")
+    assert title == "Input refused" and "MediaLimits" not in text and text.endswith("[too_many_items]")
+    assert app_advice("nothing to rewrite") == "nothing to rewrite"
+
+
+def test_stats_say_when_the_model_ended_inside_its_reasoning():
+    from ui.runner import stats_markdown
+    from vl.runtime.engine import ChatResult, Stats
+
+    inside = ChatResult("thinking", "thinking", "", [1, 2], Stats(new_tokens=2), "stop", reasoning_truncated=True)
+    text = stats_markdown(inside)
+    assert "| finished by | end of turn inside the reasoning |" in text
+    assert "raise max new tokens" not in text and "would not change this" in text
+    out_of_tokens = ChatResult("t", "t", "", [1], Stats(new_tokens=1), "length", reasoning_truncated=True)
+    assert "raise max new tokens" in stats_markdown(out_of_tokens)
+
+
+def test_kept_tokens_are_drawn_on_their_squares():
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from ui.kept_tokens import draw_kept, keep_grids
+
+    keep = torch.tensor([True, False, True, True] + [True] * 4)  # two tiles of 2 x 2 tokens
+    grids = keep_grids(keep, 2, 4)
+    assert [g.tolist() for g in grids] == [[[True, False], [True, True]], [[True, True], [True, True]]]
+    tile = Image.new("RGB", (64, 64), (0, 0, 0))
+    drawn = np.asarray(draw_kept(tile, grids[0]))
+    assert drawn[40:60, 4:28].max() == 0  # a kept square is untouched
+    assert drawn[8:28, 40:60].min() > 100  # the dropped one (row 0, column 1) is washed out
+    assert keep_grids(None, 2, 4) is None
+    with pytest.raises(ValueError):
+        keep_grids(keep, 3, 4)
+
+
+def test_chat_export_names_files_and_keeps_titles(tmp_path):
+    import json
+
+    from ui.chat_export import conversation_markdown, export_files
+
+    history = [{"role": "user", "content": [{"type": "file", "file": {"path": "/srv/up/abc/page.png"}},
+                                            {"type": "text", "text": "What is the total?"}]},
+               {"role": "assistant", "content": "the TOTAL line", "metadata": {"title": "Reasoning"}},
+               {"role": "assistant", "content": [{"type": "text", "text": "12"}]}]
+    paths = export_files(history, tmp_path)
+    data = json.loads(Path(paths[0]).read_text())
+    assert data == [{"role": "user", "content": [{"type": "file", "name": "page.png"},
+                                                 {"type": "text", "text": "What is the total?"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "the TOTAL line"}],
+                     "title": "Reasoning"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "12"}]}]
+    md = Path(paths[1]).read_text()
+    assert md == conversation_markdown(history) and "/srv/up" not in md and "*(file: page.png)*" in md
+    assert "**Assistant · Reasoning:**" in md
+
+
+def test_page_picker_keeps_the_range_sorted_and_compact():
+    from ui.page_picker import add_page
+
+    assert add_page("", 3) == "3"
+    assert add_page("3", 1) == "1,3"
+    assert add_page("1,3", 2) == "1-3"
+    assert add_page("1-3,7", 5) == "1-3,5,7"
+    assert add_page("1-3", 2) == "1-3"

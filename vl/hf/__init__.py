@@ -132,6 +132,19 @@ def _guard_pipeline(module) -> None:
     _sanitize_parameters.__doc__ = original_sanitize.__doc__
     cls._sanitize_parameters = _sanitize_parameters
 
+    original_post = cls.postprocess
+
+    def postprocess(self, model_outputs, *args, **kwargs):
+        records = original_post(self, model_outputs, *args, **kwargs)
+        if getattr(self.processor, "_vl_preprocess_plain", None) is None:
+            return records
+        return [_split_reply(r, _prompt_opened_think(self.processor.tokenizer, model_outputs.get("input_ids")))
+                for r in records]
+
+    postprocess.__wrapped__ = original_post
+    postprocess.__doc__ = original_post.__doc__
+    cls.postprocess = postprocess
+
 
 def route_generation_args(preprocess_params: dict, forward_params: dict) -> None:
     """Generation arguments given directly to the pipeline call (`do_sample=False`, `temperature=...`) go to
@@ -151,6 +164,32 @@ def route_generation_args(preprocess_params: dict, forward_params: dict) -> None
     if twice:
         raise GenerationOptionError(f"{twice} given both directly and in generate_kwargs; pass each once")
     forward_params["generate_kwargs"] = {**given, **moved}
+
+
+def _prompt_opened_think(tokenizer, input_ids) -> bool:
+    if input_ids is None:
+        return False
+    row = input_ids[0] if getattr(input_ids, "ndim", 1) == 2 else input_ids
+    return tokenizer.decode(row[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
+
+
+def _split_reply(record: dict, opened: bool) -> dict:
+    """The default (chat) output's new assistant message carries the answer as `content` and the reasoning as
+    `reasoning_content`, as the model card's reasoning parsers (vLLM's) return them, never a raw `</think>`.
+    Plain-text outputs (`return_full_text=False`) and continued assistant messages stay as generated."""
+    from vl.processing.chat import split_reasoning
+
+    messages, inputs = record.get("generated_text"), record.get("input_text")
+    if not (isinstance(messages, list) and isinstance(inputs, (list, tuple)) and len(messages) == len(inputs) + 1):
+        return record
+    last = messages[-1]
+    if not (isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)):
+        return record
+    reasoning, answer, _ = split_reasoning(last["content"], opened)
+    reply = {**last, "content": answer}
+    if reasoning or opened:
+        reply["reasoning_content"] = reasoning
+    return {**record, "generated_text": messages[:-1] + [reply]}
 
 
 class _ModelStandIn:

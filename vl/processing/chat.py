@@ -391,7 +391,28 @@ def split_reasoning(text: str, prompt_opened_think: bool) -> tuple[str, str, boo
             return "", text.strip(), False
         text = rest[len(THINK_OPEN):]
     reasoning, closed, answer = text.partition(THINK_CLOSE)
-    return reasoning.strip(), answer.strip(), not closed
+    return reasoning.strip(), drop_think_tags(answer)[0].strip(), not closed  # after a think block: no raw tags
+
+
+def drop_think_tags(text: str, final: bool = True) -> tuple[str, str]:
+    """(text without any `<think>` / `</think>`, held-back tail). A small model can emit a second `</think>`
+    after its reasoning closed; the model card's reasoning parsers end the reasoning at the first one, and a
+    raw tag is never part of an answer a user reads. Removal runs to a fixed point ("</th</think>ink>" is a
+    tag once the inner one goes). With `final=False` a tail that may still become a tag is held back."""
+    while (cleaned := text.replace(THINK_OPEN, "").replace(THINK_CLOSE, "")) != text:
+        text = cleaned
+    if final:
+        return text, ""
+    # a tag still to come spans, from its "<" to the end of `text`, only tag characters (removed tags included):
+    # hold back from the first "<" of the tail made of tag characters
+    j = len(text)
+    while j and text[j - 1] in _TAG_CHARS:
+        j -= 1
+    cut = text.find("<", j)
+    return (text, "") if cut < 0 else (text[:cut], text[cut:])
+
+
+_TAG_CHARS = frozenset(THINK_OPEN + THINK_CLOSE)
 
 
 class _Strip:
@@ -416,7 +437,7 @@ class ThinkSplitter:
     def __init__(self, prompt_opened_think: bool):
         self._state = "reasoning" if prompt_opened_think else "start"
         self._buf, self._strip = "", {"reasoning": _Strip(), "answer": _Strip()}
-        self.truncated, self.finished = False, False
+        self.truncated, self.finished, self._reasoned = False, False, False
 
     def _emit(self, events: list, kind: str, text: str) -> None:
         if text := self._strip[kind].push(text):
@@ -442,9 +463,12 @@ class ThinkSplitter:
                 self._buf = self._buf[cut:]
                 return events
             self._emit(events, "reasoning", reasoning)
-            self._buf, self._state = after, "answer"
-        self._emit(events, "answer", self._buf)
-        self._buf = ""
+            self._buf, self._state, self._reasoned = after, "answer", True
+        if self._reasoned:  # after a think block a raw tag is never answer text (`drop_think_tags`)
+            emit, self._buf = drop_think_tags(self._buf, final=False)
+        else:
+            emit, self._buf = self._buf, ""
+        self._emit(events, "answer", emit)
         return events
 
     def finish(self) -> list[tuple[str, str]]:
@@ -452,7 +476,8 @@ class ThinkSplitter:
         events: list[tuple[str, str]] = []
         if not self.finished:
             self.truncated = self._state == "reasoning"
-            self._emit(events, "reasoning" if self.truncated else "answer", self._buf)
+            rest = drop_think_tags(self._buf)[0] if self._reasoned and not self.truncated else self._buf
+            self._emit(events, "reasoning" if self.truncated else "answer", rest)
             self._buf, self.finished = "", True
         return events
 

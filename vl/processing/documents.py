@@ -40,6 +40,7 @@ from vl.errors import (
 )
 from vl.processing.images import find_grid, read_bytes
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.progress import Work
 
 PDFIUM_LOCK = threading.RLock()
 DEFAULT_SCALE = 2.0  # 144 dpi
@@ -96,21 +97,46 @@ def render_pdf(
     if not 0 < scale <= 16:
         raise ValueError(f"scale must be in (0, 16], found {scale}")
     data = read_bytes(source, limits.max_pdf_bytes, what="PDF")
-    if isolate:
-        from vl.processing.sandbox import run_isolated
 
-        return run_isolated(render_pdf_bytes, data, pages, scale, password, limits,
-                            timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
-    return render_pdf_bytes(data, pages, scale, password, limits)
+    def run(page_spec, render=True):
+        if isolate:
+            from vl.processing.sandbox import run_isolated
+
+            return run_isolated(render_pdf_bytes, data, page_spec, scale, password, limits, render,
+                                timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
+        return render_pdf_bytes(data, page_spec, scale, password, limits, render)
+
+    work = Work.current()
+    if not work.watched:
+        return run(pages)
+    # someone watches: check every selected page first (nothing rendered), then render a few pages per call,
+    # reporting "page i/n" and stopping between calls
+    plan = run(pages, render=False)
+    numbers = plan.page_numbers
+    images = []
+    work.report("rendering PDF page", 0, len(numbers))
+    for chunk in _page_chunks(numbers, len(data)):
+        images += run(",".join(str(n) for n in chunk)).pages
+        work.report("rendering PDF page", len(images), len(numbers))
+    return RenderedDocument(images, numbers, plan.page_sizes_pt, plan.num_pages, scale, plan.metadata)
+
+
+def _page_chunks(numbers: list[int], nbytes: int) -> list[list[int]]:
+    """Pages per renderer call when progress is watched: each call sends the bytes again (to a worker), so calls are
+    fewer for big files, at most ~256 MiB of bytes to the renderer in all."""
+    calls = max(1, min(len(numbers), (256 << 20) // max(nbytes, 1)))
+    per_call = math.ceil(len(numbers) / calls) if numbers else 1
+    return [numbers[k:k + per_call] for k in range(0, len(numbers), per_call)]
 
 
 def render_pdf_bytes(data: bytes, pages: str | None, scale: float, password: str | None,
-                     limits: MediaLimits) -> RenderedDocument:
+                     limits: MediaLimits, render: bool = True) -> RenderedDocument:
+    """`render=False` runs every check and reads the page sizes, and renders nothing (`pages` stays empty)."""
     with PDFIUM_LOCK:
         pdf = _open_document(data, password)
         try:
             selected, sizes = _select_pages(pdf, pages, scale, limits)
-            images = list(_rendered_pages(pdf, selected, scale))
+            images = list(_rendered_pages(pdf, selected, scale)) if render else []
             return RenderedDocument(images, [i + 1 for i in selected], sizes, len(pdf), scale, _metadata(pdf))
         except VLError:
             raise
@@ -294,13 +320,27 @@ def render_pdf_tiles(doc: PdfPages, max_tiles: list[int], *, tile_size: int, use
     """
     if len(max_tiles) != len(doc.page_numbers):
         raise ValueError(f"need one tile cap per page ({len(doc.page_numbers)}), found {len(max_tiles)}")
-    args = (doc.data, doc.password, doc.scale, doc.page_numbers, list(max_tiles), tile_size, use_thumbnail, limits)
-    if isolate:
-        from vl.processing.sandbox import run_isolated
 
-        return run_isolated(_render_tiles_bytes, *args, timeout=limits.pdf_timeout_s,
-                            memory_mb=limits.worker_memory_mb)
-    return _render_tiles_bytes(*args)
+    def run(numbers, caps):
+        args = (doc.data, doc.password, doc.scale, numbers, caps, tile_size, use_thumbnail, limits)
+        if isolate:
+            from vl.processing.sandbox import run_isolated
+
+            return run_isolated(_render_tiles_bytes, *args, timeout=limits.pdf_timeout_s,
+                                memory_mb=limits.worker_memory_mb)
+        return _render_tiles_bytes(*args)
+
+    work = Work.current()
+    if not work.watched:
+        return run(list(doc.page_numbers), list(max_tiles))
+    # someone watches: a few pages per call, "page i/n" after each, a stop between calls renders no further page
+    cap_of = dict(zip(doc.page_numbers, max_tiles))
+    out = []
+    work.report("rendering PDF page", 0, len(doc.page_numbers))
+    for chunk in _page_chunks(list(doc.page_numbers), len(doc.data)):
+        out += run(chunk, [cap_of[n] for n in chunk])
+        work.report("rendering PDF page", len(out), len(doc.page_numbers))
+    return out
 
 
 def _render_tiles_bytes(data, password, scale, page_numbers, max_tiles, tile_size, use_thumbnail, limits):

@@ -32,6 +32,7 @@ from vl.processing.documents import (
 )
 from vl.processing.images import ImageTiles, normalize, preprocess_image
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.progress import Work
 from vl.processing.video import load_video
 
 
@@ -49,6 +50,7 @@ class MediaInfo:
     document: Any = None  # for PDF pages: the document's name
     page: int | None = None
     thumbnails: list = field(default_factory=list)  # small PIL previews for the UI
+    tiles_skipped: list[int] = field(default_factory=list)  # blank tiles dropped before the encoder (their index)
 
 
 @dataclass
@@ -182,9 +184,11 @@ class Processor:
             page_caps[id(page.document)][page.position] = cap
         rendered: dict = {}
         tiles, spans, infos, runs = [], [], [], []
-        for item, cap in zip(prompt.media, caps):
+        work = Work.current()
+        for k, (item, cap) in enumerate(zip(prompt.media, caps)):
             opts = item.options or {}
             if item.kind == "image":
+                work.report("tiling page" if item.document is not None else "tiling image", k, len(prompt.media))
                 if isinstance(item.source, PdfPage):
                     img = self._page_tiles(item.source, page_caps, rendered)
                 else:
@@ -192,21 +196,23 @@ class Processor:
                                            norm_std=cfg.norm_std, tile_size=cfg.force_image_size,
                                            max_num_tiles=int(opts.get("max_num_tiles", cap)),
                                            use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
-                pixels = img.pixel_values
+                pixels, skipped = img.pixel_values, []
                 if skip_blank_tiles and img.num_tiles > 1:
-                    pixels, note = self._skip_blank(pixels, img.has_thumbnail)
+                    pixels, note, skipped = self._skip_blank(pixels, img.has_thumbnail)
                     notes += [note] if note else []
                 n = int(pixels.shape[0])
                 tiles.append(pixels)
                 spans.append(MediaSpan("image", n))
                 infos.append(MediaInfo("image", n, img.grid, img.image_size,
                                        document=None if item.document is None else str(item.document)[:200],
-                                       page=item.page))
+                                       page=item.page, tiles_skipped=skipped))
                 runs.append(chat.image_placeholder(n, cfg.tokens_per_tile, self.tokens))
             else:
+                work.report(f"decoding the video (up to {int(opts.get('max_frames', max_frames))} frames)", 0, 0)
                 vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
                                        int(opts.get("max_frames", max_frames)), notes)
                 n = vid.pixel_values.shape[0]
+                work.report("video frames decoded", n, n)
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
                 infos.append(MediaInfo("video", n, frame_indices=list(vid.frame_indices),
@@ -216,6 +222,8 @@ class Processor:
                 if vid.backend_note:
                     notes.append(f"video decoded with PyAV instead of {self.video_backend}: {vid.backend_note}")
                 runs.append(chat.video_placeholder([cfg.tokens_per_tile] * n, vid.timestamps_s, self.tokens))
+        if prompt.media:
+            work.report("media ready", len(prompt.media), len(prompt.media))
         text = chat.expand_placeholders(prompt.text, runs, self.tokens)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         input_ids = torch.tensor([ids], dtype=torch.long)
@@ -242,14 +250,15 @@ class Processor:
             return load_video(source, backend="pyav", **kwargs)
 
     def _skip_blank(self, pixels, has_thumbnail: bool):
-        """Drop whitespace tiles before the encoder (the thumbnail stays); returns (tiles, note or None)."""
+        """Drop whitespace tiles before the encoder (the thumbnail stays); returns (tiles, note or None,
+        indices of the dropped tiles)."""
         side = int(round(self.config.tokens_per_tile ** 0.5))
         layout = TokenLayout.page(int(pixels.shape[0]), side, side, has_thumbnail=has_thumbnail)
         red = BlankTileSkipper(pixel_std=tuple(self.config.norm_std))(pixels, layout)
         removed = red.info["tiles_removed"]
         note = (f"skipped {len(removed)} blank tile(s) of {layout.groups} "
                 f"({len(removed) * self.config.tokens_per_tile} tokens)") if removed else None
-        return red.tokens, note
+        return red.tokens, note, list(removed)
 
     # --- helpers -----------------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

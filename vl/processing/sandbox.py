@@ -14,6 +14,8 @@ Design:
 - A worker that dies (SIGKILL, SIGSEGV, abort) gives `DecoderCrashedError`; one that does not answer within
   `timeout` is killed and gives `DecodeTimeoutError`. Either way it is discarded and the next call starts a
   fresh one (respawn is lazy: no process is started until it is needed).
+- A stop asked for while waiting (the current request's `vl.processing.progress.Work`) kills the worker at
+  once and raises `StoppedError`: a stopped request's decode does not run on to its end.
 - Idle workers are pooled (at most `os.cpu_count()` of them) and reused, so sequential calls do not leak fds.
 """
 
@@ -29,7 +31,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
-from vl.errors import DecoderCrashedError, DecodeTimeoutError, MediaTooLargeError
+from vl.errors import DecoderCrashedError, DecodeTimeoutError, MediaTooLargeError, StoppedError
+from vl.processing.progress import Work
 
 __all__ = ["run_isolated", "shutdown_workers", "worker_count"]
 
@@ -146,7 +149,7 @@ def run_isolated(fn, *args, timeout: float, memory_mb: int | None = 2048, **kwar
         start = time.monotonic()
         try:
             worker.conn.send_bytes(payload)
-            ready = worker.conn.poll(timeout)
+            ready = _wait(worker, start + timeout, Work.current())
         except (BrokenPipeError, ConnectionResetError, OSError):
             ready = True  # the worker died before or while reading; recv below reports it
         if not ready:
@@ -183,6 +186,19 @@ def run_isolated(fn, *args, timeout: float, memory_mb: int | None = 2048, **kwar
                 "send a smaller file or raise MediaLimits.worker_memory_mb."
             )
         raise DecoderCrashedError(f"decode worker failed in {name}: {value}")
+
+
+def _wait(worker, deadline: float, work: Work) -> bool:
+    """Whether the worker answered before `deadline`; polls in short slices so that a stop kills it promptly."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if worker.conn.poll(min(left, 0.1) if work.cancel is not None else left):
+            return True
+        if work.stopped:
+            worker.kill()
+            raise StoppedError("stopped by the user while a file was being decoded")
 
 
 def shutdown_workers() -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import resource
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from vl.errors import GenerationOptionError, VLError
+from vl.errors import GenerationOptionError, StoppedError, VLError
 from vl.processing.chat import ThinkSplitter, split_reasoning
+from vl.processing.progress import Work
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.generate import check_lengths, generate_steps, left_pad, left_pad_embeds
 from vl.runtime.reasoning import ReasoningBudget
@@ -43,6 +44,7 @@ class ChatRequest:
     cancel: threading.Event | None = None
     timeout_s: float | None = None  # from the start of the batch (prepare included)
     processor: dict = field(default_factory=dict)  # PROCESSOR_KEYS
+    progress: Callable[[str, int, int], None] | None = None  # (what, done, total) while media are read
 
     def validate(self) -> "ChatRequest":
         unknown = sorted(set(self.processor) - set(PROCESSOR_KEYS))
@@ -139,8 +141,15 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *,
             try:
                 embeds, inputs, stats = engine.prepare(req.messages, thinking=req.thinking,
                                                        video_pruning_rate=req.video_pruning_rate,
-                                                       token_pruning_rate=req.token_pruning_rate, **req.processor)
+                                                       token_pruning_rate=req.token_pruning_rate,
+                                                       work=Work(req.cancel, req.progress), **req.processor)
                 check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
+            except StoppedError:  # stopped before the first token: nothing was generated
+                from vl.runtime.engine import ChatResult, Stats
+
+                stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])
+                yield i, ChatResult("", "", "", [], stats, "cancelled")
+                continue
             except VLError as e:
                 if raise_errors:
                     raise

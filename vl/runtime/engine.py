@@ -11,12 +11,13 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from vl.errors import GenerationOptionError, InputError
+from vl.processing.progress import Work
 from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
 from vl.runtime.generate import decode_step
 from vl.runtime.placement import execution_device
@@ -45,7 +46,7 @@ class Stats:
     reductions: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # not what a caller attached (tensors)
 
 
 @dataclass
@@ -113,14 +114,21 @@ class Engine:
         return self.lm.backbone.embeddings.weight.dtype
 
     def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
-                stats: Stats | None = None, **proc):
-        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced."""
+                stats: Stats | None = None, work: Work | None = None, **proc):
+        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced.
+
+        `work`: the request's stop event and progress callback, current while media are read and encoded
+        (vl/processing/progress.py); a stop there raises `StoppedError`."""
         stats = stats or Stats()
         proc.setdefault("context_length", self.context_length)
-        inputs = self.processor(messages, thinking=thinking, **proc)
-        stats.notes += inputs.notes
-        embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media, video_pruning_rate,
-                              token_pruning_rate, self._vision_cache, stats)
+        with work or Work():
+            inputs = self.processor(messages, thinking=thinking, **proc)
+            stats.notes += inputs.notes
+            embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
+                                  video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
+        skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
+        if skipped:  # blank tiles never reached the encoder; "before" counts them, so before -> after shows both
+            stats.vision_tokens_before += skipped * self.processor.config.tokens_per_tile
         return embeds, inputs, stats
 
     # --- chat ----------------------------------------------------------------------------------------
@@ -128,11 +136,16 @@ class Engine:
              top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None, thinking=None,
              reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
              video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0,
-             cancel: threading.Event | None = None, timeout_s: float | None = None, **processor_kwargs):
+             cancel: threading.Event | None = None, timeout_s: float | None = None, progress=None,
+             **processor_kwargs):
+        """`cancel`: set it to stop the request at the next safe point (a page, a tile, a token): the result's
+        `finish_reason` is then "cancelled". `progress(what, done, total)`: called while media are read and
+        encoded (total 0 = unknown), so that long documents and videos can show "page 3/30"."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 repetition_penalty=repetition_penalty, seed=seed)
         request = ChatRequest(messages, max_new_tokens, thinking, reasoning_budget, list(stop or []),
-                              video_pruning_rate, token_pruning_rate, cancel, timeout_s, processor_kwargs).validate()
+                              video_pruning_rate, token_pruning_rate, cancel, timeout_s, processor_kwargs,
+                              progress=progress).validate()
         s = ChatStream(self._chat_events(request, params))
         if stream:
             return s
@@ -202,13 +215,15 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
     else:
         vectors = None
         if pixel_values is not None and media:
-            outs, start = [], 0
+            outs, start, work = [], 0, Work.current()
             for span in media:
+                work.report("encoding tiles", start, int(pixel_values.shape[0]))
                 tiles = pixel_values[start:start + span.num_tiles]
                 start += span.num_tiles
                 encode = lambda t=tiles: model.encode_tiles(t.to(device, dtype))  # noqa: E731
                 outs.append(vision_cache.get(tiles, span.kind, encode, stats) if vision_cache is not None
                             else encode())
+            work.report("encoding tiles", start, int(pixel_values.shape[0]))
             vectors = torch.cat(outs)
         embeds, _, vision = model.prepare_inputs(ids, media=media, tile_vectors=vectors,
                                                  video_pruning_rate=video_pruning_rate,
@@ -218,6 +233,7 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
             stats.vision_tokens_after = (int(vision.keep.sum()) if vision.keep is not None
                                          else stats.vision_tokens_before)
             stats.reductions = vision.info
+            stats.vision_keep = vision.keep  # (n_placeholders,) bool | None: which tokens survived, for pictures
     if stats is not None:
         stats.prompt_tokens = int(embeds.shape[1])
     return embeds

@@ -1,0 +1,72 @@
+"""vl/processing/progress.py: the work before the first token reports progress and stops at its safe points.
+
+A stop during PDF rendering renders no further page; a stop while a decode worker runs kills the worker at once;
+a stop during tile encoding encodes no further page, so the next request finds none of them in the vision
+cache; the engine reports such a request as "cancelled" with no tokens.
+"""
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sandbox_targets as targets  # noqa: E402
+from media_fixtures import make_pdf  # noqa: E402
+
+import vl.processing.documents as documents  # noqa: E402
+from vl.errors import StoppedError  # noqa: E402
+from vl.processing.progress import Work  # noqa: E402
+from vl.processing.sandbox import run_isolated  # noqa: E402
+
+PAGES = [(72, 72, b"")] * 5
+
+
+def test_pdf_pages_are_reported_and_equal_the_one_call_render():
+    data = make_pdf(PAGES)
+    seen = []
+    with Work(on_progress=lambda what, done, total: seen.append((what, done, total))):
+        doc = documents.render_pdf(data, pages="2-5", scale=1.0)
+    whole = documents.render_pdf(data, pages="2-5", scale=1.0)  # no watcher: one call, as before
+    assert doc.page_numbers == whole.page_numbers == [2, 3, 4, 5] and doc.num_pages == 5
+    assert [p.tobytes() for p in doc.pages] == [p.tobytes() for p in whole.pages]
+    pages = [(d, t) for w, d, t in seen if w == "rendering PDF page"]
+    assert pages[0] == (0, 4) and pages[-1] == (4, 4) and len(pages) >= 2, seen
+
+
+def test_stop_during_pdf_rendering_renders_no_further_page(monkeypatch):
+    data = make_pdf(PAGES)
+    cancel, calls = threading.Event(), []
+    real = documents.render_pdf_bytes
+
+    def counting(data, pages, scale, password, limits, render=True):
+        calls.append((pages, render))
+        return real(data, pages, scale, password, limits, render)
+
+    monkeypatch.setattr(documents, "render_pdf_bytes", counting)
+
+    def progress(what, done, total):
+        if done >= 1:
+            cancel.set()  # the user presses Stop after the first page
+
+    with pytest.raises(StoppedError), Work(cancel, progress):
+        documents.render_pdf(data, scale=1.0)
+    rendered = [p for p, render in calls if render]
+    assert rendered == ["1"], calls  # the plan (render=False), then one page, then the stop
+
+
+def test_stop_kills_a_running_decode_worker():
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    t0 = time.perf_counter()
+    with pytest.raises(StoppedError), Work(cancel):
+        run_isolated(targets.sleep, 30, timeout=60)
+    assert time.perf_counter() - t0 < 5
+    assert run_isolated(targets.echo, 7, timeout=30) == 7  # the next call gets a fresh worker
+
+
+def test_without_a_stop_the_worker_runs_as_before():
+    with Work(threading.Event()):
+        assert run_isolated(targets.echo, "x", timeout=30) == "x"

@@ -1,0 +1,196 @@
+"""`vl chat`: one question about images, a PDF or a video, from the command line.
+
+    vl chat [--model DIR] --image F | --pdf F [--pages 1-3] | --video F --prompt "..." [--thinking on] [--json]
+
+Made for pipes: only the answer goes to stdout (streamed; with `--json`, one JSON object at the end instead);
+the demo-model warning, progress (pages rendered, frames decoded, tiles encoded), the reasoning, the stats and
+what went wrong go to stderr. Every flag is checked and every file looked up before the model loads, so a typo
+costs nothing. Exit codes: 0 answered (or the model ended without an answer, which stderr explains), 2 a typed
+error (`error [code]: ...`; with `--json` also `{"error": {"code", "message"}}` on stdout), 130 stopped with
+Ctrl-C. The JSON schema is in docs/app_and_cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from vl.cli_flags import (
+    INTERACTIVE_PDF_PAGES,
+    add_generation_flags,
+    add_json_flag,
+    add_media_flags,
+    add_model_flags,
+    check_generation_flags,
+    check_media_flags,
+    media_content,
+    processor_kwargs,
+    thinking_value,
+)
+from vl.errors import VLError
+
+DESCRIPTION = "one question about images / a PDF / a video; the answer on stdout, everything else on stderr"
+DEMO_WARNING = ("note: this is the shipped demo model, trained only on small synthetic documents and clips; it "
+                "cannot read real photos, papers or videos (its answers about them are noise). Pass --model DIR "
+                "with a real checkpoint for those.")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vl chat", description=DESCRIPTION)
+    p.add_argument("--prompt", required=True, help="the question")
+    add_model_flags(p)
+    add_media_flags(p)
+    add_generation_flags(p)
+    add_json_flag(p, "answer, reasoning, finish reason and stats")
+    return p.parse_args(argv)
+
+
+class Progress:
+    """One progress line on stderr: redrawn in place on a terminal, one line per stage otherwise."""
+
+    def __init__(self, stream=None, min_interval_s: float = 0.1):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.last_what, self.last_t, self.open, self.min_interval_s = None, 0.0, False, min_interval_s
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        finished = total and done >= total
+        if what == self.last_what and not finished and now - self.last_t < self.min_interval_s:
+            return
+        if not self.tty and what == self.last_what and not finished:
+            return
+        self.last_t = now
+        if total:
+            width = 20
+            bar = "#" * (width * done // total) + "." * (width - width * done // total)
+            line = f"{what} [{bar}] {done}/{total}"
+        else:
+            line = f"{what}…" if not done else f"{what}: {done}"
+        if self.tty:
+            self.stream.write(f"\r\033[K{line}")
+            self.open = True
+        elif what != self.last_what or finished:
+            self.stream.write(line + "\n")
+        self.last_what = what
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.open:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.open = False
+
+
+def _is_demo(model: str) -> bool:
+    from vl.cli import default_model
+
+    return Path(model).resolve() == Path(default_model()).resolve()
+
+
+def _stats_line(result) -> str:
+    s = result.stats
+    reduced = (f", vision tokens {s.vision_tokens_before} -> {s.vision_tokens_after}"
+               if s.vision_tokens_before else "")
+    from vl.runtime.outcome import finish_label
+
+    return (f"[{s.prompt_tokens} prompt tokens{reduced}, {s.new_tokens} new, ttft {s.time_to_first_token_s:.2f} s, "
+            f"{s.decode_tokens_per_s:.1f} tok/s, finished by: {finish_label(result)}]")
+
+
+def result_json(result, model: str) -> dict:
+    from vl.runtime.outcome import finish_label, finish_note
+
+    s = result.stats
+    return {"answer": result.answer, "reasoning": result.reasoning, "finish_reason": result.finish_reason,
+            "finished_by": finish_label(result), "reasoning_truncated": result.reasoning_truncated,
+            "note": finish_note(result, limit_name="--max-new-tokens", budget_hint="--reasoning-budget"),
+            "model": model,
+            "stats": {"prompt_tokens": s.prompt_tokens, "new_tokens": s.new_tokens,
+                      "vision_tokens_before": s.vision_tokens_before, "vision_tokens_after": s.vision_tokens_after,
+                      "time_to_first_token_s": round(s.time_to_first_token_s, 4),
+                      "decode_tokens_per_s": round(s.decode_tokens_per_s, 2), "total_s": round(s.total_s, 4),
+                      "notes": list(s.notes), "reductions": [_jsonable(r) for r in s.reductions]}}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return x if isinstance(x, (str, int, float, bool)) or x is None else str(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    err = sys.stderr
+    try:
+        check_media_flags(args)
+        check_generation_flags(args)
+        return _run(args, err)
+    except VLError as exc:
+        if args.json:
+            print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
+        print(f"error [{exc.code}]: {exc}", file=err)
+        return 2
+
+
+def _run(args, err) -> int:
+    from vl.cli import default_model
+
+    model = args.model or default_model()
+    if _is_demo(model):
+        print(DEMO_WARNING, file=err)
+    from vl.processing.limits import MediaLimits
+    from vl.runtime.engine import Engine
+    from vl.runtime.outcome import finish_note
+
+    print(f"loading {model}…", file=err, flush=True)
+    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
+                                    limits=MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES))
+    content = media_content(args) + [{"type": "text", "text": args.prompt}]
+    progress, cancel = Progress(err), threading.Event()
+    stream = engine.chat([{"role": "user", "content": content}], stream=True, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, reasoning_budget=args.reasoning_budget,
+                         thinking=thinking_value(args), cancel=cancel, progress=progress, **processor_kwargs(args))
+    kind = None
+    try:
+        for event in stream:
+            progress.end()
+            if args.json:
+                continue
+            if event.kind != kind:
+                if event.kind == "reasoning":
+                    err.write("[reasoning]\n")
+                elif kind == "reasoning":
+                    err.write("\n[answer]\n")
+                kind = event.kind
+            out = sys.stdout if event.kind == "answer" else err
+            out.write(event.text)
+            out.flush()
+    except KeyboardInterrupt:
+        cancel.set()
+        progress.end()
+        print("\nstopped (Ctrl-C)", file=err)
+        return 130
+    progress.end()
+    result = stream.result
+    if args.json:
+        print(json.dumps(result_json(result, model), ensure_ascii=False))
+    else:
+        if kind == "answer":
+            sys.stdout.write("\n")
+        elif kind == "reasoning":
+            err.write("\n")
+        sys.stdout.flush()
+    note = finish_note(result, limit_name="--max-new-tokens", budget_hint="--reasoning-budget")
+    for n in list(result.stats.notes) + ([note] if note else []):
+        print(f"note: {n}", file=err)
+    print(_stats_line(result), file=err)
+    return 0
