@@ -97,7 +97,7 @@ def config_from_args(args: argparse.Namespace):
     if args.backend == "openai":
         model = None
     elif model is None:
-        from vl.cli import default_model
+        from vl.directory import default_model
 
         model = default_model()
         if not (Path(model) / "config.json").exists():

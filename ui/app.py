@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"vl app: {exc}", file=sys.stderr)
         return 2
-    from vl.cli import default_model
+    from vl.directory import default_model
 
     model = args.model or default_model()
     shown = Path(model).name

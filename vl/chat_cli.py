@@ -87,7 +87,7 @@ class Progress:
 
 
 def _is_demo(model: str) -> bool:
-    from vl.cli import default_model
+    from vl.directory import default_model
 
     return Path(model).resolve() == Path(default_model()).resolve()
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, err) -> int:
-    from vl.cli import default_model
+    from vl.directory import default_model
 
     model = args.model or default_model()
     if _is_demo(model):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from vl.directory import default_model  # noqa: F401 - `vl.cli.default_model` stays importable
+
 # subcommand -> "module:function" taking argv (list[str]) and returning an exit code
 COMMANDS = {
     "app": ("ui.app:main", "serve the Gradio app"),
@@ -25,13 +27,6 @@ COMMANDS = {
     "bench": ("vl.bench:main", "speed and memory against transformers, measured in one process"),
     "train-demo": ("data_recipes.train:main", "train the demo model on synthetic documents and videos"),
 }
-
-
-def default_model() -> str:
-    """The shipped demo checkpoint (package data)."""
-    from pathlib import Path
-
-    return str(Path(__file__).parent / "demo")
 
 
 def version() -> str:

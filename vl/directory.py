@@ -17,6 +17,11 @@ from vl.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 log = logging.getLogger("vl.checkpoint.load")
 
 
+def default_model() -> str:
+    """The shipped demo checkpoint (package data: vl/demo), which commands use when no --model is given."""
+    return str(Path(__file__).parent / "demo")
+
+
 def resolve_dir(path) -> Path:
     """A local directory, or a hub id that huggingface_hub already has in its cache (never downloads)."""
     p = Path(os.fspath(path)).expanduser()

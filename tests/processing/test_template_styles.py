@@ -7,7 +7,7 @@ from PIL import Image
 
 import vl
 from card_templates import STRING_ONLY_TEMPLATE
-from vl.cli import default_model
+from vl.directory import default_model
 from vl.processing.chat import CHAT_TEMPLATE, render_messages, template_takes_lists
 
 IMG = Image.new("RGB", (100, 60), (200, 30, 30))

@@ -61,7 +61,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """-> (engine, scheduler, ServerConfig, app); loads the model (a broken checkpoint is never served)."""
-    from vl.cli import default_model
+    from vl.directory import default_model
     from vl.runtime.engine import Engine
     from vl.server.app import ServerConfig, create_app
     from vl.server.media import MediaPolicy
