@@ -8,7 +8,7 @@ at inference), and videos through the same functions the processor calls (`sampl
 decoded MP4 so that training needs no codec round trip (tests/data_recipes/test_formatting.py checks the
 two agree on an exported file). The answer half is the final assistant turn as `chat.render_messages`
 writes it: the prompt text is its prefix, and the rest up to and including the end-of-turn token is the
-target. Nothing here knows the prompt format; vl/processing/chat.py is its only home (DESIGN §2).
+target. Nothing here knows the prompt format; vl/processing/chat.py is its only home (docs/design.md §1).
 
 Targets (the generator's `reasoning` is the /think trace):
     thinking:  "<think>\\n" (prompt) + "{reasoning}\\n</think>\\n{answer}\\n<SPECIAL_12>"

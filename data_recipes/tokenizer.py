@@ -3,7 +3,7 @@
 It is saved in the same files the real checkpoints ship: `tokenizer.json`, plus `tokenizer_config.json` with
 the `chat_template` in it. `transformers.AutoTokenizer.from_pretrained(dir)` therefore loads it as a
 `PreTrainedTokenizerFast`, and everything downstream treats the demo model like the 12B one.
-- Like the reference tokenizer, it never adds a BOS (§5.1). There is no post-processor, so even a plain
+- Like the reference tokenizer, it never adds a BOS (docs/format.md §8.1). There is no post-processor, so even a plain
   `tokenizer(text)` adds nothing.
 - `<think>` and `</think>` are single ids but not special. `decode(..., skip_special_tokens=True)` keeps
   them, and the think-tag splitter needs them.

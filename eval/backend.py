@@ -5,7 +5,7 @@ The runner only needs "conversations in, generations out" (nanochat's engine/moc
 `close()`. `EngineBackend` drives `vl.Engine` (greedy `chat` for one conversation, `chat_batch` for
 several). `ProcessBackend` runs any backend in a child process, so an item that hangs or kills its
 process (a decoder segfault, the OOM killer) costs that item and a worker restart, never the run
-(reliability_matrix.md section 5 "Isolation", row E8). The child is a plain `python -c` process (like
+(docs/reliability_policy.md §5 "Isolation", row E8). The child is a plain `python -c` process (like
 vl/processing/sandbox.py) that never re-imports the caller's `__main__`, and it exits when its parent
 dies, so a SIGKILLed runner leaves no model process behind.
 """
@@ -53,7 +53,7 @@ class GenerationSettings:
     """Everything per call that changes what the model sees or says (all of it is in the run fingerprint)."""
 
     max_new_tokens: int
-    thinking: bool | None = False  # False: /no_think, the primary LE configuration (eval_metrics.md section 0)
+    thinking: bool | None = False  # False: /no_think, the primary LE configuration (docs/eval_scoring.md §0)
     max_num_tiles: int | None = None  # None: the checkpoint's default
     fps: float = 2.0
     max_frames: int = 128

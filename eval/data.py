@@ -4,8 +4,8 @@ The public benchmarks are distributed as parquet shards with images embedded as
 `{"bytes": ..., "path": ...}` structs (lmms-lab/* on the Hub) or as `save_to_disk` folders; our own
 sets are JSONL with media paths relative to the JSONL's folder. Everything is read from local disk;
 nothing is downloaded. Media are referenced, never decoded here: decoding untrusted bytes belongs to
-vl.processing, behind its size limits (reliability_matrix.md rule 1). Paths are confined to a media
-root and URLs are refused (reliability_matrix.md section 1.2).
+vl.processing, behind its size limits (docs/reliability_policy.md rule 1). Paths are confined to a media
+root and URLs are refused (docs/reliability_policy.md §1.2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Exact ports of the benchmark scorers, quirks included.
 
-Primary reference: lmms-eval (LE) @ 75571cf as pinned in docs `eval_metrics.md` (sections 1-9); the
+Primary reference: lmms-eval (LE) @ 75571cf as pinned in `docs/eval_scoring.md` (sections 1-9); the
 VLMEvalKit (VK) or old-LE variants exist only where that document asks for a cross-check and are
 labelled `_vk` / `_old`. The behaviour is ported, not the code; each function names the LE function
 it mirrors. Do not "fix" the quirks: every one of them moves reported numbers, and the golden tests in
@@ -18,8 +18,8 @@ from vl.processing.chat import LE_REASONING_TAGS  # noqa: F401 - re-exported
 from vl.processing.chat import strip_reasoning as _strip_reasoning  # noqa: F401 - re-exported
 
 # ------------------------------------------------------------------------------------------------
-# Reasoning stripping (LE lmms_eval/api/reasoning.py::strip_reasoning_tags, eval_metrics.md section 1)
-# One implementation for the whole project (DESIGN 2): vl/processing/chat.py, imported above as
+# Reasoning stripping (LE lmms_eval/api/reasoning.py::strip_reasoning_tags, docs/eval_scoring.md §1)
+# One implementation for the whole project (docs/design.md §1): vl/processing/chat.py, imported above as
 # `_strip_reasoning` so the golden tests pin the LE behaviour from this side too.
 
 

@@ -1,6 +1,6 @@
 """The predictions log of a run: append-only JSONL, one fsync'd line per finished item.
 
-Why this shape (reliability_matrix.md section 5): VLMEvalKit rewrites its result pickle in place, so a
+Why this shape (docs/reliability_policy.md §5): VLMEvalKit rewrites its result pickle in place, so a
 kill during the dump can corrupt the very file a resume reads; lmms-eval's response cache appends a
 JSONL line and fsyncs before anything else. Here a record is one `write` of a complete line followed by
 `fsync`, so after a crash the file holds whole records plus at most one torn last line, which

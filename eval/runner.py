@@ -1,6 +1,6 @@
 """Batch evaluation runner: dataset items -> generations -> append-only predictions log -> summary.
 
-Follows reliability_matrix.md section 5 ("Our batch eval") and eval_metrics.md section 0:
+Follows docs/reliability_policy.md §5 ("Our batch eval") and docs/eval_scoring.md §0:
 - Every item ends with one final record keyed by item id, item content hash and a run fingerprint
   (model directory and weights/config/tokenizer digests, precision, device type, task prompt, decoding
   and media/token-reduction settings). Records go to `out/records/rank<R>.jsonl`, one fsync'd line each
@@ -77,7 +77,7 @@ class RunConfig:
     media_root: str | None = None
     limit: int | None = None
     batch_size: int = 1
-    thinking: bool = False  # eval_metrics.md section 0: primary runs are /no_think
+    thinking: bool = False  # docs/eval_scoring.md §0: primary runs are /no_think
     max_new_tokens: int | None = None  # None: the task's harness budget
     max_num_tiles: int | None = None  # None: the checkpoint's default
     fps: float = 2.0
@@ -462,7 +462,7 @@ class Runner:
                  + (f"; {other} records of another configuration, item version or item set ignored" if other else ""))
         if cfg.thinking and cfg.max_new_tokens is None and pending:
             self.log(f"[eval] warning: reasoning on with the harness budget of {self.settings.max_new_tokens} new "
-                     "tokens: generation usually ends inside the think block (eval_metrics.md section 0); pass "
+                     "tokens: generation usually ends inside the think block (docs/eval_scoring.md §0); pass "
                      "--max-new-tokens")
         writer = RecordWriter(self.records_dir / f"rank{dist.rank}.jsonl")
         if writer.repaired_bytes:
@@ -568,7 +568,7 @@ class Runner:
         return summary
 
     def header(self) -> dict:
-        """The run header of eval_metrics.md section 0 (everything that makes two numbers comparable)."""
+        """The run header of docs/eval_scoring.md §0 (everything that makes two numbers comparable)."""
         head = self.task.header()
         s = self.settings
         head.update({

@@ -5,7 +5,7 @@ A predictions record is one JSON object per line with at least `id`, `prediction
 after post-processing) and `answers` (a list), plus the task's own fields (e.g. OCRBench
 `question_type` and `dataset`, Video-MME `options`/`duration`/..., MLVU `task_type`). Runner records
 may also carry `status` ("ok" | "error" | "timeout" ...) and `error_class`: a record whose status is
-not "ok" scores 0 and stays in the denominator (an error is a result too, reliability_matrix.md
+not "ok" scores 0 and stays in the denominator (an error is a result too, docs/reliability_policy.md
 section 5). Records are append-only, so when an id occurs more than once the LAST record wins.
 
 The summary is printed as JSON; the headline is under "score" on the scale the reference harness

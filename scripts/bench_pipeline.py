@@ -1,4 +1,4 @@
-"""Overhead of the transformers `pipeline` over calling `vl.Engine.chat` directly (issue 9).
+"""Overhead of the transformers `pipeline` over calling `vl.Engine.chat` directly.
 
 Same model, same held-out synthetic document question, greedy, interleaved calls (pipeline, engine, ...);
 prints the median milliseconds per call of each and their difference.

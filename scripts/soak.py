@@ -1,12 +1,12 @@
 """Bounded soak of the served app: mixed valid and bad requests at a steady rate, resources measured.
 
-Reliability matrix row S11 / load level L4 (reliability_matrix.md §6.6): `vl app` runs as a subprocess on a
+Reliability matrix row S11 / load level L4 (docs/reliability_policy.md §6.6): `vl app` runs as a subprocess on a
 free port; gradio_client sends about `--rate` requests per second for `--duration` seconds, a fifth of them
 (`--bad-fraction`) bad inputs drawn class by class (corrupt image, bomb PNG header, truncated MP4, encrypted
 PDF, garbage PDF, PDF posing as a PNG, upload over the cap, bad parameters). The over-cap upload is sent
 straight to /gradio_api/upload (gradio_client would refuse it before sending), so the server's 413 is what is
 exercised. The app's process tree is sampled throughout: RSS of the server plus its decode workers, open
-fds, process count, upload-folder and temp-dir entries. Pass criteria (matrix §6 "Service stays up" and row S11):
+fds, process count, upload-folder and temp-dir entries. Pass criteria (docs/reliability_policy.md §6 "Service stays up" and row S11):
 
 - errors only for the bad inputs: every valid request is answered, every bad one is refused with a clear
   message (an "Internal error" answer would mean an exception we did not type, so it counts as a failure);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The documented way to (re)build the shipped demo model (issues 7 and 8), one resumable command (~4.7 h on the
+# The documented way to (re)build the shipped demo model, one resumable command (~4.7 h on the
 # 2-core build CPU):
 #   1. `vl train-demo --recipe demo` into RUN_DIR (3600 steps from scratch, data_recipes/train.py);
 #   2. scripts/train_demo_evs.sh: the five EVS fine-tunes from it into RUN_DIR/evs (3480 steps);

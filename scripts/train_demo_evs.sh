@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The EVS fine-tune chain that made the shipped demo model (issue 8; step 2 of scripts/train_demo.sh): five
+# The EVS fine-tune chain that made the shipped demo model (step 2 of scripts/train_demo.sh): five
 # `vl train-demo` runs, each starting from the one before, from the from-scratch demo model (recipe "demo", BASE):
 #   evs_where -> evs_where again (same data stream) -> evs_pruned -> evs_pruned --seed 3 -> evs_settle
 # (3480 steps, ~3 h on the 2-core build CPU). Every run resumes from its checkpoint, so the same command again

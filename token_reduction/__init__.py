@@ -1,7 +1,7 @@
 """Token reduction: pure tensor functions that shrink what the LLM reads, applied per item.
 
 Every reducer maps `(tokens, layout) -> Reduction(tokens, keep, counts, info)` (see `protocol`):
-- `EVS` (video, after the projector): Efficient Video Sampling, reference §6.4.
+- `EVS` (video, after the projector): Efficient Video Sampling, docs/format.md §10.
 - `BlankTileSkipper` (documents, before the encoder): whitespace tiles are never encoded.
 - `RedundantTokenPruner` (documents, after the projector): near-duplicate / background tokens dropped.
 This package never imports `vl`; `vl` maps `ReductionError` to its `InputError`.

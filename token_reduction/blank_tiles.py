@@ -1,6 +1,6 @@
 """Blank-tile skipping: do not encode document tiles that are only whitespace.
 
-A 12-tile page costs 13 x 256 = 3328 LLM tokens (reference §3.4), and on typical documents many
+A 12-tile page costs 13 x 256 = 3328 LLM tokens (docs/format.md §4.2), and on typical documents many
 tiles are margins or empty bottoms of pages. Unlike EVS this acts *before* the vision encoder, so a
 skipped tile saves ViT + projector compute as well as LLM prefill, and the processor knows the
 token count up front (it simply emits 256 fewer `<image>` placeholders per skipped tile).

@@ -1,6 +1,6 @@
 """Efficient Video Sampling (EVS): drop video tokens that barely changed since the previous frame.
 
-Follows reference nemotron_nano_v2_vl.md §6.4 (vLLM `vllm/multimodal/evs.py`
+Follows docs/format.md §10.1 (vLLM `vllm/multimodal/evs.py`
 `compute_retention_mask` / `compute_retained_tokens_count`; the HF remote `evs.py` and transformers'
 `nemotron_h_omni.compute_retention_mask` are the same algorithm; arXiv 2510.14624):
 
@@ -12,7 +12,7 @@ Follows reference nemotron_nano_v2_vl.md §6.4 (vLLM `vllm/multimodal/evs.py`
 The dissimilarity is computed in the dtype of the projector outputs, as the references do, so the
 mask is bit-identical to theirs in bf16 too (where rounding creates many ties, broken by position).
 EVS saves LLM prefill only: the encoder has already run on every frame. Frames may end with 0 tokens.
-The Nemotron-H LLM has no positional encoding, so dropping positions needs no position fix-up (§4.5).
+The Nemotron-H LLM has no positional encoding, so dropping positions needs no position fix-up (docs/format.md §7.4).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one interface every token reducer speaks: `(tokens, layout) -> Reduction`.
 
-Uniform interfaces across variants (timm's `forward_features`; STYLE.md): EVS for video and the
+Uniform interfaces across variants (timm's `forward_features`; docs/design.md §4): EVS for video and the
 document reducers take the same inputs and return the same record, so the VL model applies any of
 them between the projector and the placeholder merge with one code path, and one contract test
 covers all of them (tests/token_reduction/test_reducer_contract.py).
@@ -17,7 +17,7 @@ Rules every reducer keeps: strength 0 is the identity, kept rows stay in their o
 the result is a pure function of the inputs (stable sorts, no randomness), and
 `reduction.tokens == tokens[reduction.keep]`.
 
-This package is pure tensor code and never imports `vl` (DESIGN.md dependency direction); its one
+This package is pure tensor code and never imports `vl` (docs/design.md §1, import direction); its one
 error type, `ReductionError`, is a `ValueError` that the `vl` layer maps to its `InputError`.
 """
 
@@ -46,7 +46,7 @@ class TokenLayout:
     """How one item's tokens are grouped: `groups` frames or tiles of `height x width` tokens.
 
     `thumbnail` is the index of a page's global thumbnail tile (the last tile when an image has more
-    than one tile, reference §3.4), or None (videos, single-tile images). `protected` lists more groups
+    than one tile, docs/format.md §4.2), or None (videos, single-tile images). `protected` lists more groups
     of that kind: the thumbnails of a multi-page document laid out as one item (`document`). Reducers
     never remove a protected group (`protected_groups`).
     """
@@ -80,13 +80,13 @@ class TokenLayout:
 
     @classmethod
     def video(cls, frames: int, height: int = 16, width: int = 16) -> TokenLayout:
-        """One 512x512 tile per frame -> a 16x16 token grid per frame (reference §6.2)."""
+        """One 512x512 tile per frame -> a 16x16 token grid per frame (docs/format.md §9.2)."""
         return cls(frames, height, width, None)
 
     @classmethod
     def page(cls, tiles: int, height: int = 16, width: int = 16, has_thumbnail: bool | None = None) -> TokenLayout:
         """An image or PDF page cut into `tiles` tiles. The thumbnail is last and exists iff there is
-        more than one tile (reference §3.4); pass `has_thumbnail=False` for `use_thumbnail=False`."""
+        more than one tile (docs/format.md §4.2); pass `has_thumbnail=False` for `use_thumbnail=False`."""
         if has_thumbnail is None:
             has_thumbnail = tiles > 1
         return cls(tiles, height, width, tiles - 1 if has_thumbnail and tiles > 0 else None)

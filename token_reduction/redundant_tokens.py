@@ -36,7 +36,7 @@ where pruning each page at the same rate would cut the dense page as deep as the
 worth) with no loss of accuracy; page by page (the from-scratch model), rate 0.75 could only drop 54 (README,
 token reduction).
 
-The LLM has no positional encoding (reference §4.5), so dropping positions needs no fix-up; what the
+The LLM has no positional encoding (docs/format.md §7.4), so dropping positions needs no fix-up; what the
 model makes of pruned documents is an accuracy question the eval must answer (`vl eval`), not something
 this module can promise.
 """

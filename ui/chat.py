@@ -1,6 +1,6 @@
 """Chat tab: multi-turn, multimodal (`gr.ChatInterface` with a multimodal textbox), same controls.
 
-Gradio 6 conventions (peers.md §5.1-5.2): history arrives as OpenAI-style message dicts whose content is a
+Gradio 6 conventions (gradio-app/gradio `guides/05_chatbots/01_creating-a-chatbot-fast.md`, `03_agents-and-tool-usage.md`): history arrives as OpenAI-style message dicts whose content is a
 list of text / file parts; reasoning is shown as a `gr.ChatMessage` with a `title` in its metadata (a
 collapsible "thinking" bubble, open while pending, closed when done), followed by the answer message. Past
 reasoning bubbles are not sent back to the model (the prompt format keeps only past answers anyway).

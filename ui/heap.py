@@ -1,6 +1,6 @@
 """Hand the heap memory a request freed back to the operating system (glibc `malloc_trim`).
 
-Why: the first 10-minute soak of `vl app` (reliability_matrix.md row S11) grew the server's RSS by 12 %
+Why: the first 10-minute soak of `vl app` (docs/reliability_policy.md row S11) grew the server's RSS by 12 %
 (about 13 MB/min, steady, no plateau) while every request was served. Measured inside the server with
 `mallinfo2()` and `tracemalloc` during a 5-minute soak: Python objects grew by 5 MB and the heap in use by
 26 MB, but the *free* chunks that malloc kept in its arenas grew from 10 MB to 120 MB, and RSS followed them

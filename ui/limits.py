@@ -1,9 +1,9 @@
 """What one app instance admits, and how a refusal reads in the browser.
 
-The serving checklist of reliability_matrix.md §3.2 in one place: an upload size cap (Gradio answers 413
+The serving checklist of docs/reliability_policy.md §3.2 in one place: an upload size cap (Gradio answers 413
 before our code runs), media caps checked before decoding (vl/processing/limits.py `MediaLimits`, enforced by
 the processor), generation caps, a per-request time limit, and a bounded queue with one model slot (the
-engine serves one generation at a time). Errors follow matrix §6 "Clear error": the user sees the typed
+engine serves one generation at a time). Errors follow docs/reliability_policy.md §6 "Clear error": the user sees the typed
 error's message, never a traceback or a server path; anything unexpected is logged with a request id and
 reported by that id.
 """

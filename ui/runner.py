@@ -1,6 +1,6 @@
 """The one loop every tab runs: engine token stream -> growing (reasoning, answer) snapshots -> final stats.
 
-The UI is a thin shell over `vl.Engine.chat(stream=True)` (DESIGN §2, nanochat `engine.py`): it never
+The UI is a thin shell over `vl.Engine.chat(stream=True)` (docs/design.md §1, nanochat `engine.py`): it never
 tokenizes, renders prompts or splits reasoning itself. It adds only what a server needs around the stream:
 a time limit (`timeout_s`), a stop that really stops (closing the stream releases the engine at the next
 token; Gradio's cancel closes our generator, see `stream_chat`), throttled yields, and the previews and

@@ -296,7 +296,7 @@ def bench_180m_lm(**changes) -> LMConfig:
 
 
 def nano_12b_lm(**changes) -> LMConfig:
-    """Nemotron Nano 12B v2 (the LLM of Nano V2 VL), from reference §4.1."""
+    """Nemotron Nano 12B v2 (the LLM of Nano V2 VL), from docs/format.md §2.2."""
     base = dict(
         vocab_size=131072, hidden_size=5120,
         pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-",

@@ -7,7 +7,7 @@ Answer classes are balanced by construction: within each block of `n_classes` co
 family, every class is the answer exactly once (`balanced_class`).
 
 Frame times come from `vl.processing.video.frame_timestamps` with the reference convention, the same call
-the processor makes (the Nano V2 VL rule, shared/reference/nemotron_nano_v2_vl.md section 6.3: `t_i = i * int(1000 / fps) / 1000`),
+the processor makes (the Nano V2 VL rule, docs/format.md §9.3: `t_i = i * int(1000 / fps) / 1000`),
 written with two decimals as the frame header writes them.
 """
 

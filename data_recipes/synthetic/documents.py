@@ -5,7 +5,7 @@ Built for a demo model of a few million parameters that sees each page as one sm
 the processor makes exactly one tile of it. Reading families (`doc_total`, `doc_name`, `doc_layout`,
 `doc_table`, `doc_multipage`) can only be answered by reading digits or words from the pixels: labels
 sit in random order and at random offsets, and each page carries a distractor field of the same kind.
-Layout follows DocVQA / ChartQA question styles at toy scale (shared/reference/eval_metrics.md).
+Layout follows DocVQA / ChartQA question styles at toy scale (docs/eval_scoring.md §2).
 
 Each generator is `gen(seed, index, *, tile_size=128, ...) -> Sample` and pure (see common.py).
 """

@@ -1,6 +1,6 @@
 """Task interface and registry for batch evaluation.
 
-A task owns everything that is benchmark-specific and model-free (eval_metrics.md section 2): the
+A task owns everything that is benchmark-specific and model-free (docs/eval_scoring.md §2): the
 harness prompt (`pre_prompt + question + post_prompt`, no extra per-benchmark prompt hacks), the
 user message it builds from an `Item` (media first, then text), answer post-processing (reasoning
 stripping only, LE `strip_reasoning_tags`), the per-item score, the aggregation on the reference
@@ -27,7 +27,7 @@ from eval.data import Item, row_to_item
 from vl.errors import InputError
 from vl.processing.chat import strip_reasoning
 
-HARNESS = "lmms-eval@75571cf"  # eval_metrics.md: primary harness, pinned
+HARNESS = "lmms-eval@75571cf"  # docs/eval_scoring.md §0: primary harness, pinned
 
 
 class UnknownTaskError(InputError):
@@ -65,18 +65,18 @@ class Task:
         return f"{self.pre_prompt}{item.question}{self.post_prompt}"
 
     def build_messages(self, item: Item) -> list[dict]:
-        """One user turn in the transformers/OpenAI shape (DESIGN.md section 3): media, then text.
+        """One user turn in the transformers/OpenAI shape (docs/design.md §2): media, then text.
         Embedded media are passed as bytes; the processor decodes them behind its limits."""
         content = [{"type": ref.kind, ref.kind: ref.value()} for ref in item.media]
         content.append({"type": "text", "text": self.prompt_text(item)})
         return [{"role": "user", "content": content}]
 
     def generation_kwargs(self) -> dict:
-        """Greedy, at the harness budget (eval_metrics.md section 1)."""
+        """Greedy, at the harness budget (docs/eval_scoring.md §1)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": 0.0}
 
     def header(self) -> dict:
-        """The task part of the run header (eval_metrics.md section 0)."""
+        """The task part of the run header (docs/eval_scoring.md §0)."""
         return {"harness": HARNESS, "task": self.name, "reference": self.reference, "dataset": self.dataset,
                 "metric": self.metric, "scale": self.scale, "pre_prompt": self.pre_prompt,
                 "post_prompt": self.post_prompt, "max_new_tokens": self.max_new_tokens,

@@ -1,4 +1,4 @@
-"""ChartQA test: relaxed accuracy (eval_metrics.md section 4; LE tasks/chartqa/utils.py).
+"""ChartQA test: relaxed accuracy (docs/eval_scoring.md §4; LE tasks/chartqa/utils.py).
 
 LE scores the single `answer` against the generation with no strip (surrounding whitespace breaks
 `%` handling and the string fallback) and prints `relaxed_overall` as a 0-1 mean, plus

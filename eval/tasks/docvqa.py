@@ -1,4 +1,4 @@
-"""DocVQA validation: ANLS (eval_metrics.md sections 2-3; LE tasks/docvqa/docvqa_val.yaml).
+"""DocVQA validation: ANLS (docs/eval_scoring.md §2-§3; LE tasks/docvqa/docvqa_val.yaml).
 
 LE prints `anls` as a 0-1 mean (VK multiplies by 100). The test split is submission-only in LE and
 has no local score, so only validation is registered.

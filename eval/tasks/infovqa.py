@@ -1,4 +1,4 @@
-"""InfographicVQA validation: ANLS (eval_metrics.md sections 2-3; LE tasks/infovqa/infovqa_val.yaml).
+"""InfographicVQA validation: ANLS (docs/eval_scoring.md §2-§3; LE tasks/infovqa/infovqa_val.yaml).
 
 Same scorer and prompt as DocVQA; LE prints a 0-1 mean. Test is submission-only.
 """

@@ -1,4 +1,4 @@
-"""MLVU multiple choice (eval_metrics.md section 8; LE tasks/mlvu, VK vlmeval/dataset/mlvu.py).
+"""MLVU multiple choice (docs/eval_scoring.md §8; LE tasks/mlvu, VK vlmeval/dataset/mlvu.py).
 
 Prompt: the dataset question (it already lists the options) + `\\nOnly give the best option.\\nBest
 option: (`; the open parenthesis primes a letter. Extraction: LE `extract_mcq_answer` (A-D); correct

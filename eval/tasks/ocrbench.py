@@ -1,4 +1,4 @@
-"""OCRBench v1 (1000 questions): substring correctness per category (eval_metrics.md section 5;
+"""OCRBench v1 (1000 questions): substring correctness per category (docs/eval_scoring.md §5;
 LE tasks/ocrbench/utils.py, VK OCRBench.evaluate).
 
 LE headline `ocrbench_accuracy` = correct / 1000, ALWAYS 1000 (a `--limit` run is understated; kept,

@@ -1,4 +1,4 @@
-"""TextVQA validation: VQA accuracy over 10 answers (eval_metrics.md section 6; LE tasks/textvqa).
+"""TextVQA validation: VQA accuracy over 10 answers (docs/eval_scoring.md §6; LE tasks/textvqa).
 
 LE prompt quirk kept: `question.capitalize()` lowercases everything after the first character. OCR
 tokens are off (LE default). LE prints `exact_match` as a 0-1 mean. The LE task sets no

@@ -1,4 +1,4 @@
-"""Video-MME (multiple choice A-D, no subtitles): eval_metrics.md section 7; LE tasks/videomme.
+"""Video-MME (multiple choice A-D, no subtitles): docs/eval_scoring.md §7; LE tasks/videomme.
 
 Prompt: LE `videomme_doc_to_text` (the "subtitles" wording is in the harness even without subtitles;
 the blank line comes from the post_prompt's leading newline). Extraction: LE's current

@@ -1,4 +1,4 @@
-"""Time to first token on long clips with and without EVS, split into media preparation and model work (issue 8).
+"""Time to first token on long clips with and without EVS, split into media preparation and model work.
 
 For the first --items clips of a `synthetic_video` JSONL (e.g. the 64-frame set scripts/research/demo_figures.sh writes),
 in-process `vl.Engine.chat` (no sandbox worker): median TTFT at each EVS rate, the processor's share (video

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Token-reduction and eval figures on the shipped demo model (issues 8 and 11), one run each:
+# Token-reduction and eval figures on the shipped demo model, one run each:
 #  - EVS sweep on 64-frame held-out clips (q = 0, 0.5, 0.75, 0.9): accuracy, vision tokens, time to first token;
 #  - 10-page held-out documents: blank-tile skipping and document-wide redundant-token pruning (0 to 0.9);
 #  - items/s on the 8-frame video and the document test sets, batch 1 against batch 8.

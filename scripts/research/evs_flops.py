@@ -1,4 +1,4 @@
-"""Forward FLOPs to the first token of a long video at each EVS rate: vision tower, projector and LLM prefill (issue 8).
+"""Forward FLOPs to the first token of a long video at each EVS rate: vision tower, projector and LLM prefill.
 
 Counts the matmul FLOPs of this project's own modules (torch.utils.flop_counter on the meta device: no weights, no
 memory, seconds) for a video of --frames one-tile frames: the tower and projector see every frame at every rate

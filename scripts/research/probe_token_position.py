@@ -1,4 +1,4 @@
-"""Does a vision token say where it is? A linear probe of each token's cell in its frame's grid (issue 8).
+"""Does a vision token say where it is? A linear probe of each token's cell in its frame's grid.
 
 EVS keeps a few tokens of a frame and drops the rest; the LLM (no position encoding in Nemotron-H) then knows
 a kept token's place only if the token's content carries it. For the held-out `video_direction` clips this

@@ -1,5 +1,5 @@
 """Strict loading of Nemotron-H checkpoints: layouts, config aliases, and every bad-checkpoint row we own
-(reliability_matrix.md §6.4: C1, C3, C3b, C4-C8, C10)."""
+(docs/reliability_policy.md §6.4: C1, C3, C3b, C4-C8, C10)."""
 
 import json
 import pickle

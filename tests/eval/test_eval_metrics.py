@@ -1,4 +1,4 @@
-"""Golden values of eval_metrics.md section 9 (reliability_matrix.md E9), then one case per quirk."""
+"""Golden values of docs/eval_scoring.md §9 (docs/reliability_policy.md row E9), then one case per quirk."""
 
 import pytest
 

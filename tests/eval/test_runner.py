@@ -1,6 +1,6 @@
 """eval.runner with a stand-in model (tests/eval/runner_fakes.py): records, resume, faults, sharding, sweep.
 
-Rows of reliability_matrix.md section 6.7: E1 (SIGKILL then resume), E2 (torn last line), E4 (transient
+Rows of docs/reliability_policy.md §6.7: E1 (SIGKILL then resume), E2 (torn last line), E4 (transient
 errors), E5 (fingerprint change), E6 (identical reruns), E7 (disk full), E8 (per-item timeout). E3 (poison
 media) runs through the real processor in test_runner_e2e.py.
 """

@@ -1,4 +1,4 @@
-"""vl/hf: transformers' Auto classes and `pipeline("image-text-to-text")` on Nano V2 VL directories (issue 9).
+"""vl/hf: transformers' Auto classes and `pipeline("image-text-to-text")` on Nano V2 VL directories.
 
 The real `transformers.pipeline` runs on a tiny random checkpoint (tests/tiny_models.py) and, once it is shipped,
 on the demo model (vl/demo/). Answers are compared with `vl.Engine.chat` loaded independently from the same
@@ -250,7 +250,7 @@ def test_pipeline_on_gpu_equals_engine_on_gpu(tiny_dir):
         assert answer(gpu_pipe, messages) == engine_text(gpu_engine, messages)
 
 
-# --- the boundary (reliability_matrix §1.2, row S12) ---------------------------------------------------------
+# --- the boundary (docs/reliability_policy.md §1.2, row S12) ---------------------------------------------------------
 @pytest.fixture()
 def http_server():
     """A loopback server that counts requests and serves a real PNG: a fetch would succeed and be seen."""

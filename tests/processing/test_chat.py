@@ -1,9 +1,9 @@
 """Prompt format, placeholder expansion and think-tag splitting (vl/processing/chat.py).
 
-Golden strings follow nemotron_nano_v2_vl.md §5.2 and the Nemotron Nano V2 card template. The system turn
+Golden strings follow docs/format.md §8.2 and the Nemotron Nano V2 card template. The system turn
 is always written. Past answers drop their reasoning. The generation prompt is `<think>\\n` or
 `<think></think>`. The jinja twin must render every golden case to the same bytes as the Python renderer.
-The splitter rows are reliability_matrix.md N15.
+The splitter rows are docs/reliability_policy.md row N15.
 """
 
 import itertools
@@ -252,7 +252,7 @@ def test_media_tokens_from_config():
     assert expand_placeholders(out.text, [image_placeholder(1, 1, custom)], custom).count("<IMG_CONTEXT>") == 1
 
 
-# --- think-tag splitting (reliability_matrix N15) --------------------------------------------------------
+# --- think-tag splitting (docs/reliability_policy.md row N15) --------------------------------------------------------
 # (completion, prompt_opened_think, (reasoning, answer, truncated))
 SPLIT_CASES = [
     ("Let me add.\n</think>\n\nThe answer is 4.", True, ("Let me add.", "The answer is 4.", False)),  # closing only

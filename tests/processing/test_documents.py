@@ -1,4 +1,4 @@
-"""vl/processing/documents.py: PDF rendering under one lock with caps checked first (matrix rows P1-P6),
+"""vl/processing/documents.py: PDF rendering under one lock with caps checked first (docs/reliability_policy.md rows P1-P6),
 page ranges, and the document token-budget planner. PDFs are written by hand in media_fixtures.py
 (including a real RC4 encryption dictionary, verified below by rendering with the right password)."""
 

@@ -1,4 +1,4 @@
-"""vl/processing/images.py: safe decoding of untrusted images, reliability_matrix.md rows I1-I12.
+"""vl/processing/images.py: safe decoding of untrusted images, docs/reliability_policy.md rows I1-I12.
 Tiling and normalization against the references live in test_tiling.py."""
 
 import io

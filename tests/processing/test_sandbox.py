@@ -1,5 +1,5 @@
 """vl/processing/sandbox.py: crashes, hangs and memory blow-ups in a decode worker become typed errors,
-the next call gets a working worker, and many calls leak no file descriptors (matrix rows V7, V8, I12)."""
+the next call gets a working worker, and many calls leak no file descriptors (docs/reliability_policy.md rows V7, V8, I12)."""
 
 import os
 import signal

@@ -1,7 +1,7 @@
-"""vl/processing/images.py tiling (nemotron_nano_v2_vl.md §3.4) and normalization (§2.5), compared with references.
+"""vl/processing/images.py tiling (docs/format.md §4.2) and normalization (§4.1), compared with references.
 
 What is compared:
-- `find_grid` against (a) the §3.4 pseudocode written out literally below, with its Python-set candidate order,
+- `find_grid` against (a) the §4.2 pseudocode written out literally below, with its Python-set candidate order,
   and (b) transformers' `got_ocr2.get_optimal_tiled_canvas`, the same InternVL algorithm, on a table of sizes
   (ties, 1x1, 32x32, extreme panoramas) and a sweep;
 - pixel values of `preprocess_image` against `GotOcr2ImageProcessorPil` (PIL bicubic, same as ours: must
@@ -28,7 +28,7 @@ from vl.processing.images import find_grid, normalize, preprocess_image, tile_ui
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
-# --- tiling (§3.4) ---------------------------------------------------------------------------------------
+# --- tiling (§4.2) ---------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +41,7 @@ def _reference_ratios(max_num_tiles):
 
 
 def _reference_grid(width, height, max_num_tiles, tile_size=512):
-    """§3.4 pseudocode, literally, including its set-ordered candidates."""
+    """§4.2 pseudocode, literally, including its set-ordered candidates."""
     ar, best, best_diff = width / height, (1, 1), float("inf")
     for i, j in _reference_ratios(max_num_tiles):
         d = abs(ar - i / j)

@@ -1,5 +1,5 @@
-"""vl/processing/video.py: frame sampling (§6.1-6.3), both backends, caps before decode, and the bad-input
-rows V1-V8 of reliability_matrix.md. Videos are encoded in the tests with PyAV; the grey level of frame i is
+"""vl/processing/video.py: frame sampling (docs/format.md §9.1-9.3), both backends, caps before decode, and the bad-input
+rows V1-V8 of docs/reliability_policy.md. Videos are encoded in the tests with PyAV; the grey level of frame i is
 8*i mod 256, so every decoded tile tells which source frame it came from."""
 
 import dataclasses

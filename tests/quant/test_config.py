@@ -1,4 +1,4 @@
-"""Quantization config parsing, exclusion rules and per-module detection (notes §7.1-§7.2; reliability C7)."""
+"""Quantization config parsing, exclusion rules and per-module detection (docs/format.md §11.1-§11.2; docs/reliability_policy.md row C7)."""
 
 import json
 import logging

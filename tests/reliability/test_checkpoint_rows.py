@@ -1,4 +1,4 @@
-"""Checkpoint rows of reliability_matrix.md §6.4 not covered elsewhere, on the VL layout: C2 (a static scan:
+"""Checkpoint rows of docs/reliability_policy.md §6.4 not covered elsewhere, on the VL layout: C2 (a static scan:
 no unsafe deserialisation anywhere in the product, no `trust_remote_code`, no `ignore_mismatched_sizes`), C3 timing and memory (malformed headers fail in well under
 a second without allocating the claimed sizes), C5 (the unexpected-tensor allowlist), C8 (NaN / Inf in a vision
 or projector weight), C10 (a sharded VL checkpoint with a missing or truncated shard).

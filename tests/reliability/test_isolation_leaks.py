@@ -1,5 +1,5 @@
 """Untrusted uploads are decoded where a decoder crash or hang cannot take the server down, and many requests
-leak nothing (issue 12, item 2; matrix rows I10, V7, and S11's resource criteria in-process).
+leak nothing (docs/reliability_policy.md rows I10, V7, and S11's resource criteria in-process).
 
 - `vl app` builds its engine with `isolate=True` (every image, video and PDF decode runs in a sandbox worker of
   vl/processing/sandbox.py), confined to the upload folder and the bundled examples;

@@ -1,5 +1,5 @@
 """Numerics rows N4-N8 on the tiny VL model (image tiles through RADIO -> projector -> Nemotron-H, as served),
-and N12 (chunked SSD scan against the plain recurrence). reliability_matrix.md §6.5.
+and N12 (chunked SSD scan against the plain recurrence). docs/reliability_policy.md §6.5.
 
 The LM-only versions of N4-N8 live in tests/modeling/test_nemotron_h.py; these run the whole VL stack with
 real processor output (tiles + placeholder runs), which is what a server feeds the model.
@@ -11,7 +11,7 @@ the measured figures, so the table shows them and a change in behaviour is notic
   per-position relative L2 error of the logit vector <= 5 % and top-1 agreement on every position whose fp32
   top-2 margin exceeds twice that position's error (a flip there would be a real defect, not a near-tie).
 - N6 asks for atol = rtol = 1e-5; left padding shifts the SSD chunk boundaries, so fp32 sums run in another
-  order and a few near-zero logits differ by ~1.4e-5. The asserted bound is atol 5e-5, rtol 1e-5 (matrix §4:
+  order and a few near-zero logits differ by ~1.4e-5. The asserted bound is atol 5e-5, rtol 1e-5 (docs/reliability_policy.md §4:
   per-model overrides of the batching tolerance are normal practice).
 """
 

@@ -1,4 +1,4 @@
-"""Serving rows that need a hook inside the server process (reliability_matrix.md §6.6): S3 (client gone
+"""Serving rows that need a hook inside the server process (docs/reliability_policy.md §6.6): S3 (client gone
 mid-generation), S4 (a slow handler meets our per-request time limits), S6 (a decode worker over its memory
 cap). The app is built and launched in this process exactly as `vl app` does it (UIEngine with sandboxed
 decoding, `build_app`, `launch_app`), so a forward hook can count the model's decoding steps.

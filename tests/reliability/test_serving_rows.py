@@ -1,4 +1,4 @@
-"""Serving rows of reliability_matrix.md §6.6 against the real `vl app` command (a subprocess on a free port,
+"""Serving rows of docs/reliability_policy.md §6.6 against the real `vl app` command (a subprocess on a free port,
 tight limits: a 4-deep queue, one model slot, 1 MB uploads, answers cut at 10 s): S1, S2, S5, S7, S8, S9, S10.
 
 S3, S4 and S6 need hooks inside the server process and run in test_serving_inprocess.py; S11 is the soak

@@ -1,4 +1,4 @@
-"""vl.Engine: chat vs token level, streaming, reasoning, batching, placement, errors (issue 5 must-shows)."""
+"""vl.Engine: chat vs token level, streaming, reasoning, batching, placement, errors."""
 
 import threading
 

@@ -1,4 +1,4 @@
-"""EVS against reference §6.4 and transformers' `nemotron_h_omni.compute_retention_mask` (frames = tubelets of one)."""
+"""EVS against docs/format.md §10.1 and transformers' `nemotron_h_omni.compute_retention_mask` (frames = tubelets of one)."""
 
 import subprocess
 import sys
@@ -44,7 +44,7 @@ def test_mask_equals_transformers_reference(kind, frames, height, width, dtype):
 
 
 def test_retained_count_formula():
-    assert retained_count(128, 256, 0.75) == 8192  # reference §0 token budget example
+    assert retained_count(128, 256, 0.75) == 8192  # docs/format.md §1.2 token budget example
     assert retained_count(128, 256, 0.0) == 32768
     assert retained_count(128, 256, 0.7) == int(32768 * (1 - 0.7)) == 9830
     assert retained_count(4, 256, 0.99) == 256  # floor of one frame's worth

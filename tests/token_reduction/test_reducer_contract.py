@@ -1,4 +1,4 @@
-"""One contract over every reducer (STYLE.md: contract tests parametrized over every variant).
+"""One contract over every reducer (docs/design.md §4: contract tests parametrised over every variant).
 
 Each entry: a factory `strength -> reducer` (strength 0 must be the identity) and an input maker
 returning `(rows, layout)` on which a non-zero strength does remove something, so every check

@@ -1,4 +1,4 @@
-"""Load (reliability_matrix.md §6.6 L2/S2): 8 clients at once against a 2-deep queue with one model slot.
+"""Load (docs/reliability_policy.md §6.6 L2/S2): 8 clients at once against a 2-deep queue with one model slot.
 
 Every request either completes or is refused at once as queue-full; none hangs; the app then answers a new
 request.

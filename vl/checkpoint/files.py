@@ -1,6 +1,6 @@
 """Checkpoint files: safetensors only, checked before anything is allocated.
 
-Rules (reliability_matrix.md §2): pickle files (`.bin`, `.pt`, `.pth`, `.ckpt`, `.pkl`) are refused and
+Rules (docs/reliability_policy.md §2): pickle files (`.bin`, `.pt`, `.pth`, `.ckpt`, `.pkl`) are refused and
 never opened; each safetensors header is validated by our own pre-check (length against the file size, a
 size cap, duplicate names, dtype/shape/offset consistency, no gaps or overlaps) before the safetensors
 library maps the file; a sharded index must agree with its shards.

@@ -1,4 +1,4 @@
-"""Adapter for `NemotronH_Nano_VL_V2` checkpoint directories, both ways (reference §2.6, §3.3, §4.7).
+"""Adapter for `NemotronH_Nano_VL_V2` checkpoint directories, both ways (docs/format.md §3.1-§3.3, §3.6).
 
 Checkpoint name                                   native name
 vision_model.radio_model.model.{...}              vision.{...}

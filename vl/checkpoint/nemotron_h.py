@@ -1,6 +1,6 @@
 """Adapter for text-only Nemotron-H checkpoints (`model_type: nemotron_h`), both ways.
 
-Accepted layouts (reference §4.7; transformers `conversion_mapping.py` "nemotron_h"):
+Accepted layouts (docs/format.md §3.3-§3.4; transformers `conversion_mapping.py` "nemotron_h"):
 - hub / Megatron export and what transformers 5 `save_pretrained` writes: `backbone.*`, per-expert
   `mixer.experts.{i}.{up,down}_proj.weight`;
 - transformers' in-memory layout: `model.*`, fused `mixer.experts.{up,down}_proj` of shape (E, out, in).

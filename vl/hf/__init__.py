@@ -15,7 +15,7 @@ installs an import hook, and each registration runs the moment transformers load
   stand-in as soon as `transformers.modeling_utils` is loaded by anyone;
 - `transformers.pipelines.image_text_to_text`    -> the S12 guard: for *our* processor only, plain (non-chat)
   pipeline inputs go through our decoding instead of transformers' `load_images`, which would fetch a URL or
-  open a path (reliability_matrix.md §1.2). Other models' pipelines are untouched.
+  open a path (docs/reliability_policy.md §1.2). Other models' pipelines are untouched.
 Modules already imported when `vl` is imported are handled at once. The checkpoint's `auto_map` is never used:
 transformers prefers registered local classes over remote code (`explicit_local_code`).
 

@@ -5,7 +5,7 @@ Everything the pipeline asks of a processor (`apply_chat_template(..., tokenize=
 (vl/processing/chat.py), tiling, frame sampling, media limits and placeholder expansion are the ones `vl.Engine`
 uses, and the pipeline's inputs equal the engine's.
 
-The boundary (reliability_matrix.md §1.2, row S12): media reach our decoders as PIL images, bytes, `data:`
+The boundary (docs/reliability_policy.md §1.2, row S12): media reach our decoders as PIL images, bytes, `data:`
 URIs (decoded here, size-checked first) or local paths. A URL is refused before anything is fetched or opened,
 also when the caller sets `allow_remote_media=True` (fetching is not implemented: download it with your own
 SSRF policy and pass the bytes). Local paths are confined to `allowed_roots` when set (`Processor(allowed_roots=)`);

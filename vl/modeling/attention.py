@@ -1,5 +1,5 @@
 """Grouped-query self-attention of Nemotron-H (`*` layers): no positional encoding at all (the Mamba
-layers carry order), causal, SDPA. Reference §4.5; transformers `NemotronHAttention`."""
+layers carry order), causal, SDPA. docs/format.md §7.4; transformers `NemotronHAttention`."""
 
 from __future__ import annotations
 

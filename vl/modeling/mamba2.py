@@ -1,6 +1,6 @@
 """Mamba-2 mixer of Nemotron-H (`M` layers).
 
-Follows the Mamba-2 block (Dao & Gu 2024) as Nemotron-H uses it (reference §4.4; transformers
+Follows the Mamba-2 block (Dao & Gu 2024) as Nemotron-H uses it (docs/format.md §7.3; transformers
 `NemotronHMamba2Mixer`; vLLM `MambaMixer2`): in_proj split [z | x | B | C | dt], causal depthwise conv +
 SiLU over xBC only, dt = softplus(dt + dt_bias) clamped to `time_step_limit` (default (0, inf): no clamp,
 as the kernels and vLLM), A = -exp(A_log) in fp32, chunked SSD scan for prefill and the one-step

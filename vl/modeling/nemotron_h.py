@@ -1,6 +1,6 @@
 """Nemotron-H: the hybrid Mamba-2 / attention / MLP (/ MoE) language model.
 
-One block class holding one mixer chosen by the pattern character (reference §4.2-4.3):
+One block class holding one mixer chosen by the pattern character (docs/format.md §7.1-7.2):
 h = h + mixer(RMSNorm(h)) per layer, then `norm_f` and an untied `lm_head`. Parameter names follow the
 hub layout (`backbone.embeddings`, `backbone.layers.{i}.norm`, `backbone.layers.{i}.mixer.*`,
 `backbone.norm_f`, `lm_head`), so a state dict of this module *is* a Nemotron-H checkpoint.

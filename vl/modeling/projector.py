@@ -3,7 +3,7 @@
 Follows the reference `extract_feature` (HF remote `modeling.py`, vLLM `nano_nemotron_vl.py`): encoder
 patch tokens (N, h*w, C) -> grid (N, h, w, C) -> pixel shuffle by 1/downsample_ratio (2x2 for the
 released 0.5) -> (N, h*w/4, 4C) -> `mlp1` = RMSNorm -> Linear -> ReLU^2 -> Linear (no biases).
-Facts: shared/reference/nemotron_nano_v2_vl.md sections 3.1-3.3; numerics are tested against
+Facts: docs/format.md §6.1-6.3; numerics are tested against
 transformers' `nemotron_h_omni` pixel shuffle + projector.
 
 `mlp1` is an `nn.Sequential` so its keys are the checkpoint's: `mlp1.0.weight` (norm), `mlp1.1.weight`,
@@ -62,7 +62,7 @@ def shuffle_factor(downsample_ratio: float, ps_version: str = "v2") -> int:
 def pixel_shuffle_v2(x: torch.Tensor, downsample_ratio: float = 0.5) -> torch.Tensor:
     """(N, a, b, C) grid -> (N, a/k, b/k, k*k*C), k = 1/downsample_ratio, InternVL "v2" order.
 
-    The reference view/permute sequence (section 3.2). For k = 2, output token (i, j) holds
+    The reference view/permute sequence (docs/format.md §6.2). For k = 2, output token (i, j) holds
     concat(f[2i,2j], f[2i,2j+1], f[2i+1,2j], f[2i+1,2j+1]) = [TL, TR, BL, BR], tokens row-major.
     """
     k = shuffle_factor(downsample_ratio)

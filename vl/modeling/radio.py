@@ -6,10 +6,10 @@ a bias-free linear patch embedding over patches flattened in (channel, row, col)
 position embedding" (CPE) resized from a `cpe_max_size / patch` square grid, and K cls + register
 tokens prepended without position embedding. There is no final norm (RADIO replaces it with
 Identity) and every prefix token is dropped from the output: the VLM only consumes patch tokens.
-Reference facts: shared/reference/nemotron_nano_v2_vl.md section 2; numerics are tested against
+Reference facts: docs/format.md §5; numerics are tested against
 transformers' `RadioModel`.
 
-Parameter names equal the checkpoint keys under `vision_model.radio_model.model.` (section 2.6), so a
+Parameter names equal the checkpoint keys under `vision_model.radio_model.model.` (docs/format.md §3.1), so a
 loader strips that prefix and loads strictly. K is `patch_generator.cls_token.token.shape[0]` of the
 checkpoint; the caller reads it and passes `num_prefix_tokens`.
 """

@@ -1,18 +1,18 @@
 """The Nemotron Nano V2 VL prompt format: turns, reasoning toggle, media placeholders, think-tag splitting.
 
-This is the only place the prompt format lives (DESIGN §2): training data, eval, the UI and the runtime
-all render and parse through it. References (nemotron_nano_v2_vl.md §5, §6.3):
+This is the only place the prompt format lives (docs/design.md §1): training data, eval, the UI and the runtime
+all render and parse through it. References (docs/format.md §8, §9.3):
 - Turns and toggle: the chat template printed on the NVIDIA-Nemotron-Nano-9B-v2 model card and Megatron-LM
   `nemotron_h_5p5_reasoning_inference_template`. The system turn is always emitted, even when empty
   (`<SPECIAL_10>System\\n\\n`). Past assistant turns keep only the text after `</think>`. The generation
   prompt either pre-opens `<think>\\n` or closes `<think></think>`. A trailing assistant message is a prefill.
 - The parts of one message are joined with "\\n" in their order, as vLLM joins them
-  (`multimodal_content_part_separator`). No "Image N: " labels: §5.1 marks them unverified, and neither
+  (`multimodal_content_part_separator`). No "Image N: " labels: §8.1 marks them unverified, and neither
   vLLM nor the card template writes them.
 - Video text: "This is a video:\\n" (TRT-LLM, the Megatron-Energon training encoder), then the frame
-  headers of §6.3, with frames separated by "\\n".
+  headers of §9.3, with frames separated by "\\n".
 - Output parsing: vLLM's nemotron reasoning parser (the prompt opened the block, so the completion
-  holds only `</think>`). `strip_reasoning` follows lmms-eval `strip_reasoning_tags` (eval_metrics.md §1).
+  holds only `</think>`). `strip_reasoning` follows lmms-eval `strip_reasoning_tags` (docs/eval_scoring.md §1).
 Where this code differs from the card template (only on odd inputs):
 - When one message holds both toggles, the rightmost one wins. The card lets `/think` win.
 - A `</think>` typed in a system or user message is not read as `/think` and is not mangled.
@@ -38,7 +38,7 @@ THINK_ON_PROMPT, THINK_OFF_PROMPT = THINK_OPEN + "\n", THINK_OPEN + THINK_CLOSE
 TOGGLE_ON, TOGGLE_OFF = "/think", "/no_think"
 PART_SEPARATOR = "\n"  # between the text and media parts of one message (vLLM)
 VIDEO_PREFIX = "This is a video:\n"
-FRAME_SEPARATOR = "\n"  # between the frames of one video (§6.3 recommendation)
+FRAME_SEPARATOR = "\n"  # between the frames of one video (docs/format.md §9.3)
 LE_REASONING_TAGS = (("<think>", "</think>"), ("<analysis>", "</analysis>"))
 _MASKED_CLOSE = "<_think>"  # stands in for "</think>" while looking for "/think"
 
@@ -68,7 +68,7 @@ class MediaTokens:
 
     @classmethod
     def from_config(cls, config: Mapping | Any) -> MediaTokens:
-        """Reads `img_start_token`, `img_end_token`, `img_context_token`, `video_context_token` (§1)."""
+        """Reads `img_start_token`, `img_end_token`, `img_context_token`, `video_context_token` (docs/format.md §2.1)."""
         keys = {"img_start": "img_start_token", "img_end": "img_end_token",
                 "img_context": "img_context_token", "video_context": "video_context_token"}
         get = config.get if isinstance(config, Mapping) else (lambda k: getattr(config, k, None))
@@ -343,7 +343,7 @@ CHAT_TEMPLATE = r"""
 
 # --- placeholder expansion (after tiling / frame sampling) ------------------------------------------------
 def image_placeholder(num_tiles: int, tokens_per_tile: int = 256, tokens: MediaTokens = DEFAULT_TOKENS) -> str:
-    """`<img>` + `<image>` x (tokens_per_tile * num_tiles) + `</img>`, no separators (§5.1)."""
+    """`<img>` + `<image>` x (tokens_per_tile * num_tiles) + `</img>`, no separators (docs/format.md §8.1)."""
     if not all(isinstance(n, int) and n >= 1 for n in (num_tiles, tokens_per_tile)):
         raise PlaceholderMismatchError(f"expected num_tiles, tokens_per_tile >= 1, found {num_tiles}, {tokens_per_tile}")
     return tokens.img_start + tokens.img_context * (num_tiles * tokens_per_tile) + tokens.img_end
@@ -483,7 +483,7 @@ class ThinkSplitter:
 
 
 def strip_reasoning(text: str, tag_pairs: Sequence[tuple[str, str]] = LE_REASONING_TAGS) -> str:
-    """lmms-eval's `strip_reasoning_tags` rules (eval_metrics.md §1), for LE-compatible scoring.
+    """lmms-eval's `strip_reasoning_tags` rules (docs/eval_scoring.md §1), for LE-compatible scoring.
     Every complete start...end block is removed. With only closing tags left, the text after the last one
     is kept. An unclosed opening tag stays. Matching is case-sensitive. The result is stripped."""
     for start_tag, end_tag in tag_pairs:

@@ -1,6 +1,6 @@
 """Untrusted PDF -> rendered page images (pypdfium2), and a token-budget plan for long documents.
 
-Safety follows reliability_matrix.md §1.4 and rows P1-P6:
+Safety follows docs/reliability_policy.md §1.4 and rows P1-P6:
 - PDFium is not thread-safe at all, not even across documents (pypdfium2 docs), so every pypdfium2 call of this
   process, open and close included, runs under ONE process-wide lock (`PDFIUM_LOCK`); objects are closed
   explicitly inside the lock so that no finalizer calls PDFium from another thread later;

@@ -1,9 +1,9 @@
 """Untrusted image bytes -> RGB picture -> normalized 512 px tiles (+ thumbnail), as Nemotron Nano V2 VL wants.
 
-Follows nemotron_nano_v2_vl.md §3.4 (InternVL `dynamic_preprocess`: grid search over 1..max_num_tiles with the
+Follows docs/format.md §4.2 (InternVL `dynamic_preprocess`: grid search over 1..max_num_tiles with the
 area tie-break, whole-image resize ignoring aspect ratio, row-major tiles, thumbnail last and only when there is
-more than one tile) and §2.5 (normalization `(x/255 - mean)/std` with the checkpoint's `norm_mean/norm_std`,
-always passed in, never defaulted here). Safe opening follows reliability_matrix.md §1.1:
+more than one tile) and §4.1 (normalization `(x/255 - mean)/std` with the checkpoint's `norm_mean/norm_std`,
+always passed in, never defaulted here). Safe opening follows docs/reliability_policy.md §1.1:
 
 - byte cap before Pillow sees the data; format by magic bytes, then `Image.open(formats=[that one])`;
   allowlist PNG, JPEG (incl. its MPO variant, frame 0 only), GIF, WEBP, BMP. TIFF is refused (IFD chains,
@@ -52,7 +52,7 @@ ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 BACKGROUND_RGB = (255, 255, 255)  # alpha is composited over white
 RESAMPLE = Image.Resampling.BICUBIC
 
-# Pillow's fuzzers accept exactly these as outcomes of garbage input (reliability_matrix.md §1.1), plus the
+# Pillow's fuzzers accept exactly these as outcomes of garbage input (docs/reliability_policy.md §1.1), plus the
 # bomb error (a plain Exception subclass) and UnidentifiedImageError (an OSError).
 _PILLOW_ERRORS = (
     OSError,
@@ -107,7 +107,7 @@ def sniff_format(data: bytes) -> str:
 
 def read_bytes(source, max_bytes: int, what: str = "image") -> bytes:
     """Bytes of `source` (bytes-like, local path or binary file object), refusing more than `max_bytes`
-    before reading them all. URL-like strings are refused: fetching is the caller's decision (matrix §1.2)."""
+    before reading them all. URL-like strings are refused: fetching is the caller's decision (docs/reliability_policy.md §1.2)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
     elif isinstance(source, (str, os.PathLike)):
@@ -208,7 +208,7 @@ def check_png_chunks(data: bytes) -> None:
     """Strict PNG structure: every chunk complete with a matching CRC, up to IEND.
 
     Pillow checks the CRC of header chunks only and never reads IEND for frame 0, so a PNG with a flipped
-    IDAT CRC or a missing last byte would otherwise decode silently (reliability_matrix.md row I4).
+    IDAT CRC or a missing last byte would otherwise decode silently (docs/reliability_policy.md row I4).
     """
     pos, end = 8, len(data)
     while True:
@@ -336,7 +336,7 @@ def _to_rgb_opaque(im: Image.Image) -> Image.Image:
 
 
 def find_grid(width: int, height: int, max_num_tiles: int = 12, tile_size: int = 512) -> tuple[int, int]:
-    """(cols, rows) of the tile grid for a `width` x `height` image (§3.4).
+    """(cols, rows) of the tile grid for a `width` x `height` image (docs/format.md §4.2).
 
     Candidates: every (i, j) with 1 <= i*j <= max_num_tiles, by increasing tile count. The closest aspect ratio
     wins; on an exact tie the later (larger) grid wins only if the image area exceeds half the grid's pixel area.

@@ -1,18 +1,18 @@
 """Caps on untrusted media, checked before anything is decoded.
 
 One frozen dataclass shared by images.py, video.py and documents.py, so that a server sets its budget in one
-place. The order of checks follows reliability_matrix.md §0 rule 1: compressed size -> header dimensions ->
+place. The order of checks follows docs/reliability_policy.md §0 rule 1: compressed size -> header dimensions ->
 frame count / duration / page count -> decode. Every default below is a project *proposal* (the matrix marks
 them so), chosen to admit what the model can use and refuse what only costs memory or CPU:
 
 - images: the model sees at most 12 tiles of 512 px (about 3.1 MP), so a 50 MP cap admits every phone camera
   (48 MP sensors) and stays below Pillow's own bomb limit (`Image.MAX_IMAGE_PIXELS` = 89,478,485);
-- video: 2 fps x 128 frames is the reference sampling (nemotron_nano_v2_vl.md §6.1); an hour of video still
-  gives 128 frames, and 4096 x 4096 admits DCI 4K while refusing the 8192 x 8192 bomb of matrix row V4;
+- video: 2 fps x 128 frames is the reference sampling (docs/format.md §9.1); an hour of video still
+  gives 128 frames, and 4096 x 4096 admits DCI 4K while refusing the 8192 x 8192 bomb of docs/reliability_policy.md row V4;
 - PDF: 200 rendered pages (a long report), 4096 x 4096 rendered pixels per page (A0 at 144 dpi is larger
   and is refused; lower the render scale for such pages) and 400 M rendered pixels per request (200 Letter
   pages at 144 dpi);
-- decode workers: wall-clock timeouts and the 2 GiB address-space cap of matrix §6 "Bounded".
+- decode workers: wall-clock timeouts and the 2 GiB address-space cap of docs/reliability_policy.md §6 "Bounded".
 """
 
 from dataclasses import dataclass, fields
@@ -62,7 +62,7 @@ class MediaLimits:
     def check_count(self, kind: str, count: int) -> None:
         """Refuse a request carrying more items of `kind` ("image", "video", "document") than allowed.
 
-        Called by the processor before any item is decoded (matrix row I10).
+        Called by the processor before any item is decoded (docs/reliability_policy.md row I10).
         """
         limit = {"image": self.max_images, "video": self.max_videos, "document": self.max_documents}.get(kind)
         if limit is None:

@@ -1,6 +1,6 @@
 """Run a decode step in a killable worker process with a wall-clock timeout and a memory cap.
 
-Why (reliability_matrix.md §0 rule 5, §1.3, §1.4): decord aborts or segfaults the interpreter on bad streams,
+Why (docs/reliability_policy.md §0 rule 5, §1.3, §1.4): decord aborts or segfaults the interpreter on bad streams,
 PDFium has a history of segfaults, and Pillow's maintainers put "sandboxed subprocess" first. A crash or a
 hang in a worker must become one typed error for that request while the server keeps serving.
 

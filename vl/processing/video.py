@@ -1,6 +1,6 @@
 """Untrusted video -> uniformly sampled frames, one normalized 512 px tile each, with timestamps.
 
-Follows nemotron_nano_v2_vl.md §6.1-6.3: sample at `target_fps` (default 2) capped at `max_frames` (default 128)
+Follows docs/format.md §9.1-9.3: sample at `target_fps` (default 2) capped at `max_frames` (default 128)
 uniformly spaced frames; one tile per frame, squash-resized to S x S (aspect ratio not kept, no thumbnail);
 the same bicubic resampling and `(x/255 - mean)/std` as images.py. Index choice follows vLLM's loader:
 `n = clamp(floor(duration * target_fps), 1, max_frames)` with `duration = num_frames / fps`, all frames when
@@ -12,7 +12,7 @@ frame rates too. `timestamp_convention="reference"` reproduces the public refere
 (`index * int(1000 / fps) / 1000`, transformers `nemotron_h_omni` and vLLM `nano_nemotron_vl`), which drift
 (frame 300 of a 30 fps clip is 9.90 s, not 10.00 s). The prompt text is built in chat.py.
 
-Order of checks (reliability_matrix.md §0, §1.3): byte cap -> container sniffed and allowlisted
+Order of checks (docs/reliability_policy.md §0, §1.3): byte cap -> container sniffed and allowlisted
 (video_formats.py: forced demuxer, file protocol only, no nested opens) -> header of the best video stream
 (the one libavformat picks; no video stream, codec, resolution, duration, header frame count) -> index pass over
 that stream's packets (presentation times of displayed frames: packets flagged discard, e.g. cut by an MP4

@@ -1,7 +1,7 @@
 """What a quantized checkpoint says about itself: its ModelOpt config, its exclusions, and which Linears hold
 quantized tensors. (The typed errors of `vl.quant` live in vl/errors.py with the others.)
 
-References (notes §7.1, §7.2): vLLM `modelopt.py` (`ModelOptFp8Config.from_config`,
+References (docs/format.md §11.1, §11.2): vLLM `modelopt.py` (`ModelOptFp8Config.from_config`,
 `ModelOptNvFp4Config`, `is_layer_excluded`) for the two config spellings and the exclusion rule;
 vLLM `nemotron_h.py` / `mamba_mixer2.py` / `nano_nemotron_vl.py` for what is never quantized.
 
@@ -206,7 +206,7 @@ _NEVER_PARTS = {"mlp1", "conv1d", "A_log", "D", "dt_bias", "embeddings", "embed_
 
 
 def never_quantized(module_name: str) -> bool:
-    """Modules the reference stack always keeps in high precision (notes §7.2): vision tower, projector
+    """Modules the reference stack always keeps in high precision (docs/format.md §11.2): vision tower, projector
     `mlp1`, Mamba conv1d, norms, A_log / D / dt_bias, embeddings."""
     if any(s in module_name for s in _NEVER_SUBSTRINGS):
         return True

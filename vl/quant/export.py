@@ -1,6 +1,6 @@
 """Post-training quantization of a BF16 / FP32 model into the NVIDIA ModelOpt checkpoint layout.
 
-Produces, per quantizable Linear, the tensors a ModelOpt FP8 or NVFP4 export holds (notes §7.3, §7.4;
+Produces, per quantizable Linear, the tensors a ModelOpt FP8 or NVFP4 export holds (docs/format.md §11.3, §11.4;
 ModelOpt `NVFP4QTensor` / FP8 export conventions) plus the `hf_quant_config.json` content, so vLLM /
 TensorRT-LLM and our own loader read the result like an NVIDIA checkpoint:
 
@@ -12,7 +12,7 @@ TensorRT-LLM and our own loader read the result like an NVIDIA checkpoint:
     W4A16_NVFP4                NVFP4 weights, no input_scale (BF16 activations)
 
 Activation amaxes come from calibration: `collect_input_amax(model, run)` records max|x| at the input of
-each Linear while `run()` feeds representative data. Never quantized (as in the reference stack, §7.2):
+each Linear while `run()` feeds representative data. Never quantized (as in the reference stack, docs/format.md §11.2):
 vision tower, `mlp1`, conv1d, norms, embeddings; `lm_head` is excluded by default (ModelOpt's default).
 """
 

@@ -1,7 +1,7 @@
 """FP8 (E4M3 / E5M2) quantize and dequantize as pure tensor functions.
 
 Follows the NVIDIA ModelOpt FP8 checkpoint layout as read by vLLM (`modelopt.py`,
-`ModelOptFp8LinearMethod`; reference notes §7.3):
+`ModelOptFp8LinearMethod`; docs/format.md §11.3):
 
     weight        float8_e4m3fn [out, in]
     weight_scale  float32 scalar (per tensor) | [out] (per channel) | [out/128, 1, in/128, 1] (block, FP8_PB_WO)

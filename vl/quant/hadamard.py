@@ -5,7 +5,7 @@ random-sign Hadamard matrix before quantizing, to spread outliers across a block
 to the input blocks of W and of x leaves the product unchanged:  (W R^T)(R x) = W x.
 
 This is *not* part of the released checkpoint format (the NVFP4-QAD inference format is the plain 1-D
-layout, notes §7.5), so export never applies it; `nvfp4_weight_error` lets one measure whether it would
+layout, docs/format.md §11.5), so export never applies it; `nvfp4_weight_error` lets one measure whether it would
 help on given weights (see tests/quant/test_hadamard.py for the figures on Gaussian and Student-t weights).
 """
 

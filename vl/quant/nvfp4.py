@@ -1,7 +1,7 @@
 """NVFP4 (E2M1 values, E4M3 16-element block scales, FP32 global scale): pack, unpack, quantize, dequantize.
 
 Follows the NVIDIA ModelOpt NVFP4 checkpoint layout (ModelOpt `NVFP4QTensor`; vLLM `modelopt.py` and
-`nvfp4_emulation_utils.py`; reference notes §7.4):
+`nvfp4_emulation_utils.py`; docs/format.md §11.4):
 
     weight          uint8          [out, in/2]   element 2k = low nibble, 2k+1 = high nibble
     weight_scale    float8_e4m3fn  [out, in/16]  linear (not swizzled) layout

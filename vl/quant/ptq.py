@@ -2,7 +2,7 @@
 (`vl quantize`; the library call is `quantize_checkpoint`).
 
 The recipe is ModelOpt's PTQ (`mtq.quantize` with FP8_DEFAULT_CFG / NVFP4_DEFAULT_CFG, then
-`export_hf_checkpoint`), reduced to what the released checkpoints hold (notes §7.3, §7.4): weights are
+`export_hf_checkpoint`), reduced to what the released checkpoints hold (docs/format.md §11.3, §11.4): weights are
 quantized from the loaded high-precision values; each quantized Linear's static `input_scale` comes from the
 largest |input| seen while the model runs on calibration prompts (the user's text lines, or built-in synthetic
 documents and clips sent through the real Processor, so that image tiles and video frames reach the LLM the

@@ -13,7 +13,7 @@ weights instead, as QuaRot (arXiv 2404.00456) does: with R block-diagonal of 16x
 - every writer of the stream (Mamba out_proj, o_proj, MLP down, MoE down / fc2, the embeddings and the
   projector's last Linear `mlp1.3`) gets R W: the residual stream itself becomes R h.
 
-So the exported checkpoint keeps the plain layout (notes §7.4) and loads anywhere; only the weight values
+So the exported checkpoint keeps the plain layout (docs/format.md §11.4) and loads anywhere; only the weight values
 change. `nvfp4_weight_error` in vl/quant/hadamard.py measures the same idea per matrix.
 """
 

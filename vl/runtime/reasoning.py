@@ -1,4 +1,4 @@
-"""Reasoning budget: a client-side logits override, as NVIDIA NIM's "thinking budget" does it (reference §5.4).
+"""Reasoning budget: a client-side logits override, as NVIDIA NIM's "thinking budget" does it (docs/format.md §8.4).
 
 Count the tokens generated inside the think block; once the budget is spent, allow a small grace to finish
 the current line, then force the tokens of `</think>` so the model continues with its answer.
