@@ -85,7 +85,7 @@ class DecodeBatch:
         live = [s for s in self._all() if s.ended is None]
         lengths = list(prompt_lengths) + [c.length for c, _, _ in self.pending]
         if self.cache is not None and any(s.ended is None for s in self.seqs):
-            lengths.append(self.cache.length + 1)
+            lengths.append(self.cache.length + (self.feed is not None))  # the next step adds a position
         rooms = list(budgets) + [s.remaining() for s in live]
         return max(lengths) + max(rooms) <= self.context_length
 
