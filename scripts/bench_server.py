@@ -7,10 +7,11 @@ over --rounds rounds so that a busy machine affects both alike:
   * sequential: one client, one request after the other;
   * concurrent: --clients client threads at once, each with its share of the requests (the server batches
     what arrives together, vl/server/scheduler.py).
-Reports requests/s and completion tokens/s of each phase, their ratio, and p50/p95 request latency.
+Reports requests/s and completion tokens/s of each phase, their ratio, and p50/p95 request latency; the server
+joins requests that arrive while a batch decodes into it (continuous batching), and /health counts them.
 
 Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 16] [--clients 8] [--rounds 2]
-       [--max-tokens 32] [--max-batch 8] [--json out.json]
+       [--max-tokens 64] [--max-batch 8] [--batch-window-ms 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def main() -> int:
     p.add_argument("--thinking", choices=["on", "off"], default="on", help="reasoning on (the model's default: "
                    "longer answers) or off")
     p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--batch-window-ms", type=float, default=10.0, help="vl serve --batch-window-ms (its default "
+                   "10: an idle server waits that long for requests sent together)")
     p.add_argument("--threads", type=int, default=1, help="vl serve --threads (default 1: on a busy 2-core machine "
                    "two torch threads wait on each other, measured 60 ms against 2.5 ms per decode step)")
     p.add_argument("--json", default=None)
@@ -112,6 +115,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     server = subprocess.Popen([sys.executable, "-m", "vl.cli", "serve", "--model", args.model, "--port", str(port),
                                "--max-batch", str(args.max_batch), "--max-queue", str(4 * args.clients),
+                               "--batch-window-ms", str(args.batch_window_ms),
                                "--threads", str(args.threads), "--log-level", "warning"], cwd=REPO, env=env)
     try:
         while True:
@@ -144,14 +148,16 @@ def main() -> int:
     result = {"sequential": s, "concurrent": c, "speedup_requests_per_s": c["requests_per_s"] / s["requests_per_s"],
               "clients": args.clients, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
               "thinking": args.thinking, "threads": args.threads,
-              "batches": health.get("batches"), "served": health.get("served"), "load_avg": os.getloadavg(),
+              "batch_window_ms": args.batch_window_ms, "batches": health.get("batches"),
+              "joined": health.get("joined"), "served": health.get("served"), "load_avg": os.getloadavg(),
               "cpu_threads": os.cpu_count()}
     print(f"one at a time : {s['requests_per_s']:.2f} req/s, {s['tokens_per_s']:.1f} tok/s, "
           f"p50 {s['p50_s']:.2f} s, p95 {s['p95_s']:.2f} s ({s['requests']} requests)")
     print(f"{args.clients} concurrent  : {c['requests_per_s']:.2f} req/s, {c['tokens_per_s']:.1f} tok/s, "
           f"p50 {c['p50_s']:.2f} s, p95 {c['p95_s']:.2f} s ({c['requests']} requests)")
     print(f"throughput ratio (concurrent / one at a time): {result['speedup_requests_per_s']:.2f}x; "
-          f"{health.get('batches')} batches for {health.get('served')} requests; load average "
+          f"{health.get('batches')} batches and {health.get('joined')} joins for {health.get('served')} requests; "
+          f"load average "
           f"{' '.join(f'{x:.1f}' for x in result['load_avg'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -9,6 +9,7 @@ max_tokens says: the tests that need a long request get one without depending on
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -174,3 +175,38 @@ def test_batched_requests_equal_single_runs_and_a_bad_one_fails_alone(engine):
         assert answers[:3] == [r.answer for r in refs]
         assert answers[3][0] == 400 and answers[3][1] in ("corrupt_media", "bad_media")
         assert sched.batches == 1, "the four requests sent together should have been one batch"
+
+
+def test_requests_arriving_during_a_batch_join_it(endless):
+    """Continuous batching: requests sent while a long answer decodes join its batch between steps, finish
+    before it, and every answer equals its single run."""
+    prompts = [[{"role": "user", "content": w}] for w in ("red", "left right up", "count the stars please")]
+    refs = [endless.chat(m, max_new_tokens=6, thinking=False).answer for m in prompts]
+    long_ref = "".join(e.text for e in endless.chat(HELLO, max_new_tokens=300, thinking=False, stream=True))
+    with in_process_server(endless, max_batch=8, batch_window_s=0) as (base, sched):
+        c = client_for(base)
+        body = {"model": "vl", "messages": HELLO, "max_tokens": 300, "temperature": 0, "stream": True,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        answers, done_at = [None] * 3, [None] * 3
+        with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            chunks = [next(lines)]  # the long answer is decoding
+
+            def one(i):
+                got = c.chat.completions.create(model="vl", messages=prompts[i], max_tokens=6, temperature=0,
+                                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                answers[i], done_at[i] = got.choices[0].message.content, sched.snapshot()["running"]
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            chunks += list(lines)
+        deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
+                  for ch in json.loads(x[5:])["choices"]]
+        text = "".join((d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+        assert answers == refs
+        assert text == long_ref
+        assert sched.joined >= 1 and sched.batches < 4, (sched.joined, sched.batches)
+        assert all(n >= 1 for n in done_at)  # the long answer was still running when each short one was done

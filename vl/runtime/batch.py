@@ -2,10 +2,11 @@
 
 Each conversation of a batch is a `ChatRequest` with its own limits: token budget, stop strings, reasoning
 budget, a cancel flag (a client that went away) and a deadline. The rows are prefilled together, left-padded
-(a batch equals its singles: tests/runtime/test_engine.py), and decoded step by step; a row that ends early
-is marked finished in `generate_steps` so it stops counting, and its result is handed out at once rather than
-when the slowest row of the batch is done. This follows the per-sequence state of continuous-batching
-servers (vLLM's `Request`/`SequenceGroup`, TGI's `Entry`), reduced to batches formed at admission.
+(a batch equals its singles: tests/runtime/test_engine.py), and decoded step by step in a `DecodeBatch`
+(vl/runtime/decode_batch.py). A row that ends leaves the batch at once and its result is handed out then, not
+when the slowest row is done; between steps, requests the caller hands over (`more`) are prepared, prefilled
+and join the running batch (continuous batching). This follows the per-sequence state of continuous-batching
+servers (vLLM's `Request`/`SequenceGroup`, TGI's `Entry`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from vl.errors import GenerationOptionError, StoppedError, VLError
 from vl.processing.chat import ThinkSplitter, split_reasoning
 from vl.processing.progress import Work
 from vl.runtime.detokenize import IncrementalDecoder
-from vl.runtime.generate import check_lengths, generate_steps, left_pad, left_pad_embeds
+from vl.runtime.decode_batch import DecodeBatch
+from vl.runtime.generate import check_lengths, left_pad_embeds
 from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.sampling import SamplingParams
 
@@ -42,7 +44,7 @@ class ChatRequest:
     video_pruning_rate: float | None = None
     token_pruning_rate: float = 0.0
     cancel: threading.Event | None = None
-    timeout_s: float | None = None  # from the start of the batch (prepare included)
+    timeout_s: float | None = None  # from the start of its work (prepare included)
     processor: dict = field(default_factory=dict)  # PROCESSOR_KEYS
     progress: Callable[[str, int, int], None] | None = None  # (what, done, total) while media are read
 
@@ -73,6 +75,7 @@ class _Row:
         self.splitter, self.decoder = ThinkSplitter(self.opened), IncrementalDecoder(tokenizer)
         self.ids: list[int] = []
         self.text, self.finish, self.first = "", "length", None
+        self.t0 = t0  # when this request's work began (the batch's start, or its own admission)
         self.deadline = None if request.timeout_s is None else t0 + request.timeout_s
         self.done = False
 
@@ -123,11 +126,16 @@ class _Row:
         return events, ChatResult(self.text, reasoning, answer, self.ids, s, self.finish, truncated)
 
 
-def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *,
-              raise_errors: bool = True) -> Iterator[tuple[int, object]]:
+def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, raise_errors: bool = True,
+              more: Callable[[int], list[ChatRequest]] | None = None) -> Iterator[tuple[int, object]]:
     """Yields `(i, Event)` while request i generates and `(i, ChatResult)` once it has ended; a request that
     cannot be prepared (bad media, too long) yields `(i, VLError)` when `raise_errors` is false, else the error
-    is raised before any decoding. Holds the engine's lock throughout."""
+    is raised before any decoding. Holds the engine's lock throughout.
+
+    `more(running)`, when given, is asked between decode steps for requests to join the running batch
+    (`running`: how many requests are in it now; the caller keeps its own limit); they are numbered on from
+    `len(requests)` in the order given, prefilled, and decode alongside the others from the next step
+    (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once."""
     from vl.runtime.engine import Event
 
     for r in requests:
@@ -136,84 +144,109 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *,
         t0 = time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        rows = []
+        waiting: list[_Row] = []  # prepared, not yet in the batch (they did not fit in the context with it)
         for i, req in enumerate(requests):
-            try:
-                embeds, inputs, stats = engine.prepare(req.messages, thinking=req.thinking,
-                                                       video_pruning_rate=req.video_pruning_rate,
-                                                       token_pruning_rate=req.token_pruning_rate,
-                                                       work=Work(req.cancel, req.progress), **req.processor)
-                check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
-            except StoppedError:  # stopped before the first token: nothing was generated
-                from vl.runtime.engine import ChatResult, Stats
-
-                stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])
-                yield i, ChatResult("", "", "", [], stats, "cancelled")
+            row = yield from _prepare(engine, i, req, t0, raise_errors)
+            if row is not None:
+                waiting.append(row)
+        batch, rows, count = None, {}, len(requests)
+        while waiting or rows:
+            if batch is None or not batch.live():
+                batch = DecodeBatch(engine.lm, params=params, stop_ids=engine.stop_ids,
+                                    prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
+                                    decode=engine.decode)
+            if more is not None and batch.elastic and rows:
+                for req in more(len(rows) + len(waiting)):
+                    req.validate()
+                    row = yield from _prepare(engine, count, req, time.perf_counter(), False)
+                    count += 1
+                    if row is not None:
+                        waiting.append(row)
+            group = _fitting(batch, waiting)
+            if group:
+                _join(engine, batch, group)
+                rows.update((r.index, r) for r in group)
+                waiting = waiting[len(group):]
+            if not rows:
                 continue
-            except VLError as e:
-                if raise_errors:
-                    raise
-                yield i, e
-                continue
-            rows.append(_Row(i, req, embeds, inputs, stats, engine.tokenizer, t0))
-        for group in _fitting_groups(rows, engine.context_length):
-            for i, item in _decode_group(engine, group, params, t0):
+            for i, item in _step(engine, batch, rows):
                 yield i, (Event(*item) if isinstance(item, tuple) else item)
 
 
-def _fitting_groups(rows: list[_Row], context_length: int) -> list[list[_Row]]:
-    """Consecutive rows whose padded length plus the largest token budget fits the context (each row fits
-    alone: check_lengths ran on it)."""
-    groups: list[list[_Row]] = []
-    for row in rows:
-        g = groups[-1] if groups else None
-        if g is not None:
-            t = max([r.embeds.shape[1] for r in g] + [row.embeds.shape[1]])
-            n = max([r.request.max_new_tokens for r in g] + [row.request.max_new_tokens])
-            if t + n <= context_length:
-                g.append(row)
-                continue
-        groups.append([row])
-    return groups
-
-
-def _decode_group(engine, rows: list[_Row], params: SamplingParams, t0: float):
-    if len(rows) == 1:
-        embeds, mask, ctx = rows[0].embeds, None, rows[0].inputs.input_ids
-    else:
-        embeds, mask = left_pad_embeds([r.embeds[0] for r in rows])
-        ctx, _ = left_pad([r.inputs.input_ids[0] for r in rows])
-    finished = [False] * len(rows)
-    steps = generate_steps(engine.lm, inputs_embeds=embeds, attention_mask=mask,
-                           max_new_tokens=max(r.request.max_new_tokens for r in rows), params=params,
-                           stop_ids=engine.stop_ids, prefill_chunk=engine.prefill_chunk,
-                           controllers=[r.budget for r in rows], context_length=engine.context_length,
-                           context_ids=ctx, decode=engine.decode, finished=finished)
+def _prepare(engine, i: int, req: ChatRequest, t0: float, raise_errors: bool):
+    """-> a `_Row` ready to join, or None after yielding `(i, VLError)`."""
     try:
-        for ev in steps:
-            for j, tok in enumerate(ev.tokens):
-                row = rows[j]
-                if tok is None or row.done:
-                    continue
-                for kind, text in row.push(tok, engine.stop_ids):
-                    yield row.index, (kind, text)
-                if row.done:
-                    finished[j] = True
-                    yield from _close(row, t0)
-            for j, row in enumerate(rows):  # a cancel that came while the step ran ends its row now
-                if not row.done and row.request.cancel is not None and row.request.cancel.is_set():
-                    row.finish, row.done, finished[j] = "cancelled", True, True
-                    yield from _close(row, t0)
-    finally:
-        steps.close()
-    for row in rows:
-        if not row.done:
+        embeds, inputs, stats = engine.prepare(req.messages, thinking=req.thinking,
+                                               video_pruning_rate=req.video_pruning_rate,
+                                               token_pruning_rate=req.token_pruning_rate,
+                                               work=Work(req.cancel, req.progress), **req.processor)
+        check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
+    except StoppedError:  # stopped before the first token: nothing was generated
+        from vl.runtime.engine import ChatResult, Stats
+
+        stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])
+        yield i, ChatResult("", "", "", [], stats, "cancelled")
+        return None
+    except VLError as e:
+        if raise_errors:
+            raise
+        yield i, e
+        return None
+    return _Row(i, req, embeds, inputs, stats, engine.tokenizer, t0)
+
+
+def _fitting(batch: DecodeBatch, waiting: list[_Row]) -> list[_Row]:
+    """The longest run of waiting rows, oldest first, that may join the batch together now."""
+    group: list[_Row] = []
+    for row in waiting:
+        cand = group + [row]
+        if not batch.fits([int(r.embeds.shape[1]) for r in cand], [r.request.max_new_tokens for r in cand]):
+            break
+        group = cand
+    return group
+
+
+def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
+    """Prefill a group together (left-padded; a batch equals its singles: tests/runtime/test_engine.py)."""
+    if len(group) == 1:
+        embeds, mask = group[0].embeds, None
+    else:
+        embeds, mask = left_pad_embeds([r.embeds[0] for r in group])
+    for r in group:
+        r.embeds = None  # the cache holds the prompt from now on
+    batch.join([r.index for r in group], [r.request.max_new_tokens for r in group], inputs_embeds=embeds,
+               attention_mask=mask, contexts=[r.inputs.input_ids[0].tolist() for r in group],
+               controllers=[r.budget for r in group])
+
+
+def _step(engine, batch: DecodeBatch, rows: dict):
+    """One decode step: events of every row, and the results of the rows that ended."""
+    out = batch.step() or {}
+    for i, tok in out.items():
+        row = rows[i]
+        for kind, text in row.push(tok, engine.stop_ids):
+            yield i, (kind, text)
+        if row.done:
+            batch.finish(i)
+            del rows[i]
+            yield from _close(row)
+    for i, row in list(rows.items()):
+        # a cancel or a deadline that came while the step ran ends its row now; a row the batch ended (its
+        # budget) ends here too
+        if row.request.cancel is not None and row.request.cancel.is_set():
+            row.finish, row.done = "cancelled", True
+        elif row.deadline is not None and time.perf_counter() > row.deadline:
+            row.finish, row.done = "timeout", True
+        elif batch.ended(i) is not None or i not in batch.live():
             row.done = True
-            yield from _close(row, t0)
+        if row.done:
+            batch.finish(i)
+            del rows[i]
+            yield from _close(row)
 
 
-def _close(row: _Row, t0: float):
-    events, result = row.close(t0)
+def _close(row: _Row):
+    events, result = row.close(row.t0)
     for kind, text in events:
         yield row.index, (kind, text)
     yield row.index, result

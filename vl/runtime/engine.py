@@ -181,11 +181,12 @@ class Engine:
         return results
 
     def stream_batch(self, requests: list[ChatRequest], params: SamplingParams = SamplingParams(), *,
-                     raise_errors: bool = False):
+                     raise_errors: bool = False, more=None):
         """Requests with their own options, decoded together (vl/runtime/batch.py): yields `(i, Event)`,
         `(i, ChatResult)` when request i ends, and `(i, VLError)` for a request that could not be prepared
-        (unless `raise_errors`). The server's batches go through here."""
-        return run_batch(self, requests, params, raise_errors=raise_errors)
+        (unless `raise_errors`). `more(running)` hands over requests that join between decode steps
+        (continuous batching). The server's batches go through here."""
+        return run_batch(self, requests, params, raise_errors=raise_errors, more=more)
 
     # --- tokens --------------------------------------------------------------------------------------
     def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,

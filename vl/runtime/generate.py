@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vl.errors import ContextLengthError, GenerationOptionError
-from vl.runtime.cache import HybridCache
-from vl.runtime.sampling import SamplingParams, sample
+from vl.runtime.sampling import SamplingParams
 
 
 def left_pad(sequences: list[torch.Tensor], pad_id: int = 0):
@@ -108,72 +107,38 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
     given, is the caller's own per-row flag list: setting a row's flag between steps ends that row (a client that
     went away, a stop string, the row's own token limit); the loop returns once every row has finished.
     """
+    from vl.runtime.decode_batch import DecodeBatch
+
     x = input_ids if inputs_embeds is None else inputs_embeds
     b, t = x.shape[0], x.shape[1]
-    cfg = lm.config
-    check_lengths(t, max_new_tokens, context_length or cfg.max_position_embeddings)
-    prefill_chunk = prefill_chunk or default_prefill_chunk(x.device)
-    if prefill_chunk < 1:
-        raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
-    device = x.device
-    dtype = inputs_embeds.dtype if inputs_embeds is not None else lm.backbone.embeddings.weight.dtype
-    step_fn = decode_step(lm, decode)
-    static = decode != "eager"
-    cache = HybridCache(cfg, b, _bucket(t + max_new_tokens) if static else t + max_new_tokens, dtype=dtype,
-                        device=device)
-    if decode == "cuda-graphs":
-        for tensor in cache.tensors():
-            torch._dynamo.mark_static_address(tensor)
-    gen = torch.Generator(device="cpu")
-    if params.seed is not None:
-        gen.manual_seed(params.seed)
-    else:
-        gen.seed()
-    logits = None
-    for start in range(0, t, prefill_chunk):
-        part = slice(start, start + prefill_chunk)
-        logits = lm(input_ids=None if input_ids is None or inputs_embeds is not None else input_ids[:, part],
-                    inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, part], cache=cache,
-                    attention_mask=None if attention_mask is None else attention_mask[:, part],
-                    logits_to_keep=1).logits[:, -1]
-    if on_prefill_done is not None:
-        on_prefill_done()
-    pos = torch.tensor(t, device=device) if static else None  # next position, advanced in place
-    stop = torch.tensor(sorted(set(int(s) for s in stop_ids)), dtype=torch.long)
+    check_lengths(t, max_new_tokens, context_length or lm.config.max_position_embeddings)
     if finished is None:
         finished = [False] * b
     elif len(finished) != b:
         raise GenerationOptionError(f"finished has {len(finished)} flags for a batch of {b} rows")
+    batch = DecodeBatch(lm, params=params, stop_ids=stop_ids, prefill_chunk=prefill_chunk,
+                        context_length=context_length, decode=decode)
     context_ids = input_ids if context_ids is None else context_ids
-    seen = context_ids.cpu() if (context_ids is not None and params.repetition_penalty != 1.0) else None
-    history: list[list[int]] = [[] for _ in range(b)]
+    contexts = (None if context_ids is None or params.repetition_penalty == 1.0
+                else [row.tolist() for row in context_ids.cpu()])
+    batch.join(list(range(b)), [max_new_tokens] * b, input_ids=input_ids, inputs_embeds=inputs_embeds,
+               attention_mask=attention_mask, contexts=contexts, controllers=controllers)
+    if on_prefill_done is not None:
+        on_prefill_done()
     for step in range(max_new_tokens):
-        nxt = sample(logits, params, seen, gen).cpu()
-        tokens: list[int | None] = []
         for i in range(b):
             if finished[i]:
-                tokens.append(None)
-                continue
-            tok = int(nxt[i])
-            if controllers is not None and controllers[i] is not None:
-                forced = controllers[i].next_forced(history[i])
-                if forced is not None:
-                    tok = forced
-                controllers[i].observe(tok)
-            history[i].append(tok)
-            tokens.append(tok)
-            nxt[i] = tok
-            if stop.numel() and bool((stop == tok).any()):
+                batch.finish(i)
+        out = batch.step()
+        if out is None:
+            return
+        tokens: list[int | None] = [out.get(i) for i in range(b)]
+        for i in out:
+            if batch.ended(i) == "stop":
                 finished[i] = True
         yield StepEvent(step, tokens, list(finished))
-        if all(finished) or step == max_new_tokens - 1:
+        if all(finished):
             return
-        feed = nxt.to(device)[:, None]
-        if seen is not None:
-            seen = torch.cat([seen, feed.cpu()], 1)
-        logits = step_fn(feed, cache, pos)
-        if static:
-            pos.add_(1)
 
 
 def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), decode: str = "eager",

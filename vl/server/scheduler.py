@@ -4,7 +4,8 @@ Requests wait in a queue of at most `max_queue`; one more is refused at once wit
 as TGI's `try_acquire` and SGLang's `--max-queued-requests` do, so no client waits unboundedly. The worker
 takes the oldest request plus every waiting request that can share its batch (same sampling parameters; a
 seeded sampled request runs alone so that its seed means what it says), up to `max_batch`, and runs them
-through `Engine.stream_batch` (vl/runtime/batch.py), whose rows equal single runs. A request that fails to
+through `Engine.stream_batch` (vl/runtime/batch.py), whose rows equal single runs. While the batch decodes,
+requests that arrive and share its key join it between steps (continuous batching), as rows leave. A request that fails to
 prepare fails alone; a request whose client went away is dropped from the queue, or stops decoding at its
 next token; a request past its deadline ends with `DecodeTimeoutError` (504).
 """
@@ -55,7 +56,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._running = 0
         self._closed = False
-        self.served = self.refused = self.batches = 0
+        self.served = self.refused = self.batches = self.joined = 0
         self._thread = threading.Thread(target=self._work, name="vl-serve-engine", daemon=True)
         self._thread.start()
 
@@ -84,7 +85,7 @@ class Scheduler:
         with self._cond:
             return {"waiting": len(self._waiting), "running": self._running, "max_queue": self.max_queue,
                     "max_batch": self.max_batch, "served": self.served, "refused": self.refused,
-                    "batches": self.batches}
+                    "batches": self.batches, "joined": self.joined}
 
     def close(self) -> None:
         with self._cond:
@@ -130,16 +131,17 @@ class Scheduler:
                 with self._cond:
                     self._running = 0
 
-    def _run(self, batch: list[Job]) -> None:
+    def _ready(self, jobs: list[Job]) -> list[Job]:
+        """Jobs still wanted and within their deadline (time in the queue counts); the others are answered."""
         now = time.monotonic()
         live = []
-        for job in batch:
+        for job in jobs:
             timeout = job.request.timeout_s
             if job.cancel.is_set():
                 job.deliver(None)
                 continue
             if timeout is not None:
-                left = timeout - (now - job.enqueued)  # time in the queue counts
+                left = timeout - (now - job.enqueued)
                 if left <= 0:
                     job.deliver(DecodeTimeoutError(f"the request waited {now - job.enqueued:.1f} s in the queue, "
                                                    f"past this server's limit of {timeout:g} s; retry later"))
@@ -147,20 +149,48 @@ class Scheduler:
                     continue
                 job.request.timeout_s = left
             live.append(job)
+        return live
+
+    def _joiners(self, key, live: list[Job]):
+        """Between decode steps: waiting jobs that share the batch's key join it, up to `max_batch`."""
+        def more(running: int):
+            if key is None:
+                return []
+            taken = []
+            with self._cond:
+                for job in list(self._waiting):
+                    if running + len(taken) >= self.max_batch:
+                        break
+                    if batch_key(job.params) == key:
+                        self._waiting.remove(job)
+                        taken.append(job)
+                self._running = running + len(taken)
+            jobs = self._ready(taken)
+            self.joined += len(jobs)
+            live.extend(jobs)
+            return [j.request for j in jobs]
+        return more
+
+    def _run(self, batch: list[Job]) -> None:
+        live = self._ready(batch)
         if not live:
             return
         self.batches += 1
         params = live[0].params
         ended = set()
         try:
-            for i, item in self.engine.stream_batch([j.request for j in live], params, raise_errors=False):
+            for i, item in self.engine.stream_batch([j.request for j in live], params, raise_errors=False,
+                                                    more=self._joiners(batch_key(params), live)):
                 is_event = hasattr(item, "kind")
-                if live[i].stream or not is_event:
-                    live[i].deliver(item)
                 if not is_event:  # a ChatResult or an error: this request is over
                     ended.add(i)
-                    live[i].deliver(None)
                     self.served += 1
+                    with self._cond:
+                        self._running = len(live) - len(ended)
+                if live[i].stream or not is_event:
+                    live[i].deliver(item)
+                if not is_event:
+                    live[i].deliver(None)
         except VLError as e:
             self._fail(live, ended, e)
         except Exception as e:  # noqa: BLE001 - a bug or a device fault: fail this batch, keep serving

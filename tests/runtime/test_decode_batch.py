@@ -1,0 +1,124 @@
+"""vl/runtime/decode_batch.py at the token level: rows that join a running batch at different steps (with
+prompts shorter and longer than the batch's running length, so the cache is re-padded both ways) and rows that
+leave it produce exactly the tokens of their single runs, in the eager and the fixed-shape step, and the batch
+never decodes a row that has ended."""
+
+import pytest
+import torch
+
+import vl
+from tiny_models import save_hf_nemotron
+from vl.runtime.cache import HybridCache
+from vl.runtime.decode_batch import DecodeBatch
+from vl.runtime.generate import generate_steps
+from vl.runtime.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    path, _ = save_hf_nemotron(tmp_path_factory.mktemp("lm"), "hybrid")
+    return vl.load_pretrained(path)
+
+
+def single(lm, ids, n, decode="eager", **kw):
+    return [ev.tokens[0] for ev in generate_steps(lm, input_ids=ids[None], max_new_tokens=n, decode=decode, **kw)]
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_rows_joining_and_leaving_equal_single_runs(lm, decode):
+    g = torch.Generator().manual_seed(0)
+    prompts = {k: torch.randint(3, 128, (n,), generator=g) for k, n in
+               {"a": 9, "b": 5, "c": 30, "d": 7, "e": 12}.items()}
+    budgets = {"a": 14, "b": 4, "c": 9, "d": 6, "e": 3}
+    joins = {0: ["a", "b"], 2: ["c"], 5: ["d", "e"]}  # c: longer than the running length; d, e: shorter
+    batch = DecodeBatch(lm, decode=decode)
+    got = {k: [] for k in prompts}
+    rows_per_step, step = [], 0
+    while True:
+        if step in joins:
+            keys = joins[step]
+            ids = torch.nn.utils.rnn.pad_sequence([prompts[k].flip(0) for k in keys], batch_first=True).flip(1)
+            mask = torch.zeros_like(ids)
+            for r, k in enumerate(keys):
+                mask[r, ids.shape[1] - len(prompts[k]):] = 1
+            batch.join(keys, [budgets[k] for k in keys], input_ids=ids, attention_mask=mask)
+        out = batch.step()
+        if out is None:
+            break
+        rows_per_step.append((len(batch.seqs), len(out)))
+        for k, tok in out.items():
+            got[k].append(tok)
+        step += 1
+    for k in prompts:
+        assert got[k] == single(lm, prompts[k], budgets[k], decode), k
+    assert all(rows == live for rows, live in rows_per_step)  # no dead row is ever decoded
+    assert max(rows for rows, _ in rows_per_step) == 4 and rows_per_step[-1][0] == 1
+
+
+def test_a_row_ended_from_outside_leaves_and_the_others_go_on(lm):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randint(3, 128, (6,), generator=g), torch.randint(3, 128, (11,), generator=g)
+    batch = DecodeBatch(lm)
+    batch.join(["a"], [10], input_ids=a[None])
+    got = {"a": [], "b": []}
+    for step in range(10):
+        if step == 1:
+            batch.join(["b"], [10], input_ids=b[None])
+        if step == 3:
+            batch.finish("a")
+        out = batch.step()
+        for k, tok in out.items():
+            got[k].append(tok)
+    assert len(got["a"]) == 3 and got["a"] == single(lm, a, 3)
+    assert got["b"] == single(lm, b, 9) and batch.live() == ["b"] and len(batch.seqs) == 1
+
+
+def test_repetition_penalty_counts_each_rows_own_tokens(lm):
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randint(3, 128, (8,), generator=g), torch.randint(3, 128, (4,), generator=g)
+    params = SamplingParams(repetition_penalty=1.3)
+    batch = DecodeBatch(lm, params=params)
+    batch.join(["a"], [8], input_ids=a[None], contexts=[a.tolist()])
+    got = {"a": [], "b": []}
+    for step in range(9):
+        if step == 2:
+            batch.join(["b"], [6], input_ids=b[None], contexts=[b.tolist()])
+        for k, tok in (batch.step() or {}).items():
+            got[k].append(tok)
+    assert got["a"] == single(lm, a, 8, params=params)
+    assert got["b"] == single(lm, b, 6, params=params)
+
+
+def test_fixed_shape_compiled_batches_take_no_joiners(lm):
+    batch = DecodeBatch(lm, decode="compiled")
+    batch.join(["a"], [4], input_ids=torch.randint(3, 128, (1, 5)))
+    assert not batch.elastic and not batch.fits([3], [2])
+
+
+def test_fits_bounds_the_padded_length(lm):
+    ctx = lm.config.max_position_embeddings
+    batch = DecodeBatch(lm, context_length=64)
+    assert batch.fits([40], [24]) and not batch.fits([40], [25])
+    batch.join(["a"], [20], input_ids=torch.randint(3, 128, (1, 40)))
+    assert batch.fits([10], [24]) and not batch.fits([10], [25])  # 40 + 24 with the running row's length
+    assert ctx >= 64
+
+
+def test_repack_right_aligns_rows_and_drops_shared_padding(lm):
+    cfg = lm.config
+    a = HybridCache(cfg, 2, 10)
+    a.valid[0, :4] = False  # row 0 holds 6 tokens, row 1 holds 10... after it leaves, 4 columns are padding
+    a.length, a.padded = 10, True
+    for layer in a.layers:
+        for t in (vars(layer).values() if layer is not None else ()):
+            t.copy_(torch.randn_like(t.float()).to(t.dtype))
+    b = HybridCache(cfg, 1, 3)
+    b.length = 3
+    out = HybridCache.repack([(a, [0]), (b, [0])], room=5)
+    assert out.length == 6 and out.max_len == 11 and out.batch_size == 2
+    assert out.valid[0, :6].all() and out.valid[1, :3].logical_not().all() and out.valid[1, 3:6].all()
+    kv = next(i for i, c in enumerate(cfg.pattern) if c == "*")
+    assert torch.equal(out.layers[kv].k[0, :, :6], a.layers[kv].k[0, :, 4:10])
+    assert torch.equal(out.layers[kv].k[1, :, 3:6], b.layers[kv].k[0, :, :3])
+    m = next(i for i, c in enumerate(cfg.pattern) if c == "M")
+    assert torch.equal(out.layers[m].ssm[0], a.layers[m].ssm[0]) and torch.equal(out.layers[m].conv[1], b.layers[m].conv[0])

@@ -1,0 +1,218 @@
+"""The token-level batch that rows join and leave between decode steps (continuous batching).
+
+vLLM's scheduler and TGI's router keep decoding while requests come and go: a request that arrives while
+others decode is prefilled and its row joins the running batch at the next step, and a row that ends leaves at
+once, so the batch never waits for its longest answer and never decodes dead rows. Here the rows share one
+`HybridCache`; joining and leaving rebuild it with `HybridCache.repack` (vl/runtime/cache.py): Mamba state is
+per row and has no length, and the attention layers have no positional encoding, so a row's keys are placed
+right-aligned at the batch's current length with the columns to their left masked (docs/server.md,
+"Batching"). A row's tokens therefore equal its single run, whatever joins or leaves around it.
+
+Fixed-shape compiled steps ("compiled", "cuda-graphs") are captured for one cache shape: there the batch is
+formed once (`elastic` is False), rows that end stay as masked rows until the last one ends, and nothing joins.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vl.errors import GenerationOptionError
+from vl.runtime.cache import HybridCache
+from vl.runtime.generate import _bucket, decode_step, default_prefill_chunk
+from vl.runtime.sampling import SamplingParams, apply_repetition_penalty, sample
+
+ELASTIC_MODES = ("eager", "static")
+
+
+class _Seq:
+    """One row: its key (the caller's name for it), token budget, controller, context and generated ids."""
+
+    __slots__ = ("key", "budget", "controller", "context", "history", "ended")
+
+    def __init__(self, key, budget: int, controller, context: list[int]):
+        self.key, self.budget, self.controller, self.context = key, budget, controller, context
+        self.history: list[int] = []
+        self.ended: str | None = None  # "stop" (a stop id), "length" (its budget), "caller" (`finish`)
+
+    def remaining(self) -> int:
+        return self.budget - len(self.history)
+
+
+class DecodeBatch:
+    """Rows that decode together. `join` prefills new rows (together, left-padded); `step` decodes one token
+    for every running row, first letting ended rows leave and joined rows enter, and returns `{key: token}`;
+    `finish(key)` ends a row from outside (a stop string, a cancel, a deadline)."""
+
+    def __init__(self, lm, *, params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
+                 context_length: int | None = None, decode: str = "eager"):
+        self.lm, self.params, self.decode = lm, params, decode
+        self.context_length = context_length or lm.config.max_position_embeddings
+        self.step_fn = decode_step(lm, decode)  # validates the mode
+        self.static = decode != "eager"
+        self.elastic = decode in ELASTIC_MODES
+        self.stop = frozenset(int(s) for s in stop_ids)
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        self.gen = torch.Generator(device="cpu")
+        if params.seed is not None:
+            self.gen.manual_seed(params.seed)
+        else:
+            self.gen.seed()
+        self.cache: HybridCache | None = None
+        self.seqs: list[_Seq] = []  # one per cache row
+        self.logits = None  # (rows, vocab) to sample from at the next step, when nothing is to be fed
+        self.feed = None  # (rows,) the last sampled tokens, fed at the next step
+        self.pending: list[tuple[HybridCache, torch.Tensor, list[_Seq]]] = []  # prefilled, not yet merged
+        self.pos = None  # fixed-shape steps: the next position as a 0-d tensor
+        self.started = False
+
+    # --- who is in ---------------------------------------------------------------------------------
+    def live(self) -> list:
+        """Keys of the rows that have not ended (running or joined, not yet merged)."""
+        return [s.key for s in self._all() if s.ended is None]
+
+    def _all(self):
+        yield from self.seqs
+        for _, _, seqs in self.pending:
+            yield from seqs
+
+    def fits(self, prompt_lengths: list[int], budgets: list[int]) -> bool:
+        """Whether rows with these prompt lengths and token budgets may join now: the padded length plus the
+        largest remaining budget stays within the context (each row alone fits), so the cache stays bounded."""
+        if not self.elastic and (self.started or self.pending or self.seqs):
+            return False
+        live = [s for s in self._all() if s.ended is None]
+        lengths = list(prompt_lengths) + [c.length for c, _, _ in self.pending]
+        if self.cache is not None and any(s.ended is None for s in self.seqs):
+            lengths.append(self.cache.length + (self.feed is not None))  # the next step adds a position
+        rooms = list(budgets) + [s.remaining() for s in live]
+        return max(lengths) + max(rooms) <= self.context_length
+
+    # --- joining -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def join(self, keys: list, budgets: list[int], *, input_ids=None, inputs_embeds=None, attention_mask=None,
+             contexts: list[list[int]] | None = None, controllers: list | None = None) -> None:
+        """Prefill rows now ((k, t) ids or (k, t, d) embeddings, left-padded with `attention_mask`); they take
+        their first token at the next `step`. `contexts[i]`: the ids the repetition penalty counts as seen."""
+        x = input_ids if inputs_embeds is None else inputs_embeds
+        k, t = x.shape[0], x.shape[1]
+        if not (len(keys) == len(budgets) == k):
+            raise GenerationOptionError(f"{len(keys)} keys and {len(budgets)} budgets for {k} rows")
+        if not self.elastic and (self.started or self.pending or self.seqs):
+            raise GenerationOptionError(f"rows cannot join a running batch under decode={self.decode!r}")
+        cfg, device = self.lm.config, x.device
+        dtype = inputs_embeds.dtype if inputs_embeds is not None else self.lm.backbone.embeddings.weight.dtype
+        alone = not self.seqs and not self.pending  # the cache is this group's: give it its decode room now
+        room = max(budgets) + 1
+        capacity = (_bucket(t + room) if self.static else t + room) if alone else t
+        cache = HybridCache(cfg, k, capacity, dtype=dtype, device=device)
+        if alone and self.decode == "cuda-graphs":
+            for tensor in cache.tensors():
+                torch._dynamo.mark_static_address(tensor)
+        chunk = self.prefill_chunk or default_prefill_chunk(device)
+        logits = None
+        for start in range(0, t, chunk):
+            part = slice(start, start + chunk)
+            logits = self.lm(input_ids=None if inputs_embeds is not None else input_ids[:, part],
+                             inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, part], cache=cache,
+                             attention_mask=None if attention_mask is None else attention_mask[:, part],
+                             logits_to_keep=1).logits[:, -1]
+        seqs = [_Seq(key, int(n), None if controllers is None else controllers[i],
+                     [] if contexts is None else list(contexts[i])) for i, (key, n) in enumerate(zip(keys, budgets))]
+        if alone:
+            self.cache, self.seqs, self.logits, self.feed = cache, seqs, logits, None
+            self._reset_pos()
+        else:
+            self.pending.append((cache, logits, seqs))
+
+    def finish(self, key) -> None:
+        for s in self._all():
+            if s.key == key and s.ended is None:
+                s.ended = "caller"
+
+    def ended(self, key) -> str | None:
+        for s in self._all():
+            if s.key == key:
+                return s.ended
+        return None
+
+    # --- one step ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> dict | None:
+        """Decode one token for every running row -> `{key: token}`; None once no row is left."""
+        if not any(s.ended is None for s in self._all()):
+            return None
+        self.started = True
+        logits = self.logits
+        if self.feed is not None:
+            if self.elastic:
+                self._leave()
+            if self.seqs:
+                logits = self.step_fn(self.feed.to(self.cache.valid.device)[:, None], self.cache, self.pos)
+                if self.static:
+                    self.pos.add_(1)
+                    self.cache.length += 1  # the fixed-shape step does not count positions
+            self.feed = None
+        if self.pending:
+            logits = self._merge(logits)
+        self.logits = None
+        if self.params.repetition_penalty != 1.0:
+            logits = logits.clone()
+            for i, s in enumerate(self.seqs):
+                seen = torch.tensor([s.context + s.history], dtype=torch.long, device=logits.device)
+                logits[i:i + 1] = apply_repetition_penalty(logits[i:i + 1], seen, self.params.repetition_penalty)
+        nxt = sample(logits, self.params, None, self.gen).cpu()
+        out = {}
+        for i, s in enumerate(self.seqs):
+            if s.ended is not None:  # a masked row (fixed-shape batches only): fed, never reported
+                continue
+            tok = int(nxt[i])
+            if s.controller is not None:
+                forced = s.controller.next_forced(s.history)
+                if forced is not None:
+                    tok = forced
+                s.controller.observe(tok)
+            s.history.append(tok)
+            nxt[i] = tok
+            out[s.key] = tok
+            if tok in self.stop:
+                s.ended = "stop"
+            elif not s.remaining():
+                s.ended = "length"
+        self.feed = nxt
+        return out
+
+    def _room(self, seqs) -> int:
+        return max((s.remaining() for s in seqs if s.ended is None), default=0) + 1
+
+    def _leave(self) -> None:
+        """Rows that ended leave the cache (and the columns only they used go with them)."""
+        keep = [i for i, s in enumerate(self.seqs) if s.ended is None]
+        if len(keep) == len(self.seqs):
+            return
+        if not keep:
+            self.cache, self.seqs, self.feed = None, [], None
+            return
+        seqs = [self.seqs[i] for i in keep]
+        self.cache = HybridCache.repack([(self.cache, keep)], self._room(seqs), bucket=self._bucketing())
+        self.seqs, self.feed = seqs, self.feed[keep]
+        self._reset_pos()
+
+    def _merge(self, logits):
+        """Joined rows enter after the running ones; their prefill logits give their first token."""
+        parts = [(self.cache, list(range(len(self.seqs))))] if self.seqs else []
+        parts += [(c, list(range(len(seqs)))) for c, _, seqs in self.pending]
+        seqs = self.seqs + [s for _, _, group in self.pending for s in group]
+        self.cache = HybridCache.repack(parts, self._room(seqs), bucket=self._bucketing())
+        logits = torch.cat(([logits] if self.seqs else []) + [lg for _, lg, _ in self.pending])
+        self.seqs, self.pending = seqs, []
+        self._reset_pos()
+        return logits
+
+    def _bucketing(self):
+        return _bucket if self.static else None
+
+    def _reset_pos(self):
+        if self.static and self.cache is not None:
+            self.pos = torch.tensor(self.cache.length, device=self.cache.valid.device)
