@@ -31,7 +31,7 @@ from vl.errors import (
 )
 from vl.processing.chat import THINK_CLOSE
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
-from vl.runtime.engine import ChatResult, ChatStream, Event, Stats
+from vl.runtime.results import ChatResult, ChatStream, Event, Stats
 
 RETRY_STATUS = {429, 502, 503}
 _MM_KEYS = ("max_num_tiles", "fps", "max_frames", "pages")

@@ -26,6 +26,7 @@ from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.decode_batch import DecodeBatch
 from vl.runtime.generate import check_lengths, left_pad_embeds
 from vl.runtime.reasoning import ReasoningBudget
+from vl.runtime.results import ChatResult, Event, Stats
 from vl.runtime.sampling import SamplingParams
 
 PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
@@ -121,8 +122,6 @@ class _Row:
                                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         if self.budget is not None and self.budget.forced:
             s.notes.append(f"reasoning cut at the budget of {self.request.reasoning_budget} tokens")
-        from vl.runtime.engine import ChatResult
-
         return events, ChatResult(self.text, reasoning, answer, self.ids, s, self.finish, truncated)
 
 
@@ -136,8 +135,6 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
     (`running`: how many requests are in it now; the caller keeps its own limit); they are numbered on from
     `len(requests)` in the order given, prefilled, and decode alongside the others from the next step
     (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once."""
-    from vl.runtime.engine import Event
-
     for r in requests:
         r.validate()
     with engine._lock:
@@ -182,8 +179,6 @@ def _prepare(engine, i: int, req: ChatRequest, t0: float, raise_errors: bool):
                                                work=Work(req.cancel, req.progress), **req.processor)
         check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
     except StoppedError:  # stopped before the first token: nothing was generated
-        from vl.runtime.engine import ChatResult, Stats
-
         stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])
         yield i, ChatResult("", "", "", [], stats, "cancelled")
         return None

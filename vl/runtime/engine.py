@@ -11,7 +11,6 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -19,56 +18,11 @@ import torch
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.progress import Work
 from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
+from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.generate import decode_step
 from vl.runtime.placement import execution_device
 from vl.runtime.sampling import SamplingParams
 
-
-
-@dataclass
-class Event:
-    kind: str  # "reasoning" | "answer"
-    text: str
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0  # tokens the LLM prefilled (after token reduction)
-    vision_tokens_before: int = 0
-    vision_tokens_after: int = 0
-    new_tokens: int = 0
-    time_to_first_token_s: float = 0.0
-    decode_tokens_per_s: float = 0.0
-    total_s: float = 0.0
-    peak_memory_bytes: int = 0  # CUDA: max allocated in this call; CPU: the process's peak RSS so far
-    vision_cache_hits: int = 0
-    notes: list[str] = field(default_factory=list)
-    reductions: list[dict] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # not what a caller attached (tensors)
-
-
-@dataclass
-class ChatResult:
-    text: str  # the whole completion as generated (reasoning, `</think>`, answer)
-    reasoning: str
-    answer: str
-    token_ids: list[int]
-    stats: Stats
-    finish_reason: str  # "stop" | "length" | "stop_string" | "cancelled" | "timeout"
-    reasoning_truncated: bool = False  # generation ended inside the think block: no answer
-
-
-class ChatStream:
-    """Iterator of `Event`s; `.result` holds the `ChatResult` once the iteration has finished."""
-
-    def __init__(self, gen):
-        self._gen, self.result = gen, None
-
-    def __iter__(self):
-        self.result = yield from self._gen
-        return self.result
 
 
 class Engine:

@@ -29,7 +29,7 @@ from vl.errors import (
     ServerUnavailableError,
     VLError,
 )
-from vl.runtime.engine import ChatResult
+from vl.runtime.results import ChatResult
 from vl.server import responses as R
 from vl.server.media import MediaPolicy
 from vl.server.request import Ceilings, parse_chat_request
