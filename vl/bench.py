@@ -29,7 +29,7 @@ import torch
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import upcast_16bit_matmuls
+from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams
 
@@ -125,6 +125,7 @@ def build_pair(cfg: LMConfig, dtype, device="cpu"):
     hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
     ours = ours.to(device, dtype)
     upcast_16bit_matmuls(ours)  # as vl.load_pretrained does
+    gemv_decode_linears(ours)
     return ours, hf.to(device, dtype)
 
 

@@ -110,8 +110,13 @@ class Kernel:
         lib.vl_gemv_isa.restype = i
         lib.vl_gemv_bf16_dot.restype = i
         self.bf16_dot = bool(lib.vl_gemv_bf16_dot())  # FP8 with bf16 activations takes them as bf16
+        lib.vl_dense_gemv.argtypes = [p, i, i, p, i, i, p, i]
+        lib.vl_dense_gemv.restype = None
+        lib.vl_dense_bf16_native.restype = i
+        self.dense_bf16 = bool(lib.vl_dense_bf16_native())
         self.lib, self.path = lib, path
         self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
+        self.dense_fp32 = self.isa == "avx512"  # the portable fp32 loop is no faster than torch's
 
     def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
         """x (M, K) contiguous (float32, or bfloat16 with round_bf16), w8 (N, K) float8_e4m3fn, scale float32
@@ -126,6 +131,17 @@ class Kernel:
             rows = min(KERNEL_ROWS, m - r)
             self.lib.vl_fp8_gemv(x[r].data_ptr(), rows, k, w8.data_ptr(), n, scale.data_ptr(), SCALE_KIND[kind],
                                  int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
+        return y
+
+    def dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (M, K), w (N, K), both bf16 or both float32, contiguous -> (M, N) float32 (float32 accumulation)."""
+        m, k = x.shape
+        n = w.shape[0]
+        y = torch.empty(m, n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for r in range(0, m, KERNEL_ROWS):
+            self.lib.vl_dense_gemv(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, w.data_ptr(), n,
+                                   int(w.dtype == torch.bfloat16), y[r].data_ptr(), threads)
         return y
 
     def nvfp4(self, x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
@@ -171,7 +187,7 @@ def kernel() -> Kernel | None:
 @functools.cache
 def _warn_once(why: str) -> None:
     log.warning("vl.quant: fused CPU FP8/NVFP4 kernel unavailable (%s); weight-only layers dequantize per "
-                "call (correct, slower). Install g++ to enable it.", why)
+                "call (correct, slower).", why)
 
 
 def status() -> str:
