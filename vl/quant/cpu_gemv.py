@@ -105,7 +105,7 @@ class Kernel:
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         lib.vl_fp8_gemv.argtypes = [p, i, i, p, i, p, i, i, i, p, i]
         lib.vl_fp8_gemv.restype = None
-        lib.vl_nvfp4_gemv.argtypes = [p, i, i, p, p, f, i, i, p, i]
+        lib.vl_nvfp4_gemv.argtypes = [p, i, i, p, p, f, i, i, i, p, i]
         lib.vl_nvfp4_gemv.restype = None
         lib.vl_gemv_isa.restype = i
         lib.vl_gemv_bf16_dot.restype = i
@@ -146,16 +146,18 @@ class Kernel:
 
     def nvfp4(self, x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
               round_bf16: bool):
-        """x (M, K) float32 contiguous, packed (N, K/2) uint8, block_scale (N, K/16) e4m3 -> (M, N) float32."""
+        """x (M, K) contiguous (float32, or bfloat16 with round_bf16), packed (N, K/2) uint8, block_scale (N, K/16)
+        e4m3 -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
         m, k = x.shape
         n = packed.shape[0]
-        x = x.float().contiguous()
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
         for r in range(0, m, KERNEL_ROWS):
             rows = min(KERNEL_ROWS, m - r)
             self.lib.vl_nvfp4_gemv(x[r].data_ptr(), rows, k, packed.data_ptr(), block_scale.data_ptr(),
-                                   global_scale, n, int(round_bf16), y[r].data_ptr(), threads)
+                                   global_scale, n, int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
         return y
 
 
