@@ -42,7 +42,9 @@ def _init_dense(self, *args, **kwargs):
         hp["hybrid_override_pattern"] = raw["hybrid_override_pattern"]
     pat = hp.get("hybrid_override_pattern") or hp.get("layers_block_type") or "E"
     if not ("E" in pat if isinstance(pat, str) else "moe" in pat):
-        hp.pop("num_experts_per_tok", None)
+        for key in ("num_experts_per_tok", "n_routed_experts", "num_local_experts", "num_experts", "n_shared_experts",
+                    "n_group", "topk_group"):
+            hp.pop(key, None)
     _init(self, *args, hparams=hp, **kwargs)
 NemotronHModel.__init__ = _init_dense
 sys.argv[0] = root + "/convert_hf_to_gguf.py"
