@@ -399,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
                    "it needs torch, numpy, safetensors and transformers)")
     p.add_argument("--work-dir", default=None, help="where GGUF files are written (default: a temporary folder, "
                    "removed at the end)")
+    p.add_argument("--geometry", default=None, help="instead of the tables: a released-size model with random "
+                   "weights streamed to disk in --format (nano-12b-v2-vl): load time, peak RSS, prefill at the first "
+                   "--prefill length, decode after the first --decode-ctx, decode vs a copy kernel's bandwidth")
+    p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="checkpoint format for --geometry")
+    p.add_argument("--keep", action="store_true", help="--geometry: keep the written checkpoint in --work-dir")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.threads:
@@ -406,6 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
         a.decode = a.decode or "eager"
+    if a.geometry:
+        from vl import bench_geometry
+
+        if a.geometry not in bench_geometry.GEOMETRIES:
+            p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
+        r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
+                               decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
+                               repeats=a.repeats, keep=a.keep, log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
+        print(bench_geometry.format_result(r))
+        if a.json:
+            text = json.dumps(r, indent=2)
+            print(text) if a.json == "-" else Path(a.json).write_text(text)
+        return 0
     rows = []
     formats = tuple(f for f in a.formats.split(",") if f)
     llama, llama_note = None, ""
