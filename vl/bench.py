@@ -9,7 +9,15 @@ runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits bo
   `generate`), greedy: the prefill never enters the figure, so no noisy subtraction of two timings;
 - roofline: every weight matrix of the model multiplied once by one token, back to back (the bandwidth-bound
   floor of a decode step) against the measured time per token;
-- cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model.
+- cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model;
+- `--formats fp8,nvfp4`: the same weights quantized as `vl quantize` writes them and loaded as a user loads them
+  (auto: weight-only on the CPU, decode through the fused kernels of docs/quant_cpu_kernels.md), in the same
+  rounds, with their resident bytes;
+- `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0, one
+  repetition per round in the same rotation (docs/bench_llama_cpp.md);
+- `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
+  (vl/bench_geometry.py).
+Each row carries its spread, (max - min) / median of its repeats; the CPU's vector ISA is printed with the table.
 """
 
 from __future__ import annotations

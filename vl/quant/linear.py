@@ -10,7 +10,8 @@ an older GPU unless "native" was asked for explicitly):
 - "dequantize":  expand once to `compute_dtype`; the result is a plain nn.Linear (BF16-sized memory).
 - "weight-only": keep packed FP8 / FP4 weights + scales resident; dequantize per forward in the
                  activation dtype (an NVFP4 model holds ~1/4 of its BF16 weight bytes). The pure-torch
-                 reference path and the CPU default.
+                 reference path and the CPU default; on the CPU, products of up to 16 rows (decode) run the
+                 fused dequantize + dot kernel of vl/quant/cpu_gemv.py instead (same weights, float32 sums).
 - "native":      FP8 through `torch._scaled_mm` (CUDA capability >= 8.9, per-tensor scales); raises
                  QuantUnavailableError when that is not possible. Native NVFP4 GEMM is not implemented.
 - "auto":        per forward, native FP8 when the input is on a capable GPU, else weight-only.
@@ -327,7 +328,8 @@ def _mode_notice(mode: str, fmts: set[str], n: int, emulate: bool) -> str:
     if mode == "dequantize":
         parts.append("dequantized once to plain Linear weights (full-size memory)")
     elif mode == "weight-only":
-        parts.append("weight-only: packed weights stay resident and are dequantized per forward")
+        parts.append("weight-only: packed weights stay resident; few-row products (decode) run the fused CPU "
+                     "kernel where it builds, others dequantize per forward")
     elif mode == "native":
         parts.append("native: FP8 torch._scaled_mm (errors if the device cannot)")
     else:
