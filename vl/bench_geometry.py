@@ -58,7 +58,8 @@ def _entries(cfg, fmt: str):
             else:
                 out += [(name, torch.uint8, (o, i // 2), "nvfp4"),
                         (f"{mod}.weight_scale", torch.float8_e4m3fn, (o, i // 16), "nvfp4_scale"),
-                        (f"{mod}.weight_scale_2", torch.float32, (), "s2"), (f"{mod}.input_scale", torch.float32, (), "s2")]
+                        (f"{mod}.weight_scale_2", torch.float32, (), "s2"),
+                        (f"{mod}.input_scale", torch.float32, (), "s2")]
         else:
             out.append((name, torch.bfloat16, tuple(t.shape), "dense"))
     return out, sorted(quant)

@@ -144,7 +144,7 @@ class QuantizedLinear(nn.Module):
             x = self._fake_quant_input(x)
         rows = x.numel() // self.in_features if self.in_features else 0
         if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= cpu_gemv.MAX_ROWS
-                and not torch.compiler.is_compiling()):
+                and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)):
             kern = cpu_gemv.kernel()
             if kern is not None:  # few rows (decode): read the packed bytes once (vl/quant/cpu_gemv.py)
                 x2 = x.reshape(rows, self.in_features)  # the kernel wrapper casts as it needs

@@ -68,9 +68,9 @@ def upcast_16bit_matmuls(model: nn.Module) -> int:
 def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // w.shape[1] if w.shape[1] else 0
+    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     if (0 < rows <= cpu_gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-            and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-            and w.is_contiguous()):
+            and not torch.compiler.is_compiling() and not grad and w.is_contiguous()):
         kern = cpu_gemv.kernel()
         if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
             y = kern.dense(x.reshape(rows, w.shape[1]).contiguous(), w)
