@@ -256,8 +256,7 @@ def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str
         return "native", f"requested; FP8 torch._scaled_mm ({why})"
     # auto
     if dev.type != "cuda":
-        return "weight-only", (f"auto on {dev.type}: no FP8/FP4 tensor cores, packed weights are dequantized per "
-                               "layer in forward")
+        return "weight-only", f"auto on {dev.type}: no FP8/FP4 tensor cores; {_RESIDENT}"
     if fmts == {"fp8"} and ok:
         return "auto", f"auto: FP8 torch._scaled_mm where the layer allows it ({why}), weight-only elsewhere"
     reason = why if "fp8" in fmts and not ok else "native NVFP4 GEMM is not implemented"
