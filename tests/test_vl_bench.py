@@ -18,3 +18,36 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
 def test_hybrid_cache_is_a_fraction_of_an_all_attention_cache():
     r = cache_bytes(CONFIGS["180m"](), 32768)
     assert r["ratio"] <= 0.2  # issue 5: the hybrid cache at 32k is at most 1/5 of an all-attention model's
+
+
+def test_bench_formats_and_a_missing_llama_cpp(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--configs", "tiny", "--dtypes", "bf16", "--formats", "fp8,nvfp4", "--llama-cpp",
+                 str(tmp_path / "no-llama"), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    fmt_rows = [r for r in rows if r.get("format")]
+    assert {r["format"] for r in fmt_rows} == {"fp8", "nvfp4"}
+    dec = {r["format"]: r for r in fmt_rows if r["metric"].startswith("decode")}
+    # resident weights: the packed Linears hold 1 byte (FP8) / 0.5 byte + a scale per 16 (NVFP4) per weight
+    assert dec["fp8"]["packed_bytes"] / dec["fp8"]["packed_as_bf16_bytes"] < 0.51
+    assert dec["nvfp4"]["packed_bytes"] / dec["nvfp4"]["packed_as_bf16_bytes"] < 0.29
+    assert dec["nvfp4"]["resident_bytes"] < dec["fp8"]["resident_bytes"] < dec["fp8"]["dense_resident_bytes"]
+    text = capsys.readouterr()
+    assert "llama.cpp skipped: no executable llama-bench" in text.out + text.err
+
+
+def test_llama_cpp_runner_reads_llama_bench_json(tmp_path):
+    """The llama-bench call and its JSON, with a stand-in executable (the real one is measured by `vl bench`)."""
+    from vl.bench_llama_cpp import LlamaCpp
+
+    (tmp_path / "build" / "bin").mkdir(parents=True)
+    fake = tmp_path / "build" / "bin" / "llama-bench"
+    fake.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\n"
+                    "echo '[{\"n_prompt\": 0, \"n_gen\": 16, \"n_depth\": 128, \"avg_ts\": 42.5}]'\n")
+    fake.chmod(0o755)
+    (tmp_path / "convert_hf_to_gguf.py").write_text("")
+    lc = LlamaCpp(tmp_path)
+    assert lc.tokens_per_s(tmp_path / "m.gguf", gen=16, depth=128, threads=2) == 42.5
+    args = (tmp_path / "build" / "bin" / "args").read_text().split()
+    assert args[args.index("-d") + 1] == "128" and args[args.index("-t") + 1] == "2"
+    assert args[args.index("-p") + 1] == "0" and args[args.index("-n") + 1] == "16"

@@ -9,7 +9,15 @@ runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits bo
   `generate`), greedy: the prefill never enters the figure, so no noisy subtraction of two timings;
 - roofline: every weight matrix of the model multiplied once by one token, back to back (the bandwidth-bound
   floor of a decode step) against the measured time per token;
-- cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model.
+- cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model;
+- `--formats fp8,nvfp4`: the same weights quantized as `vl quantize` writes them and loaded as a user loads them
+  (auto: weight-only on the CPU, decode through the fused kernels of docs/quant_cpu_kernels.md), in the same
+  rounds, with their resident bytes;
+- `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0, one
+  repetition per round in the same rotation (docs/bench_llama_cpp.md);
+- `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
+  (vl/bench_geometry.py).
+Each row carries its spread, (max - min) / median of its repeats; the CPU's vector ISA is printed with the table.
 """
 
 from __future__ import annotations
@@ -17,16 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import upcast_16bit_matmuls
+from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams
 
@@ -76,6 +87,19 @@ class PeakRSS:
         self.thread.join()
 
 
+def cpu_isa() -> str:
+    """The vector ISA speed figures depend on: torch's CPU capability and the AVX512 / AMX flags of this CPU."""
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = {f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx"))}
+                break
+    except OSError:
+        pass
+    return f"torch {torch.backends.cpu.get_cpu_capability()}; " + (" ".join(sorted(flags)) or "no AVX512/AMX")
+
+
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -109,6 +133,7 @@ def build_pair(cfg: LMConfig, dtype, device="cpu"):
     hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
     ours = ours.to(device, dtype)
     upcast_16bit_matmuls(ours)  # as vl.load_pretrained does
+    gemv_decode_linears(ours)
     return ours, hf.to(device, dtype)
 
 
@@ -202,13 +227,30 @@ def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
 
 
 def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(128, 4096), new_tokens=32,
-             repeats=3, device="cpu", decode_modes=("eager",)) -> list[dict]:
+             repeats=3, device="cpu", decode_modes=("eager",), formats=(), llama=None, gguf=None) -> list[dict]:
+    """Rows for one config and dtype. `formats` (fp8, nvfp4): the same weights quantized as `vl quantize` does and
+    loaded as a user loads them (auto: weight-only on the CPU), timed in the same interleaved runs. `llama`: a
+    `bench_llama_cpp.LlamaCpp` and `gguf` {kind: path} of these weights; its llama-bench runs join the rotation."""
     cfg = CONFIGS[name]()
     dtype = DTYPES[dtype_name]
     ours, hf = build_pair(cfg, dtype, device)
     params = sum(p.numel() for p in ours.parameters())
     rows = []
     gen = torch.Generator().manual_seed(0)
+    quant = {}
+    if formats:
+        from vl.quant.bench import quantized_copy
+        from vl.quant.linear import QuantizedLinear, resident_weight_bytes
+
+        calib = torch.randint(3, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)).to(device)
+        for fmt in formats:
+            quant[fmt] = quantized_copy(ours, fmt, calib)
+    peers = {}  # label -> gguf kind: llama.cpp at this dtype, and its q8_0 next to our fp8 (bf16 pass only)
+    if llama is not None and gguf:
+        peers = {f"llama.cpp {GGUF_NAMES[dtype_name]}": dtype_name}
+        if dtype_name == "bf16" and "q8_0" in gguf:
+            peers["llama.cpp q8_0"] = "q8_0"
+    threads = torch.get_num_threads()
     for t in prefill:
         ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen).to(device)
         with PeakRSS(device) as m_ours:
@@ -218,22 +260,40 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         fns = {"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}
         if t == 2048:  # the SSD scan's share of prefill (issue 2): the scan alone x the number of Mamba layers
             fns["ssd_ours"], fns["ssd_hf"] = ssd_scan_fns(cfg, t, device)
+        for fmt, qm in quant.items():
+            fns[fmt] = lambda qm=qm: our_prefill(qm, ids)
+        for label, kind in peers.items():
+            fns[label] = lambda kind=kind: t / llama.tokens_per_s(gguf[kind], prompt=t, threads=threads)
         times = interleaved(fns, repeats)
         o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
         row = dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
                    ours=t / o, transformers=t / h, ratio=h / o,
-                   ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak)
+                   ours_peak_rss=m_ours.peak, transformers_peak_rss=m_hf.peak, spread=_spread(times["ours"]))
         if "ssd_ours" in times:
             layers = len(cfg.mamba_layers)
             row["ours_ssd_share"] = min(1.0, layers * statistics.median(times["ssd_ours"]) / o)
             row["transformers_ssd_share"] = min(1.0, layers * statistics.median(times["ssd_hf"]) / h)
         rows.append(row)
+        for fmt in quant:
+            q = statistics.median(times[fmt])
+            rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t} ({fmt})",
+                             format=fmt, ours=t / q, transformers=t / h, ratio=h / q, vs_ours=o / q,
+                             spread=_spread(times[fmt])))
+        for label in peers:
+            p_ = statistics.median(times[label])
+            rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
+                             ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, spread=_spread(times[label])))
     floor = weight_matmuls(ours)
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
         fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens), "floor": floor}
         for mode in decode_modes:
             fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)
+        for fmt, qm in quant.items():
+            fns[fmt] = lambda qm=qm: our_decode_s(qm, ids, new_tokens, "eager")
+        for label, kind in peers.items():
+            fns[label] = lambda kind=kind: 1 / llama.tokens_per_s(gguf[kind], gen=new_tokens, depth=ctx,
+                                                                  threads=threads)
         times = interleaved(fns, repeats)
         h = statistics.median(times["hf"])
         fl = statistics.median(times["floor"])
@@ -242,20 +302,59 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
             row = dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
                        ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
-                       ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl)
+                       ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl, spread=_spread(times[mode]))
             if torch.device(device).type == "cuda":  # achieved weight bandwidth: every weight read once per token
                 weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
                 row["ours_weight_GBps"] = weight_bytes / o / 1e9
             rows.append(row)
+        base = statistics.median(times[decode_modes[0]])
+        for fmt, qm in quant.items():
+            q = statistics.median(times[fmt])
+            packed = sum(resident_weight_bytes(m) for m in qm.modules() if isinstance(m, QuantizedLinear))
+            as_bf16 = sum(2 * m.in_features * m.out_features for m in qm.modules() if isinstance(m, QuantizedLinear))
+            rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx} ({fmt})",
+                             format=fmt, ours=1 / q, transformers=1 / h, ratio=h / q, vs_ours=base / q,
+                             ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
+                             dense_resident_bytes=resident_weight_bytes(ours), packed_bytes=packed,
+                             packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt])))
+        for label in peers:
+            p_ = statistics.median(times[label])
+            for mode in decode_modes:
+                ref = statistics.median(times[mode])
+                rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label, ours_mode=mode,
+                                 metric=f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})"),
+                                 ours=1 / ref, peer_tok_s=1 / p_, ratio=p_ / ref, spread=_spread(times[label])))
+            for fmt in quant:
+                q = statistics.median(times[fmt])
+                rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label,
+                                 metric=f"decode tok/s after {ctx} ({fmt})", ours=1 / q, peer_tok_s=1 / p_,
+                                 ratio=p_ / q, spread=_spread(times[fmt])))
     return rows
+
+
+GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
+
+
+def _spread(seconds: list[float]) -> float:
+    """(max - min) / median of one measurement's repeats: how noisy the machine was."""
+    return (max(seconds) - min(seconds)) / statistics.median(seconds) if seconds else float("nan")
 
 
 def format_table(rows: list[dict]) -> str:
     head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
     lines = [head, "-" * len(head)]
+    peer_rows = [r for r in rows if "peer" in r]
     for r in rows:
+        if "peer" in r:
+            continue
         note = ""
-        if "roofline_tok_s" in r:
+        if "format" in r:
+            note = f"{r['vs_ours']:.2f}x our {r['dtype']} ({r.get('ours_mode', 'eager')})"
+            if "resident_bytes" in r:
+                note += (f"; weights {r['resident_bytes'] / 2**20:.0f} MiB vs {r['dense_resident_bytes'] / 2**20:.0f} "
+                         f"MiB, packed Linears {r['packed_bytes'] / 2**20:.0f} MiB = "
+                         f"{r['packed_bytes'] / r['packed_as_bf16_bytes']:.3f} of their BF16")
+        elif "roofline_tok_s" in r:
             note = (f"roofline {r['roofline_tok_s']:.1f} tok/s; ours {r['ours_vs_roofline']:.2f}x, "
                     f"transformers {r['transformers_vs_roofline']:.2f}x of it")
             if "ours_weight_GBps" in r:
@@ -269,8 +368,17 @@ def format_table(rows: list[dict]) -> str:
                          f"{r['all_attention_bytes'] / 2**20:>12.1f}M {r['ratio']:>7.3f}  all-attention model of "
                          f"the same size = the reference")
             continue
+        if "spread" in r:
+            note = f"spread {r['spread']:.0%}; " + note
         lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
                      f"{r['ratio']:>6.2f}x  {note}")
+    if peer_rows:
+        head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<16} {'peer tok/s':>10} {'ratio':>7}"
+        lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours):", head,
+                  "-" * len(head)]
+        for r in peer_rows:
+            lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<16} "
+                         f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}")
     return "\n".join(lines)
 
 
@@ -290,6 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/quant/bench.py): resident "
                    "weight bytes, decode tok/s per mode, logit error and greedy agreement against BF16")
     p.add_argument("--quant-only", action="store_true", help="only the FP8 / NVFP4 table")
+    p.add_argument("--formats", default="", help="also time our FP8 / NVFP4 weight-only decode and prefill on "
+                   "the same weights: comma list of fp8, nvfp4 (e.g. --formats fp8,nvfp4)")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR", help="a llama.cpp source tree with a cmake build "
+                   "(DIR/build/bin/llama-bench): convert the same weights to GGUF f32/bf16/q8_0 with its "
+                   "convert_hf_to_gguf.py and time its llama-bench in the same rounds")
+    p.add_argument("--llama-cpp-python", default=None, help="Python that runs the converter (default: this one; "
+                   "it needs torch, numpy, safetensors and transformers)")
+    p.add_argument("--work-dir", default=None, help="where GGUF files are written (default: a temporary folder, "
+                   "removed at the end)")
+    p.add_argument("--geometry", default=None, help="instead of the tables: a released-size model with random "
+                   "weights streamed to disk in --format (nano-12b-v2-vl): load time, peak RSS, prefill at the first "
+                   "--prefill length, decode after the first --decode-ctx, decode vs a copy kernel's bandwidth")
+    p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="checkpoint format for --geometry")
+    p.add_argument("--keep", action="store_true", help="--geometry: keep the written checkpoint in --work-dir")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.threads:
@@ -297,18 +419,65 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
         a.decode = a.decode or "eager"
+    if a.geometry:
+        from vl import bench_geometry
+
+        if a.geometry not in bench_geometry.GEOMETRIES:
+            p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
+        r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
+                               decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
+                               repeats=a.repeats, keep=a.keep, log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
+        print(bench_geometry.format_result(r))
+        if a.json:
+            text = json.dumps(r, indent=2)
+            print(text) if a.json == "-" else Path(a.json).write_text(text)
+        return 0
     rows = []
-    for name in ([] if a.quant_only else a.configs.split(",")):
-        for dt in a.dtypes.split(","):
-            print(f"[vl bench] measuring {name} {dt} (the table prints when every run is done)", file=sys.stderr,
-                  flush=True)
-            rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
-                             [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
-                             tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda") else "eager,compiled"))
-                                   .split(",")))
-        rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
+    formats = tuple(f for f in a.formats.split(",") if f)
+    llama, llama_note = None, ""
+    if a.llama_cpp:
+        from vl.bench_llama_cpp import LlamaCpp
+
+        try:
+            llama = LlamaCpp(a.llama_cpp, a.llama_cpp_python)
+            llama_note = f"llama.cpp: {llama.bench} ({llama.version()})"
+        except (FileNotFoundError, OSError, subprocess.SubprocessError) as e:
+            llama_note = f"llama.cpp skipped: {e}"
+    else:
+        llama_note = "llama.cpp not measured (point --llama-cpp DIR at a llama.cpp build to add it)"
+    print(f"[vl bench] {llama_note}", file=sys.stderr, flush=True)
+    work = tempfile.TemporaryDirectory(prefix="vl-bench-") if a.work_dir is None else None
+    try:
+        for name in ([] if a.quant_only else a.configs.split(",")):
+            gguf = None
+            if llama is not None:
+                print(f"[vl bench] converting {name} to GGUF with {llama.convert}", file=sys.stderr, flush=True)
+                _, hf32 = build_pair(CONFIGS[name](), torch.float32)
+                dest = Path(work.name if work else a.work_dir) / name
+                dest.mkdir(parents=True, exist_ok=True)
+                kinds = tuple(k for k in ("fp32", "bf16") if k in a.dtypes.split(",")) + ("q8_0",)
+                gguf = llama.export(hf32, CONFIGS[name]().pattern, dest, kinds)
+                del hf32
+            for dt in a.dtypes.split(","):
+                print(f"[vl bench] measuring {name} {dt} (the table prints when every run is done)", file=sys.stderr,
+                      flush=True)
+                rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
+                                 [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
+                                 tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda")
+                                                     else "eager,compiled")).split(",")),
+                                 formats=formats, llama=llama, gguf=gguf)
+            rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
+    finally:
+        if work is not None:
+            work.cleanup()
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
-    print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs")
+    print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
+    if formats:
+        from vl.quant import cpu_gemv
+
+        print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")
+    print(llama_note)
     if rows:
         print(format_table(rows))
     if a.quant or a.quant_only:

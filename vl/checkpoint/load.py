@@ -101,9 +101,10 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     model.checkpoint_dir = str(directory)
     model.config_notes = notes
     model.quantization = qload
-    from vl.runtime.cpu_matmul import upcast_16bit_matmuls
+    from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
+    gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         from vl.runtime.placement import place
 

@@ -228,6 +228,10 @@ def _target_device(device_map) -> torch.device:
     return torch.device(device_map)
 
 
+_RESIDENT = ("packed weights stay resident (decode: the fused CPU kernel where it builds, docs/quant_cpu_kernels.md; "
+             "otherwise dequantized per layer in forward)")
+
+
 def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str, str]:
     """(module mode, why) for the quantized Linears of a checkpoint with formats `fmts` placed by `device_map`."""
     from vl.quant.linear import native_fp8_support
@@ -239,7 +243,7 @@ def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str
     if requested == "dequantize":
         return "dequantize", "requested; weights expanded once at load to the compute dtype (full-size memory)"
     if requested == "weight-only":
-        return "weight-only", "requested; packed weights stay resident and are dequantized per layer in forward"
+        return "weight-only", f"requested; {_RESIDENT}"
     if requested == "native":
         if "nvfp4" in fmts:
             raise QuantUnavailableError(
@@ -252,12 +256,11 @@ def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str
         return "native", f"requested; FP8 torch._scaled_mm ({why})"
     # auto
     if dev.type != "cuda":
-        return "weight-only", (f"auto on {dev.type}: no FP8/FP4 tensor cores, packed weights are dequantized per "
-                               "layer in forward")
+        return "weight-only", f"auto on {dev.type}: no FP8/FP4 tensor cores; {_RESIDENT}"
     if fmts == {"fp8"} and ok:
         return "auto", f"auto: FP8 torch._scaled_mm where the layer allows it ({why}), weight-only elsewhere"
     reason = why if "fp8" in fmts and not ok else "native NVFP4 GEMM is not implemented"
-    return "weight-only", f"auto: {reason}; packed weights are dequantized per layer in forward"
+    return "weight-only", f"auto: {reason}; {_RESIDENT}"
 
 
 def native_blockers(specs: dict[str, LinearQuantSpec]) -> list[str]:

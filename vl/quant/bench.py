@@ -287,3 +287,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@torch.no_grad()
+def quantized_copy(model: nn.Module, fmt: str, calib_ids: torch.Tensor, mode: str = "auto") -> nn.Module:
+    """A Nemotron-H LM with `model`'s weights as `vl quantize --format fmt` writes them (ModelOpt per-tensor FP8
+    or NVFP4 with static input scales from a calibration pass on `calib_ids`, lm_head left in high precision)
+    and swapped in as a user's load does (`mode` auto: weight-only on the CPU). Compute dtype = model's dtype."""
+    import copy
+
+    from vl.quant.export import collect_input_amax, exclude_patterns, quantizable_linear_names, quantize_state_dict
+    from vl.quant.linear import swap_quantized_linears
+    from vl.quant.ptq import FORMATS
+
+    dtype = next(model.parameters()).dtype
+    names = quantizable_linear_names(model, exclude_patterns())
+    amax = collect_input_amax(model, lambda: model(calib_ids))
+    sd = {k: v.float() for k, v in model.state_dict().items()}
+    q = quantize_state_dict(sd, names, FORMATS[fmt], amax)
+    out = copy.deepcopy(model)
+    rep = swap_quantized_linears(out, q, mode, compute_dtype=dtype)
+    out.load_state_dict({k: v.to(dtype) for k, v in q.items() if k not in rep.consumed_keys}, strict=False)
+    return out

@@ -10,7 +10,8 @@ an older GPU unless "native" was asked for explicitly):
 - "dequantize":  expand once to `compute_dtype`; the result is a plain nn.Linear (BF16-sized memory).
 - "weight-only": keep packed FP8 / FP4 weights + scales resident; dequantize per forward in the
                  activation dtype (an NVFP4 model holds ~1/4 of its BF16 weight bytes). The pure-torch
-                 reference path and the CPU default.
+                 reference path and the CPU default; on the CPU, products of up to 16 rows (decode) run the
+                 fused dequantize + dot kernel of vl/quant/cpu_gemv.py instead (same weights, float32 sums).
 - "native":      FP8 through `torch._scaled_mm` (CUDA capability >= 8.9, per-tensor scales); raises
                  QuantUnavailableError when that is not possible. Native NVFP4 GEMM is not implemented.
 - "auto":        per forward, native FP8 when the input is on a capable GPU, else weight-only.
@@ -30,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vl.errors import CheckpointError, ConfigError
+from vl.quant import cpu_gemv
 from vl.quant.config import (
     QUANT_SUFFIXES,
     LinearQuantSpec,
@@ -134,9 +136,23 @@ class QuantizedLinear(nn.Module):
         return False, f"native {self.fmt.upper()} GEMM is not implemented"
 
     # --- shared -----------------------------------------------------------------------------------
+    def _fused_gemv(self, x2, kern, round_bf16):  # -> (M, out) float32, or None when this layer cannot
+        return None
+
     def _weight_only(self, x):
         if self.emulate_activations:
             x = self._fake_quant_input(x)
+        rows = x.numel() // self.in_features if self.in_features else 0
+        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= cpu_gemv.MAX_ROWS
+                and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)):
+            kern = cpu_gemv.kernel()
+            if kern is not None:  # few rows (decode): read the packed bytes once (vl/quant/cpu_gemv.py)
+                x2 = x.reshape(rows, self.in_features)  # the kernel wrapper casts as it needs
+                y = self._fused_gemv(x2, kern, x.dtype == torch.bfloat16)
+                if y is not None:
+                    if self.bias is not None:
+                        y = y + self.bias.float()
+                    return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         w = self.dequantized_weight(x.dtype)  # (out, in)
         b = self.bias.to(x.dtype) if self.bias is not None else None
         return F.linear(x, w, b)
@@ -224,6 +240,18 @@ class FP8Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_fp8_activation(x, self.input_scale)
 
+    def _fused_gemv(self, x2, kern, round_bf16):
+        w = self.weight
+        key = (w.data_ptr(), w.dtype, w.device)
+        if getattr(self, "_fused_key", None) != key:  # once per loaded weight: can the kernel decode it exactly?
+            self._fused_key = key
+            self._fused_ok = (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
+                              and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any()))  # NaN codes: reference
+        if not self._fused_ok:
+            return None
+        scale = self.weight_scale.float().contiguous()
+        return kern.fp8(x2, w, scale, self.granularity or "tensor", round_bf16)
+
     def _native_ok(self, x):
         ok, why = native_fp8_support(x.device)
         if not ok:
@@ -278,6 +306,12 @@ class NVFP4Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
 
+    def _fused_gemv(self, x2, kern, round_bf16):
+        w, s = self.weight, self.weight_scale
+        if not (w.device.type == "cpu" and w.is_contiguous() and s.is_contiguous() and self.in_features % 16 == 0):
+            return None
+        return kern.nvfp4(x2, w, s, float(self.weight_scale_2), round_bf16)
+
 
 _MODULE_FOR = {"fp8": FP8Linear, "nvfp4": NVFP4Linear}
 
@@ -294,7 +328,8 @@ def _mode_notice(mode: str, fmts: set[str], n: int, emulate: bool) -> str:
     if mode == "dequantize":
         parts.append("dequantized once to plain Linear weights (full-size memory)")
     elif mode == "weight-only":
-        parts.append("weight-only: packed weights stay resident and are dequantized per forward")
+        parts.append("weight-only: packed weights stay resident; few-row products (decode) run the fused CPU "
+                     "kernel where it builds, others dequantize per forward")
     elif mode == "native":
         parts.append("native: FP8 torch._scaled_mm (errors if the device cannot)")
     else:
@@ -363,6 +398,10 @@ def swap_quantized_linears(
             report.consumed_keys.update(spec.key(s) for s in spec.shapes)
     if specs:
         log.info(_mode_notice(mode, set(report.modules.values()), len(specs), emulate_activations))
+        first = model.get_submodule(next(iter(report.modules)))
+        if mode in ("weight-only", "auto") and first.weight.device.type in ("cpu", "meta"):
+            # build (or find in the persistent cache) the fused decode kernel now, at load, not on the first request
+            log.info("vl.quant: CPU decode of weight-only layers: %s", cpu_gemv.status())
     return report
 
 

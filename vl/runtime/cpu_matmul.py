@@ -18,6 +18,8 @@ import types
 import torch
 from torch import nn
 
+from vl.quant import cpu_gemv
+
 MIN_ROWS = 8  # below this many rows the per-call weight upcast costs more than the 16-bit GEMM it replaces
 BLOCK_ELEMS = 8 * 1024 * 1024  # fp32 weight elements upcast at a time (32 MiB)
 
@@ -59,5 +61,41 @@ def upcast_16bit_matmuls(model: nn.Module) -> int:
         if (type(module) is nn.Linear and w is not None and w.device.type == "cpu"
                 and w.dtype in (torch.bfloat16, torch.float16) and not native_16bit(w.dtype)):
             module.forward = types.MethodType(_forward, module)
+            n += 1
+    return n
+
+
+def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    w = self.weight
+    rows = x.numel() // w.shape[1] if w.shape[1] else 0
+    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    if (0 < rows <= cpu_gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+            and not torch.compiler.is_compiling() and not grad and w.is_contiguous()):
+        kern = cpu_gemv.kernel()
+        if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
+            y = kern.dense(x.reshape(rows, w.shape[1]).contiguous(), w)
+            if self.bias is not None:
+                y = y + self.bias.float()
+            return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
+    return self._vl_dense_forward(x)
+
+
+def gemv_decode_linears(model: nn.Module) -> int:
+    """Route few-row products (decode) of the model's bf16 / fp32 CPU `nn.Linear`s through the fused GEMV of
+    `vl/quant/cpu_gemv.py`, which reads the weights at memory speed (torch 2.14's CPU GEMV reads bf16 weights
+    at ~5 GB/s on an AVX512 core). Same float32 accumulation, one rounding of the output, sums in another
+    order. Many rows, autograd, compile tracing and CPUs without the kernel keep the layer's own forward.
+    Returns how many layers were routed (0 where the kernel is unavailable)."""
+    kern = cpu_gemv.kernel()
+    if kern is None or not (kern.dense_bf16 or kern.dense_fp32):
+        return 0
+    n = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if (type(module) is nn.Linear and w is not None and w.device.type == "cpu"
+                and (w.dtype == torch.bfloat16 and kern.dense_bf16 or w.dtype == torch.float32 and kern.dense_fp32)
+                and not hasattr(module, "_vl_dense_forward")):
+            module._vl_dense_forward = module.forward  # the plain (or 16-bit-upcast) forward, for the other cases
+            module.forward = types.MethodType(_gemv_forward, module)
             n += 1
     return n

@@ -1,0 +1,177 @@
+"""The fused CPU FP8 / NVFP4 kernel against its twins: the pure-torch reference GEMV and the dequantize mode.
+
+Both builds run where they can: the native one (AVX512 intrinsics on CPUs that have them, the plain C++ path
+elsewhere) and the portable one (plain C++ forced). Equality is to float32 accumulation-order noise: the
+kernel rebuilds bit-identical weights, only the order of the additions differs.
+"""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from vl.quant import cpu_gemv
+from vl.quant.fp8 import quantize_fp8_blockwise, quantize_fp8_per_channel, quantize_fp8_per_tensor
+from vl.quant.linear import resident_weight_bytes, swap_quantized_linears
+from vl.quant.nvfp4 import quantize_nvfp4
+
+FP8_QUANT = {"tensor": quantize_fp8_per_tensor, "channel": quantize_fp8_per_channel, "block": quantize_fp8_blockwise}
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """{'native': Kernel, 'portable': Kernel}, built once into a test cache; skips when no compiler works."""
+    cache = tmp_path_factory.mktemp("kernels")
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VL_KERNEL_CACHE", str(cache))
+        for name, portable in (("native", False), ("portable", True)):
+            try:
+                out[name] = cpu_gemv.Kernel(cpu_gemv.build(portable=portable))
+            except Exception as e:  # noqa: BLE001
+                pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
+    return out
+
+
+def _which(kernels, build):
+    k = kernels[build]
+    if build == "native" and k.isa != "avx512":
+        pytest.skip("this CPU has no AVX512 (F/BW/VL): the native build is the portable path, tested as 'portable'")
+    return k
+
+
+def _close(got, ref, bf16_out=False):
+    scale = ref.abs().max().clamp(min=1e-30)
+    tol = 2e-6 if not bf16_out else 1e-2
+    assert float((got.double() - ref.double()).abs().max() / scale) < tol
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("kind,shape", [("tensor", (37, 200)), ("tensor", (5, 7)), ("channel", (129, 72)),
+                                        ("channel", (16, 1000)), ("block", (256, 384))])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_fp8_kernel_equals_reference_gemv(kernels, build, kind, shape, rows, act):
+    k = _which(kernels, build)
+    n, kin = shape
+    w8, s = FP8_QUANT[kind](torch.randn(n, kin) * 0.05)
+    # plant subnormal and extreme codes: 0x01..0x07 (subnormals), 0x7E (448), their negatives
+    w8.view(torch.uint8)[0, : min(kin, 16)] = torch.tensor([1, 2, 3, 7, 8, 0x7E, 0x81, 0x87, 0xFE, 0, 0x80, 0x40,
+                                                            0x38, 0x39, 0x3F, 0x47], dtype=torch.uint8)[: min(kin, 16)]
+    x = torch.randn(rows, kin)
+    if act == "bf16":
+        x = x.bfloat16()
+    got = k.fp8(x, w8, s.contiguous(), kind, act == "bf16")
+    _close(got, cpu_gemv.fp8_gemv_ref(x, w8, s, act == "bf16"))
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("shape", [(37, 208), (1, 16), (130, 48), (64, 1024)])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
+    k = _which(kernels, build)
+    n, kin = shape
+    packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
+    bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
+    x = torch.randn(rows, kin)
+    if act == "bf16":
+        x = x.bfloat16()
+    got = k.nvfp4(x, packed, bs, float(gs), act == "bf16")
+    _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16"))
+
+
+def _one_linear_sd(fmt, n, kin, bias, kind="tensor"):
+    w = torch.randn(n, kin) * 0.05
+    if fmt == "fp8":
+        w8, s = FP8_QUANT[kind](w)
+        sd = {"proj.weight": w8, "proj.weight_scale": s}
+    else:
+        p, bs, gs = quantize_nvfp4(w)
+        sd = {"proj.weight": p, "proj.weight_scale": bs, "proj.weight_scale_2": gs}
+    if bias:
+        sd["proj.bias"] = torch.randn(n).bfloat16()
+    return sd
+
+
+def _model(sd, mode, dtype, n, kin, bias):
+    m = nn.ModuleDict({"proj": nn.Linear(kin, n, bias=bias)})
+    rep = swap_quantized_linears(m, sd, mode, compute_dtype=dtype)
+    assert set(rep.modules) == {"proj"}
+    return m.to(dtype) if mode == "dequantize" else m
+
+
+@pytest.mark.parametrize("fmt,kind,shape", [("fp8", "tensor", (67, 200)), ("fp8", "channel", (33, 96)),
+                                            ("fp8", "block", (128, 256)), ("nvfp4", None, (67, 208))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_weight_only_decode_equals_dequantize_mode(kernels, monkeypatch, fmt, kind, shape, dtype, bias):
+    """The user-facing twin: a weight-only layer on decode-sized inputs (fused kernel) against the same
+    checkpoint loaded in dequantize mode (plain Linear in the compute dtype)."""
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
+    cpu_gemv._load.cache_clear()
+    n, kin = shape
+    sd = _one_linear_sd(fmt, n, kin, bias, kind or "tensor")
+    fast = _model(sd, "weight-only", dtype, n, kin, bias)
+    ref = _model(sd, "dequantize", dtype, n, kin, bias)
+    calls = []
+    orig = type(fast["proj"])._fused_gemv
+    monkeypatch.setattr(type(fast["proj"]), "_fused_gemv",
+                        lambda self, *a: calls.append(1) or orig(self, *a))
+    before = resident_weight_bytes(fast)
+    for rows in (1, 4, 9):
+        x = torch.randn(2, rows, kin).to(dtype)[:1]  # a batch of one, decode-sized
+        with torch.no_grad():
+            got, want = fast["proj"](x), ref["proj"](x)
+        assert got.dtype == want.dtype == dtype and got.shape == want.shape
+        # bf16 outputs: both are the same float32 sums rounded once to bf16, so they differ by at most one
+        # bf16 step where the float32 sums straddle a rounding boundary
+        _close(got.float(), want.float(), bf16_out=dtype == torch.bfloat16)
+    assert calls, "decode-sized inputs should have taken the fused kernel"
+    assert resident_weight_bytes(fast) == before  # nothing cached beside the packed weights
+
+
+def test_prefill_sized_inputs_take_the_reference_path(kernels, monkeypatch):
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
+    cpu_gemv._load.cache_clear()
+    sd = _one_linear_sd("nvfp4", 32, 64, False)
+    fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
+    monkeypatch.setattr(type(fast["proj"]), "_fused_gemv", lambda *a: pytest.fail("fused on a prefill"))
+    fast["proj"](torch.randn(cpu_gemv.MAX_ROWS + 1, 64))
+
+
+def test_fp8_nan_codes_fall_back_to_the_reference(kernels, monkeypatch):
+    """E4M3 0x7F is NaN; the SIMD decode does not produce NaN, so such a layer runs the reference (NaN out)."""
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
+    cpu_gemv._load.cache_clear()
+    sd = _one_linear_sd("fp8", 16, 32, False)
+    sd["proj.weight"].view(torch.uint8)[3, 5] = 0x7F
+    m = _model(sd, "weight-only", torch.float32, 16, 32, False)
+    y = m["proj"](torch.randn(1, 32))
+    assert torch.isnan(y[0, 3]) and not torch.isnan(y[0, :3]).any()
+
+
+def test_falls_back_with_a_logged_reason_when_the_kernel_cannot_build(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "/bin/false")
+    cpu_gemv._load.cache_clear()
+    cpu_gemv._warn_once.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vl.quant.cpu_gemv"):
+            assert cpu_gemv.kernel() is None
+        assert "unavailable" in caplog.text and "/bin/false failed" in caplog.text
+        sd = _one_linear_sd("fp8", 16, 32, True)
+        fast = _model(sd, "weight-only", torch.float32, 16, 32, True)
+        ref = _model(sd, "dequantize", torch.float32, 16, 32, True)
+        x = torch.randn(1, 32)
+        assert torch.equal(fast["proj"](x), ref["proj"](x))  # the reference path: the same F.linear
+    finally:
+        cpu_gemv._load.cache_clear()
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv("VL_QUANT_KERNEL", "off")
+    assert cpu_gemv.kernel() is None
+    assert "VL_QUANT_KERNEL=off" in cpu_gemv.status()
+

@@ -1,0 +1,88 @@
+"""Decode-sized bf16 / fp32 Linear products through the fused CPU GEMV (cpu_matmul.gemv_decode_linears) equal
+the layer's own forward up to float32 summation order; a cached decode with the pass equals one without."""
+
+import pytest
+import torch
+from torch import nn
+
+from vl.quant import cpu_gemv
+from vl.runtime import cpu_matmul
+
+
+@pytest.fixture()
+def kern(tmp_path, monkeypatch):
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path))
+    cpu_gemv._load.cache_clear()
+    k = cpu_gemv.kernel()
+    yield k
+    cpu_gemv._load.cache_clear()
+
+
+def _need(k, dtype):
+    if k is None:
+        pytest.skip("the fused CPU kernel does not build here; layers keep torch's forward")
+    if not (k.dense_bf16 if dtype == torch.bfloat16 else k.dense_fp32):
+        pytest.skip(f"no fast {dtype} GEMV on this CPU (needs AVX512{'-BF16' if dtype == torch.bfloat16 else ''}); "
+                    "the pass leaves these layers alone")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(67, 200), (16, 1024), (3, 5)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_equals_the_layers_own_forward(kern, dtype, shape, bias):
+    _need(kern, dtype)
+    n, k = shape
+    lin = nn.Linear(k, n, bias=bias).to(dtype).eval()
+    ref = nn.Linear(k, n, bias=bias).to(dtype).eval()
+    ref.load_state_dict(lin.state_dict())
+    calls = []
+    orig = kern.dense
+    kern.dense = lambda *a: calls.append(1) or orig(*a)
+    try:
+        assert cpu_matmul.gemv_decode_linears(lin) == 1
+        assert cpu_matmul.gemv_decode_linears(lin) == 0  # applied once
+        with torch.no_grad():
+            for rows in (1, 2, 5, cpu_gemv.MAX_ROWS + 3):  # the last one keeps torch's forward
+                x = torch.randn(1, rows, k).to(dtype)
+                got, want = lin(x), ref(x)
+                assert got.dtype == want.dtype and got.shape == want.shape
+                tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+                torch.testing.assert_close(got, want, **tol)
+    finally:
+        kern.dense = orig
+    assert len(calls) == 3
+
+
+def test_autograd_keeps_torchs_forward(kern):
+    _need(kern, torch.float32)
+    lin = nn.Linear(32, 8)
+    cpu_matmul.gemv_decode_linears(lin)
+    x = torch.randn(1, 32, requires_grad=True)
+    lin(x).sum().backward()
+    assert x.grad is not None and lin.weight.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_decode_with_the_pass_equals_without(kern, dtype):
+    _need(kern, dtype)
+    from vl.bench import CONFIGS
+    from vl.modeling.nemotron_h import NemotronHForCausalLM
+    from vl.runtime.cache import HybridCache
+
+    cfg = CONFIGS["tiny"]()
+    torch.manual_seed(0)
+    base = NemotronHForCausalLM(cfg).eval().to(dtype)
+    fast = NemotronHForCausalLM(cfg).eval().to(dtype)
+    fast.load_state_dict(base.state_dict())
+    assert cpu_matmul.gemv_decode_linears(fast) > 0
+    ids = torch.randint(3, cfg.vocab_size, (1, 40))
+    caches = [HybridCache(cfg, 1, 48, dtype=dtype) for _ in range(2)]
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    with torch.no_grad():
+        la = base(ids[:, :32], cache=caches[0]).logits
+        lb = fast(ids[:, :32], cache=caches[1]).logits  # 32 rows: torch's forward
+        torch.testing.assert_close(lb, la, rtol=0, atol=0)
+        for t in range(32, 40):  # one-token steps: the fused GEMV
+            la = base(ids[:, t:t + 1], cache=caches[0]).logits.float()
+            lb = fast(ids[:, t:t + 1], cache=caches[1]).logits.float()
+            torch.testing.assert_close(lb, la, **tol)

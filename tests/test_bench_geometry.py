@@ -1,0 +1,41 @@
+"""`vl bench --geometry`: the streamed random checkpoint loads as a user's FP8 / NVFP4 checkpoint, runs, and the
+temporary folder is removed (the 12B figures themselves are measured by `vl bench`, not asserted here)."""
+
+import json
+
+import pytest
+import torch
+
+from vl import bench_geometry
+from vl.config import nano_12b_lm
+
+
+def small():
+    return nano_12b_lm(hidden_size=256, intermediate_size=512, mamba_num_heads=8, mamba_head_dim=32,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=512, pattern="M-*-")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_streamed_checkpoint_loads_quantized_and_runs(tmp_path, fmt):
+    import vl
+    from vl.quant.linear import QuantizedLinear
+
+    path = bench_geometry.write_random_checkpoint(small(), fmt, tmp_path / "m")
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_algo"] == fmt.upper()
+    model = vl.load_pretrained(path, dtype=torch.bfloat16)
+    assert model.quantization.mode == "weight-only"
+    q = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert q and all(m.fmt == fmt for m in q)
+    assert not isinstance(model.lm_head, QuantizedLinear)  # excluded as ModelOpt does
+    with torch.no_grad():
+        logits = model(torch.randint(3, 512, (1, 9))).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_run_reports_every_figure_and_cleans_up(tmp_path):
+    r = bench_geometry.run(small(), "nvfp4", work_dir=tmp_path, prefill=64, decode_ctx=16, new_tokens=2,
+                           log=lambda m: None)
+    for key in ("load_s", "peak_rss_bytes", "prefill_tok_s", "decode_tok_s", "copy_GBps", "decode_vs_copy"):
+        assert r[key] > 0
+    assert list(tmp_path.iterdir()) == []  # the streamed checkpoint is gone
+    assert "peak RSS" in bench_geometry.format_result(r)

@@ -1,0 +1,247 @@
+"""`vl bench --geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model on one CPU machine.
+
+Random weights at the released widths and depth (the Nemotron Nano 12B v2 LLM of Nano V2 VL: `nano_12b_lm`)
+are written straight into the ModelOpt FP8 / NVFP4 checkpoint layout, tensor by tensor and row block by row
+block, so the whole BF16 model is never in memory (a 12B model is ~24 GB in BF16). The checkpoint is then
+loaded as a user loads one (`vl.load_pretrained`, auto: weight-only on the CPU) and measured: load time, peak
+RSS, prefill tokens/s, decode tokens/s, and decode as a fraction of the memory bandwidth that a copy kernel
+reaches in the same process (bytes a decode step must read / time per token, against copy bandwidth counted
+as bytes read + bytes written per second, the STREAM convention).
+
+The vision tower is not built: text prefill and decode run on the LLM alone (the RADIO tower adds ~0.7B BF16
+parameters, ~1.3 GB, when images are used). Random values: FP8 weights are N(0, 0.02) cast with a fixed per-tensor
+scale (5 sigma = 448); NVFP4 weights are uniformly random E2M1 codes with block scales drawn near what
+N(0, 0.02) would give (quantizing 11B Gaussian values in pure torch would take over an hour here). Speed does
+not depend on the values; no NaN code is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from vl.config import lm_config_to_hf, nano_12b_lm
+
+GEOMETRIES = {"nano-12b-v2-vl": nano_12b_lm}
+STD = 0.02
+ROW_BLOCK_ELEMS = 32 * 1024 * 1024  # elements generated at a time (128 MiB of float32)
+# E4M3 codes 0x70..0x76 = 128..224: with the global scale below, |weights| ~ N(0, STD)'s (mean |E2M1| ~ 2.6)
+NV_SCALE_CODES = (0x70, 0x76)
+_ST_DTYPE = {torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3"}
+
+
+def _entries(cfg, fmt: str):
+    """[(key, dtype, shape, kind)] of the checkpoint, in model order. kind: 'dense' | 'weight' | 'scale' | ..."""
+    from vl.modeling.nemotron_h import NemotronHForCausalLM
+    from vl.quant.export import exclude_patterns, quantizable_linear_names
+
+    with torch.device("meta"):
+        model = NemotronHForCausalLM(cfg)
+    quant = set(quantizable_linear_names(model, exclude_patterns()))
+    out = []
+    for name, t in model.state_dict().items():
+        mod = name.rsplit(".", 1)[0]
+        if mod in quant and name.endswith(".weight"):
+            o, i = t.shape
+            if fmt == "fp8":
+                out += [(name, torch.float8_e4m3fn, (o, i), "fp8"), (f"{mod}.weight_scale", torch.float32, (), "s"),
+                        (f"{mod}.input_scale", torch.float32, (), "s")]
+            else:
+                out += [(name, torch.uint8, (o, i // 2), "nvfp4"),
+                        (f"{mod}.weight_scale", torch.float8_e4m3fn, (o, i // 16), "nvfp4_scale"),
+                        (f"{mod}.weight_scale_2", torch.float32, (), "s2"),
+                        (f"{mod}.input_scale", torch.float32, (), "s2")]
+        else:
+            out.append((name, torch.bfloat16, tuple(t.shape), "dense"))
+    return out, sorted(quant)
+
+
+def _nbytes(dtype, shape) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None) -> Path:
+    """Stream a random FP8 / NVFP4 checkpoint of `cfg` to `out_dir` (config.json, hf_quant_config.json,
+    model.safetensors). Peak memory: one row block (~128 MiB of float32) plus its packed output."""
+    from vl.quant.export import exclude_patterns, make_hf_quant_config, write_hf_quant_config
+    from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
+    from vl.quant.nvfp4 import E2M1_MAX
+    from vl.quant.ptq import FORMATS
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries, quantized = _entries(cfg, fmt)
+    header, offset = {}, 0
+    for key, dtype, shape, _ in entries:
+        n = _nbytes(dtype, shape)
+        header[key] = {"dtype": _ST_DTYPE[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt", "vl_bench_geometry": json.dumps({"format": fmt, "seed": seed})}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    amax = 5 * STD  # values beyond 5 sigma saturate (a handful per tensor)
+    fp8_scale = torch.tensor(amax / E4M3_MAX)
+    nv_scale2 = torch.tensor(amax / (E2M1_MAX * E4M3_MAX))
+    in_scale = torch.tensor(1.0 / E4M3_MAX)
+    g = torch.Generator().manual_seed(seed)
+    pending_scales: dict[str, torch.Tensor] = {}
+    with open(out_dir / "model.safetensors.part", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for idx, (key, dtype, shape, kind) in enumerate(entries):
+            if progress:
+                progress(idx, len(entries), key)
+            if kind == "dense":
+                t = torch.empty(shape, dtype=dtype)
+                if "norm" in key or key.endswith(".D"):
+                    t.fill_(1.0)
+                elif key.endswith("A_log"):
+                    t.copy_(torch.log(torch.linspace(1, 16, shape[0])))
+                elif key.endswith("dt_bias"):
+                    t.fill_(-4.0)
+                else:
+                    t.copy_(torch.randn(shape, generator=g) * STD)
+                f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+            elif kind in ("fp8", "nvfp4"):
+                o, i = shape[0], shape[1] * (2 if kind == "nvfp4" else 1)
+                rows = max(16, ROW_BLOCK_ELEMS // i // 16 * 16)
+                scales = []
+                for r0 in range(0, o, rows):
+                    w = torch.randn(min(rows, o - r0), i, generator=g) * STD if kind == "fp8" else torch.empty(
+                        min(rows, o - r0), 0)
+                    if kind == "fp8":
+                        q = cast_to_fp8(w / fp8_scale)
+                        f.write(q.view(torch.uint8).numpy().tobytes())
+                    else:  # random codes (every nibble is a valid E2M1 value) and block scales near N(0, STD)'s
+                        n = w.shape[0]
+                        f.write(torch.randint(0, 256, (n, i // 2), dtype=torch.uint8, generator=g).numpy().tobytes())
+                        scales.append(torch.randint(NV_SCALE_CODES[0], NV_SCALE_CODES[1] + 1, (n, i // 16),
+                                                    dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn))
+                if kind == "nvfp4":
+                    pending_scales[key.rsplit(".", 1)[0] + ".weight_scale"] = torch.cat(scales)
+            elif kind == "nvfp4_scale":
+                f.write(pending_scales.pop(key).view(torch.uint8).numpy().tobytes())
+            else:  # scalar scales
+                v = fp8_scale if kind == "s" and key.endswith("weight_scale") else (
+                    nv_scale2 if key.endswith("weight_scale_2") else in_scale)
+                f.write(v.float().reshape(()).numpy().tobytes())
+    os.replace(out_dir / "model.safetensors.part", out_dir / "model.safetensors")
+    algo = FORMATS[fmt]
+    hf_cfg = make_hf_quant_config(algo, exclude_patterns())
+    q = hf_cfg["quantization"]
+    cfg_json = lm_config_to_hf(cfg)
+    cfg_json.update(model_type="nemotron_h", architectures=["NemotronHForCausalLM"], torch_dtype="bfloat16",
+                    quantization_config={"quant_method": "modelopt", "quant_algo": algo,
+                                         "kv_cache_quant_algo": q["kv_cache_quant_algo"],
+                                         "exclude_modules": q["exclude_modules"],
+                                         **({"group_size": q["group_size"]} if "group_size" in q else {})})
+    (out_dir / "config.json").write_text(json.dumps(cfg_json, indent=2))
+    write_hf_quant_config(out_dir, hf_cfg)
+    return out_dir
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes read + written per second by torch's copy of a `nbytes` buffer (best of `repeats`)."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    return 2 * nbytes / best
+
+
+def decode_bytes(model) -> int:
+    """Bytes one decode step reads: every parameter and buffer except the embedding table (one row is read)."""
+    from vl.quant.linear import resident_weight_bytes
+
+    emb = model.backbone.embeddings.weight
+    return resident_weight_bytes(model) - emb.numel() * emb.element_size()
+
+
+def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_ctx: int = 128, new_tokens: int = 8,
+        repeats: int = 1, keep: bool = False, log=print) -> dict:
+    import vl
+    from vl.bench import PeakRSS, our_decode_s, our_prefill
+
+    cfg = GEOMETRIES[geometry]() if isinstance(geometry, str) else geometry
+    geometry = geometry if isinstance(geometry, str) else "custom"
+    tmp = tempfile.mkdtemp(prefix=f"vl-geometry-{fmt}-", dir=work_dir)
+    result = dict(geometry=geometry, format=fmt, threads=torch.get_num_threads())
+    try:
+        t0 = time.perf_counter()
+        last = [0.0]
+
+        def progress(i, n, key):
+            if time.perf_counter() - last[0] > 30:
+                last[0] = time.perf_counter()
+                log(f"[vl bench] writing random {fmt} weights: tensor {i}/{n} ({key})")
+
+        path = write_random_checkpoint(cfg, fmt, Path(tmp) / "model", progress=progress)
+        result["write_s"] = time.perf_counter() - t0
+        result["checkpoint_bytes"] = sum(p.stat().st_size for p in path.iterdir())
+        log(f"[vl bench] wrote {result['checkpoint_bytes'] / 2**30:.2f} GiB in {result['write_s']:.0f} s; loading")
+        import psutil
+
+        proc = psutil.Process()
+        with PeakRSS("cpu") as peak:
+            t0 = time.perf_counter()
+            model = vl.load_pretrained(path, dtype=torch.bfloat16)
+            result["load_s"] = time.perf_counter() - t0
+            result["quant_mode"] = model.quantization.mode if model.quantization else None
+            result["resident_weight_bytes"] = decode_bytes(model) + model.backbone.embeddings.weight.nbytes
+            gen = torch.Generator().manual_seed(0)
+            ids = torch.randint(3, cfg.vocab_size, (1, prefill), generator=gen)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                our_prefill(model, ids)
+                times.append(time.perf_counter() - t0)
+            result["prefill_tok_s"] = prefill / statistics.median(times)
+            log(f"[vl bench] prefill @{prefill}: {result['prefill_tok_s']:.1f} tok/s")
+            ctx = ids[:, :decode_ctx]
+            dec = [our_decode_s(model, ctx, new_tokens) for _ in range(repeats)]
+            result["decode_s_per_tok"] = statistics.median(dec)
+        result["peak_rss_bytes"] = peak.peak + peak.base
+        result["decode_tok_s"] = 1 / result["decode_s_per_tok"]
+        result["decode_read_bytes"] = decode_bytes(model)
+        result["decode_GBps"] = result["decode_read_bytes"] / result["decode_s_per_tok"] / 1e9
+        del model
+        result["copy_GBps"] = copy_bandwidth() / 1e9
+        result["decode_vs_copy"] = result["decode_GBps"] / result["copy_GBps"]
+        result["rss_now_bytes"] = proc.memory_info().rss
+        result.update(prefill=prefill, decode_ctx=decode_ctx, new_tokens=new_tokens, repeats=repeats)
+        return result
+    finally:
+        if keep:
+            log(f"[vl bench] kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def format_result(r: dict) -> str:
+    gib = 2**30
+    return "\n".join([
+        f"{r['geometry']} {r['format']} (random weights, LLM only), {r['threads']} CPU threads, weight-only "
+        f"({r.get('quant_mode')})",
+        f"  checkpoint            {r['checkpoint_bytes'] / gib:8.2f} GiB   written in {r['write_s']:.0f} s (streamed)",
+        f"  load time             {r['load_s']:8.1f} s",
+        f"  peak RSS              {r['peak_rss_bytes'] / gib:8.2f} GiB   (resident weights "
+        f"{r['resident_weight_bytes'] / gib:.2f} GiB)",
+        f"  prefill @{r['prefill']:<5}        {r['prefill_tok_s']:8.2f} tok/s",
+        f"  decode after {r['decode_ctx']:<5}    {r['decode_tok_s']:8.3f} tok/s   ({r['new_tokens']} tokens, median of "
+        f"{r['repeats']})",
+        f"  decode reads          {r['decode_GBps']:8.2f} GB/s   = {r['decode_vs_copy']:.0%} of the copy kernel's "
+        f"{r['copy_GBps']:.1f} GB/s (read + write, same process)",
+    ])

@@ -1,0 +1,214 @@
+"""Fused dequantize + dot for weight-only FP8 / NVFP4 decode on the CPU, with its pure-torch twin.
+
+A decode step multiplies every weight by one token: it is bound by the bytes it reads. Dequantizing a packed
+layer per call (the reference path) writes and re-reads a full float copy, so the packed formats ran several
+times slower than BF16. The kernel in `kernels/quant_gemv.cpp` reads the packed bytes once and rebuilds each
+weight in registers, bit for bit the float32 weight the reference builds (rounded to bfloat16 when the
+activations are bf16, as the reference's `dequantized_weight(bf16)` is); only the order of the float32
+additions differs. torch 2.14's CPU offers no usable alternative (docs/quant_cpu_kernels.md).
+
+The kernel is plain C++ with no torch headers, so it compiles in ~2 s: at first use (`vl.load_pretrained`
+of a quantized checkpoint triggers it) it is built with the system's C++ compiler into a persistent cache
+(`$VL_KERNEL_CACHE`, default `~/.cache/vl/kernels`), keyed by the source, flags, compiler and CPU, and loaded
+with ctypes. Where it cannot be built or loaded, one log line says why and the reference path runs.
+`VL_QUANT_KERNEL` = auto (default) | portable (the plain C++ path, no AVX512 intrinsics) | off (reference).
+Same pattern as nanochat `flash_attention.py`: one API, the fast or the reference path at run time, tests
+can force either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vl.quant.fp8 import dequantize_fp8
+from vl.quant.nvfp4 import dequantize_nvfp4
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "quant_gemv.cpp"
+MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
+KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
+SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
+BUILD_TIMEOUT_S = 120
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("VL_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vl" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def _flags(portable: bool) -> list[str]:
+    # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+    return flags + (["-DVL_PORTABLE"] if portable else [])
+
+
+def build(portable: bool = False) -> Path:
+    """Compile the kernel into the cache (or find it there); -> path of the shared library. Raises on failure."""
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags(portable)), version, _cpu_flags(),
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"quant_gemv-{'portable-' if portable else ''}{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
+    os.close(fd)
+    try:
+        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                           timeout=BUILD_TIMEOUT_S)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+class Kernel:
+    """The loaded library: `fp8(...)` and `nvfp4(...)` on float32 rows."""
+
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        lib.vl_fp8_gemv.argtypes = [p, i, i, p, i, p, i, i, i, p, i]
+        lib.vl_fp8_gemv.restype = None
+        lib.vl_nvfp4_gemv.argtypes = [p, i, i, p, p, f, i, i, i, p, i]
+        lib.vl_nvfp4_gemv.restype = None
+        lib.vl_gemv_isa.restype = i
+        lib.vl_gemv_bf16_dot.restype = i
+        self.bf16_dot = bool(lib.vl_gemv_bf16_dot())  # FP8 with bf16 activations takes them as bf16
+        lib.vl_dense_gemv.argtypes = [p, i, i, p, i, i, p, i]
+        lib.vl_dense_gemv.restype = None
+        lib.vl_dense_bf16_native.restype = i
+        self.dense_bf16 = bool(lib.vl_dense_bf16_native())
+        self.lib, self.path = lib, path
+        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
+        self.dense_fp32 = self.isa == "avx512"  # the portable fp32 loop is no faster than torch's
+
+    def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
+        """x (M, K) contiguous (float32, or bfloat16 with round_bf16), w8 (N, K) float8_e4m3fn, scale float32
+        contiguous -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
+        m, k = x.shape
+        n = w8.shape[0]
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for r in range(0, m, KERNEL_ROWS):
+            rows = min(KERNEL_ROWS, m - r)
+            self.lib.vl_fp8_gemv(x[r].data_ptr(), rows, k, w8.data_ptr(), n, scale.data_ptr(), SCALE_KIND[kind],
+                                 int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
+        return y
+
+    def dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (M, K), w (N, K), both bf16 or both float32, contiguous -> (M, N) float32 (float32 accumulation)."""
+        m, k = x.shape
+        n = w.shape[0]
+        y = torch.empty(m, n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for r in range(0, m, KERNEL_ROWS):
+            self.lib.vl_dense_gemv(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, w.data_ptr(), n,
+                                   int(w.dtype == torch.bfloat16), y[r].data_ptr(), threads)
+        return y
+
+    def nvfp4(self, x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
+              round_bf16: bool):
+        """x (M, K) contiguous (float32, or bfloat16 with round_bf16), packed (N, K/2) uint8, block_scale (N, K/16)
+        e4m3 -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
+        m, k = x.shape
+        n = packed.shape[0]
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for r in range(0, m, KERNEL_ROWS):
+            rows = min(KERNEL_ROWS, m - r)
+            self.lib.vl_nvfp4_gemv(x[r].data_ptr(), rows, k, packed.data_ptr(), block_scale.data_ptr(),
+                                   global_scale, n, int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
+        return y
+
+
+def _mode() -> str:
+    mode = os.environ.get("VL_QUANT_KERNEL", "auto").strip().lower() or "auto"
+    return mode if mode in ("auto", "portable", "off") else "auto"
+
+
+@functools.cache
+def _load(mode: str) -> tuple[Kernel | None, str]:
+    if mode == "off":
+        return None, "VL_QUANT_KERNEL=off"
+    if platform.system() != "Linux" and mode == "auto":  # the build flags and loader are tested on Linux only
+        return None, f"fused CPU kernel is built on Linux only (this is {platform.system()})"
+    try:
+        return Kernel(build(portable=mode == "portable")), "ok"
+    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference path, say why
+        return None, f"{type(e).__name__}: {e}"
+
+
+def kernel() -> Kernel | None:
+    """The fused kernel for the current `VL_QUANT_KERNEL` mode, or None (reason logged once)."""
+    k, why = _load(_mode())
+    if k is None and _mode() != "off":
+        _warn_once(why)
+    return k
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    log.warning("vl.quant: fused CPU FP8/NVFP4 kernel unavailable (%s); weight-only layers dequantize per "
+                "call (correct, slower).", why)
+
+
+def status() -> str:
+    """One line for logs and `vl bench`: which path weight-only decode uses here."""
+    k, why = _load(_mode())
+    return f"fused {k.isa} kernel ({k.path.name})" if k is not None else f"reference path ({why})"
+
+
+# --- reference twins: what the kernel computes, in pure torch (tests compare the two) ---------------------------
+def fp8_gemv_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, round_bf16: bool) -> torch.Tensor:
+    w = dequantize_fp8(w8, scale, torch.float32)
+    if round_bf16:
+        w = w.to(torch.bfloat16).float()
+    return x.float() @ w.t()
+
+
+def nvfp4_gemv_ref(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor,
+                   round_bf16: bool) -> torch.Tensor:
+    w = dequantize_nvfp4(packed, block_scale, global_scale, torch.float32)
+    if round_bf16:
+        w = w.to(torch.bfloat16).float()
+    return x.float() @ w.t()

@@ -1,0 +1,488 @@
+// Fused dequantize + dot for few-row products (decode) with weights kept as the checkpoint stores them.
+//
+// y[m, o] = sum_i x[m, i] * W[o, i], where W[o, i] is bit for bit the weight the pure-torch reference
+// (vl/quant/fp8.py dequantize_fp8, vl/quant/nvfp4.py dequantize_nvfp4) builds in float32, optionally rounded
+// to bfloat16 (round-to-nearest-even) as the reference does when the activations are bf16. Only the order of
+// the float32 additions differs from a dequantize-then-GEMM. See docs/quant_cpu_kernels.md.
+//
+// FP8 E4M3 -> float exactly, subnormals included: the 7 magnitude bits shifted left by 7 are an IEEE fp16
+// with the same mantissa and an exponent 8 lower (bias 15 vs 7), so fp16->fp32 conversion then x256 is exact.
+// The x256 is folded into the scale (a power of two: no extra rounding). NaN codes (0x7F/0xFF) are NOT
+// decoded here; the caller sends layers holding them to the reference path.
+// NVFP4: 16 E2M1 codes of one block index a 16-entry table (LUT value x block scale x global scale, computed
+// in float32 exactly as the reference does) with one permute.
+//
+// Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
+// the plain C++ path (table lookups) that any CPU runs.
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <omp.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(VL_PORTABLE)
+#define VL_AVX512 1
+#include <immintrin.h>
+#endif
+
+static float FP8_LUT[256];  // E4M3 byte -> float (portable path and tails)
+static const float E2M1[16] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                               -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+static float e4m3_to_float(uint8_t b) {
+  int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 15 && m == 7) v = NAN;
+  else if (e == 0) v = std::ldexp((float)m / 8.f, -6);
+  else v = std::ldexp(1.f + (float)m / 8.f, e - 7);
+  return s ? -v : v;
+}
+
+static struct Init {
+  Init() { for (int i = 0; i < 256; ++i) FP8_LUT[i] = e4m3_to_float((uint8_t)i); }
+} init_;
+
+static inline float round_bf16(float f) {  // RNE to bfloat16, kept in a float (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+#ifdef VL_AVX512
+static inline __m512 round_bf16_v(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline __m512 e4m3x16(const uint8_t* p) {  // 16 E4M3 bytes -> 16 floats times 2^-8, exact
+  // sign-extend to 16 bits and shift left by 7: the sign lands in bit 15 and the 7 magnitude bits in 7..13;
+  // bit 14 (a copy of the sign) is cleared. The result is the fp16 (-1)^s * 2^(e-15) * 1.m (or the subnormal).
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p)), 7);
+  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xBFFF)));
+}
+#endif
+
+extern "C" {
+
+int vl_gemv_bf16_dot() {  // 1: vl_fp8_gemv takes bf16 activations (x_bf16=1): the table path below
+#if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int vl_gemv_isa() {  // 2 = AVX512 path, 0 = portable path
+#ifdef VL_AVX512
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+}  // extern "C"
+
+#if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+#define VL_FP8_TABLE 1
+// bf16 activations: the reference's weight is bf16(float(w8) * s). With one scale per row (tensor, channel) or
+// per 128 x 128 block there are only 128 magnitudes per scale, and bf16(-v) = -bf16(v) (round to nearest even
+// is symmetric): so a 128-entry table of bf16 values per scale, looked up with two byte permutes (VPERMI2B
+// reads the low 7 bits of each index byte: the E4M3 magnitude), with the sign bit copied in, rebuilds exactly
+// the reference's bf16 weights. VDPBF16PS multiplies them with bf16 activations (products exact in float32,
+// float32 accumulation). The unpack that interleaves low and high bytes works per 128-bit lane, so the
+// activations are permuted once per call into that order.
+struct Table {
+  __m512i lo0, lo1, hi0, hi1;
+};
+
+static inline void make_table(float s, Table& t) {  // entries m = bf16(FP8_LUT[m] * s), m = 0..127
+  alignas(64) uint16_t e[128];
+  for (int j = 0; j < 128; j += 32) {
+    __m512bh v = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + j + 16), _mm512_set1_ps(s)),
+                                     _mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + j), _mm512_set1_ps(s)));
+    _mm512_store_si512((__m512i*)(e + j), (__m512i)v);
+  }
+  alignas(64) uint8_t lo[128], hi[128];
+  for (int j = 0; j < 128; j += 32) {
+    __m512i v = _mm512_load_si512((const __m512i*)(e + j));
+    _mm256_store_si256((__m256i*)(lo + j), _mm512_cvtepi16_epi8(v));
+    _mm256_store_si256((__m256i*)(hi + j), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
+  }
+  t.lo0 = _mm512_load_si512((const __m512i*)lo);
+  t.lo1 = _mm512_load_si512((const __m512i*)(lo + 64));
+  t.hi0 = _mm512_load_si512((const __m512i*)hi);
+  t.hi1 = _mm512_load_si512((const __m512i*)(hi + 64));
+}
+
+// x position of lane j of the two unpacked halves of a 64-byte block (see above)
+static inline int unpack_pos(int j) { return j < 32 ? (j / 8) * 16 + j % 8 : ((j - 32) / 8) * 16 + 8 + (j - 32) % 8; }
+
+template <int M>
+static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const uint8_t* w, int N, const float* scale,
+                           int kind, float* y, int r0, int r1) {
+  const int nkb = kind == 2 ? K / 128 : 1;
+  const int span = kind == 2 ? 128 : K;
+  const __m512i signbit = _mm512_set1_epi8((char)0x80);
+  Table tab;
+  Table* blk = nullptr;
+  if (kind == 0) make_table(scale[0], tab);
+  if (kind == 2) {  // one table per 128 columns, shared by the (up to) 128 rows of this chunk
+    blk = new Table[nkb];
+    for (int kb = 0; kb < nkb; ++kb) make_table(scale[(size_t)(r0 / 128) * nkb + kb], blk[kb]);
+  }
+  for (int o = r0; o < r1; ++o) {
+    const uint8_t* wr = w + (size_t)o * K;
+    if (kind == 1) make_table(scale[o], tab);
+    float tot[M];
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) { tot[m] = 0.f; acc[m][0] = acc[m][1] = _mm512_setzero_ps(); }
+    for (int c0 = 0, kb = 0; c0 < K; c0 += span, ++kb) {
+      const Table& t = kind == 2 ? blk[kb] : tab;
+      const int c1 = c0 + span < K ? c0 + span : K;
+      int i = c0;
+      for (; i + 64 <= c1; i += 64) {
+        __m512i b = _mm512_loadu_si512(wr + i);
+        __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+        __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, signbit, 0xF8);
+        __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi), w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+        for (int m = 0; m < M; ++m) {
+          const uint16_t* xr = xp + (size_t)m * K + i;
+          acc[m][0] = _mm512_dpbf16_ps(acc[m][0], w0, (__m512bh)_mm512_loadu_si512(xr));
+          acc[m][1] = _mm512_dpbf16_ps(acc[m][1], w1, (__m512bh)_mm512_loadu_si512(xr + 32));
+        }
+      }
+      const float s = scale[kind == 0 ? 0 : kind == 1 ? o : (size_t)(o / 128) * nkb + kb];
+      for (; i < c1; ++i) {  // tails (K % 64) in the natural order
+        const float wv = round_bf16(FP8_LUT[wr[i]] * s);
+        for (int m = 0; m < M; ++m) {
+          uint32_t u = (uint32_t)x[(size_t)m * K + i] << 16;
+          float xv;
+          std::memcpy(&xv, &u, 4);
+          tot[m] += wv * xv;
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+  }
+  delete[] blk;
+}
+
+// NVFP4 with bf16 activations: the 16 values of two neighbouring blocks (E2M1 x block scale x global scale in
+// float32, as the reference computes them) rounded to bf16 form one 32-entry table; VPERMW looks the 32 codes
+// up (code + 16 for the second block) and VDPBF16PS multiplies them with the bf16 activations.
+template <int M>
+static void nvfp4_rows_bf16(const uint16_t* x, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
+                            float* y, int r0, int r1) {
+  const int nb = K / 16;
+  const __m512 base = _mm512_loadu_ps(E2M1);
+  const __m512i shifts = _mm512_set_epi16(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0,
+                                          4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  const __m512i second = _mm512_set_epi16(16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i low4 = _mm512_set1_epi16(0x0F);
+  for (int o = r0; o < r1; ++o) {
+    const uint8_t* wr = w + (size_t)o * (K / 2);
+    const uint8_t* sr = bs + (size_t)o * nb;
+    float tot[M];
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) { tot[m] = 0.f; acc[m][0] = acc[m][1] = _mm512_setzero_ps(); }
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      __m512bh tbl = _mm512_cvtne2ps_pbh(_mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b + 1]] * gs)),
+                                         _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs)));
+      __m128i raw = _mm_loadu_si128((const __m128i*)(wr + b * 8));
+      __m256i d = _mm256_set_m128i(_mm_unpackhi_epi8(raw, raw), _mm_unpacklo_epi8(raw, raw));
+      __m512i idx = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(d), shifts);
+      idx = _mm512_ternarylogic_epi32(idx, low4, second, 0xEA);  // (idx & 0x0F) | second
+      __m512bh wv = (__m512bh)_mm512_permutexvar_epi16(idx, (__m512i)tbl);
+      const int a = (b / 2) & 1;
+      for (int m = 0; m < M; ++m)
+        acc[m][a] = _mm512_dpbf16_ps(acc[m][a], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)m * K + b * 16));
+    }
+    for (; b < nb; ++b) {  // an odd last block
+      const float sc = FP8_LUT[sr[b]] * gs;
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t byte = wr[b * 8 + j];
+        const float lo = round_bf16(E2M1[byte & 15] * sc), hi = round_bf16(E2M1[byte >> 4] * sc);
+        for (int m = 0; m < M; ++m) {
+          uint32_t u0 = (uint32_t)x[(size_t)m * K + b * 16 + 2 * j] << 16, u1 = (uint32_t)x[(size_t)m * K + b * 16 + 2 * j + 1] << 16;
+          float x0, x1;
+          std::memcpy(&x0, &u0, 4);
+          std::memcpy(&x1, &u1, 4);
+          tot[m] += lo * x0 + hi * x1;
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+  }
+}
+#endif
+
+// x: (M, K) float32; w: (N, K) E4M3 bytes; scale: see kind; y: (M, N) float32.
+// kind 0: one scale; 1: one per output row; 2: (N/128, K/128) blocks of 128 x 128.
+// round16: round each weight to bf16 after scaling (the reference's bf16 weight).
+template <int M>
+static void fp8_rows(const float* x, int K, const uint8_t* w, int N, const float* scale, int kind, int round16,
+                     float* y, int r0, int r1) {
+  const int nkb = kind == 2 ? K / 128 : 1;
+  for (int o = r0; o < r1; ++o) {
+    const uint8_t* wr = w + (size_t)o * K;
+    const float* srow = kind == 0 ? scale : kind == 1 ? scale + o : scale + (size_t)(o / 128) * nkb;
+    const int span = kind == 2 ? 128 : K;
+    float tot[M];
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+#ifdef VL_AVX512
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+#endif
+    for (int c0 = 0, kb = 0; c0 < K; c0 += span, ++kb) {
+      const float s = srow[kind == 2 ? kb : 0];
+      const int c1 = c0 + span < K ? c0 + span : K;
+      int i = c0;
+#ifdef VL_AVX512
+      const __m512 s256 = _mm512_set1_ps(s * 256.f);
+      for (; i + 32 <= c1; i += 32) {
+        __m512 w0 = _mm512_mul_ps(e4m3x16(wr + i), s256);
+        __m512 w1 = _mm512_mul_ps(e4m3x16(wr + i + 16), s256);
+        if (round16) { w0 = round_bf16_v(w0); w1 = round_bf16_v(w1); }
+        for (int m = 0; m < M; ++m) {
+          acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+          acc[m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+        }
+      }
+      for (; i + 16 <= c1; i += 16) {
+        __m512 w0 = _mm512_mul_ps(e4m3x16(wr + i), s256);
+        if (round16) w0 = round_bf16_v(w0);
+        for (int m = 0; m < M; ++m)
+          acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+      }
+#endif
+      for (; i < c1; ++i) {
+        float wv = FP8_LUT[wr[i]] * s;
+        if (round16) wv = round_bf16(wv);
+        for (int m = 0; m < M; ++m) tot[m] += wv * x[(size_t)m * K + i];
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+#ifdef VL_AVX512
+      tot[m] += _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#endif
+      y[(size_t)m * N + o] = tot[m];
+    }
+  }
+}
+
+// x: (M, K) float32; w: (N, K/2) packed E2M1 (element 2k low nibble); bs: (N, K/16) E4M3 bytes; gs: global
+// scale; y: (M, N) float32. K % 16 == 0.
+template <int M>
+static void nvfp4_rows(const float* x, int K, const uint8_t* w, const uint8_t* bs, float gs, int N, int round16,
+                       float* y, int r0, int r1) {
+  const int nb = K / 16;
+#ifdef VL_AVX512
+  const __m512 base = _mm512_loadu_ps(E2M1);
+  const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+#endif
+  for (int o = r0; o < r1; ++o) {
+    const uint8_t* wr = w + (size_t)o * (K / 2);
+    const uint8_t* sr = bs + (size_t)o * nb;
+    float tot[M];
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+#ifdef VL_AVX512
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      __m512 lut0 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs));
+      __m512 lut1 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b + 1]] * gs));
+      if (round16) { lut0 = round_bf16_v(lut0); lut1 = round_bf16_v(lut1); }
+      __m128i raw = _mm_loadu_si128((const __m128i*)(wr + b * 8));  // 16 bytes = 2 blocks
+      __m512i c0 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(raw, raw)), shifts);
+      __m512i c1 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(raw, raw)), shifts);
+      __m512 w0 = _mm512_permutexvar_ps(c0, lut0);  // the permute reads the low 4 bits of each index
+      __m512 w1 = _mm512_permutexvar_ps(c1, lut1);
+      for (int m = 0; m < M; ++m) {
+        acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + b * 16), acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)m * K + b * 16 + 16), acc[m][1]);
+      }
+    }
+    for (; b < nb; ++b) {
+      __m512 lut0 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs));
+      if (round16) lut0 = round_bf16_v(lut0);
+      __m128i raw = _mm_loadl_epi64((const __m128i*)(wr + b * 8));
+      __m512i c0 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(raw, raw)), shifts);
+      __m512 w0 = _mm512_permutexvar_ps(c0, lut0);
+      for (int m = 0; m < M; ++m)
+        acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + b * 16), acc[m][0]);
+    }
+    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#else
+    for (int b = 0; b < nb; ++b) {
+      const float s = FP8_LUT[sr[b]] * gs;
+      float lut[16];
+      for (int j = 0; j < 16; ++j) lut[j] = round16 ? round_bf16(E2M1[j] * s) : E2M1[j] * s;
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t byte = wr[b * 8 + j];
+        const float lo = lut[byte & 15], hi = lut[byte >> 4];
+        for (int m = 0; m < M; ++m) {
+          const float* xr = x + (size_t)m * K + b * 16 + 2 * j;
+          tot[m] += lo * xr[0] + hi * xr[1];
+        }
+      }
+    }
+#endif
+    for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+  }
+}
+
+// Dense weights (the same few-row products for plain bf16 / fp32 Linears): torch's CPU GEMV reads bf16 weights at
+// about half the speed it reads fp32 ones; reading them straight into VDPBF16PS (bf16 x bf16 exact in float32,
+// float32 accumulation) or FMA (fp32) keeps the loop at memory speed. Float32 accumulation, as torch's.
+template <int M>
+static void bf16_rows(const uint16_t* x, int K, const uint16_t* w, int N, float* y, int r0, int r1) {
+  for (int o = r0; o < r1; ++o) {
+    const uint16_t* wr = w + (size_t)o * K;
+    float tot[M];
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+    int i = 0;
+#if defined(VL_AVX512) && defined(__AVX512BF16__)
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (; i + 64 <= K; i += 64) {
+      __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
+      for (int m = 0; m < M; ++m) {
+        const uint16_t* xr = x + (size_t)m * K + i;
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
+        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
+      }
+    }
+    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#endif
+    for (; i < K; ++i) {
+      uint32_t u = (uint32_t)wr[i] << 16;
+      float wv;
+      std::memcpy(&wv, &u, 4);
+      for (int m = 0; m < M; ++m) {
+        uint32_t v = (uint32_t)x[(size_t)m * K + i] << 16;
+        float xv;
+        std::memcpy(&xv, &v, 4);
+        tot[m] += wv * xv;
+      }
+    }
+    for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+  }
+}
+
+template <int M>
+static void f32_rows(const float* x, int K, const float* w, int N, float* y, int r0, int r1) {
+  for (int o = r0; o < r1; ++o) {
+    const float* wr = w + (size_t)o * K;
+    float tot[M];
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+    int i = 0;
+#ifdef VL_AVX512
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (; i + 32 <= K; i += 32) {
+      __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
+      for (int m = 0; m < M; ++m) {
+        acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+      }
+    }
+    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#endif
+    for (; i < K; ++i)
+      for (int m = 0; m < M; ++m) tot[m] += wr[i] * x[(size_t)m * K + i];
+    for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+  }
+}
+
+extern "C" {
+
+#define VL_DISPATCH(FN, ...)                  \
+  switch (M) {                                \
+    case 1: FN<1>(__VA_ARGS__); break;        \
+    case 2: FN<2>(__VA_ARGS__); break;        \
+    case 3: FN<3>(__VA_ARGS__); break;        \
+    default: FN<4>(__VA_ARGS__); break;       \
+  }
+
+// M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
+// x_bf16 = 1 (only where vl_gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
+void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind, int round16,
+                 int x_bf16, float* y, int nthreads) {
+  const int grain = kind == 2 ? 128 : 16;  // a block-scaled chunk never straddles two scale rows needlessly
+  const int chunks = (N + grain - 1) / grain;
+#ifdef VL_FP8_TABLE
+  uint16_t* xp = nullptr;
+  if (x_bf16) {  // activations in the unpack order of each 64-column block
+    const uint16_t* xb = (const uint16_t*)x;
+    xp = new uint16_t[(size_t)M * K];
+    for (int m = 0; m < M; ++m)
+      for (int i0 = 0; i0 + 64 <= K; i0 += 64)
+        for (int j = 0; j < 64; ++j) xp[(size_t)m * K + i0 + j] = xb[(size_t)m * K + i0 + unpack_pos(j)];
+  }
+#endif
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+#ifdef VL_FP8_TABLE
+    if (x_bf16) {
+      VL_DISPATCH(fp8_rows_table, (const uint16_t*)x, xp, K, w, N, scale, kind, y, r0, r1)
+      continue;
+    }
+#endif
+    VL_DISPATCH(fp8_rows, (const float*)x, K, w, N, scale, kind, round16, y, r0, r1)
+  }
+#ifdef VL_FP8_TABLE
+  delete[] xp;
+#endif
+}
+
+// x_bf16 = 1 (only where vl_gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
+void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
+                   int round16, int x_bf16, float* y, int nthreads) {
+  const int grain = 16;
+  const int chunks = (N + grain - 1) / grain;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+#ifdef VL_FP8_TABLE
+    if (x_bf16) {
+      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, K, w, bs, gs, N, y, r0, r1)
+      continue;
+    }
+#endif
+    VL_DISPATCH(nvfp4_rows, (const float*)x, K, w, bs, gs, N, round16, y, r0, r1)
+  }
+}
+
+// Dense: x (M, K) and w (N, K) both bf16 (bf16=1) or both float32; y (M, N) float32. M in 1..4.
+int vl_dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar loop: the caller keeps torch's)
+#if defined(VL_AVX512) && defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
+  const int grain = 16;
+  const int chunks = (N + grain - 1) / grain;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+  for (int c = 0; c < chunks; ++c) {
+    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+    if (bf16) {
+      VL_DISPATCH(bf16_rows, (const uint16_t*)x, K, (const uint16_t*)w, N, y, r0, r1)
+    } else {
+      VL_DISPATCH(f32_rows, (const float*)x, K, (const float*)w, N, y, r0, r1)
+    }
+  }
+}
+
+}  // extern "C"
