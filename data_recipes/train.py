@@ -102,7 +102,7 @@ def check_init_from(directory) -> None:
 def load_weights_from(model, directory) -> None:
     """Copies a saved model's weights (any layout `vl.load_pretrained` reads) into `model`, which must have
     the same architecture (`Recipe.init_from`)."""
-    from vl.checkpoint.load import load_pretrained
+    from vl.runtime.pretrained import load_pretrained
 
     source = load_pretrained(directory, dtype=torch.float32).state_dict()
     try:

@@ -11,7 +11,7 @@ __all__ = ["load_pretrained", "load_processor", "Engine", "VLError"]
 
 def load_pretrained(path, dtype=None, device_map=None, **kwargs):
     """Load any supported checkpoint directory (see README) as an `nn.Module`."""
-    from vl.checkpoint.load import load_pretrained as _load
+    from vl.runtime.pretrained import load_pretrained as _load
 
     return _load(path, dtype=dtype, device_map=device_map, **kwargs)
 

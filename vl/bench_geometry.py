@@ -173,7 +173,7 @@ def decode_bytes(model) -> int:
 def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_ctx: int = 128, new_tokens: int = 8,
         repeats: int = 1, keep: bool = False, log=print) -> dict:
     import vl
-    from vl.bench import PeakRSS, our_decode_s, our_prefill
+    from vl.bench_timing import PeakRSS, our_decode_s, our_prefill
 
     cfg = GEOMETRIES[geometry]() if isinstance(geometry, str) else geometry
     geometry = geometry if isinstance(geometry, str) else "custom"

@@ -24,7 +24,7 @@ def main() -> None:
     from data_recipes.vision_targets import position_bin
     from token_reduction.evs import evs
     from token_reduction.protocol import TokenLayout
-    from vl.checkpoint.load import load_pretrained
+    from vl.runtime.pretrained import load_pretrained
     from vl.cli import default_model
     from vl.processing.images import normalize
 

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from data_recipes.calibration import SYNTHETIC
 import vl
 from vl.errors import CheckpointError, ConfigError
 from vl.quant.config import QuantFormatError, QuantUnavailableError
@@ -267,7 +268,7 @@ def test_text_only_nemotron_h_checkpoint(tmp_path):
     from vl.quant.ptq import quantize_checkpoint
 
     d, _ = save_hf_nemotron(tmp_path, "hybrid")
-    res = quantize_checkpoint(d, tmp_path / "fp8", "fp8", num_calib=2, progress=False)
+    res = quantize_checkpoint(d, tmp_path / "fp8", "fp8", num_calib=2, progress=False, calib_source=SYNTHETIC)
     ids = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(0))
     model = vl.load_pretrained(res.out_dir)
     assert type(model).__name__ == "NemotronHForCausalLM"

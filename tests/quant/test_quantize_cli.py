@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from data_recipes.calibration import SYNTHETIC
 import vl
 from vl.errors import ConfigError
 from vl.quant.cli import main
@@ -35,7 +36,8 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="module")
 def computed(src, tmp_path_factory):
     """An NVFP4 export made through the library call, so the test sees what the exporter computed."""
-    return quantize_checkpoint(src, tmp_path_factory.mktemp("lib") / "nvfp4", "nvfp4", num_calib=2, progress=False)
+    return quantize_checkpoint(src, tmp_path_factory.mktemp("lib") / "nvfp4", "nvfp4", num_calib=2, progress=False,
+                               calib_source=SYNTHETIC)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -117,7 +119,7 @@ def test_calibration_sees_every_position_of_the_stateless_tail(src, computed):
     assert lm.stateless_tail < len(lm.config.pattern)  # the tiny model ends in an MLP
     tail = [n for n in computed.quantized if n.startswith(f"language_model.backbone.layers.{lm.stateless_tail}.")]
     assert tail
-    calib = calibration_inputs(src, model, None, 2, 0)
+    calib = calibration_inputs(src, model, None, 2, 0, SYNTHETIC)
     full = collect_input_amax(model, lambda: [model(**c.kwargs) for c in calib], computed.quantized)
     for name in computed.quantized:
         assert computed.input_amax[name] == pytest.approx(full[name], rel=1e-6), name
@@ -147,7 +149,8 @@ def test_calibration_prompts_from_a_file(src, computed, tmp_path):
 
 
 def test_block_2d_shares_one_scale_per_16x16_tile(src, tmp_path):
-    res = quantize_checkpoint(src, tmp_path / "b2d", "nvfp4", num_calib=1, block_2d=True, progress=False)
+    res = quantize_checkpoint(src, tmp_path / "b2d", "nvfp4", num_calib=1, block_2d=True, progress=False,
+                              calib_source=SYNTHETIC)
     in_proj = [n for n in res.quantized if n.endswith("in_proj")]  # 328 rows: no 16x16 tiling, said so
     assert in_proj and res.options["block_2d_skipped"] == in_proj
     for name in res.quantized:
@@ -160,7 +163,8 @@ def test_block_2d_shares_one_scale_per_16x16_tile(src, tmp_path):
 
 
 def test_hadamard_export_is_a_plain_checkpoint_of_the_same_function(src, tmp_path):
-    res = quantize_checkpoint(src, tmp_path / "rht", "fp8", num_calib=1, hadamard=True, progress=False)
+    res = quantize_checkpoint(src, tmp_path / "rht", "fp8", num_calib=1, hadamard=True, progress=False,
+                              calib_source=SYNTHETIC)
     t = load_file(str(res.out_dir / "model.safetensors"))
     before = load_file(str(src / "model.safetensors"))
     assert torch.equal(t["language_model.backbone.layers.0.norm.weight"], torch.ones(64))
@@ -181,14 +185,14 @@ def test_lm_head_quantized_on_request(tmp_path_factory):
 
 def test_refusals(src, exported, tmp_path):
     with pytest.raises(ConfigError, match="is the input directory"):
-        quantize_checkpoint(src, src, "fp8", progress=False)
+        quantize_checkpoint(src, src, "fp8", progress=False, calib_source=SYNTHETIC)
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "x").write_text("x")
     with pytest.raises(ConfigError, match="not empty"):
-        quantize_checkpoint(src, busy, "fp8", progress=False)
+        quantize_checkpoint(src, busy, "fp8", progress=False, calib_source=SYNTHETIC)
     with pytest.raises(ConfigError, match="already a NVFP4 checkpoint"):
-        quantize_checkpoint(exported["nvfp4"], tmp_path / "again", "fp8", progress=False)
+        quantize_checkpoint(exported["nvfp4"], tmp_path / "again", "fp8", progress=False, calib_source=SYNTHETIC)
     with pytest.raises(SystemExit):
         main(["--format", "int4", "--model", str(src), "--out", str(tmp_path / "x")])
 
@@ -197,7 +201,7 @@ def test_moe_text_only_keeps_router_and_experts_and_loads_without_warnings(tmp_p
     from tiny_models import save_hf_nemotron
 
     d, _ = save_hf_nemotron(tmp_path, "moe")
-    res = quantize_checkpoint(d, tmp_path / "nvfp4", "nvfp4", num_calib=1, progress=False)
+    res = quantize_checkpoint(d, tmp_path / "nvfp4", "nvfp4", num_calib=1, progress=False, calib_source=SYNTHETIC)
     t = res.tensors
     assert t["backbone.layers.1.mixer.experts.0.up_proj.weight"].dtype == torch.float32
     assert t["backbone.layers.1.mixer.gate.weight"].dtype == torch.float32
@@ -208,3 +212,9 @@ def test_moe_text_only_keeps_router_and_experts_and_loads_without_warnings(tmp_p
     assert not [r for r in caplog.records if r.name.startswith("vl.quant")]
     ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(model(ids).logits).all()
+
+
+def test_the_quantizer_needs_calibration_data_given_to_it(src, tmp_path):
+    """The library knows no data set: without prompts or a calibration source it says what to pass."""
+    with pytest.raises(ConfigError, match="no calibration data"):
+        quantize_checkpoint(src, tmp_path / "none", "fp8", progress=False)

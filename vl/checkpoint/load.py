@@ -60,9 +60,11 @@ def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: to
     return model
 
 
-def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan: bool = False,
-                    quant_mode: str | None = None):
-    """quant_mode (FP8 / NVFP4 checkpoints only): None or "auto" (per device), "weight-only", "native",
+def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_mode: str | None = None):
+    """The model of a checkpoint directory with its tensors assigned, on the CPU, before any runtime pass
+    (`vl.load_pretrained` = this + vl/runtime/pretrained.py). `device_map` only informs the quantized mode choice.
+
+    quant_mode (FP8 / NVFP4 checkpoints only): None or "auto" (per device), "weight-only", "native",
     "dequantize"; see vl/checkpoint/quantized.py. `model.quantization` says what was chosen (None if plain)."""
     directory = resolve_dir(path)
     raw = read_config(directory)
@@ -101,12 +103,4 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     model.checkpoint_dir = str(directory)
     model.config_notes = notes
     model.quantization = qload
-    from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
-
-    upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
-    gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
-    if device_map is not None:
-        from vl.runtime.placement import place
-
-        model = place(model, device_map, max_memory=max_memory)
     return model

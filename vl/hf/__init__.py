@@ -31,20 +31,14 @@ import warnings
 
 from vl.errors import GenerationOptionError
 
-MODEL_TYPE = "NemotronH_Nano_VL_V2"
-MODEL_CLASS = "NemotronNanoVLV2ForImageTextToText"
-# The processor class name written by the reference checkpoints (preprocessor_config.json `processor_class`):
-# transformers resolves that name among registered classes, so ours is found instead of the remote one.
-PROCESSOR_CLASS = "NemotronNanoVLV2Processor"
-
-# from_pretrained keywords. `pipeline(model_kwargs=...)` hands the same dict to the model and to the processor,
-# so each side knows the other's options and leaves them alone; hub keywords have nothing to do locally.
-LOADER_KEYS = ("_from_pipeline", "_from_auto", "_commit_hash", "trust_remote_code", "code_revision", "token",
-               "local_files_only", "cache_dir", "force_download", "proxies", "subfolder", "user_agent", "use_fast")
-MODEL_KEYS = ("dtype", "torch_dtype", "device_map", "video_pruning_rate", "attn_implementation", "max_memory",
-              "scan_nan", "quant_mode", "adapter_kwargs")
-PROCESSOR_KEYS = ("allowed_roots", "allow_remote_media", "limits", "isolate", "video_backend",
-                  "timestamp_convention")
+from vl.hf.names import (  # noqa: F401 - re-exported
+    LOADER_KEYS,
+    MODEL_CLASS,
+    MODEL_KEYS,
+    MODEL_TYPE,
+    PROCESSOR_CLASS,
+    PROCESSOR_KEYS,
+)
 
 __all__ = ["MODEL_TYPE", "NemotronNanoVLV2Config", "NemotronNanoVLV2ForImageTextToText", "NemotronNanoVLV2Processor",
            "registered"]

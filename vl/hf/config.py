@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from transformers.configuration_utils import PreTrainedConfig
 
-from vl.hf import MODEL_TYPE
+from vl.hf.names import MODEL_TYPE
 
 
 class NemotronNanoVLV2Config(PreTrainedConfig):

@@ -26,7 +26,7 @@ from transformers.modeling_utils import PreTrainedModel
 
 from vl.errors import CheckpointError, ConfigError, GenerationOptionError, InputError
 from vl.hf.config import NemotronNanoVLV2Config
-from vl.hf import LOADER_KEYS, PROCESSOR_KEYS
+from vl.hf.names import LOADER_KEYS, PROCESSOR_KEYS
 
 DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_new_tokens nor max_length is set
 # transformers' global defaults (GenerationConfig._get_default_generation_params) for what we implement

@@ -33,7 +33,7 @@ from transformers.feature_extraction_utils import BatchFeature
 from transformers.processing_utils import ProcessorMixin
 
 from vl.errors import ConfigError, CorruptMediaError, InputError, MediaTooLargeError, RemoteMediaError
-from vl.hf import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
+from vl.hf.names import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
 
 PROCESSOR_FILE = "processor_config.json"
 # apply_chat_template keywords: transformers' own, then ours (passed to vl.processing.Processor or the model)

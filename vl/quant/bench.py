@@ -81,7 +81,7 @@ def build_bench_model(directory, seed: int = 0, outlier_gain: float = 0.0) -> Pa
 def _eval_inputs(model_dir: Path, n: int, seed: int) -> list[dict]:
     """Teacher-forcing inputs: synthetic documents with their question and answer, through the Processor."""
     import vl
-    from vl.quant.ptq import synthetic_messages
+    from data_recipes.calibration import synthetic_messages
 
     proc = vl.load_processor(model_dir)
     out = []
@@ -157,6 +157,7 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
     import vl
     from vl.errors import VLError
     from vl.quant.linear import QuantizedLinear, resident_weight_bytes
+    from data_recipes.calibration import SYNTHETIC
     from vl.quant.ptq import quantize_checkpoint
 
     logging.getLogger("vl").setLevel(logging.ERROR)  # the per-load notices would flood the table
@@ -179,7 +180,8 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
         for fmt, rot, b2d in variants:
             out = root / f"{fmt}{'-hadamard' if rot else ''}{'-2d' if b2d else ''}"
             res = quantize_checkpoint(model_dir, out, fmt, num_calib=num_calib, hadamard=rot, block_2d=b2d,
-                                      seed=seed, progress=progress, overwrite=True, dtype="float32")
+                                      seed=seed, progress=progress, overwrite=True, dtype="float32",
+                                      calib_source=SYNTHETIC)
             if not b2d:
                 exports[(fmt, rot)] = res
             m = vl.load_pretrained(out, dtype=dtype, quant_mode="weight-only")

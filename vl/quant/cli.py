@@ -12,7 +12,9 @@ import argparse
 import logging
 import sys
 
-from vl.quant.ptq import FORMATS
+from data_recipes.calibration import SYNTHETIC
+from vl.errors import VLError
+from vl.quant.ptq import FORMATS, quantize_checkpoint, read_prompts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from vl.errors import VLError
-    from vl.quant.ptq import quantize_checkpoint, read_prompts
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         result = quantize_checkpoint(args.model, args.out, args.format, prompts=prompts, num_calib=args.num_calib,
                                      hadamard=args.hadamard, block_2d=args.block_2d,
                                      exclude_lm_head=args.exclude_lm_head, exclude=args.exclude, dtype=args.dtype,
-                                     seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite)
+                                     seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite,
+                                     calib_source=SYNTHETIC)
     except VLError as exc:
         print(f"error [{exc.code}]: {exc}", file=sys.stderr)
         return 2

@@ -20,17 +20,23 @@ import logging
 import math
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import torch
 from torch import nn
 
+from vl.checkpoint.files import CheckpointFiles, save_tensors
+from vl.checkpoint.nano_vl import export_state_dict
+from vl.checkpoint.nemotron_h import export_lm
+from vl.directory import read_config, resolve_dir
 from vl.errors import CheckpointError, ConfigError
+from vl.processing.load import load_processor
 from vl.quant.config import is_excluded, never_quantized
+from vl.quant.rotate import rotate_residual_stream
+from vl.runtime.pretrained import load_pretrained
 from vl.quant.export import (
     PRODUCER,
     collect_input_amax,
@@ -91,60 +97,41 @@ def read_prompts(path) -> list[str]:
     return prompts
 
 
-def synthetic_messages(n: int, tile_size: int, seed: int = 0) -> list[tuple[list[dict], str]]:
-    """n chat conversations (user question with media + the answer), documents and clips alternating, from
-    data_recipes.synthetic's validation split; clips are encoded to MP4 so they go through the video decoder."""
-    from data_recipes.synthetic import make_dataset, write_mp4
+class CalibrationSource(Protocol):
+    """Where calibration samples come from when no prompts are given (the `vl quantize` command supplies the
+    synthetic documents and clips of data_recipes/calibration.py); the quantizer itself knows no data set."""
 
-    tile = max(32, min(1024, int(tile_size)))
-    n_video = n // 2
-    docs = make_dataset("document", "val", n - n_video, seed=seed, tile_size=tile)
-    clips = make_dataset("video", "val", n_video, seed=seed, tile_size=tile)
-    out, next_doc, next_clip = [], iter(docs), iter(clips)
-    with tempfile.TemporaryDirectory(prefix="vl-calib-") as tmp:
-        for i in range(n):
-            s = next(next_clip) if i % 2 == 1 else next(next_doc)
-            if s.kind == "video":
-                path = write_mp4(list(s.media), s.fps or 2.0, Path(tmp) / f"clip{i}.mp4")
-                media = [{"type": "video", "video": path.read_bytes()}]
-                what = f"synthetic video {s.family} ({len(s.media)} frames)"
-            else:
-                media = [{"type": "image", "image": page} for page in s.media]
-                what = f"synthetic document {s.family} ({len(s.media)} page(s))"
-            msgs = [{"role": "user", "content": media + [{"type": "text", "text": s.question}]},
-                    {"role": "assistant", "content": s.answer}]
-            out.append((msgs, what))
-    return out
+    def messages(self, n: int, tile_size: int, seed: int) -> list[tuple[list[dict], str]]: ...
+
+    def texts(self, n: int, seed: int) -> list[str]: ...
 
 
 def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | None, n: int,
-                       seed: int = 0) -> list[Calibration]:
-    """Model inputs for calibration: the user's prompts (text) or `n` synthetic documents / clips."""
+                       seed: int = 0, source: CalibrationSource | None = None) -> list[Calibration]:
+    """Model inputs for calibration: the user's prompts (text) or `n` samples of `source`."""
     if n < 1 and prompts is None:
         raise ConfigError(f"num_calib={n}: expected at least one calibration input")
+    if prompts is None and source is None:
+        raise ConfigError("no calibration data: pass prompts (vl quantize --calib-prompts FILE) or a calibration "
+                          "source (vl quantize uses synthetic documents and clips by default)")
     if hasattr(model, "prepare_inputs"):  # a VL model: the Processor is the one path from messages to inputs
-        import vl
-
         try:
-            proc = vl.load_processor(model_dir)
+            proc = load_processor(model_dir)
         except OSError as e:
             raise CheckpointError(f"{model_dir}: the tokenizer could not be loaded ({e}); calibration needs "
                                   "it") from None
         if prompts is not None:
             items = [([{"role": "user", "content": p}], f"prompt {i + 1}") for i, p in enumerate(prompts)]
         else:
-            items = synthetic_messages(n, proc.config.force_image_size, seed)
+            items = source.messages(n, proc.config.force_image_size, seed)
         out = []
         for msgs, what in items:
             x = proc(msgs, add_generation_prompt=False)
             out.append(Calibration(dict(input_ids=x.input_ids, pixel_values=x.pixel_values, media=x.media), what))
         return out
     texts = prompts
-    if texts is None:  # text-only: the synthetic questions and answers as plain text
-        from data_recipes.synthetic import make_dataset
-
-        texts = [f"{s.question} {s.reasoning} {s.answer}" for s in make_dataset("document", "val", n, seed=seed,
-                                                                                 tile_size=32)]
+    if texts is None:  # text-only: the source's samples as plain text
+        texts = source.texts(n, seed)
     try:
         from transformers import AutoTokenizer
 
@@ -174,11 +161,7 @@ def _bar(items, desc: str, progress: bool, total: int | None = None):
 def _checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under the checkpoint names of its own format (hub layout)."""
     if hasattr(model, "prepare_inputs"):
-        from vl.checkpoint.nano_vl import export_state_dict
-
         return export_state_dict(model)
-    from vl.checkpoint.nemotron_h import export_lm
-
     return export_lm(model.state_dict())
 
 
@@ -199,12 +182,10 @@ def _nbytes(tensors) -> int:
 def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iterable[str] | None = None,
                         num_calib: int = 8, hadamard: bool = False, block_2d: bool = False,
                         exclude_lm_head: bool = True, exclude: Iterable[str] = (), dtype="float32", seed: int = 0,
-                        progress: bool = True, overwrite: bool = False) -> QuantizeResult:
-    """BF16 / FP32 checkpoint at `model_dir` -> ModelOpt `fmt` ("fp8" | "nvfp4") checkpoint at `out_dir`."""
-    import vl
-    from vl.checkpoint.files import CheckpointFiles, save_tensors
-    from vl.directory import read_config, resolve_dir
-    from vl.quant.rotate import rotate_residual_stream
+                        progress: bool = True, overwrite: bool = False,
+                        calib_source: CalibrationSource | None = None) -> QuantizeResult:
+    """BF16 / FP32 checkpoint at `model_dir` -> ModelOpt `fmt` ("fp8" | "nvfp4") checkpoint at `out_dir`, its
+    activation scales calibrated on `prompts` or on `num_calib` samples of `calib_source`."""
 
     t0 = time.perf_counter()
     if fmt not in FORMATS:
@@ -219,7 +200,7 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"--out {out} exists and is not empty; expected a new or empty directory (or --overwrite)")
     raw = read_config(src)
-    model = vl.load_pretrained(src, dtype=dtype)
+    model = load_pretrained(src, dtype=dtype)
     if model.quantization is not None:
         raise ConfigError(f"{src} is already a {model.quantization.fmt} checkpoint; quantize the BF16/FP32 original")
     lm = getattr(model, "language_model", model)
@@ -232,7 +213,8 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     names = [n for n in linears if not never_quantized(n) and not is_excluded(n, pats)]
     excluded = [n for n in linears if n not in names]
 
-    calib = calibration_inputs(src, model, list(prompts) if prompts is not None else None, num_calib, seed)
+    calib = calibration_inputs(src, model, list(prompts) if prompts is not None else None, num_calib, seed,
+                               calib_source)
 
     def run():  # every Linear must see every position: the stateless tail too, not only the kept logits
         tail, lm.stateless_tail = lm.stateless_tail, len(lm.backbone.layers)

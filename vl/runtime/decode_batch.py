@@ -18,7 +18,7 @@ import torch
 
 from vl.errors import GenerationOptionError
 from vl.runtime.cache import HybridCache
-from vl.runtime.generate import _bucket, decode_step, default_prefill_chunk
+from vl.runtime.decode_step import _bucket, decode_step, default_prefill_chunk
 from vl.runtime.sampling import SamplingParams, apply_repetition_penalty, sample
 
 ELASTIC_MODES = ("eager", "static")

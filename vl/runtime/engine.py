@@ -16,11 +16,13 @@ from pathlib import Path
 import torch
 
 from vl.errors import GenerationOptionError, InputError
+from vl.processing.load import load_processor
 from vl.processing.progress import Work
 from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.generate import decode_step
 from vl.runtime.placement import execution_device
+from vl.runtime.pretrained import load_pretrained
 from vl.runtime.sampling import SamplingParams
 
 
@@ -45,12 +47,10 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, quant_mode=None,
                         decode: str = "auto", **processor_kwargs):
-        import vl
-
-        model = vl.load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
+        model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
-        processor = vl.load_processor(path, **processor_kwargs)
+        processor = load_processor(path, **processor_kwargs)
         return cls(model, processor, stop_ids=_generation_stop_ids(path), decode=decode)
 
     @property

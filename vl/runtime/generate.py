@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from vl.errors import ContextLengthError, GenerationOptionError
+from vl.runtime.decode_batch import DecodeBatch
+from vl.runtime.decode_step import DECODE_MODES, decode_step, default_prefill_chunk  # noqa: F401 - re-exported
 from vl.runtime.sampling import SamplingParams
 
 
@@ -35,42 +37,6 @@ def left_pad_embeds(embeds: list[torch.Tensor]):
     for i, e in enumerate(embeds):
         out[i, t - e.shape[0]:], mask[i, t - e.shape[0]:] = e, 1
     return out, mask
-
-
-DECODE_MODES = ("eager", "static", "compiled", "cuda-graphs")
-
-
-def decode_step(lm, mode: str):
-    """The one-token step for `mode`: "eager" (Python positions, the reference), "static" (fixed shapes,
-    a tensor position), "compiled" (static under torch.compile) or "cuda-graphs" (static, compiled with
-    mode="reduce-overhead" so each step replays one CUDA graph). Compiled steps are kept on the model."""
-    if mode not in DECODE_MODES:
-        raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
-    if mode == "eager":
-        return lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1]
-
-    def step(tok, cache, pos):
-        return lm(input_ids=tok, cache=cache, input_pos=pos).logits[:, -1]
-
-    if mode == "static":
-        return step
-    cached = getattr(lm, "_vl_compiled_steps", None)
-    if cached is None:
-        cached = lm._vl_compiled_steps = {}
-    if mode not in cached:
-        cached[mode] = torch.compile(step, mode="reduce-overhead" if mode == "cuda-graphs" else None)
-    return cached[mode]
-
-
-def default_prefill_chunk(device) -> int:
-    """Tokens per prefill call: bounded activations on the CPU; on a GPU, long chunks keep the flash kernels
-    busy (a chunk after the first attends through an explicit mask)."""
-    return 16384 if torch.device(device).type == "cuda" else 2048
-
-
-def _bucket(n: int, step: int = 256) -> int:
-    """Cache lengths rounded up, so compiled steps see a few shapes rather than one per request."""
-    return -(-n // step) * step
 
 
 @dataclass
@@ -107,8 +73,6 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
     given, is the caller's own per-row flag list: setting a row's flag between steps ends that row (a client that
     went away, a stop string, the row's own token limit); the loop returns once every row has finished.
     """
-    from vl.runtime.decode_batch import DecodeBatch
-
     x = input_ids if inputs_embeds is None else inputs_embeds
     b, t = x.shape[0], x.shape[1]
     check_lengths(t, max_new_tokens, context_length or lm.config.max_position_embeddings)

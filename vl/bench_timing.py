@@ -1,0 +1,85 @@
+"""What `vl bench` and `vl bench --geometry` measure with: peak memory, the CPU's vector ISA, our prefill and our
+per-token decode time (shared by vl/bench.py and vl/bench_geometry.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from vl.runtime.cache import HybridCache
+from vl.runtime.generate import default_prefill_chunk, generate_steps
+from vl.runtime.sampling import SamplingParams
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, sampled every 2 ms in a thread (CPU), or the CUDA
+    allocator's peak above the starting allocation (GPU)."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base, self.peak = torch.cuda.memory_allocated(), 0
+            return self
+        import psutil
+
+        self.proc, self.stop, self.peak = psutil.Process(), False, 0
+        self.base = self.proc.memory_info().rss
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        while not self.stop:
+            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.base
+            return
+        self.stop = True
+        self.thread.join()
+
+
+def cpu_isa() -> str:
+    """The vector ISA speed figures depend on: torch's CPU capability and the AVX512 / AMX flags of this CPU."""
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = {f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx"))}
+                break
+    except OSError:
+        pass
+    return f"torch {torch.backends.cpu.get_cpu_capability()}; " + (" ".join(sorted(flags)) or "no AVX512/AMX")
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def our_prefill(model, ids):
+    w = model.backbone.embeddings.weight
+    cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=w.dtype, device=w.device)
+    chunk = default_prefill_chunk(w.device)
+    for s in range(0, ids.shape[1], chunk):
+        model(ids[:, s:s + chunk], cache=cache, logits_to_keep=1)
+
+
+@torch.no_grad()
+def our_decode_s(model, ids, n, decode="eager") -> float:
+    """Seconds per token over tokens 2..n+1 of a greedy run (timestamps as each token arrives)."""
+    stamps = []
+    for _ in generate_steps(model, input_ids=ids, max_new_tokens=n + 1, params=SamplingParams(), decode=decode):
+        _sync()
+        stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[0]) / n

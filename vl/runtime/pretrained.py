@@ -1,0 +1,19 @@
+"""`vl.load_pretrained`: a checkpoint's model (vl/checkpoint/load.py) with the runtime passes applied from outside
+the model code, in gpt-fast's `_load_model` order: build and assign, then the CPU matmul passes, then placement."""
+
+from __future__ import annotations
+
+from vl.checkpoint.load import load_model
+from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
+from vl.runtime.placement import place
+
+
+def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan: bool = False,
+                    quant_mode: str | None = None):
+    """Any supported checkpoint directory as an `nn.Module` (README, "Quickstart: Python")."""
+    model = load_model(path, dtype=dtype, device_map=device_map, scan_nan=scan_nan, quant_mode=quant_mode)
+    upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
+    gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
+    if device_map is not None:
+        model = place(model, device_map, max_memory=max_memory)
+    return model
