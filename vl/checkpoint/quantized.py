@@ -35,13 +35,14 @@ from vl.quant.config import (
     QuantFormatError,
     QuantUnavailableError,
     detect_quantized_linears,
-    never_quantized,
+    linear_spec,
     read_quant_config,
 )
+from vl.quant.linear import MODES
 
 log = logging.getLogger(__name__)
 
-QUANT_MODES = ("auto", "weight-only", "native", "dequantize")
+QUANT_MODES = MODES  # the one list of quantized execution modes (vl/quant/linear.py)
 PACKED_DTYPES = (torch.uint8,) + FP8_WEIGHT_DTYPES
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")  # ModelOpt FP8 KV-cache scales on attention k/v projections
 # Modules expanded at load in every mode (none: the model casts the lm_head input to its compute dtype, so a
@@ -104,58 +105,9 @@ def _checkpoint_sources(plan: Plan) -> dict[str, str]:
     return {srcs[0]: native for native, srcs in plan.sources.items() if native not in plan.stacked and len(srcs) == 1}
 
 
-def _scalar(info: TensorInfo) -> None:
-    if info.dtype != torch.float32:
-        raise QuantFormatError(f"{info.name}: expected dtype float32, found {info.dtype}")
-    n = 1
-    for s in info.shape:
-        n *= s
-    if n != 1:
-        raise QuantFormatError(f"{info.name}: expected a scalar (1 element), found shape {list(info.shape)}")
-
-
 def _header_spec(ck: str, native: str, infos: dict[str, TensorInfo]) -> LinearQuantSpec:
-    """Spec of checkpoint module `ck` from its headers; QuantFormatError naming the tensor when inconsistent."""
-    from vl.quant.fp8 import fp8_scale_granularity
-    from vl.quant.nvfp4 import check_nvfp4_shapes
-
-    w = infos[f"{ck}.weight"]
-    fmt = "nvfp4" if w.dtype == torch.uint8 else "fp8"
-    if never_quantized(ck):
-        raise QuantFormatError(
-            f"{ck}.weight: found a {fmt.upper()} weight ({w.dtype}) in a module the reference stack never quantizes "
-            "(vision tower, mlp1, conv1d, norms, embeddings); expected a BF16/FP32 weight here.")
-    if len(w.shape) != 2:
-        raise QuantFormatError(f"{ck}.weight: expected a 2-D Linear weight, found shape {list(w.shape)}")
-    present = {s: f"{ck}.{s}" in infos for s in QUANT_SUFFIXES}
-    if not present["weight_scale"]:
-        raise QuantFormatError(
-            f"{ck}.weight_scale: missing; a {fmt.upper()} weight ({ck}.weight, {w.dtype}) needs its scale. "
-            "The checkpoint is incomplete; re-export or re-download it.")
-    ws = infos[f"{ck}.weight_scale"]
-    if present["input_scale"]:
-        _scalar(infos[f"{ck}.input_scale"])
-    shapes = {s: infos[f"{ck}.{s}"].shape for s in ("weight", "bias") + QUANT_SUFFIXES if f"{ck}.{s}" in infos}
-    bias = f"{ck}.bias" in infos
-    if fmt == "nvfp4":
-        if not present["weight_scale_2"]:
-            raise QuantFormatError(
-                f"{ck}.weight_scale_2: missing; an NVFP4 weight ({ck}.weight) needs its float32 global scale "
-                "(amax / 2688). The checkpoint is incomplete; re-export or re-download it.")
-        check_nvfp4_shapes(w.shape, ws.shape, ws.dtype, name=f"{ck}.weight_scale")
-        _scalar(infos[f"{ck}.weight_scale_2"])
-        return LinearQuantSpec(native, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
-                               weight_dtype=w.dtype, shapes=shapes)
-    if present["weight_scale_2"]:
-        raise QuantFormatError(f"{ck}.weight_scale_2: unexpected for an FP8 weight ({w.dtype}); expected none")
-    if ws.dtype != torch.float32:
-        raise QuantFormatError(f"{ck}.weight_scale: expected dtype float32 for FP8, found {ws.dtype}")
-    try:
-        gran = fp8_scale_granularity(w.shape, ws.shape)
-    except QuantFormatError as e:
-        raise QuantFormatError(f"{ck}.weight_scale: {e}") from None
-    return LinearQuantSpec(native, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
-                           fp8_granularity=gran, weight_dtype=w.dtype, shapes=shapes)
+    """Spec of checkpoint module `ck` from its headers (the one check: vl/quant/config.py `linear_spec`)."""
+    return linear_spec(ck, infos, native)
 
 
 def stacked_specs(plan: Plan, files: CheckpointFiles) -> dict[str, list[LinearQuantSpec]]:

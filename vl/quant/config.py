@@ -248,50 +248,40 @@ def _scalar_positive(t: torch.Tensor, key: str) -> None:
         raise QuantFormatError(f"{key}: expected a finite positive scale, found {v}")
 
 
-def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | None:
-
-    w = sd[f"{name}.weight"]
-    present = {s: f"{name}.{s}" in sd for s in QUANT_SUFFIXES}
-    bias = f"{name}.bias" in sd
-    if w.dtype == torch.uint8:
-        fmt = "nvfp4"
-    elif w.dtype in FP8_WEIGHT_DTYPES:
-        fmt = "fp8"
-    else:
-        orphans = [f"{name}.{s}" for s, p in present.items() if p]
-        if orphans:
-            raise QuantFormatError(
-                f"{orphans[0]}: a quantization scale exists but {name}.weight is {w.dtype}; expected a uint8 "
-                "(NVFP4) or float8 (FP8) weight next to it. The checkpoint is inconsistent."
-            )
-        return None
+def linear_spec(name: str, entries: Mapping, native: str | None = None) -> LinearQuantSpec:
+    """The one structural check of a quantized Linear, from anything with `.shape` and `.dtype` per tensor
+    (safetensors headers before loading, tensors after): `entries` maps `f"{name}.{suffix}"` to them, and the
+    weight must be packed (uint8 NVFP4 or float8 FP8). The spec is named `native` (default `name`).
+    QuantFormatError names the tensor when the layout is inconsistent (docs/format.md, FP8/NVFP4 layouts)."""
+    w = entries[f"{name}.weight"]
+    fmt = "nvfp4" if w.dtype == torch.uint8 else "fp8"
     if never_quantized(name):
         raise QuantFormatError(
-            f"{name}.weight: found a {fmt.upper()} weight in a module the reference stack never quantizes "
-            "(vision tower, mlp1, conv1d, norms, embeddings); expected a BF16/FP32 weight here."
-        )
-    if w.dim() != 2:
-        raise QuantFormatError(f"{name}.weight: expected a 2-D Linear weight, found shape {tuple(w.shape)}")
+            f"{name}.weight: found a {fmt.upper()} weight ({w.dtype}) in a module the reference stack never quantizes "
+            "(vision tower, mlp1, conv1d, norms, embeddings); expected a BF16/FP32 weight here.")
+    if len(w.shape) != 2:
+        raise QuantFormatError(f"{name}.weight: expected a 2-D Linear weight, found shape {list(w.shape)}")
+    present = {s: f"{name}.{s}" in entries for s in QUANT_SUFFIXES}
     if not present["weight_scale"]:
         raise QuantFormatError(
             f"{name}.weight_scale: missing; a {fmt.upper()} weight ({name}.weight, {w.dtype}) needs its scale. "
-            "The checkpoint is incomplete; re-export or re-download it."
-        )
-    ws = sd[f"{name}.weight_scale"]
+            "The checkpoint is incomplete; re-export or re-download it.")
+    ws = entries[f"{name}.weight_scale"]
     if present["input_scale"]:
-        _scalar_positive(sd[f"{name}.input_scale"], f"{name}.input_scale")
+        _scalar_meta(entries[f"{name}.input_scale"], f"{name}.input_scale")
+    shapes = {s: tuple(entries[f"{name}.{s}"].shape) for s in ("weight", "bias") + QUANT_SUFFIXES
+              if f"{name}.{s}" in entries}
+    bias = f"{name}.bias" in entries
+    native = name if native is None else native
     if fmt == "nvfp4":
         if not present["weight_scale_2"]:
             raise QuantFormatError(
-                f"{name}.weight_scale_2: missing; an NVFP4 weight needs its float32 global scale "
-                "(amax / 2688). The checkpoint is incomplete."
-            )
+                f"{name}.weight_scale_2: missing; an NVFP4 weight ({name}.weight) needs its float32 global scale "
+                "(amax / 2688). The checkpoint is incomplete; re-export or re-download it.")
         check_nvfp4_shapes(w.shape, ws.shape, ws.dtype, name=f"{name}.weight_scale")
-        if bool(torch.isnan(ws.float()).any()):
-            raise QuantFormatError(f"{name}.weight_scale: expected finite E4M3 block scales, found NaN")
-        _scalar_positive(sd[f"{name}.weight_scale_2"], f"{name}.weight_scale_2")
-        return LinearQuantSpec(name, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
-                               weight_dtype=w.dtype, shapes=_shapes(name, sd))
+        _scalar_meta(entries[f"{name}.weight_scale_2"], f"{name}.weight_scale_2")
+        return LinearQuantSpec(native, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
+                               weight_dtype=w.dtype, shapes=shapes)
     if present["weight_scale_2"]:
         raise QuantFormatError(f"{name}.weight_scale_2: unexpected for an FP8 weight ({w.dtype}); expected none")
     if ws.dtype != torch.float32:
@@ -300,10 +290,39 @@ def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | No
         gran = fp8_scale_granularity(w.shape, ws.shape)
     except QuantFormatError as e:
         raise QuantFormatError(f"{name}.weight_scale: {e}") from None
-    if not bool((torch.isfinite(ws) & (ws > 0)).all()):
+    return LinearQuantSpec(native, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
+                           fp8_granularity=gran, weight_dtype=w.dtype, shapes=shapes)
+
+
+def _scalar_meta(t, key: str) -> None:
+    if t.dtype != torch.float32:
+        raise QuantFormatError(f"{key}: expected dtype float32, found {t.dtype}")
+    if math.prod(t.shape) != 1:
+        raise QuantFormatError(f"{key}: expected a scalar (1 element), found shape {list(t.shape)}")
+
+
+def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | None:
+    """`linear_spec` on loaded tensors, plus what only values can show (scales finite and positive); None for a
+    Linear that is not quantized (with no scale next to it)."""
+    w = sd[f"{name}.weight"]
+    if w.dtype != torch.uint8 and w.dtype not in FP8_WEIGHT_DTYPES:
+        orphans = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in sd]
+        if orphans:
+            raise QuantFormatError(
+                f"{orphans[0]}: a quantization scale exists but {name}.weight is {w.dtype}; expected a uint8 "
+                "(NVFP4) or float8 (FP8) weight next to it. The checkpoint is inconsistent."
+            )
+        return None
+    spec = linear_spec(name, sd)
+    for suffix in ("input_scale", "weight_scale_2"):
+        if f"{name}.{suffix}" in sd:
+            _scalar_positive(sd[f"{name}.{suffix}"], f"{name}.{suffix}")
+    ws = sd[f"{name}.weight_scale"]
+    if spec.fmt == "nvfp4" and bool(torch.isnan(ws.float()).any()):
+        raise QuantFormatError(f"{name}.weight_scale: expected finite E4M3 block scales, found NaN")
+    if spec.fmt == "fp8" and not bool((torch.isfinite(ws) & (ws > 0)).all()):
         raise QuantFormatError(f"{name}.weight_scale: expected finite positive scales, found zero/NaN/Inf")
-    return LinearQuantSpec(name, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
-                           fp8_granularity=gran, weight_dtype=w.dtype, shapes=_shapes(name, sd))
+    return spec
 
 
 def _shapes(name: str, sd: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
