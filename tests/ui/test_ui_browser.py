@@ -314,7 +314,7 @@ def test_browser_stop_ends_the_work_and_says_stopped(endless_served, examples, b
             stop_chat = box.locator("button.stop-button")
             _wait_until(stop_chat.is_visible, lambda: f"no Stop in the chat: {page.locator('#chat-box').inner_text()!r}",
                         60)
-            time.sleep(1.0)  # let the answer stream a while
+            time.sleep(0.3)  # let the answer stream a while
             stop_chat.click(timeout=10_000)
             page.locator("#chat-box").get_by_text("(stopped)").wait_for(timeout=15_000)
             page.locator("#chat-box").get_by_text("Stats").first.wait_for(timeout=5_000)

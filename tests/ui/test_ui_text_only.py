@@ -43,9 +43,10 @@ def test_image_in_chat_is_a_message_and_tabs_say_no_vision(text_app, tmp_path):
     png = tmp_path / "a.png"
     Image.new("RGB", (8, 8), "white").save(png)
     client = Client(demo.local_url, verbose=False, download_files=False)
-    with pytest.raises(Exception, match="text-only model"):
-        client.predict({"text": QUESTION, "files": [handle_file(str(png))]}, False, 0, 4, 0.0, 12, 2.0, 16, 0.0,
-                       api_name="/chat")
+    # a failed chat turn is answered with the error as the assistant's message (the chat stays usable)
+    out = client.predict({"text": QUESTION, "files": [handle_file(str(png))]}, False, 0, 4, 0.0, 12, 2.0, 16, 0.0,
+                         api_name="/chat")
+    assert "text-only model" in (out if isinstance(out, str) else str(out))
     config = demo.get_config_file()
     texts = [c.get("props", {}).get("value") for c in config["components"] if c.get("type") == "markdown"]
     assert sum(1 for t in texts if isinstance(t, str) and "text-only" in t and "Chat tab" in t) == 2
