@@ -11,7 +11,7 @@ import vl
 from tiny_models import randomize_
 from vl.checkpoint.files import save_tensors
 from vl.checkpoint.nano_vl import save_pretrained
-from vl.checkpoint.omni import omni_config_to_nano_vl, omni_state_dict_to_nano_vl
+from omni_adapter import omni_config_to_nano_vl, omni_state_dict_to_nano_vl
 from vl.config import tiny_vl
 from vl.errors import CheckpointError, UnsafeCheckpointError
 from vl.modeling.radio import image_to_patches

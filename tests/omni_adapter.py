@@ -1,4 +1,4 @@
-"""transformers' `nemotron_h_omni` (Nemotron 3 Nano Omni) model -> the Nano V2 VL layout.
+"""transformers' `nemotron_h_omni` (Nemotron 3 Nano Omni) model -> the Nano V2 VL layout, for the numerics tests.
 
 transformers' Omni class holds the same RADIO tower, pixel shuffle, projector and merge as Nano V2 VL,
 under other names (q/k/v split, `multi_modal_projector.{layer_norm,linear_1,linear_2}`, `model.` prefix).
