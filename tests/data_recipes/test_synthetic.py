@@ -366,6 +366,23 @@ def test_examples_are_drawn_as_the_demo_recipe_trains():
             assert {**dict(VIDEO_OPTIONS), **opts} == dict(VIDEO_OPTIONS)
 
 
+def test_examples_take_the_served_models_tile_size(tmp_path):
+    """ui/examples.py reads the tile size from the loaded model's config.json, not from a training recipe; a
+    folder without a vision config (a text-only model, a remote backend) gets the demo model's."""
+    import json
+
+    from ui.examples import example_tile_size
+
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "NemotronH_Nano_VL_V2",
+                                                            "force_image_size": 128}))
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "config.json").write_text(json.dumps({"model_type": "nemotron_h"}))
+    assert example_tile_size(tmp_path / "vl") == 128
+    assert example_tile_size(tmp_path / "text") == example_tile_size() == 96
+    assert example_tile_size(tmp_path / "missing") == 96
+
+
 def test_app_examples_are_made_again_when_drawn_otherwise(tmp_path):
     from ui.examples import ensure_examples
 
