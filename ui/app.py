@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from ui.examples import ensure_examples
 
-        examples_dir, examples = ensure_examples(args.examples_dir, None if args.backend else model)
+        examples_dir, examples = ensure_examples(args.examples_dir)
     try:
         with _Step(3, steps, f"loading the model from {model}"):
             if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)

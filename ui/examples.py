@@ -4,8 +4,8 @@ Nothing binary is committed: `data_recipes.synthetic.export.write_examples` draw
 generators' "examples" split (never train/val/test) and writes PNG / PDF / MP4 files plus `examples.json`.
 They go to `ui/examples/` when the package folder is writable, else to a per-user cache folder.
 
-They are drawn at the served model's tile size (the shipped demo model's 96 px, as it was trained) and as
-8-frame clips.
+They are drawn as the shipped demo model was trained: pages at its tile size (read from its config.json, 96 px)
+and 8-frame clips.
 The demo model reads glyphs only as rasterized at that size: the same pages drawn at 256 px and resized
 read worse (docs/demo_model.md), so larger examples would misrepresent it.
 """
@@ -20,7 +20,7 @@ from vl.directory import default_model, read_config
 from vl.errors import VLError
 
 PACKAGE_DIR = Path(__file__).parent / "examples"
-DEMO_TILE_SIZE = 96  # the shipped demo model's force_image_size, if even its config cannot be read
+DEMO_TILE_SIZE = 96  # the shipped demo model's force_image_size, if its config cannot be read
 
 
 def default_examples_dir() -> Path:
@@ -30,18 +30,14 @@ def default_examples_dir() -> Path:
     return cache / "nemotron-vl" / "ui-examples"
 
 
-def example_tile_size(model_dir: str | Path | None = None) -> int:
-    """The tile size of the model being served (`force_image_size` of its config.json), so that the pages are
-    drawn as that model reads them; the shipped demo model's when the model is not a local vision checkpoint
-    (a remote backend, a text-only model, a folder without a config)."""
-    for directory in ([model_dir] if model_dir is not None else []) + [default_model()]:
-        try:
-            size = read_config(Path(directory)).get("force_image_size")
-        except VLError:
-            continue
-        if isinstance(size, int) and size > 0:
-            return size
-    return DEMO_TILE_SIZE
+def example_tile_size() -> int:
+    """The shipped demo model's tile size (`force_image_size` of vl/demo/config.json): the examples show what the
+    demo model reads, drawn as it was trained, whatever model is served."""
+    try:
+        size = read_config(Path(default_model())).get("force_image_size")
+    except VLError:
+        size = None
+    return size if isinstance(size, int) and size > 0 else DEMO_TILE_SIZE
 
 
 def _complete(directory: Path, tile_size: int) -> list[dict] | None:
@@ -64,12 +60,10 @@ def _complete(directory: Path, tile_size: int) -> list[dict] | None:
     return records
 
 
-def ensure_examples(directory: str | Path | None = None, model_dir: str | Path | None = None
-                    ) -> tuple[Path, list[dict]]:
-    """(folder, records) with every file present, drawn at `model_dir`'s tile size; writes them when missing,
-    incomplete or drawn at another size."""
+def ensure_examples(directory: str | Path | None = None) -> tuple[Path, list[dict]]:
+    """(folder, records) with every file present; writes them when missing, incomplete or drawn at another size."""
     directory = Path(directory) if directory is not None else default_examples_dir()
-    tile_size = example_tile_size(model_dir)
+    tile_size = example_tile_size()
     records = _complete(directory, tile_size)
     if records is None:
         from data_recipes.synthetic.export import write_examples

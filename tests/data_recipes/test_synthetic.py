@@ -366,21 +366,20 @@ def test_examples_are_drawn_as_the_demo_recipe_trains():
             assert {**dict(VIDEO_OPTIONS), **opts} == dict(VIDEO_OPTIONS)
 
 
-def test_examples_take_the_served_models_tile_size(tmp_path):
-    """ui/examples.py reads the tile size from the loaded model's config.json, not from a training recipe; a
-    folder without a vision config (a text-only model, a remote backend) gets the demo model's."""
-    import json
-
+def test_examples_take_the_demo_models_tile_size_from_its_config(monkeypatch, tmp_path):
+    """ui/examples.py reads the tile size from the demo model's config.json (the library's files), not from a
+    training recipe; a missing or broken config falls back to the shipped value."""
+    import ui.examples
+    import vl.directory
     from ui.examples import example_tile_size
 
-    (tmp_path / "vl").mkdir()
-    (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "NemotronH_Nano_VL_V2",
-                                                            "force_image_size": 128}))
-    (tmp_path / "text").mkdir()
-    (tmp_path / "text" / "config.json").write_text(json.dumps({"model_type": "nemotron_h"}))
-    assert example_tile_size(tmp_path / "vl") == 128
-    assert example_tile_size(tmp_path / "text") == example_tile_size() == 96
-    assert example_tile_size(tmp_path / "missing") == 96
+    demo_config = json.loads((tmp_path.__class__(vl.directory.default_model()) / "config.json").read_text())
+    assert example_tile_size() == demo_config["force_image_size"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "NemotronH_Nano_VL_V2", "force_image_size": 128}))
+    monkeypatch.setattr(ui.examples, "default_model", lambda: str(tmp_path))
+    assert example_tile_size() == 128
+    monkeypatch.setattr(ui.examples, "default_model", lambda: str(tmp_path / "missing"))
+    assert example_tile_size() == 96
 
 
 def test_app_examples_are_made_again_when_drawn_otherwise(tmp_path):
