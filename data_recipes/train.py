@@ -50,8 +50,7 @@ import torch
 
 from data_recipes.formatting import IGNORE, choose_thinking, format_example, tokenizer_corpus
 from data_recipes.packing import Batch, collate, efficiency, pack
-from data_recipes.recipes import Recipe
-from data_recipes.registry import RECIPES, get_recipe
+from data_recipes.registry import RECIPES, Recipe, get_recipe
 from data_recipes.samplers import MixtureSampler, make_sampler
 from data_recipes.synthetic import generate
 from data_recipes.vision_targets import ProbeHeads, position_loss, probe_loss, tile_targets

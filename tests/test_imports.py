@@ -141,3 +141,13 @@ def test_no_import_cycles_between_files():
         if v not in index:
             visit(v)
     assert not cycles, f"files that import each other (directly or around a loop): {cycles}"
+
+
+def test_only_the_cli_dispatcher_reaches_the_tools_above_the_library():
+    """Inside `vl`, only vl/cli.py may import `ui`, `eval` or `data_recipes` (it dispatches to them and supplies
+    their defaults, e.g. the synthetic calibration data of `vl quantize` and `vl bench`)."""
+    modules = project_files()
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+           for name, path in sorted(modules.items()) if name.split(".")[0] == "vl" and name != "vl.cli"
+           for target, line, _ in imports(path, name, modules) if target.split(".")[0] in ("ui", "eval", "data_recipes")]
+    assert not bad, "\n".join(bad)

@@ -17,7 +17,7 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
 
 def test_hybrid_cache_is_a_fraction_of_an_all_attention_cache():
     r = cache_bytes(CONFIGS["180m"](), 32768)
-    assert r["ratio"] <= 0.2  # issue 5: the hybrid cache at 32k is at most 1/5 of an all-attention model's
+    assert r["ratio"] <= 0.2  # the hybrid cache at 32k is at most 1/5 of an all-attention model's
 
 
 def test_bench_formats_and_a_missing_llama_cpp(tmp_path, capsys):

@@ -184,7 +184,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         with PeakRSS(device) as m_hf:
             hf_prefill(hf, ids)
         fns = {"ours": lambda: our_prefill(ours, ids), "hf": lambda: hf_prefill(hf, ids)}
-        if t == 2048:  # the SSD scan's share of prefill (issue 2): the scan alone x the number of Mamba layers
+        if t == 2048:  # the SSD scan's share of prefill: the scan alone x the number of Mamba layers
             fns["ssd_ours"], fns["ssd_hf"] = ssd_scan_fns(cfg, t, device)
         for fmt, qm in quant.items():
             fns[fmt] = lambda qm=qm: our_prefill(qm, ids)
@@ -308,7 +308,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, calib_source=None) -> int:
+    """`vl bench`; `calib_source` feeds the FP8/NVFP4 table (`--quant`): vl/cli.py supplies the synthetic one."""
     p = argparse.ArgumentParser(prog="vl bench", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="180m,tiny", help="comma list of: " + ", ".join(CONFIGS))
     p.add_argument("--dtypes", default="fp32,bf16")
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.quant or a.quant_only:
         from vl.quant import bench as quant_bench
 
-        qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False)
+        qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False, calib_source=calib_source)
         print("\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py):")
         print(quant_bench.format_table(qrows))
         rows += [dict(section="quant", **r) for r in qrows]

@@ -23,10 +23,27 @@ COMMANDS = {
     "eval": ("eval.__main__:main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
                                    "compares two)"),
     "serve": ("vl.server.cli:main", "OpenAI-compatible server: /v1/models, /v1/chat/completions (docs/server.md)"),
-    "quantize": ("vl.quant.cli:main", "export a BF16 checkpoint to FP8 or NVFP4 (ModelOpt layout)"),
-    "bench": ("vl.bench:main", "speed and memory against transformers, measured in one process"),
+    "quantize": ("vl.cli:quantize_main", "export a BF16 checkpoint to FP8 or NVFP4 (ModelOpt layout)"),
+    "bench": ("vl.cli:bench_main", "speed and memory against transformers, measured in one process"),
     "train-demo": ("data_recipes.train:main", "train the demo model on synthetic documents and videos"),
 }
+
+
+def quantize_main(argv: list[str]) -> int:
+    """`vl quantize` with the synthetic calibration documents and clips as the default data (the quantizer itself
+    knows no data set; this dispatcher is the one place allowed to reach the tools above the library)."""
+    from data_recipes.calibration import SYNTHETIC
+    from vl.quant.cli import main as quantize
+
+    return quantize(argv, calib_source=SYNTHETIC)
+
+
+def bench_main(argv: list[str]) -> int:
+    """`vl bench`, whose FP8/NVFP4 table calibrates and evaluates on the synthetic documents."""
+    from data_recipes.calibration import SYNTHETIC
+    from vl.bench import main as bench
+
+    return bench(argv, calib_source=SYNTHETIC)
 
 
 def version() -> str:

@@ -17,6 +17,7 @@ Tasks are looked up lazily by name so importing this package imports no task mod
 
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 from collections import defaultdict
@@ -40,7 +41,7 @@ class RecordError(InputError):
     code = "bad_record"
 
 
-class Task:
+class Task(abc.ABC):
     """Base class; subclasses set the class attributes and implement `score_record` / `aggregate`."""
 
     name: ClassVar[str]
@@ -113,9 +114,9 @@ class Task:
                               f"list of strings, found {answers!r}")
 
     # --- scoring -------------------------------------------------------------------------------
+    @abc.abstractmethod
     def score_record(self, record: Mapping[str, Any]) -> dict:
         """Per-item result; always has "score" (what the harness averages or sums)."""
-        raise NotImplementedError
 
     def error_result(self, record: Mapping[str, Any]) -> dict:
         """An item whose generation failed scores 0 and stays in the denominator."""

@@ -3,6 +3,7 @@ themselves come from `python -m vl.quant.bench`, not from tests)."""
 
 import torch
 
+from data_recipes.calibration import SYNTHETIC
 from vl.quant.bench import format_table, quant_table
 
 from tiny_quant import tiny_vl
@@ -12,8 +13,7 @@ def test_quant_table_rows(tmp_path_factory, tmp_path):
     threads = torch.get_num_threads()
     rows = quant_table(tiny_vl(tmp_path_factory), formats=("nvfp4",), modes=("weight-only", "native"),
                        hadamard=(False,), block_2d=False, prompt_tokens=8, new_tokens=3, rounds=1, num_calib=1,
-                       num_eval=1,
-                       work_dir=tmp_path)
+                       num_eval=1, work_dir=tmp_path, calib_source=SYNTHETIC)
     assert torch.get_num_threads() == threads  # restored
     speed = {(r["format"], r["mode"]): r for r in rows if r["kind"] == "speed"}
     assert set(speed) == {("bf16", "-"), ("nvfp4", "weight-only"), ("nvfp4", "native")}

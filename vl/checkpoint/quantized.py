@@ -1,7 +1,7 @@
 """Quantized checkpoints in the loader: which Linears an FP8 / NVFP4 (NVIDIA ModelOpt) directory stores packed,
 the checks made from the safetensors headers before any tensor is read, and the execution mode that runs them.
 
-Follows vLLM's ModelOpt path (reference notes §7.1, §7.2, §7.6): the config comes from `hf_quant_config.json`
+Follows vLLM's ModelOpt path (docs/format.md §11.1, §11.2, §11.6): the config comes from `hf_quant_config.json`
 or `config.json` `quantization_config`; the per-module truth is the tensors (a Linear is quantized iff its
 weight is uint8 / float8 *and* its scales exist); the vision tower, `mlp1`, conv1d, norms, `A_log`, `D`,
 `dt_bias` and embeddings are never quantized. The model code stays plain math: the loader builds the meta

@@ -2,8 +2,8 @@
 and logit error / greedy-token agreement against the BF16 original, with and without the Hadamard fold.
 
 Everything is measured in one process on one model, as ratios against the BF16 run of the same model
-(DESIGN.md §4). Without `model_dir`, a random ~32M-parameter Nano-V2-VL (the 12B model's layer mix at width
-512, a ViT-Tiny RADIO tower, 128 px tiles, the demo BPE tokenizer) is built and saved as BF16 in a temporary
+(docs/design.md §3). Without `model_dir`, a random ~32M-parameter Nano-V2-VL (the 12B model's layer mix at width
+512, a ViT-Tiny RADIO tower, 128 px tiles, the demo model's tokenizer) is built and saved as BF16 in a temporary
 directory, then exported with `vl quantize`'s own code (vl/quant/ptq.py). Random weights have no outlier
 channels, so they understate what the Hadamard rotation does on trained weights; `outlier_gain` plants a few
 (an RMSNorm gain of that size on 1% of the channels, as trained LLMs show) to see that case.
@@ -60,14 +60,15 @@ def _randomize(model: nn.Module, seed: int, outlier_gain: float = 0.0) -> None:
 
 
 def build_bench_model(directory, seed: int = 0, outlier_gain: float = 0.0) -> Path:
-    """Random Nano-V2-VL (bench_vl_config) with the demo tokenizer, saved as BF16 at `directory`."""
-    from data_recipes.tokenizer import train_tokenizer
+    """Random Nano-V2-VL (bench_vl_config) with the shipped demo model's tokenizer, saved as BF16 at `directory`."""
+    from transformers import AutoTokenizer
+
     from vl.checkpoint.nano_vl import save_pretrained
+    from vl.directory import default_model
     from vl.modeling.vlm import NemotronVL
 
     directory = Path(directory)
-    corpus = [TEXT, "yes no left right up down red green blue yellow purple orange circle square triangle"] * 50
-    tok = train_tokenizer(corpus, 512, directory)
+    tok = AutoTokenizer.from_pretrained(default_model())  # byte-level BPE with the Nemotron control tokens
     cfg = bench_vl_config(eos_token_id=(tok.convert_tokens_to_ids("<SPECIAL_12>"),),
                           img_context_id=tok.convert_tokens_to_ids("<image>"),
                           video_context_id=tok.convert_tokens_to_ids("<video>"))
@@ -78,14 +79,13 @@ def build_bench_model(directory, seed: int = 0, outlier_gain: float = 0.0) -> Pa
     return directory
 
 
-def _eval_inputs(model_dir: Path, n: int, seed: int) -> list[dict]:
-    """Teacher-forcing inputs: synthetic documents with their question and answer, through the Processor."""
+def _eval_inputs(model_dir: Path, n: int, seed: int, source) -> list[dict]:
+    """Teacher-forcing inputs: `source`'s documents with their question and answer, through the Processor."""
     import vl
-    from data_recipes.calibration import synthetic_messages
 
     proc = vl.load_processor(model_dir)
     out = []
-    for msgs, _ in synthetic_messages(2 * n, proc.config.force_image_size, seed=seed + 1000)[::2]:  # documents
+    for msgs, _ in source.messages(2 * n, proc.config.force_image_size, seed + 1000)[::2]:  # documents
         msgs[-1]["content"] = msgs[-1]["content"] + " " + TEXT
         x = proc(msgs, add_generation_prompt=False)
         out.append(dict(input_ids=x.input_ids, pixel_values=x.pixel_values, media=x.media))
@@ -136,7 +136,7 @@ def _errors(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict:
 def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadamard=(False, True), block_2d=True,
                 dtype: str = "float32", prompt_tokens: int = 32, new_tokens: int = 16, rounds: int = 3,
                 num_calib: int = 2, num_eval: int = 2, seed: int = 0, outlier_gain: float = 0.0,
-                threads: int | None = 1, progress: bool = False, work_dir=None) -> list[dict]:
+                threads: int | None = 1, progress: bool = False, work_dir=None, calib_source=None) -> list[dict]:
     """Rows (dicts) of the quantization figures.
 
     kind="speed":    format, mode, status, resolved_mode, resident_weight_bytes (whole model), lm_bytes,
@@ -153,11 +153,16 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
     without BF16 units run BF16 matmuls many times slower). Quantized models run weight-only for accuracy.
     `threads`: torch intra-op threads while measuring (1 by default: on a shared or small machine, thread
     oversubscription makes small decode steps several times slower and the figures noisy); None keeps torch's.
+    `calib_source`: where calibration and evaluation documents come from (a `vl.quant.ptq.CalibrationSource`;
+    the `vl bench` command supplies the synthetic one of data_recipes/calibration.py).
     """
     import vl
-    from vl.errors import VLError
+    from vl.errors import ConfigError, VLError
+
+    if calib_source is None:
+        raise ConfigError("quant_table needs calib_source (e.g. data_recipes.calibration.SYNTHETIC): the documents "
+                          "it calibrates and evaluates on")
     from vl.quant.linear import QuantizedLinear, resident_weight_bytes
-    from data_recipes.calibration import SYNTHETIC
     from vl.quant.ptq import quantize_checkpoint
 
     logging.getLogger("vl").setLevel(logging.ERROR)  # the per-load notices would flood the table
@@ -170,7 +175,7 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
         if model_dir is None:
             model_dir = build_bench_model(root / "bf16", seed=seed, outlier_gain=outlier_gain)
         model_dir = Path(model_dir)
-        inputs = _eval_inputs(model_dir, num_eval, seed)
+        inputs = _eval_inputs(model_dir, num_eval, seed, calib_source)
         ref = vl.load_pretrained(model_dir, dtype=dtype)
         ref_logits = _logits(ref, inputs)
         _, ref_tokens = _decode_speed(ref, prompt_tokens, new_tokens, seed)
@@ -181,7 +186,7 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
             out = root / f"{fmt}{'-hadamard' if rot else ''}{'-2d' if b2d else ''}"
             res = quantize_checkpoint(model_dir, out, fmt, num_calib=num_calib, hadamard=rot, block_2d=b2d,
                                       seed=seed, progress=progress, overwrite=True, dtype="float32",
-                                      calib_source=SYNTHETIC)
+                                      calib_source=calib_source)
             if not b2d:
                 exports[(fmt, rot)] = res
             m = vl.load_pretrained(out, dtype=dtype, quant_mode="weight-only")

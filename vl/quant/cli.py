@@ -12,7 +12,6 @@ import argparse
 import logging
 import sys
 
-from data_recipes.calibration import SYNTHETIC
 from vl.errors import VLError
 from vl.quant.ptq import FORMATS, quantize_checkpoint, read_prompts
 
@@ -46,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, calib_source=None) -> int:
+    """`vl quantize`; without --calib-prompts it calibrates on `calib_source` (vl/cli.py supplies the synthetic
+    documents and clips of data_recipes/calibration.py)."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     if not logging.getLogger().handlers:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                                      hadamard=args.hadamard, block_2d=args.block_2d,
                                      exclude_lm_head=args.exclude_lm_head, exclude=args.exclude, dtype=args.dtype,
                                      seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite,
-                                     calib_source=SYNTHETIC)
+                                     calib_source=calib_source)
     except VLError as exc:
         print(f"error [{exc.code}]: {exc}", file=sys.stderr)
         return 2

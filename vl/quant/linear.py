@@ -5,7 +5,7 @@ Model code stays plain math (gpt-fast style): quantization is a pass applied fro
 names as their state-dict keys (`weight`, `weight_scale`, `weight_scale_2`, `input_scale`, `bias`), so
 loading and saving use the checkpoint's own names.
 
-Execution modes (peer practice, notes §7.6 and peers.md §4.4: a one-time notice, never a hard error on
+Execution modes (peer practice, docs/format.md §11.6: a one-time notice, never a hard error on
 an older GPU unless "native" was asked for explicitly):
 - "dequantize":  expand once to `compute_dtype`; the result is a plain nn.Linear (BF16-sized memory).
 - "weight-only": keep packed FP8 / FP4 weights + scales resident; dequantize per forward in the
@@ -21,6 +21,7 @@ an older GPU unless "native" was asked for explicitly):
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(nn.Module, abc.ABC):
     """Shared parts: checkpoint-named buffers, dtype-checked loading, mode dispatch."""
 
     fmt = ""
@@ -114,17 +115,20 @@ class QuantizedLinear(nn.Module):
             self.bias = None
 
     # --- subclasses fill in -----------------------------------------------------------------------
+    @abc.abstractmethod
     def _stored(self, spec):  # -> [(suffix, dtype)]
-        raise NotImplementedError
+        """The tensors this format stores, as (suffix, dtype)."""
 
     def _default_shape(self, suffix, spec):
         return ()
 
+    @abc.abstractmethod
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        raise NotImplementedError
+        """The weight expanded to `dtype`, exactly as the checkpoint's packed values and scales give it."""
 
+    @abc.abstractmethod
     def _fake_quant_input(self, x):
-        raise NotImplementedError
+        """The input rounded through the format's static input scale (what the native W8A8 / W4A4 kernels see)."""
 
     def _native(self, x):
         raise QuantUnavailableError(
@@ -175,7 +179,7 @@ class QuantizedLinear(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # torch's copy_ would silently convert a wrong dtype (e.g. a BF16 tensor into the uint8 buffer);
-        # the checkpoint contract says a wrong dtype is an error naming the tensor (reliability C7).
+        # the checkpoint contract says a wrong dtype is an error naming the tensor (docs/reliability_policy.md row C7).
         for suffix in QUANT_SUFFIXES + ("weight",):
             key = prefix + suffix
             buf = getattr(self, suffix, None)

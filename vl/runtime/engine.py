@@ -216,7 +216,7 @@ class VisionCache:
 
 
 def _generation_stop_ids(path) -> set[int]:
-    """eos ids from generation_config.json (reference §11), if present."""
+    """eos ids from generation_config.json (docs/format.md §2.3), if present."""
     from vl.directory import resolve_dir
 
     f = Path(resolve_dir(path)) / "generation_config.json"
