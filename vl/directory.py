@@ -53,16 +53,20 @@ def fetch_instructions(repo_id: str) -> str:
 
 
 def read_config(directory: Path) -> dict:
-    f = directory / "config.json"
+    f = Path(directory) / "config.json"
     if not f.exists():
         raise CheckpointError(f"{directory}: no config.json")
+    return _json_object(f)
+
+
+def _json_object(f: Path) -> dict:
     try:
-        raw = json.loads(f.read_text())
+        value = json.loads(f.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{f}: invalid JSON ({exc})") from None
-    if not isinstance(raw, dict):
+    if not isinstance(value, dict):
         raise CheckpointError(f"{f}: expected a JSON object")
-    return raw
+    return value
 
 
 def checkpoint_kind(raw: dict, directory: Path) -> str:
@@ -87,12 +91,4 @@ def checkpoint_kind(raw: dict, directory: Path) -> str:
 def read_preprocessor(directory: Path) -> dict | None:
     """preprocessor_config.json as a dict, or None when the directory has none."""
     pre = Path(directory) / "preprocessor_config.json"
-    if not pre.exists():
-        return None
-    try:
-        value = json.loads(pre.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{pre}: invalid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{pre}: expected a JSON object")
-    return value
+    return _json_object(pre) if pre.exists() else None

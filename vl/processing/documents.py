@@ -99,12 +99,7 @@ def render_pdf(
     data = read_bytes(source, limits.max_pdf_bytes, what="PDF")
 
     def run(page_spec, render=True):
-        if isolate:
-            from vl.processing.sandbox import run_isolated
-
-            return run_isolated(render_pdf_bytes, data, page_spec, scale, password, limits, render,
-                                timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
-        return render_pdf_bytes(data, page_spec, scale, password, limits, render)
+        return _pdfium_call(render_pdf_bytes, (data, page_spec, scale, password, limits, render), isolate, limits)
 
     work = Work.current()
     if not work.watched:
@@ -119,6 +114,15 @@ def render_pdf(
         images += run(",".join(str(n) for n in chunk)).pages
         work.report("rendering PDF page", len(images), len(numbers))
     return RenderedDocument(images, numbers, plan.page_sizes_pt, plan.num_pages, scale, plan.metadata)
+
+
+def _pdfium_call(fn, args: tuple, isolate: bool, limits: MediaLimits):
+    """`fn(*args)` here, or in a killable sandbox worker with the PDF time and memory limits."""
+    if isolate:
+        from vl.processing.sandbox import run_isolated
+
+        return run_isolated(fn, *args, timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
+    return fn(*args)
 
 
 def _page_chunks(numbers: list[int], nbytes: int) -> list[list[int]]:
@@ -286,14 +290,7 @@ def open_pdf_pages(source, *, pages: str | None = None, scale: float = DEFAULT_S
     if not 0 < scale <= 16:
         raise ValueError(f"scale must be in (0, 16], found {scale}")
     data = read_bytes(source, limits.max_pdf_bytes, what="PDF")
-    args = (data, pages, scale, password, limits)
-    if isolate:
-        from vl.processing.sandbox import run_isolated
-
-        numbers, sizes, count = run_isolated(_page_plan, *args, timeout=limits.pdf_timeout_s,
-                                             memory_mb=limits.worker_memory_mb)
-    else:
-        numbers, sizes, count = _page_plan(*args)
+    numbers, sizes, count = _pdfium_call(_page_plan, (data, pages, scale, password, limits), isolate, limits)
     return PdfPages(data, password, scale, numbers, sizes, count)
 
 
@@ -323,12 +320,7 @@ def render_pdf_tiles(doc: PdfPages, max_tiles: list[int], *, tile_size: int, use
 
     def run(numbers, caps):
         args = (doc.data, doc.password, doc.scale, numbers, caps, tile_size, use_thumbnail, limits)
-        if isolate:
-            from vl.processing.sandbox import run_isolated
-
-            return run_isolated(_render_tiles_bytes, *args, timeout=limits.pdf_timeout_s,
-                                memory_mb=limits.worker_memory_mb)
-        return _render_tiles_bytes(*args)
+        return _pdfium_call(_render_tiles_bytes, args, isolate, limits)
 
     work = Work.current()
     if not work.watched:

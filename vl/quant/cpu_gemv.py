@@ -121,16 +121,20 @@ class Kernel:
     def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
         """x (M, K) contiguous (float32, or bfloat16 with round_bf16), w8 (N, K) float8_e4m3fn, scale float32
         contiguous -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
+        return self._packed(x, w8.shape[0], round_bf16, lambda xr, rows, k, x_bf16, yr, threads: self.lib.vl_fp8_gemv(
+            xr, rows, k, w8.data_ptr(), w8.shape[0], scale.data_ptr(), SCALE_KIND[kind], int(round_bf16), x_bf16,
+            yr, threads))
+
+    def _packed(self, x: torch.Tensor, n: int, round_bf16: bool, call) -> torch.Tensor:
+        """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds
+        weights to bf16 and has a bf16 dot product, else float32), KERNEL_ROWS rows per call."""
         m, k = x.shape
-        n = w8.shape[0]
         x_bf16 = round_bf16 and self.bf16_dot
         x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
         for r in range(0, m, KERNEL_ROWS):
-            rows = min(KERNEL_ROWS, m - r)
-            self.lib.vl_fp8_gemv(x[r].data_ptr(), rows, k, w8.data_ptr(), n, scale.data_ptr(), SCALE_KIND[kind],
-                                 int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
+            call(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, int(x_bf16), y[r].data_ptr(), threads)
         return y
 
     def dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -148,17 +152,10 @@ class Kernel:
               round_bf16: bool):
         """x (M, K) contiguous (float32, or bfloat16 with round_bf16), packed (N, K/2) uint8, block_scale (N, K/16)
         e4m3 -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
-        m, k = x.shape
         n = packed.shape[0]
-        x_bf16 = round_bf16 and self.bf16_dot
-        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
-        y = torch.empty(m, n, dtype=torch.float32)
-        threads = torch.get_num_threads()
-        for r in range(0, m, KERNEL_ROWS):
-            rows = min(KERNEL_ROWS, m - r)
-            self.lib.vl_nvfp4_gemv(x[r].data_ptr(), rows, k, packed.data_ptr(), block_scale.data_ptr(),
-                                   global_scale, n, int(round_bf16), int(x_bf16), y[r].data_ptr(), threads)
-        return y
+        return self._packed(x, n, round_bf16, lambda xr, rows, k, x_bf16, yr, threads: self.lib.vl_nvfp4_gemv(
+            xr, rows, k, packed.data_ptr(), block_scale.data_ptr(), global_scale, n, int(round_bf16), x_bf16, yr,
+            threads))
 
 
 def _mode() -> str:
