@@ -70,3 +70,48 @@ def test_stop_kills_a_running_decode_worker():
 def test_without_a_stop_the_worker_runs_as_before():
     with Work(threading.Event()):
         assert run_isolated(targets.echo, "x", timeout=30) == "x"
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    from media_fixtures import make_video
+
+    return make_video(tmp_path_factory.mktemp("progress") / "clip.mp4", frames=40, fps=10)
+
+
+def _load(clip, backend, isolate):
+    from vl.processing.video import load_video
+
+    return load_video(clip, norm_mean=(0.5,) * 3, norm_std=(0.5,) * 3, tile_size=32, max_frames=8, backend=backend,
+                      isolate=isolate)
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in_process", "sandboxed"])
+@pytest.mark.parametrize("backend", ["decord", "pyav"])
+def test_video_frames_are_reported_one_by_one(clip, backend, isolate):
+    """Each sampled frame is reported as it is decoded, from a sandbox worker too; the frames are the ones an
+    unwatched decode gives."""
+    seen = []
+    with Work(on_progress=lambda what, done, total: seen.append((what, done, total))):
+        watched = _load(clip, backend, isolate)
+    assert seen == [("video frames decoded", i, 8) for i in range(1, 9)], seen
+    plain = _load(clip, backend, isolate)
+    assert watched.backend == plain.backend == backend and watched.frame_indices == plain.frame_indices
+    assert (watched.pixel_values == plain.pixel_values).all()
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in_process", "sandboxed"])
+@pytest.mark.parametrize("backend", ["decord", "pyav"])
+def test_stop_during_video_decoding_ends_at_the_next_frame(clip, backend, isolate):
+    cancel, seen = threading.Event(), []
+
+    def progress(what, done, total):
+        seen.append(done)
+        if done == 3:
+            cancel.set()  # the user presses Stop while the third frame is shown
+
+    with pytest.raises(StoppedError), Work(cancel, progress):
+        _load(clip, backend, isolate)
+    assert seen == [1, 2, 3]  # no further frame reached the caller (a sandbox worker is killed at once)
+    if isolate:
+        assert run_isolated(targets.echo, 7, timeout=30) == 7  # the next call gets a working decoder

@@ -203,3 +203,27 @@ def test_stop_before_the_first_token_encodes_no_further_image(engine):
     assert ("media ready", 3, 3) in seen
     again = engine.chat(msgs, max_new_tokens=2)
     assert again.stats.vision_cache_hits == 1, again.stats  # only the first image had been encoded
+
+
+def test_stop_during_video_decoding_is_a_cancelled_answer(engine, tmp_path):
+    """A Stop while a video's frames are decoded ends the decode at the next frame: no token, finish "cancelled",
+    and the progress said "video frames decoded" frame by frame up to the stop."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "processing"))
+    from media_fixtures import make_video
+
+    clip = make_video(tmp_path / "clip.mp4", frames=40, fps=10)
+    msgs = [{"role": "user", "content": [{"type": "video", "video": clip}, {"type": "text", "text": "What moves?"}]}]
+    cancel, seen = threading.Event(), []
+
+    def progress(what, done, total):
+        seen.append((what, done, total))
+        if what == "video frames decoded" and done == 2:
+            cancel.set()
+
+    stopped = engine.chat(msgs, max_new_tokens=4, cancel=cancel, progress=progress, max_frames=8)
+    assert stopped.finish_reason == "cancelled" and stopped.token_ids == []
+    frames = [(d, t) for w, d, t in seen if w == "video frames decoded"]
+    assert frames == [(1, 8), (2, 8)], seen

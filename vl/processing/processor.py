@@ -211,8 +211,7 @@ class Processor:
                 work.report(f"decoding the video (up to {int(opts.get('max_frames', max_frames))} frames)", 0, 0)
                 vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
                                        int(opts.get("max_frames", max_frames)), notes)
-                n = vid.pixel_values.shape[0]
-                work.report("video frames decoded", n, n)
+                n = vid.pixel_values.shape[0]  # "video frames decoded" i/n was reported frame by frame (video.py)
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
                 infos.append(MediaInfo("video", n, frame_indices=list(vid.frame_indices),

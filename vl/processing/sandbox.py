@@ -16,6 +16,9 @@ Design:
   fresh one (respawn is lazy: no process is started until it is needed).
 - A stop asked for while waiting (the current request's `vl.processing.progress.Work`) kills the worker at
   once and raises `StoppedError`: a stopped request's decode does not run on to its end.
+- When that `Work` is watched, the function runs in the worker under a `Work` whose reports (e.g. "video frames
+  decoded" i/n) are sent to the parent as they happen and passed on to the caller's `Work` (which is also a
+  stop point: a stop asked for by the watcher kills the worker). Reports do not extend the timeout.
 - Idle workers are pooled (at most `os.cpu_count()` of them) and reused, so sequential calls do not leak fds.
 """
 
@@ -141,7 +144,9 @@ def run_isolated(fn, *args, timeout: float, memory_mb: int | None = 2048, **kwar
     worker dies, `MediaTooLargeError` when `fn` exceeds `memory_mb` of address space (None: no cap).
     """
     try:
-        payload = pickle.dumps(("call", fn, args, kwargs, memory_mb), protocol=pickle.HIGHEST_PROTOCOL)
+        work = Work.current()
+        payload = pickle.dumps(("call", fn, args, kwargs, memory_mb, work.on_progress is not None),
+                               protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         raise TypeError(f"run_isolated needs a module-level function and picklable arguments: {e}") from e
     name = getattr(fn, "__qualname__", repr(fn))
@@ -149,31 +154,18 @@ def run_isolated(fn, *args, timeout: float, memory_mb: int | None = 2048, **kwar
         start = time.monotonic()
         try:
             worker.conn.send_bytes(payload)
-            ready = _wait(worker, start + timeout, Work.current())
         except (BrokenPipeError, ConnectionResetError, OSError):
-            ready = True  # the worker died before or while reading; recv below reports it
-        if not ready:
-            worker.kill()
-            raise DecodeTimeoutError(
-                f"decoding ({name}) did not finish within {timeout:.1f} s and was stopped; "
-                "the file is probably too long or malformed; try a smaller or re-encoded file."
-            )
-        try:
-            reply = worker.conn.recv_bytes()
-        except (EOFError, ConnectionResetError, OSError):
-            how = worker.signal_name()
-            hint = f" (memory cap {memory_mb} MB)" if how == "SIGABRT" and memory_mb else ""
-            raise DecoderCrashedError(
-                f"the decoder process died with {how}{hint} after {time.monotonic() - start:.1f} s while "
-                f"running {name}; the file is probably malformed; this request failed, the next one gets a "
-                "fresh decoder."
-            ) from None
+            pass  # the worker died before or while reading; recv below reports it
+        while True:
+            status, value = _receive(worker, start, timeout, work, name, memory_mb, keep)
+            if status != "progress":
+                break
+            try:
+                work.report(*value)  # a stop asked for here (or a failing watcher) ends the call
+            except BaseException:
+                worker.kill()
+                raise
         worker.calls += 1
-        try:
-            status, value = pickle.loads(reply)
-        except Exception as e:  # noqa: BLE001 - e.g. an exception class that cannot be rebuilt here
-            keep[0] = True
-            raise DecoderCrashedError(f"decode worker sent an unreadable reply from {name}: {e!r}") from None
         if status == "ok":
             keep[0] = True
             return value
@@ -186,6 +178,35 @@ def run_isolated(fn, *args, timeout: float, memory_mb: int | None = 2048, **kwar
                 "send a smaller file or raise MediaLimits.worker_memory_mb."
             )
         raise DecoderCrashedError(f"decode worker failed in {name}: {value}")
+
+
+def _receive(worker, start: float, timeout: float, work: Work, name: str, memory_mb, keep) -> tuple:
+    """The worker's next message, (status, value): a progress report or the call's result."""
+    try:
+        ready = _wait(worker, start + timeout, work)
+    except (BrokenPipeError, ConnectionResetError, OSError):
+        ready = True  # the worker died; recv below reports it
+    if not ready:
+        worker.kill()
+        raise DecodeTimeoutError(
+            f"decoding ({name}) did not finish within {timeout:.1f} s and was stopped; "
+            "the file is probably too long or malformed; try a smaller or re-encoded file."
+        )
+    try:
+        reply = worker.conn.recv_bytes()
+    except (EOFError, ConnectionResetError, OSError):
+        how = worker.signal_name()
+        hint = f" (memory cap {memory_mb} MB)" if how == "SIGABRT" and memory_mb else ""
+        raise DecoderCrashedError(
+            f"the decoder process died with {how}{hint} after {time.monotonic() - start:.1f} s while "
+            f"running {name}; the file is probably malformed; this request failed, the next one gets a "
+            "fresh decoder."
+        ) from None
+    try:
+        return pickle.loads(reply)
+    except Exception as e:  # noqa: BLE001 - e.g. an exception class that cannot be rebuilt here
+        keep[0] = True
+        raise DecoderCrashedError(f"decode worker sent an unreadable reply from {name}: {e!r}") from None
 
 
 def _wait(worker, deadline: float, work: Work) -> bool:
@@ -225,6 +246,16 @@ def _set_memory_cap(memory_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _sender(conn: Connection):
+    """A `Work.on_progress` that sends each report to the parent (run_isolated passes it on)."""
+
+    def send(what: str, done: int, total: int) -> None:
+        conn.send_bytes(pickle.dumps(("progress", (str(what), int(done), int(total))),
+                                     protocol=pickle.HIGHEST_PROTOCOL))
+
+    return send
+
+
 def _worker_main(fd: int) -> None:
     # No PR_SET_PDEATHSIG: Linux sends it when the *thread* that spawned us exits (a server's pool thread),
     # not the process. An idle worker sees EOF when the parent goes away; a busy one (maybe stuck in a
@@ -245,9 +276,10 @@ def _worker_main(fd: int) -> None:
             return  # parent went away
         fatal = False
         try:
-            _, fn, args, kwargs, memory_mb = pickle.loads(message)
+            _, fn, args, kwargs, memory_mb, watched = pickle.loads(message)
             _set_memory_cap(memory_mb)
-            reply = ("ok", fn(*args, **kwargs))
+            with Work(on_progress=_sender(conn) if watched else None):
+                reply = ("ok", fn(*args, **kwargs))
         except MemoryError:
             reply, fatal = ("oom", None), True
         except Exception as e:  # noqa: BLE001 - every failure is reported to the parent, typed when possible

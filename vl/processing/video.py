@@ -26,6 +26,10 @@ per-frame timestamps, frame shape); otherwise the same call decodes with PyAV an
 PyAV applies the display matrix (rotation/flip) as the `ffmpeg` command line does. decord can abort or segfault
 the interpreter on bad streams (decord #25, #229), so servers should pass `isolate=True` (sandbox.py). Frames
 the decoder cannot deliver (truncated files) are dropped and flagged `partial=True`; zero frames is an error.
+
+Progress and stop (vl/processing/progress.py): both backends report "video frames decoded" i/n to the current
+`Work` after each sampled frame, and a stop takes effect there, before the next frame is decoded. In a sandbox
+worker the reports travel to the caller's `Work` (sandbox.py), whose stop kills the worker.
 """
 
 import math
@@ -46,8 +50,10 @@ from vl.errors import (
 from vl.processing import video_formats
 from vl.processing.images import RESAMPLE, normalize
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.progress import Work
 
 BACKENDS = ("decord", "pyav")
+FRAMES_DECODED = "video frames decoded"  # the progress label, (frames decoded so far, frames sampled)
 DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord checked correct on them
 _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead of decoding through a larger gap
 # containers whose seeks land on the keyframe before the target (an index: MP4 sample tables, Matroska cues, AVI
@@ -241,7 +247,7 @@ def _decode_pyav(path, meta, limits, tile_size, index, indices):
         stream.thread_count = _DECODER_THREADS
         gap = _SEEK_GAP_FRAMES if meta.container in _SEEKABLE_CONTAINERS else len(index.pts)  # no seeks
         got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, limits,
-                                      index.partial, gap)
+                                      index.partial, gap, Work.current())
     kept = [i for i, p in zip(indices, wanted) if p in got]
     return kept, [got[index.pts[i]] for i in kept], partial
 
@@ -257,12 +263,15 @@ def _frame_tile(frame, tile_size: int, limits: MediaLimits) -> np.ndarray:
     return _to_tile(image, tile_size)
 
 
-def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial, seek_gap=_SEEK_GAP_FRAMES):
+def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial, seek_gap=_SEEK_GAP_FRAMES,
+                   work: Work | None = None):
     """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than `seek_gap` frames.
 
     A seek happens at most once per target and only between frames the index knows, so odd pts (edit lists,
-    decoder-invented timestamps) fall back to plain sequential decoding instead of looping.
+    decoder-invented timestamps) fall back to plain sequential decoding instead of looping. Each decoded frame
+    is reported to `work` ("video frames decoded" i/n), which is also where a stop takes effect.
     """
+    work = work or Work()
     got: dict[int, np.ndarray] = {}
     k, last, frames, seeked_for = 0, None, None, -1
 
@@ -286,6 +295,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
                 if k < len(wanted) and wanted[k] == last:
                     got[last] = _frame_tile(frame, tile_size, limits)
                     k += 1
+                    work.report(FRAMES_DECODED, len(got), len(wanted))
                 if k >= len(wanted) or far(k):
                     break
             else:
@@ -340,13 +350,16 @@ def _decode_decord(path, meta, limits, tile_size, index, indices):
             tolerance = max(min(gaps) / 2 if gaps else 1.0, 1e-6)
             if not (math.isfinite(t) and abs(t - pts_s[i]) < tolerance):
                 return (f"decord places frame {i} at {t:.3f} s where the container says {pts_s[i]:.3f} s")
-        tiles = []
-        step = max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
+        tiles, work = [], Work.current()
+        # watched: one frame per call, so that progress is per frame and a stop comes before the next frame
+        # (decord seeks per index inside a batch anyway, so single-frame calls decode the same frames)
+        step = 1 if work.watched else max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
         for start in range(0, len(indices), step):
             batch = reader.get_batch(indices[start : start + step]).asnumpy()  # (b, H, W, 3)
             if batch.shape[1:] != (meta.height, meta.width, 3):
                 return f"decord decoded frames of shape {batch.shape[1:]}, the stream is {meta.width}x{meta.height}"
             tiles += [_to_tile(Image.fromarray(a), tile_size) for a in batch]
+            work.report(FRAMES_DECODED, len(tiles), len(indices))
     except decord_errors as e:
         return f"decord failed to decode the video ({type(e).__name__})"
     finally:
