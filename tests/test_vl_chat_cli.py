@@ -119,3 +119,51 @@ def test_json_has_the_documented_schema(example, engine, capsys):
     assert doc["answer"] == want.answer and doc["finish_reason"] == want.finish_reason
     assert doc["stats"]["new_tokens"] == len(want.token_ids) and doc["reasoning_truncated"] is False
     assert "prompt tokens" in err
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    from ui.examples import ensure_examples, tab_examples
+
+    directory, records = ensure_examples(tmp_path_factory.mktemp("clip_examples"))
+    return tab_examples(directory, records)["video"][0]
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (the progress line is then redrawn in place), recording what it gets."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@needs_demo
+def test_video_progress_goes_to_stderr_frame_by_frame(clip, engine, capsys, monkeypatch):
+    from vl import chat_cli
+
+    argv = ["--video", clip["path"], "--prompt", clip["question"], "--max-frames", "8", "--max-new-tokens", "24"]
+    assert chat_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    want = engine.chat([{"role": "user", "content": [{"type": "video", "video": clip["path"]},
+                                                     {"type": "text", "text": clip["question"]}]}],
+                       max_new_tokens=24, max_frames=8)
+    assert want.answer and out == want.answer + "\n", (out, err)  # stdout: only the answer
+    n = 8  # the clip is longer than 4 s: 8 frames are sampled
+    assert f"video frames decoded [{'.' * 20}" not in err  # nothing is reported before a frame is decoded
+    assert "video frames decoded [" in err and f"] 1/{n}" in err and f"] {n}/{n}" in err, err
+
+    term = _Terminal()  # on a terminal, with no redraw throttle: one redraw per decoded frame
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(chat_cli.Progress.__init__, "__defaults__", (None, 0.0))
+    assert chat_cli.main(argv) == 0
+    frames = [line.split("] ")[-1] for line in term.text.split("\r\033[K") if line.startswith("video frames decoded")]
+    assert frames == [f"{i}/{n}" for i in range(1, n + 1)], term.text
+    assert capsys.readouterr().out == want.answer + "\n"

@@ -17,7 +17,7 @@ from ui.chat_export import export_files
 from ui.controls import AppContext, Controls, api_example, gen_options
 from ui.documents import IMAGE_TYPES
 from ui.limits import check_float, check_int, check_upload, error_text
-from ui.runner import stats_markdown, stream_chat
+from ui.runner import gradio_progress, stats_markdown, stream_chat
 from ui.stop import StopFlag, stop_state
 from ui.video import VIDEO_TYPES
 from vl.errors import InputError
@@ -109,9 +109,12 @@ def chat_messages(ctx: AppContext, message, history) -> list[dict]:
 
 
 def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-            max_tiles, fps, max_frames, evs_rate, skip_blank=False, prune_rate=0.0, flag=None):
+            max_tiles, fps, max_frames, evs_rate, skip_blank=False, prune_rate=0.0, flag=None, progress=None):
     """Streams the assistant's messages. A failure becomes an assistant message (`ERROR_MARK` ...), never a
-    `gr.Error`: Gradio 6.31's ChatInterface leaves its textbox disabled after a raised error, until a reload."""
+    `gr.Error`: Gradio 6.31's ChatInterface leaves its textbox disabled after a raised error, until a reload.
+
+    `progress` (a `gr.Progress`): the attachments' pages rendered, frames decoded and tiles encoded, as the
+    Document and Video tabs show them."""
     cancel = flag.start() if isinstance(flag, StopFlag) else None
     out: list = []
     try:
@@ -125,7 +128,7 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
         messages = chat_messages(ctx, message, history)
         t0 = time.perf_counter()
         for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
-                                cancel=cancel, **proc):
+                                cancel=cancel, progress=gradio_progress(progress), **proc):
             out = []
             if options.thinking:
                 thinking_done = snap.done or bool(snap.answer)
@@ -168,9 +171,9 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
     flag = stop_state()
 
     def fn(message, history, thinking, reasoning_budget, max_new_tokens, temperature, max_tiles, fps, max_frames,
-           rate, skip_blank_tiles, token_pruning_rate, flag):
+           rate, skip_blank_tiles, token_pruning_rate, flag, progress=gr.Progress()):
         yield from respond(ctx, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-                           max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag)
+                           max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag, progress)
 
     textbox = gr.MultimodalTextbox(file_count="multiple", file_types=IMAGE_TYPES + VIDEO_TYPES + [".pdf"],
                                    sources=["upload"], placeholder="Ask about an image, a PDF or a video…",
@@ -183,7 +186,8 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
                                                                       prune_rate, flag],
                                  examples=chat_examples, run_examples_on_click=False,
                                  api_name="chat", concurrency_limit=lim.concurrency,
-                                 save_history=True, fill_height=False)  # kept in the browser across reloads
+                                 save_history=True, fill_height=False,  # kept in the browser across reloads
+                                 show_progress="full")  # the attachments' progress bar, as in the other tabs
     with gr.Row():
         export = gr.Button("Export conversation (JSON and Markdown)", size="sm", elem_id="chat-export")
         exported = gr.File(label="Conversation", file_count="multiple", interactive=False, visible=False,

@@ -285,3 +285,50 @@ def test_long_documents_report_page_progress(client, tmp_path):
     assert "finished by" in job.result()[3]
     # polled, so not every step is seen; "page i/24" must be
     assert any(desc == "rendering PDF page" and n == 24 for desc, _, n in seen), sorted(seen, key=str)
+
+
+def _progress_seen(job, timeout: float = 60) -> set:
+    """Every (desc, index, length) the job's progress showed, polled until it is done."""
+    seen, t0 = set(), time.perf_counter()
+    while not job.done():
+        assert time.perf_counter() - t0 < timeout
+        for p in job.status().progress_data or []:
+            seen.add((p.desc, p.index, p.length))
+        time.sleep(0.01)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory):
+    """64 sampled frames of 640x480 noise: decoding takes a good fraction of a second, so polls see it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "processing"))
+    from media_fixtures import make_video
+
+    return make_video(tmp_path_factory.mktemp("clip") / "long.mp4", frames=64, fps=8, size=(640, 480), noise=True)
+
+
+def test_video_decoding_reports_frames(client, long_clip):
+    """Finding 9: while a video is decoded (in a sandbox worker) the page shows "video frames decoded i/64"."""
+    job = client.submit(*video_args(handle_file(long_clip), "What moves?", fps=8.0, max_frames=64, max_new_tokens=2),
+                        api_name="/video")
+    seen = _progress_seen(job)
+    assert "finished by" in job.result()[4]
+    assert any(desc == "video frames decoded" and n == 64 for desc, _, n in seen), sorted(seen, key=str)
+
+
+def test_chat_attachments_report_progress(client, tmp_path, long_clip):
+    """Finding 9 in the Chat tab: an attached PDF shows "rendering PDF page i/n", a video "video frames decoded"."""
+    from PIL import Image
+
+    from data_recipes.synthetic.export import write_pdf
+
+    pdf = write_pdf([Image.new("RGB", (400, 520), "white")] * 24, tmp_path / "long.pdf")
+    for path, desc, n in ((pdf, "rendering PDF page", 24), (long_clip, "video frames decoded", 64)):
+        message = {"text": "What is it?", "files": [handle_file(path)]}
+        job = client.submit(message, False, 0, 2, 0.0, 12, 8.0, 64, 0.0, api_name="/chat")
+        seen = _progress_seen(job)
+        assert "finished by" in str(job.result()), job.result()
+        assert any(d == desc and length == n for d, _, length in seen), (desc, sorted(seen, key=str))
