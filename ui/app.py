@@ -20,41 +20,15 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from ui.limits import AppLimits
 from ui.page_style import APP_CSS
+from ui.steps import Step as _Step
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "
              "videos. Use the Chat tab, or start the app with a Nemotron Nano V2 VL checkpoint.")
-
-
-# --- progress on the console while the app starts ----------------------------------------------------------
-class _Step:
-    """`[i/n] what… 1.2 s` on stderr; on a terminal the seconds tick while the step runs."""
-
-    def __init__(self, i: int, n: int, what: str):
-        self.label, self._stop = f"[{i}/{n}] {what}", threading.Event()
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        if sys.stderr.isatty():
-            threading.Thread(target=self._tick, daemon=True).start()
-        else:
-            print(f"{self.label}…", file=sys.stderr, flush=True)
-        return self
-
-    def _tick(self):
-        while not self._stop.wait(0.25):
-            print(f"\r{self.label}… {time.perf_counter() - self.t0:.1f} s", end="", file=sys.stderr, flush=True)
-
-    def __exit__(self, kind, exc, tb):
-        self._stop.set()
-        status = "done" if kind is None else "failed"
-        print(f"\r{self.label}: {status} in {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
-        return False
 
 
 # --- building ----------------------------------------------------------------------------------------------
@@ -63,11 +37,23 @@ DEMO_WARNING = ("**The demo model reads only the small synthetic documents and c
                 "the app with a real checkpoint: `vl app --model DIR`.")
 
 
+def header_text(model_name: str, limits: AppLimits) -> str:
+    m = limits.media
+    return (f"## {TITLE}\n"
+            f"Model: `{model_name}` · "
+            f"uploads up to {limits.max_upload_mb} MB · "
+            f"up to {m.max_images} images or one PDF of at most {m.max_pdf_pages} pages · one video of at "
+            f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
+            f"{limits.request_timeout_s:g} s")
+
+
 def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Path | None = None,
-              examples: list[dict] | None = None, model_name: str = "", demo_model: bool = False):
+              examples: list[dict] | None = None, model_name: str = "", demo_model: bool = False, models=None):
     """The Blocks app over `engine` (a `ui.runner.UIEngine`); call `launch_app` to serve it.
 
-    Set `GRADIO_TEMP_DIR` before calling: Gradio components fix their upload folder when they are built.
+    `models` (a `ui.model_picker.ModelChoices` whose current one is `engine`): a folder of checkpoints, shown as a
+    model picker. Set `GRADIO_TEMP_DIR` before calling: Gradio components fix their upload folder when they are
+    built.
     """
     import gradio as gr
 
@@ -82,16 +68,17 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
     roots = [Path(get_upload_folder()).resolve()] + ([Path(examples_dir).resolve()] if examples_dir else [])
     ctx = AppContext(engine, limits, roots)
     by_tab = tab_examples(Path(examples_dir), examples) if examples_dir and examples else {}
-    m = limits.media
     with gr.Blocks(title=TITLE, delete_cache=(1800, 3600), analytics_enabled=False) as demo:
-        gr.Markdown(f"## {TITLE}\n"
-                    f"Model: `{model_name or type(engine.model).__name__}` · "
-                    f"uploads up to {limits.max_upload_mb} MB · "
-                    f"up to {m.max_images} images or one PDF of at most {m.max_pdf_pages} pages · one video of at "
-                    f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
-                    f"{limits.request_timeout_s:g} s", elem_id="header")
-        if demo_model:
-            gr.Markdown(f"⚠️ {DEMO_WARNING}", elem_id="demo-warning")
+        header = gr.Markdown(header_text(model_name or type(engine.model).__name__, limits), label="Header",
+                             elem_id="header")
+        if demo_model or models is not None:  # with a picker it shows whenever the demo model is the one served
+            warning = gr.Markdown(f"⚠️ {DEMO_WARNING}", label="Demo model warning", elem_id="demo-warning",
+                                  visible=demo_model)
+        if models is not None:
+            from ui.model_picker import build_model_picker
+
+            build_model_picker(ctx, models, header, warning, lambda name: header_text(name, limits),
+                               dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
         controls = build_controls(limits)
         vision = getattr(engine.processor, "has_vision", True)  # False for text-only Nemotron-H checkpoints
         with gr.Tabs():
@@ -187,6 +174,33 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
                        inbrowser=False, css=APP_CSS)
 
 
+def _is_demo(path) -> bool:
+    from vl.directory import default_model
+
+    return Path(path).resolve() == Path(default_model()).resolve()
+
+
+def _model_choices(model, load):
+    """(the checkpoint to serve first, a `ui.model_picker.ModelChoices` or None).
+
+    One checkpoint (a directory with config.json, or a folder holding just one): served as before, no picker.
+    A folder of several: the picker's first choice, and the picker. Skipped sub-folders are named on the console.
+    """
+    from vl.directory import checkpoint_choices
+
+    found, skipped = checkpoint_choices(model)
+    for path, why in skipped:
+        print(f"vl app: skipping {path.name}: {why}", file=sys.stderr, flush=True)
+    if len(found) == 1:
+        return found[0][0], None
+    from ui.model_picker import ModelChoices
+
+    print(f"vl app: {len(found)} checkpoints in {model}: {', '.join(p.name for p, _ in found)}", file=sys.stderr,
+          flush=True)
+    models = ModelChoices.from_found(found, load, _is_demo)
+    return models.paths[models.current], models
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -194,7 +208,8 @@ def _raise_interrupt(signum, frame):
 # --- command line ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vl app", description="Serve the Gradio app (documents, video, chat).")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model, vl/demo)")
+    p.add_argument("--model", default=None, help="checkpoint directory, or a folder of checkpoint directories (the "
+                   "app then offers a model picker); default: the shipped demo model, vl/demo")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; put a proxy in front "
                    "for anything else)")
     p.add_argument("--port", type=int, default=7860)
@@ -246,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         from ui.examples import ensure_examples
 
         examples_dir, examples = ensure_examples(args.examples_dir)
+    models = None
     try:
         with _Step(3, steps, f"loading the model from {model}"):
             if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)
@@ -253,20 +269,27 @@ def main(argv: list[str] | None = None) -> int:
 
                 engine = RemoteEngine(args.backend, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
                                       model=args.served_model, limits=limits.media)
-                shown, model = f"{engine.model_name} at {args.backend}", None
+                shown, model, served = f"{engine.model_name} at {args.backend}", None, None
             else:
-                engine = UIEngine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map, isolate=True,
-                                                  limits=limits.media,
-                                                  allowed_roots=[get_upload_folder(), examples_dir])
+                def load(path):
+                    return UIEngine.from_pretrained(path, dtype=args.dtype, device_map=args.device_map,
+                                                    isolate=True, limits=limits.media,
+                                                    allowed_roots=[get_upload_folder(), examples_dir])
+
+                served, models = _model_choices(model, load)
+                engine = load(served)
+                if models is not None:
+                    shown = models.current
+                elif Path(served).parent == Path(model).expanduser():  # a folder holding one checkpoint
+                    shown = Path(served).name
     except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
         print(f"vl app: could not load the model: {exc}", file=sys.stderr)
         if own_uploads:
             shutil.rmtree(own_uploads, ignore_errors=True)
         return 2
     with _Step(4, steps, "building the interface"):
-        demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples,
-                         model_name=shown,
-                         demo_model=model is not None and Path(model).resolve() == Path(default_model()).resolve())
+        demo = build_app(engine, limits=limits, examples_dir=examples_dir, examples=examples, model_name=shown,
+                         demo_model=served is not None and _is_demo(served), models=models)
     print(f"[5/5] serving on http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     if threading.current_thread() is threading.main_thread():  # SIGTERM stops like Ctrl-C: uploads are removed
         signal.signal(signal.SIGTERM, _raise_interrupt)

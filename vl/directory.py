@@ -92,3 +92,29 @@ def read_preprocessor(directory: Path) -> dict | None:
     """preprocessor_config.json as a dict, or None when the directory has none."""
     pre = Path(directory) / "preprocessor_config.json"
     return _json_object(pre) if pre.exists() else None
+
+
+def checkpoint_choices(path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """What `vl app --model PATH` can serve: ([(checkpoint dir, kind)], [(skipped dir, why)]).
+
+    PATH itself when it holds a config.json (a checkpoint, or a hub id already in the local cache); otherwise
+    each sub-folder of PATH that holds one (a folder of checkpoints), in name order. A sub-folder whose
+    config.json names no supported architecture is skipped, with the reason, so that one stray folder does
+    not stop the others from being offered; the kind comes from config.json fields (`checkpoint_kind`).
+    """
+    root = resolve_dir(path)
+    if (root / "config.json").is_file():
+        return [(root, checkpoint_kind(read_config(root), root))], []
+    found, skipped = [], []
+    for sub in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name):
+        if not (sub / "config.json").is_file():
+            continue
+        try:
+            found.append((sub, checkpoint_kind(read_config(sub), sub)))
+        except (CheckpointError, ConfigError, UnsafeCheckpointError) as exc:
+            skipped.append((sub, str(exc)))
+    if not found:
+        raise CheckpointError(f"{root}: no config.json here, and no sub-folder with a supported checkpoint's "
+                              f"config.json (a folder of checkpoints); pass a checkpoint directory"
+                              + (f" (skipped: {'; '.join(why for _, why in skipped)})" if skipped else ""))
+    return found, skipped

@@ -155,3 +155,62 @@ def client(app):
     from gradio_client import Client
 
     return Client(app.url, verbose=False, download_files=False)
+
+
+@pytest.fixture(scope="session")
+def checkpoints_folder(tiny_dir, tmp_path_factory) -> Path:
+    """A folder of checkpoints as `vl app --model DIR` gets it: two tiny random models (`alpha` is `tiny_dir`,
+    linked; `beta` is `tiny_dir` with its lm_head negated, so its greedy tokens differ at every step), the shipped
+    demo model when it exists (`demo`), one whose weights are missing (`broken`), one whose config names an
+    unsupported architecture (`stray`, skipped), and a folder that is no checkpoint (`notes`)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("checkpoints")
+    (folder / "alpha").symlink_to(tiny_dir, target_is_directory=True)
+    beta = Path(shutil.copytree(tiny_dir, folder / "beta"))
+    weights = load_file(beta / "model.safetensors")
+    weights["language_model.lm_head.weight"] = -weights["language_model.lm_head.weight"]
+    save_file(weights, beta / "model.safetensors", metadata={"format": "pt"})
+    demo = REPO / "vl" / "demo"
+    if (demo / "config.json").is_file():
+        (folder / "demo").symlink_to(demo, target_is_directory=True)
+    shutil.copytree(tiny_dir, folder / "broken", ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "stray").mkdir()
+    (folder / "stray" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "notes").mkdir()
+    (folder / "notes" / "README.txt").write_text("not a checkpoint\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def picker_served(checkpoints_folder, examples, upload_dir):
+    """The app in-process over `checkpoints_folder`, with the model picker, as `vl app --model FOLDER` builds it.
+    `loaded` keeps a weak reference to every engine the app loaded (to see that a switch frees the old one);
+    each load waits `load_delay_s` more, so that the loading step can be watched."""
+    import weakref
+
+    from ui.app import _model_choices, build_app, launch_app
+    from ui.limits import AppLimits
+    from ui.runner import UIEngine
+
+    limits = AppLimits()
+    state = SimpleNamespace(loaded=[], load_delay_s=0.0)
+
+    def load(path):
+        time.sleep(state.load_delay_s)
+        engine = UIEngine.from_pretrained(path, isolate=True, limits=limits.media,
+                                          allowed_roots=[upload_dir, examples.dir])
+        state.loaded.append((Path(path).name, weakref.ref(engine)))
+        return engine
+
+    first, models = _model_choices(checkpoints_folder, load)
+    demo = build_app(load(first), limits=limits, examples_dir=examples.dir, examples=examples.records,
+                     model_name=models.current, models=models)
+    launch_app(demo, port=free_port(), limits=limits, model_dir=checkpoints_folder, examples_dir=examples.dir,
+               prevent_thread_lock=True, quiet=True)
+    state.url, state.models = demo.local_url, models
+    yield state
+    demo.close()
