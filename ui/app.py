@@ -77,7 +77,7 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
         if models is not None:
             from ui.model_picker import build_model_picker
 
-            build_model_picker(ctx, models, header, warning, lambda name: header_text(name, limits),
+            build_model_picker(demo, ctx, models, header, warning, lambda name: header_text(name, limits),
                                dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
         controls = build_controls(limits)
         vision = getattr(engine.processor, "has_vision", True)  # False for text-only Nemotron-H checkpoints

@@ -69,7 +69,7 @@ def switch_model(ctx, choices: ModelChoices, name: str, progress=None) -> tuple[
     if name not in choices.paths:  # the API accepts any JSON; only the listed folders may be loaded
         return False, f"⚠️ `{name}` is not one of the checkpoints offered ({', '.join(choices.paths)})."
     if name == choices.current and ctx.engine is not None:
-        return False, f"`{name}` is already being served."
+        return False, f"Serving `{name}`."  # a repeated pick: nothing to do
     previous = choices.current
 
     def step(i: int, what: str):
@@ -98,22 +98,29 @@ def switch_model(ctx, choices: ModelChoices, name: str, progress=None) -> tuple[
                        "no model is loaded; pick one from the list.")
 
 
-def build_model_picker(ctx, choices: ModelChoices, header: gr.Markdown, warning: gr.Markdown,
+def build_model_picker(blocks: gr.Blocks, ctx, choices: ModelChoices, header: gr.Markdown, warning: gr.Markdown,
                        header_text: Callable[[str], str], concurrency: dict) -> None:
     """The dropdown and its status line; a pick switches the model and updates the header and the demo warning.
 
     `.input`, not `.change`: the handler puts the dropdown back on the served model after a failed load, and that
-    must not count as a new pick. `concurrency`: the model's queue slot (concurrency_id / concurrency_limit)."""
+    must not count as a new pick. `concurrency`: the model's queue slot (concurrency_id / concurrency_limit).
+    The served model is shared by every browser, so a page that opens (or reloads) after a switch is brought up to
+    date when it loads: its header and dropdown were built with the first model."""
     with gr.Row(elem_id="model-row"):
         picker = gr.Dropdown(list(choices.paths), value=choices.current, label="Model",
                              info=f"{len(choices.paths)} checkpoints in this folder; picking one frees the current "
                                   "one and loads it", interactive=True, elem_id="model-picker", scale=1)
-        status = gr.Markdown(f"Serving `{choices.current}`.", elem_id="model-status")
+        status = gr.Markdown(f"Serving `{choices.current}`.", label="Status", elem_id="model-status")
 
-    def on_pick(name, progress=gr.Progress()):
-        _, text = switch_model(ctx, choices, str(name), progress)
+    def shown(text: str):
         served = choices.current
         return (gr.Dropdown(value=served), text, header_text(served),
                 gr.Markdown(visible=ctx.engine is not None and choices.is_demo(choices.paths[served])))
 
-    picker.input(on_pick, picker, [picker, status, header, warning], api_name="model", **concurrency)
+    def on_pick(name, progress=gr.Progress()):
+        return shown(switch_model(ctx, choices, str(name), progress)[1])
+
+    outputs = [picker, status, header, warning]
+    picker.input(on_pick, picker, outputs, api_name="model", **concurrency)
+    blocks.load(lambda: shown(f"Serving `{choices.current}`."), None, outputs, queue=False,
+                api_visibility="private")

@@ -323,3 +323,72 @@ def test_browser_stop_ends_the_work_and_says_stopped(endless_served, examples, b
             _wait_until(box.locator("textarea").is_enabled, "the chat input stayed disabled after Stop")
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS.values(), ids=WIDTHS.keys())
+def test_browser_model_picker_switches_models(picker_served, examples, browser, width):
+    """Item 11: `vl app --model FOLDER` shows a model picker; a pick shows its loading step, then the header names
+    the new model (the demo warning shows only for the demo model); a checkpoint that cannot load is reported, and
+    the app keeps serving the previous one and stays usable; a page opened later shows the model now served."""
+    from gradio_client import Client
+
+    Client(picker_served.url, verbose=False, download_files=False).predict("alpha", api_name="/model")
+    page = _open(browser, picker_served.url, width)
+    picker = page.locator("#model-picker input")
+
+    def pick(name: str) -> None:
+        picker.click()
+        page.get_by_role("option", name=name, exact=True).click()
+
+    try:
+        _wait_text(page, "#header", "Model: alpha", timeout=30)
+        box = page.locator("#model-picker").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width, box  # fits a narrow screen
+        assert picker.input_value() == "alpha" and not page.locator("#demo-warning").is_visible()
+
+        picker_served.load_delay_s = 1.0  # a model that takes a second to load: its step can be seen
+        try:
+            pick("beta")
+            _wait_until(lambda: "[2/2] loading the model" in page.locator("body").inner_text(),
+                        "the loading step was not shown", timeout=20)
+            _wait_text(page, "#header", "Model: beta", timeout=60)
+        finally:
+            picker_served.load_delay_s = 0.0
+        _wait_text(page, "#model-status", "Serving beta")
+        assert picker.input_value() == "beta"
+        if width == WIDTHS["desktop"]:
+            _shot(page, "model_picker")
+
+        if "demo" in picker_served.models.paths and width == WIDTHS["desktop"]:
+            pick("demo")
+            _wait_text(page, "#header", "Model: demo", timeout=60)
+            _wait_until(page.locator("#demo-warning").is_visible, "no demo warning for the demo model")
+            pick("beta")
+            _wait_text(page, "#header", "Model: beta", timeout=60)
+            _wait_until(lambda: not page.locator("#demo-warning").is_visible(), "the demo warning stayed")
+
+        pick("broken")
+        status = _wait_text(page, "#model-status", "Could not load broken", timeout=60)
+        assert "Still serving beta" in status and "[bad_checkpoint]" in status, status
+        assert "Model: beta" in page.locator("#header").inner_text()
+        _wait_until(lambda: picker.input_value() == "beta", "the picker did not go back to the served model")
+        assert page.locator(".toast-body").count() == 0  # reported in the status, not as an error overlay
+
+        # the app stays usable: a question is answered by the model still served
+        ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+        _upload(browser, page, "#doc-files", ex["path"])
+        page.locator("#doc-question textarea").fill(ex["question"])
+        page.locator("#doc-ask").click()
+        _wait_text(page, "#doc-stats", "finished by")
+        assert picker.is_enabled()
+
+        later = _open(browser, picker_served.url, width)  # another page, opened after the switch
+        try:
+            _wait_text(later, "#header", "Model: beta", timeout=30)
+            _wait_until(lambda: later.locator("#model-picker input").input_value() == "beta",
+                        "a page opened later shows the first model in its picker")
+        finally:
+            later.close()
+    finally:
+        picker_served.load_delay_s = 0.0
+        page.close()

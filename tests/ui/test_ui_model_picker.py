@@ -118,3 +118,13 @@ def test_switch_shows_numbered_steps_as_progress(picker, picker_served):
         picker_served.load_delay_s = 0.0
     assert "Serving `beta`" in job.result()[1]
     assert any(d.startswith("[2/2] loading the model from") and i == 1 and n == 2 for d, i, n in seen), seen
+
+
+def test_picker_endpoint_has_named_parameters(picker):
+    import re
+
+    info = picker.view_api(print_info=False, return_format="dict")["named_endpoints"]["/model"]
+    params = [(p["parameter_name"], p["label"]) for p in info["parameters"]]
+    assert params == [("name", "Model")], params
+    labels = [r["label"] for r in info["returns"]]
+    assert not [x for x in labels if re.fullmatch(r"(value|parameter)_\d+", x)], labels
