@@ -332,3 +332,30 @@ def test_chat_attachments_report_progress(client, tmp_path, long_clip):
         seen = _progress_seen(job)
         assert "finished by" in str(job.result()), job.result()
         assert any(d == desc and length == n for d, _, length in seen), (desc, sorted(seen, key=str))
+
+
+def test_stop_during_video_decoding_says_stopped(ui_engine, upload_dir, long_clip):
+    """A Stop pressed while the Video tab's clip is decoded (in a sandbox worker) ends the decode at the next frame;
+    the tab's status says "stopped" and no answer is generated."""
+    import shutil
+    from pathlib import Path
+
+    from ui.controls import AppContext
+    from ui.limits import AppLimits
+    from ui.stop import STOPPED_TEXT, StopFlag
+    from ui.video import answer_video
+
+    clip = shutil.copy(long_clip, Path(upload_dir) / "stop_me.mp4")
+    ctx = AppContext(ui_engine, AppLimits(), [Path(upload_dir)])
+    flag, frames = StopFlag(), []
+    flag.start()
+
+    def progress(step, desc=None, unit=None):  # gr.Progress's call signature
+        if desc == "video frames decoded":
+            frames.append(step)
+            if step[0] == 3:
+                flag.stop()  # the user presses Stop while the third frame is shown
+
+    outs = list(answer_video(ctx, clip, "What moves?", 8.0, 64, 0.0, False, 0, 4, 0.0, flag, progress))
+    assert outs[-1][1] == "" and outs[-1][4] == STOPPED_TEXT, outs[-1]
+    assert frames == [(1, 64), (2, 64), (3, 64)], frames
