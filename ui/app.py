@@ -3,7 +3,8 @@
     vl app [--model PATH] [--host 127.0.0.1] [--port 7860] [--device-map ...] [--dtype ...]
 
 Loads the model once (the shipped demo model, vl/demo, unless --model is given), then serves three tabs
-(Document QA, Video QA, Chat) over one engine. Configuration follows docs/reliability_policy.md §3.2's safe-run
+(Document QA, Video QA, Chat) over one engine. `--model FOLDER` of several checkpoints adds a model picker
+(ui/model_picker.py). Configuration follows docs/reliability_policy.md §3.2's safe-run
 checklist: bound to localhost, no share link, an upload size cap, a bounded queue with one model slot shared by
 every tab, the REST routes closed to queue skipping, monitoring off, and file serving limited to uploads and
 the bundled examples (the model folder and the working directory are blocked). Uploads are decoded in sandbox
