@@ -6,8 +6,9 @@ call and of the vision encoding (`Work.current()` / `with work:`), so that the f
 renderer, the sandbox worker that decodes a file) can report and stop without every signature in between
 growing two parameters. It is a context variable, so two requests in two threads never see each other's.
 
-The safe points are between pages, between media items, between encoded tiles, and while waiting for a
-decode worker (the worker is killed, see `vl/processing/sandbox.py`); a stop there raises `StoppedError`.
+The safe points are between pages, between media items, between decoded video frames (vl/processing/video.py),
+between encoded tiles, and while waiting for a decode worker (the worker is killed, see `vl/processing/sandbox.py`,
+which also carries a worker's reports back to the request's `Work`); a stop there raises `StoppedError`.
 See docs/app_and_cli.md, "Stop and progress".
 """
 
