@@ -18,7 +18,7 @@ import torch
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
-from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
+from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, Tokenized, run_batch
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.generate import decode_step
 from vl.runtime.placement import execution_device
@@ -69,15 +69,20 @@ class Engine:
 
     def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
                 stats: Stats | None = None, work: Work | None = None, **proc):
-        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced.
+        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced; a
+        `Tokenized` prompt (already processed: the transformers pipeline's) skips the processor and comes back as
+        the inputs.
 
         `work`: the request's stop event and progress callback, current while media are read and encoded
         (vl/processing/progress.py); a stop there raises `StoppedError`."""
         stats = stats or Stats()
         proc.setdefault("context_length", self.context_length)
         with work or Work():
-            inputs = self.processor(messages, thinking=thinking, **proc)
-            stats.notes += inputs.notes
+            if isinstance(messages, Tokenized):
+                inputs = messages
+            else:
+                inputs = self.processor(messages, thinking=thinking, **proc)
+                stats.notes += inputs.notes
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
                                   video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
         skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
