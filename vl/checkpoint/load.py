@@ -89,14 +89,14 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
         log.debug("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
-                  quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
+                  quantized=qload.checked_here() if qload else frozenset(), what=f"{kind} checkpoint")
     tensors = ad.materialize(plan, files)
     if scan_nan:
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":
         nano_vl.check_buffers(model, files, plan)
     if qload is not None:
-        tensors = quantized.finish(model, tensors, plan, qload, target)
+        tensors = quantized.finish(tensors, plan, qload, target)
         fallback = qload.requested in (None, "auto") and qload.mode == "weight-only"
         log.log(logging.WARNING if fallback else logging.INFO, qload.notice(str(directory)))
     model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()
