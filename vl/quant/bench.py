@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from vl.modeling.random_init import randomize_
-
-MODES = ("dequantize", "weight-only", "auto", "native")
+from vl.quant.linear import MODES  # the one list of quantized execution modes
 TEXT = ("The total is 47. Which field is at the top? NAME. The red circle moves to the right, then the blue "
         "square flashes twice. How many stars are there? 3. Describe the image in one sentence.")
 
