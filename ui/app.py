@@ -23,8 +23,12 @@ import threading
 import time
 from pathlib import Path
 
+from ui.examples import ensure_examples, tab_examples
 from ui.limits import AppLimits
 from ui.page_style import APP_CSS
+from vl.directory import default_model
+from vl.errors import VLError
+from vl.remote import RemoteEngine
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "
@@ -74,7 +78,6 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
     from ui.chat import build_chat_tab
     from ui.controls import MODEL, AppContext, build_controls
     from ui.documents import build_document_tab
-    from ui.examples import tab_examples
     from ui.video import build_video_tab
     from gradio.utils import get_upload_folder
 
@@ -222,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"vl app: {exc}", file=sys.stderr)
         return 2
-    from vl.directory import default_model
 
     model = args.model or default_model()
     shown = Path(model).name
@@ -236,20 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         import transformers  # noqa: F401
 
         from ui.runner import UIEngine
-        from vl.errors import VLError
     with _Step(2, steps, "preparing the upload folder and the bundled examples"):
         own_uploads = None
         if not os.environ.get("GRADIO_TEMP_DIR"):  # a fresh folder per run, removed when the app stops
             own_uploads = os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
         from gradio.utils import get_upload_folder
 
-        from ui.examples import ensure_examples
 
         examples_dir, examples = ensure_examples(args.examples_dir)
     try:
         with _Step(3, steps, f"loading the model from {model}"):
             if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)
-                from vl.remote import RemoteEngine
 
                 engine = RemoteEngine(args.backend, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
                                       model=args.served_model, limits=limits.media)

@@ -20,8 +20,10 @@ Design:
 """
 
 import atexit
+import json
 import os
 import pickle
+import resource
 import signal
 import socket
 import subprocess
@@ -46,7 +48,6 @@ class _Worker:
     def __init__(self):
         parent_sock, child_sock = socket.socketpair()
         paths = [p for p in sys.path if p]
-        import json
 
         try:
             self.proc = subprocess.Popen(
@@ -216,8 +217,6 @@ def worker_count() -> int:
 
 
 def _set_memory_cap(memory_mb: int | None) -> None:
-    import resource
-
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = hard if memory_mb is None else memory_mb * (1 << 20)
     if hard != resource.RLIM_INFINITY:

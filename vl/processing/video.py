@@ -46,6 +46,7 @@ from vl.errors import (
 from vl.processing import video_formats
 from vl.processing.images import RESAMPLE, normalize
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.sandbox import run_isolated
 
 BACKENDS = ("decord", "pyav")
 DECORD_CONTAINERS = ("mp4", "matroska")  # magic bytes no other demuxer outranks; decord checked correct on them
@@ -423,8 +424,6 @@ def load_video(
         path = _local_path(source, limits, tmp)
         args = (path, limits, tile_size, target_fps, max_frames, backend)
         if isolate:
-            from vl.processing.sandbox import run_isolated
-
             out = run_isolated(decode_video_file, *args, timeout=limits.video_timeout_s,
                                memory_mb=limits.worker_memory_mb)
         else:

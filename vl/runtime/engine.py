@@ -15,14 +15,15 @@ from pathlib import Path
 
 import torch
 
+from vl.directory import resolve_dir
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
 from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, Tokenized, run_batch
-from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
-from vl.runtime.generate import decode_step
+from vl.runtime.generate import decode_step, generate_ids
 from vl.runtime.placement import execution_device
 from vl.runtime.pretrained import load_pretrained
+from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.sampling import SamplingParams
 
 
@@ -151,8 +152,6 @@ class Engine:
     def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,
                      stop: bool = True, **sampling) -> torch.Tensor:
         """Token level, no processor (text-only prompts): new ids (b, n); stopped rows padded with the stop id."""
-        from vl.runtime.generate import generate_ids
-
         with self._lock:
             return generate_ids(self.lm, input_ids.to(self._device()), attention_mask=attention_mask,
                                 max_new_tokens=max_new_tokens, stop_ids=self.stop_ids if stop else (),
@@ -222,8 +221,6 @@ class VisionCache:
 
 def _generation_stop_ids(path) -> set[int]:
     """eos ids from generation_config.json (docs/format.md §2.3), if present."""
-    from vl.directory import resolve_dir
-
     f = Path(resolve_dir(path)) / "generation_config.json"
     if not f.exists():
         return set()
