@@ -118,3 +118,12 @@ def test_model_without_engine_generates_with_a_tokenizer(pipe, tiny_dir):
         model.generate(**inputs, max_new_tokens=4)
     got = model.generate(**inputs, max_new_tokens=4, tokenizer=pipe.processor.tokenizer)
     assert torch.equal(got, pipe.model.generate(**inputs, max_new_tokens=4))
+
+
+def test_bf16_pipeline_equals_the_bf16_engine(tiny_dir):
+    """The pipeline casts the tiles to the model's dtype before generate; the engine's vision cache takes them."""
+    pipe16 = pipeline("image-text-to-text", model=str(tiny_dir), device="cpu", dtype=torch.bfloat16)
+    assert pipe16.model.dtype == torch.bfloat16
+    got = pipe16(text=chat(), max_new_tokens=6, return_full_text=False, skip_special_tokens=False)
+    want = vl.Engine.from_pretrained(tiny_dir, dtype="bf16").chat(chat(), max_new_tokens=6)
+    assert want.finish_reason == "length" and got[0]["generated_text"] == want.text

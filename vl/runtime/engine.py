@@ -207,7 +207,8 @@ class VisionCache:
         self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def get(self, tiles: torch.Tensor, kind: str, encode, stats: Stats | None = None) -> torch.Tensor:
-        key = hashlib.sha1(tiles.contiguous().numpy().tobytes()).hexdigest() + ":" + kind
+        data = tiles.detach().contiguous().cpu()  # any dtype (the pipeline hands bf16 tiles) and device: hash bytes
+        key = f"{hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest()}:{data.dtype}:{kind}"
         if key in self._items:
             self._items.move_to_end(key)
             if stats is not None:
