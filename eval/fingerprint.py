@@ -12,6 +12,8 @@ from pathlib import Path
 from eval.backend import GenerationSettings
 from eval.data import Item, MediaRef
 from eval.tasks import Task
+from vl.config import lm_config_from_hf, vl_config_from_hf
+from vl.directory import checkpoint_kind, read_config, resolve_dir
 
 RECORD_FORMAT = 1  # bump when the meaning of a record changes; part of the fingerprint
 
@@ -58,8 +60,6 @@ def item_digest(task: Task, item: Item) -> str:
 def model_facts(model: str, dtype: str | None = None) -> dict:
     """What identifies the model without loading it: path, digests, precision, media defaults."""
     from vl.checkpoint.load import resolve_dtype
-    from vl.directory import checkpoint_kind, read_config, resolve_dir
-    from vl.config import lm_config_from_hf, vl_config_from_hf
 
     directory = resolve_dir(model)
     raw = read_config(directory)

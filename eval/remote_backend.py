@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from eval.backend import Generation, GenerationSettings
 from vl.errors import InputError
+from vl.remote import RemoteEngine
 
 
 class RemoteBackend:
@@ -22,8 +23,6 @@ class RemoteBackend:
         if concurrency < 1:
             raise InputError(f"concurrency must be >= 1, found {concurrency}")
         if engine is None:
-            from vl.remote import RemoteEngine
-
             engine = RemoteEngine(base_url, api_key=api_key, model=model, **engine_kwargs)
         self.engine, self.concurrency = engine, concurrency
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="vl-eval-remote")

@@ -32,6 +32,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from eval.backend import (
     EngineBackend,
     Generation,
@@ -44,6 +46,7 @@ from eval.backend import (
 from eval.data import MEDIA_COLUMNS, DatasetFormatError, Item, iter_rows, row_to_item
 from eval.fingerprint import RECORD_FORMAT, file_digest, fingerprint, item_digest, model_facts
 from eval.records import RecordsWriteError, RecordWriter, dumps, iter_records, write_atomic
+from eval.remote_backend import RemoteBackend, remote_facts
 from eval.summary import build_summary, code_versions, summary_markdown
 from eval.tasks import RecordError, Task, get_task
 from vl.errors import (
@@ -248,8 +251,6 @@ def default_device(device: str | None, local_rank: int) -> str:
 
 def make_backend(cfg: RunConfig, device: str):
     if cfg.backend == "openai":
-        from eval.remote_backend import RemoteBackend
-
         return RemoteBackend(cfg.base_url, api_key=cfg.api_key, model=cfg.served_model, concurrency=cfg.concurrency)
     kwargs = {"model": cfg.model, "dtype": cfg.dtype, "device": device, "decode_sandbox": cfg.decode_sandbox}
     if cfg.isolation == "inline":
@@ -327,7 +328,6 @@ class Runner:
         self.sleep = sleep
         self.device = default_device(cfg.device, self.dist.local_rank)
         if cfg.backend == "openai":  # the model lives behind a URL: its address and id identify it
-            from eval.remote_backend import remote_facts
 
             self.device = "remote"
             if backend is None:
@@ -485,7 +485,6 @@ class Runner:
     def _run_pending(self, pending: list[Planned], writer: RecordWriter) -> None:
         if not pending:
             return
-        from tqdm import tqdm
 
         by_index = {p.index: p for p in pending}
         if any(p.problem is None for p in pending):  # load the model now, so item timings exclude it

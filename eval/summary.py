@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from collections import defaultdict
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +20,11 @@ from eval.tasks import Task
 
 
 def code_versions() -> dict:
-    import platform
-
     out = {"python": platform.python_version()}
     for name in ("torch", "transformers"):
         mod = sys.modules.get(name)
         out[name] = getattr(mod, "__version__", None) if mod else None
     try:
-        from importlib.metadata import version
-
         out["nemotron-vl"] = version("nemotron-vl")
     except Exception:  # noqa: BLE001 - not installed as a distribution
         out["nemotron-vl"] = None

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from eval.records import write_atomic
+from eval.remote_backend import remote_facts
 from eval.runner import Dist, RunConfig, RunOptionError, Runner, default_device, make_backend, model_facts
 from eval.score import paired_change, read_predictions
 from eval.tasks import get_task
@@ -74,8 +75,6 @@ def run_sweep(cfg: RunConfig, field: str, values: list, backend=None, facts: dic
     if own:
         backend = make_backend(cfg, default_device(cfg.device, dist.local_rank))
     if facts is None and cfg.backend == "openai":
-        from eval.remote_backend import remote_facts
-
         facts = remote_facts(backend.engine)
     facts = facts or model_facts(cfg.model, cfg.dtype)
     rows = []

@@ -23,9 +23,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ui.examples import ensure_examples, tab_examples
 from ui.limits import AppLimits
 from ui.page_style import APP_CSS
 from ui.steps import Step as _Step
+from vl.directory import checkpoint_choices, default_model
+from vl.errors import VLError
+from vl.remote import RemoteEngine
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "
@@ -61,7 +65,6 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
     from ui.chat import build_chat_tab
     from ui.controls import MODEL, AppContext, build_controls
     from ui.documents import build_document_tab
-    from ui.examples import tab_examples
     from ui.video import build_video_tab
     from gradio.utils import get_upload_folder
 
@@ -176,8 +179,6 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
 
 
 def _is_demo(path) -> bool:
-    from vl.directory import default_model
-
     return Path(path).resolve() == Path(default_model()).resolve()
 
 
@@ -187,8 +188,6 @@ def _model_choices(model, load):
     One checkpoint (a directory with config.json, or a folder holding just one): served as before, no picker.
     A folder of several: the picker's first choice, and the picker. Skipped sub-folders are named on the console.
     """
-    from vl.directory import checkpoint_choices
-
     found, skipped = checkpoint_choices(model)
     for path, why in skipped:
         print(f"vl app: skipping {path.name}: {why}", file=sys.stderr, flush=True)
@@ -238,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"vl app: {exc}", file=sys.stderr)
         return 2
-    from vl.directory import default_model
 
     model = args.model or default_model()
     shown = Path(model).name
@@ -252,21 +250,18 @@ def main(argv: list[str] | None = None) -> int:
         import transformers  # noqa: F401
 
         from ui.runner import UIEngine
-        from vl.errors import VLError
     with _Step(2, steps, "preparing the upload folder and the bundled examples"):
         own_uploads = None
         if not os.environ.get("GRADIO_TEMP_DIR"):  # a fresh folder per run, removed when the app stops
             own_uploads = os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="vl-app-uploads-")
         from gradio.utils import get_upload_folder
 
-        from ui.examples import ensure_examples
 
         examples_dir, examples = ensure_examples(args.examples_dir)
     models = None
     try:
         with _Step(3, steps, f"loading the model from {model}"):
             if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)
-                from vl.remote import RemoteEngine
 
                 engine = RemoteEngine(args.backend, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
                                       model=args.served_model, limits=limits.media)

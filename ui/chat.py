@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 from ui.chat_export import export_files
 from ui.controls import AppContext, Controls, api_example, gen_options
@@ -194,8 +195,6 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
                            elem_id="chat-exported")
 
     def on_export(history):
-        from gradio.utils import get_upload_folder
-
         return gr.File(value=export_files(history, get_upload_folder()), visible=True)
 
     export.click(on_export, interface.chatbot, exported, queue=False, api_visibility="private")

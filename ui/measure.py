@@ -23,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from ui.examples import ensure_examples, tab_examples
 
 
 def free_port() -> int:
@@ -128,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from gradio_client import Client, handle_file
 
-    from ui.examples import ensure_examples, tab_examples
 
     examples_dir, records = ensure_examples()
     tabs = tab_examples(examples_dir, records)

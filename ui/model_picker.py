@@ -21,6 +21,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ui.heap import trim_heap
 from ui.steps import Step
 from vl.errors import VLError
 
@@ -58,8 +59,6 @@ def _free(ctx) -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    from ui.heap import trim_heap
-
     trim_heap()
 
 

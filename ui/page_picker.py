@@ -11,16 +11,16 @@ from pathlib import Path
 
 import gradio as gr
 
+from ui.limits import check_upload, user_error
 from vl.processing.documents import parse_page_range, render_pdf
+from vl.processing.documents import read_bytes, render_pdf_bytes
+from vl.processing.sandbox import run_isolated
 
 THUMBNAIL_SCALE = 0.2
 
 
 def pdf_thumbnails(path: str, limits, first_n: int) -> list[tuple]:
     """(picture, "p3") for the first `first_n` pages of the PDF at `path` (fewer when it is shorter)."""
-    from vl.processing.documents import read_bytes, render_pdf_bytes
-    from vl.processing.sandbox import run_isolated
-
     data = read_bytes(path, limits.max_pdf_bytes, what="PDF")
     plan = run_isolated(render_pdf_bytes, data, "1", THUMBNAIL_SCALE, None, limits, False,
                         timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)  # page count only
@@ -47,8 +47,6 @@ def add_page(spec: str | None, page: int) -> str:
 
 def wire_page_picker(ctx, files, pages, picker: gr.Gallery) -> None:
     """Upload of exactly one PDF -> its thumbnails in `picker`; a click on one adds its page to `pages`."""
-    from ui.limits import check_upload, user_error
-
     def show(files_value):
         paths = [f for f in (files_value or []) if str(f).lower().endswith(".pdf")]
         if len(paths) != 1:

@@ -33,11 +33,18 @@ from pathlib import Path
 
 import torch
 
+from vl import bench_geometry
+from vl.bench_llama_cpp import LlamaCpp
+from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
+from vl.modeling import kernels
 from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.quant import bench as quant_bench
+from vl.quant import cpu_gemv
+from vl.quant.bench import quantized_copy
+from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 from vl.runtime.cache import HybridCache
 from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
-from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 
 CONFIGS = {
     "180m": bench_180m_lm,
@@ -133,7 +140,6 @@ def ssd_scan_fns(cfg: LMConfig, t: int, device="cpu"):
     """The SSD scan alone, on one Mamba layer's shapes (b=1): ours and transformers' torch path."""
     from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
 
-    from vl.modeling import kernels
 
     g = torch.Generator().manual_seed(0)
     h, p, n, grp = cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.ssm_state_size, cfg.n_groups
@@ -165,9 +171,6 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
     gen = torch.Generator().manual_seed(0)
     quant = {}
     if formats:
-        from vl.quant.bench import quantized_copy
-        from vl.quant.linear import QuantizedLinear, resident_weight_bytes
-
         calib = torch.randint(3, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)).to(device)
         for fmt in formats:
             quant[fmt] = quantized_copy(ours, fmt, calib)
@@ -347,8 +350,6 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
         a.decode = a.decode or "eager"
     if a.geometry:
-        from vl import bench_geometry
-
         if a.geometry not in bench_geometry.GEOMETRIES:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
         r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
@@ -364,8 +365,6 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     formats = tuple(f for f in a.formats.split(",") if f)
     llama, llama_note = None, ""
     if a.llama_cpp:
-        from vl.bench_llama_cpp import LlamaCpp
-
         try:
             llama = LlamaCpp(a.llama_cpp, a.llama_cpp_python)
             llama_note = f"llama.cpp: {llama.bench} ({llama.version()})"
@@ -401,15 +400,11 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
     if formats:
-        from vl.quant import cpu_gemv
-
         print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")
     print(llama_note)
     if rows:
         print(format_table(rows))
     if a.quant or a.quant_only:
-        from vl.quant import bench as quant_bench
-
         qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False, calib_source=calib_source)
         print("\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py):")
         print(quant_bench.format_table(qrows))

@@ -27,9 +27,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
+import vl
+from vl.bench_timing import PeakRSS, our_decode_s, our_prefill
 from vl.config import lm_config_to_hf, nano_12b_lm
+from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.quant.export import exclude_patterns, make_hf_quant_config, quantizable_linear_names, write_hf_quant_config
+from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
+from vl.quant.linear import resident_weight_bytes
+from vl.quant.nvfp4 import E2M1_MAX
 
 GEOMETRIES = {"nano-12b-v2-vl": nano_12b_lm}
 STD = 0.02
@@ -41,9 +49,6 @@ _ST_DTYPE = {torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8", to
 
 def _entries(cfg, fmt: str):
     """[(key, dtype, shape, kind)] of the checkpoint, in model order. kind: 'dense' | 'weight' | 'scale' | ..."""
-    from vl.modeling.nemotron_h import NemotronHForCausalLM
-    from vl.quant.export import exclude_patterns, quantizable_linear_names
-
     with torch.device("meta"):
         model = NemotronHForCausalLM(cfg)
     quant = set(quantizable_linear_names(model, exclude_patterns()))
@@ -72,9 +77,6 @@ def _nbytes(dtype, shape) -> int:
 def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None) -> Path:
     """Stream a random FP8 / NVFP4 checkpoint of `cfg` to `out_dir` (config.json, hf_quant_config.json,
     model.safetensors). Peak memory: one row block (~128 MiB of float32) plus its packed output."""
-    from vl.quant.export import exclude_patterns, make_hf_quant_config, write_hf_quant_config
-    from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
-    from vl.quant.nvfp4 import E2M1_MAX
     from vl.quant.ptq import FORMATS
 
     out_dir = Path(out_dir)
@@ -164,17 +166,12 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 def decode_bytes(model) -> int:
     """Bytes one decode step reads: every parameter and buffer except the embedding table (one row is read)."""
-    from vl.quant.linear import resident_weight_bytes
-
     emb = model.backbone.embeddings.weight
     return resident_weight_bytes(model) - emb.numel() * emb.element_size()
 
 
 def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_ctx: int = 128, new_tokens: int = 8,
         repeats: int = 1, keep: bool = False, log=print) -> dict:
-    import vl
-    from vl.bench_timing import PeakRSS, our_decode_s, our_prefill
-
     cfg = GEOMETRIES[geometry]() if isinstance(geometry, str) else geometry
     geometry = geometry if isinstance(geometry, str) else "custom"
     tmp = tempfile.mkdtemp(prefix=f"vl-geometry-{fmt}-", dir=work_dir)
@@ -192,7 +189,6 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
         result["write_s"] = time.perf_counter() - t0
         result["checkpoint_bytes"] = sum(p.stat().st_size for p in path.iterdir())
         log(f"[vl bench] wrote {result['checkpoint_bytes'] / 2**30:.2f} GiB in {result['write_s']:.0f} s; loading")
-        import psutil
 
         proc = psutil.Process()
         with PeakRSS("cpu") as peak:

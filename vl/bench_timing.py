@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psutil
 import torch
 
 from vl.runtime.cache import HybridCache
@@ -26,7 +27,6 @@ class PeakRSS:
             torch.cuda.reset_peak_memory_stats()
             self.base, self.peak = torch.cuda.memory_allocated(), 0
             return self
-        import psutil
 
         self.proc, self.stop, self.peak = psutil.Process(), False, 0
         self.base = self.proc.memory_info().rss

@@ -31,7 +31,10 @@ from vl.cli_flags import (
     processor_kwargs,
     thinking_value,
 )
+from vl.directory import default_model
 from vl.errors import VLError
+from vl.processing.limits import MediaLimits
+from vl.runtime.outcome import finish_label, finish_note
 
 DESCRIPTION = "one question about images / a PDF / a video; the answer on stdout, everything else on stderr"
 DEMO_WARNING = ("note: this is the shipped demo model, trained only on small synthetic documents and clips; it "
@@ -87,8 +90,6 @@ class Progress:
 
 
 def _is_demo(model: str) -> bool:
-    from vl.directory import default_model
-
     return Path(model).resolve() == Path(default_model()).resolve()
 
 
@@ -96,15 +97,12 @@ def _stats_line(result) -> str:
     s = result.stats
     reduced = (f", vision tokens {s.vision_tokens_before} -> {s.vision_tokens_after}"
                if s.vision_tokens_before else "")
-    from vl.runtime.outcome import finish_label
 
     return (f"[{s.prompt_tokens} prompt tokens{reduced}, {s.new_tokens} new, ttft {s.time_to_first_token_s:.2f} s, "
             f"{s.decode_tokens_per_s:.1f} tok/s, finished by: {finish_label(result)}]")
 
 
 def result_json(result, model: str) -> dict:
-    from vl.runtime.outcome import finish_label, finish_note
-
     s = result.stats
     return {"answer": result.answer, "reasoning": result.reasoning, "finish_reason": result.finish_reason,
             "finished_by": finish_label(result), "reasoning_truncated": result.reasoning_truncated,
@@ -142,14 +140,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, err) -> int:
-    from vl.directory import default_model
-
     model = args.model or default_model()
     if _is_demo(model):
         print(DEMO_WARNING, file=err)
-    from vl.processing.limits import MediaLimits
     from vl.runtime.engine import Engine
-    from vl.runtime.outcome import finish_note
 
     print(f"loading {model}…", file=err, flush=True)
     engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,

@@ -13,6 +13,7 @@ tokens when the server does not report them, memory, cache hits) are None, never
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -232,8 +233,6 @@ class RemoteEngine:
     # --- HTTP ------------------------------------------------------------------------------------------
     def _open_stream(self, body):
         """The streamed response, opened with retries (nothing has been shown to the caller yet)."""
-        import contextlib
-
         @contextlib.contextmanager
         def opened():
             response = self._send("POST", "/chat/completions", json_body=body, stream=True)

@@ -107,6 +107,24 @@ def test_weight_only_keeps_packed_weights(fmt, ratio, exported):
     assert not any(isinstance(m, QuantizedLinear) for m in plain.modules())
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_dequantize_builds_no_quantized_layer(fmt, exported, inputs, oracle, monkeypatch):
+    """"dequantize" expands the packed weights into the model's own Linears: no quantized module is built (and
+    swapped back) on the way, and no packed or scale tensor stays."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a quantized Linear was built in dequantize mode")
+
+    monkeypatch.setattr(QuantizedLinear, "__init__", refuse)
+    model = vl.load_pretrained(exported[fmt], quant_mode="dequantize", dtype="bf16")
+    tensors = load_file(str(exported[fmt] / "model.safetensors"))
+    for name in packed_modules(tensors):
+        mod = model.get_submodule(name)
+        assert type(mod) is torch.nn.Linear and mod.weight.dtype == torch.bfloat16
+        assert torch.equal(mod.weight, dequantized_from_file(tensors, name).bfloat16())
+    assert not any(k.endswith(("weight_scale", "weight_scale_2", "input_scale")) for k in model.state_dict())
+    assert {t.dtype for t in model.state_dict().values() if t.is_floating_point()} <= {torch.bfloat16, torch.float32}
+
+
 def test_never_quantized_modules_load_as_plain_high_precision(src, exported):
     ref = vl.load_pretrained(src)
     model = vl.load_pretrained(exported["nvfp4"], quant_mode="weight-only")
@@ -253,7 +271,6 @@ def test_quantized_lm_head_loads_and_stays_packed(tmp_path_factory, src, inputs)
     tensors = load_file(str(path / "model.safetensors"))
     assert tensors["language_model.lm_head.weight"].dtype == torch.uint8
     model = vl.load_pretrained(path, quant_mode="weight-only")
-    assert not model.quantization.expanded
     assert isinstance(model.language_model.lm_head, QuantizedLinear)  # runs weight-only like every other Linear
     ref = vl.load_pretrained(src)
     with torch.no_grad():

@@ -44,9 +44,7 @@ def test_startup_fails_cleanly_without_a_model(tmp_path, examples, monkeypatch, 
     assert app.main(["--model", str(tmp_path / "nowhere"), "--examples-dir", str(examples.dir)]) == 2
     assert "could not load the model" in capsys.readouterr().err
 
-    import vl.directory
-
-    monkeypatch.setattr(vl.directory, "default_model", lambda: str(tmp_path / "demo"))
+    monkeypatch.setattr(app, "default_model", lambda: str(tmp_path / "demo"))  # the name the app calls
     assert app.main(["--examples-dir", str(examples.dir)]) == 2
     assert "the demo model is not in" in capsys.readouterr().err
 

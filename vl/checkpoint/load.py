@@ -14,10 +14,14 @@ import torch
 from torch import nn
 
 from vl.checkpoint import adapter as ad
+from vl.checkpoint import nano_vl
+from vl.checkpoint import nemotron_h as lm_adapter
 from vl.checkpoint import quantized
 from vl.checkpoint.files import CheckpointFiles, scan_non_finite
+from vl.config import lm_config_from_hf
 from vl.directory import checkpoint_kind, read_config, resolve_dir
 from vl.errors import ConfigError
+from vl.modeling.nemotron_h import NemotronHForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -73,30 +77,24 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
     target = resolve_dtype(dtype, raw)
     notes: list[str] = []
     if kind == "nemotron_h":
-        from vl.checkpoint import nemotron_h as lm_adapter
-        from vl.config import lm_config_from_hf
-        from vl.modeling.nemotron_h import NemotronHForCausalLM
-
         cfg = lm_config_from_hf(raw, where=str(directory / "config.json"), notes=notes)
         with torch.device("meta"):
             model = NemotronHForCausalLM(cfg)
         plan = lm_adapter.plan_lm(files.names())
     else:
-        from vl.checkpoint import nano_vl
-
         model, plan = nano_vl.build_and_plan(raw, files, directory, notes=notes)
     if notes:  # once per load: what config.json holds that cannot change the maths (docs/config_policy.md)
         log.debug("%s: config keys accepted and ignored:\n  %s", directory, "\n  ".join(notes))
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
-                  quantized=set(qload.stacked) if qload else frozenset(), what=f"{kind} checkpoint")
+                  quantized=qload.checked_here() if qload else frozenset(), what=f"{kind} checkpoint")
     tensors = ad.materialize(plan, files)
     if scan_nan:
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":
         nano_vl.check_buffers(model, files, plan)
     if qload is not None:
-        tensors = quantized.finish(model, tensors, plan, qload, target)
+        tensors = quantized.finish(tensors, plan, qload, target)
         fallback = qload.requested in (None, "auto") and qload.mode == "weight-only"
         log.log(logging.WARNING if fallback else logging.INFO, qload.notice(str(directory)))
     model = assign_tensors(model, tensors, target, qload.packed_keys() if qload else frozenset()).eval()

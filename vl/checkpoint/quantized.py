@@ -4,10 +4,13 @@ the checks made from the safetensors headers before any tensor is read, and the 
 Follows vLLM's ModelOpt path (docs/format.md §11.1, §11.2, §11.6): the config comes from `hf_quant_config.json`
 or `config.json` `quantization_config`; the per-module truth is the tensors (a Linear is quantized iff its
 weight is uint8 / float8 *and* its scales exist); the vision tower, `mlp1`, conv1d, norms, `A_log`, `D`,
-`dt_bias` and embeddings are never quantized. The model code stays plain math: the loader builds the meta
-model, then swaps the checkpoint's quantized Linears in from outside (`vl.quant.swap_quantized_linears`), so
-the strict key / shape / dtype check of `vl.checkpoint.adapter` sees each quantized Linear's own ModelOpt
-tensors as what the model expects.
+`dt_bias` and embeddings are never quantized. The model code stays plain math; loading is a straight line of
+passes (gpt-fast's `_load_model` shape): detect the packed Linears from the headers (`prepare`: one spec check,
+`vl.quant.config.detect_quantized_linears`), pick the mode once, then either swap the quantized Linears into
+the meta model (`vl.quant.swap_quantized_linears`: the strict key / shape / dtype check of
+`vl.checkpoint.adapter` then sees each one's own ModelOpt tensors as what the model expects) or, in
+"dequantize" mode, keep the plain Linears and expand each packed weight into them after reading (`finish`);
+quantized layers are never built in that mode.
 
 Modes (`quant_mode`): None / "auto" picks per device (CPU: weight-only; CUDA >= 8.9 with FP8: native
 `torch._scaled_mm` per forward where the layer allows it; NVFP4: weight-only, native FP4 GEMM is not
@@ -19,35 +22,35 @@ says which mode runs and why.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from vl.checkpoint.adapter import Plan
-from vl.checkpoint.files import CheckpointFiles, TensorInfo
+from vl.checkpoint.files import CheckpointFiles
 from vl.errors import CheckpointError, ConfigError
 from vl.quant.config import (
-    FP8_WEIGHT_DTYPES,
     QUANT_SUFFIXES,
     LinearQuantSpec,
     QuantConfig,
     QuantFormatError,
     QuantUnavailableError,
     detect_quantized_linears,
-    linear_spec,
+    is_packed,
     read_quant_config,
 )
-from vl.quant.linear import MODES
+from vl.quant.linear import (
+    MODES,
+    dequantize_linear_weight,
+    linear_to_quantize,
+    native_fp8_support,
+    swap_quantized_linears,
+)
 
 log = logging.getLogger(__name__)
 
-QUANT_MODES = MODES  # the one list of quantized execution modes (vl/quant/linear.py)
-PACKED_DTYPES = (torch.uint8,) + FP8_WEIGHT_DTYPES
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")  # ModelOpt FP8 KV-cache scales on attention k/v projections
-# Modules expanded at load in every mode (none: the model casts the lm_head input to its compute dtype, so a
-# packed lm_head runs in the chosen mode like any other Linear).
-DEQUANTIZE_AT_LOAD: tuple[str, ...] = ()
 
 
 @dataclass
@@ -60,11 +63,9 @@ class QuantizedLoad:
     requested: str | None  # quant_mode as given
     mode: str  # "weight-only" | "native" | "auto" | "dequantize": what the quantized modules do
     why: str
-    expanded: list[str] = field(default_factory=list)  # native modules dequantized at load in any mode
     # fused MoE expert tensors stored packed per expert: native name -> per-expert specs (named by checkpoint
     # module); always dequantized at load (the model holds them as one tensor, not as Linears)
     stacked: dict[str, list[LinearQuantSpec]] = field(default_factory=dict)
-    originals: dict[str, nn.Module] = field(default_factory=dict, repr=False)  # meta Linears, for expansion
     files: CheckpointFiles | None = field(default=None, repr=False)
 
     @property
@@ -75,9 +76,7 @@ class QuantizedLoad:
     @property
     def packed(self) -> list[str]:
         """Native modules that stay packed (quantized) in memory."""
-        if self.mode == "dequantize":
-            return []
-        return [n for n in self.specs if n not in self.expanded]
+        return [] if self.mode == "dequantize" else list(self.specs)
 
     def packed_keys(self) -> set[str]:
         """Native tensor names whose dtype the loader must not touch (packed weights and their scales)."""
@@ -87,11 +86,18 @@ class QuantizedLoad:
             out.update(f"{name}.{s}" for s in spec.shapes if s != "bias")
         return out
 
+    def checked_here(self) -> set[str]:
+        """Native tensor names the quantization loader checks instead of the plan's dtype/shape check: fused
+        expert tensors, and in "dequantize" mode the packed weights and scales that become plain weights."""
+        out = set(self.stacked)
+        if self.mode == "dequantize":
+            out.update(spec.key(s) for spec in self.specs.values() for s in spec.shapes if s != "bias")
+        return out
+
     def notice(self, where: str = "") -> str:
         src = self.config.source.rsplit("/", 1)[-1] if self.config is not None else "no quantization config"
         algo = f"{self.config.quant_algo}, " if self.config is not None else ""
-        extra = f"; {', '.join(self.expanded)} dequantized at load (see DEQUANTIZE_AT_LOAD)" if (
-            self.expanded and self.mode != "dequantize") else ""
+        extra = ""
         if self.stacked:
             extra += (f"; packed routed experts of {len(self.stacked)} fused tensors dequantized at load (the model "
                       "holds them as one tensor, not as Linears)")
@@ -105,12 +111,21 @@ def _checkpoint_sources(plan: Plan) -> dict[str, str]:
     return {srcs[0]: native for native, srcs in plan.sources.items() if native not in plan.stacked and len(srcs) == 1}
 
 
-def _header_spec(ck: str, native: str, infos: dict[str, TensorInfo]) -> LinearQuantSpec:
-    """Spec of checkpoint module `ck` from its headers (the one check: vl/quant/config.py `linear_spec`)."""
-    return linear_spec(ck, infos, native)
+def detect_in_headers(plan: Plan, files: CheckpointFiles) -> dict[str, LinearQuantSpec]:
+    """{checkpoint module: spec} for every packed Linear the plan reads, from the headers alone (the one spec
+    check, vl/quant/config.py `detect_quantized_linears`; it also refuses scales without a packed weight).
+    KV-cache scales (`k_scale` / `v_scale`) move to the plan's ignored list first: the KV cache runs in the
+    compute dtype."""
+    for native in list(plan.sources):
+        srcs = plan.sources[native]
+        if len(srcs) == 1 and srcs[0].endswith(KV_SCALE_SUFFIXES):
+            plan.ignored[srcs[0]] = "FP8 KV-cache scale: the KV cache is kept in the compute dtype"
+            del plan.sources[native]
+    return detect_quantized_linears({s: files.infos[s] for srcs in plan.sources.values() for s in srcs})
 
 
-def stacked_specs(plan: Plan, files: CheckpointFiles) -> dict[str, list[LinearQuantSpec]]:
+def stacked_specs(plan: Plan, files: CheckpointFiles,
+                  found: dict[str, LinearQuantSpec]) -> dict[str, list[LinearQuantSpec]]:
     """Fused natives (MoE routed experts) whose per-expert sources are packed: native -> per-expert specs.
 
     The experts' scale tensors have no native home (the adapter planned them as loose names); they leave the
@@ -120,50 +135,28 @@ def stacked_specs(plan: Plan, files: CheckpointFiles) -> dict[str, list[LinearQu
     out: dict[str, list[LinearQuantSpec]] = {}
     for native in list(plan.stacked):
         srcs = plan.sources.get(native, [])
-        packed = [src for src in srcs if infos[src].dtype in PACKED_DTYPES]
+        packed = [src for src in srcs if is_packed(infos[src].dtype)]
         if not packed:
             continue
         if len(packed) != len(srcs):
             raise QuantFormatError(f"{packed[0]}: some experts of {native} are packed and some are not "
                                    f"({srcs[0]} is {infos[srcs[0]].dtype}); expected one format for all experts")
-        out[native] = [_header_spec(src[: -len(".weight")], src[: -len(".weight")], infos) for src in srcs]
+        out[native] = [found[src[: -len(".weight")]] for src in srcs]
     scale_names = {sp.key(sfx) for specs in out.values() for sp in specs for sfx in sp.shapes if sfx != "weight"}
     for native in [n for n, srcs in plan.sources.items() if len(srcs) == 1 and srcs[0] in scale_names]:
         del plan.sources[native]
     return out
 
 
-def header_specs(plan: Plan, files: CheckpointFiles) -> tuple[dict[str, LinearQuantSpec], dict[str, str]]:
-    """({native module: spec}, {native module: checkpoint module}) from the headers alone, for the Linears.
-
-    Also refuses scales whose weight is not packed. Packed fused MoE experts are `stacked_specs`'s.
-    KV-cache scales (`k_scale` / `v_scale`) move to the plan's ignored list: the KV cache runs in the
-    compute dtype.
-    """
-    infos = files.infos
-    to_native = _checkpoint_sources(plan)
-    for native in list(plan.sources):
-        srcs = plan.sources[native]
-        if len(srcs) == 1 and srcs[0].endswith(KV_SCALE_SUFFIXES):
-            plan.ignored[srcs[0]] = "FP8 KV-cache scale: the KV cache is kept in the compute dtype"
-            del plan.sources[native]
+def linear_specs(plan: Plan, found: dict[str, LinearQuantSpec]) -> tuple[dict[str, LinearQuantSpec], dict[str, str]]:
+    """({native module: spec named natively}, {native module: checkpoint module}) for the packed Linears that
+    map one-to-one onto the model's (packed fused experts are `stacked_specs`'s)."""
     specs, names = {}, {}
-    for ck_tensor, native_tensor in to_native.items():
-        if not ck_tensor.endswith(".weight") or infos[ck_tensor].dtype not in PACKED_DTYPES:
-            continue
-        ck, native = ck_tensor[: -len(".weight")], native_tensor[: -len(".weight")]
-        specs[native] = _header_spec(ck, native, infos)
-        names[native] = ck
-    for name, info in infos.items():  # scales without a packed weight next to them
-        for s in QUANT_SUFFIXES:
-            if name.endswith("." + s):
-                ck = name[: -len(s) - 1]
-                w = infos.get(f"{ck}.weight")
-                if w is None or w.dtype not in PACKED_DTYPES:
-                    found = "no weight" if w is None else f"{ck}.weight is {w.dtype}"
-                    raise QuantFormatError(
-                        f"{name}: a quantization scale but {found}; expected a uint8 (NVFP4) or float8 (FP8) "
-                        f"{ck}.weight next to it. The checkpoint is inconsistent.")
+    for ck_tensor, native_tensor in _checkpoint_sources(plan).items():
+        ck = ck_tensor[: -len(".weight")]
+        if ck_tensor.endswith(".weight") and ck in found:
+            native = native_tensor[: -len(".weight")]
+            specs[native], names[native] = replace(found[ck], name=native), ck
     return specs, names
 
 
@@ -184,12 +177,15 @@ _RESIDENT = ("packed weights stay resident (decode: the fused CPU kernel where i
              "otherwise dequantized per layer in forward)")
 
 
-def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str, str]:
-    """(module mode, why) for the quantized Linears of a checkpoint with formats `fmts` placed by `device_map`."""
-    from vl.quant.linear import native_fp8_support
+def check_mode(requested: str | None) -> None:
+    """The one check of `quant_mode` against the one list of modes (vl/quant/linear.py `MODES`)."""
+    if requested is not None and requested not in MODES:
+        raise ConfigError(f"quant_mode={requested!r}: expected None or one of {MODES}")
 
-    if requested is not None and requested not in QUANT_MODES:
-        raise ConfigError(f"quant_mode={requested!r}: expected None or one of {QUANT_MODES}")
+
+def resolve_mode(requested: str | None, fmts: set[str], device_map) -> tuple[str, str]:
+    """(module mode, why) for the quantized Linears of a checkpoint with formats `fmts` placed by `device_map`;
+    `requested` has passed `check_mode`."""
     dev = _target_device(device_map)
     ok, why = native_fp8_support(dev) if dev.type == "cuda" else (False, f"tensors are on {dev.type}")
     if requested == "dequantize":
@@ -231,15 +227,14 @@ def native_blockers(specs: dict[str, LinearQuantSpec]) -> list[str]:
 # --- the two loader hooks ---------------------------------------------------------------------------------
 def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: str | None = None, device_map=None,
             compute_dtype: torch.dtype = torch.bfloat16) -> QuantizedLoad | None:
-    """Before `check_plan`: detect packed Linears from the headers and swap them into the meta model, so that
-    the model's expected tensors are their ModelOpt tensors. None for an unquantized checkpoint."""
-    from vl.quant.linear import swap_quantized_linears
-
-    if quant_mode is not None and quant_mode not in QUANT_MODES:
-        raise ConfigError(f"quant_mode={quant_mode!r}: expected None or one of {QUANT_MODES}")
+    """Before `check_plan`: detect packed Linears from the headers and choose the mode; except in "dequantize"
+    mode, swap quantized Linears into the meta model, so that the model's expected tensors are their ModelOpt
+    tensors. None for an unquantized checkpoint."""
+    check_mode(quant_mode)
     config = read_quant_config(files.directory)
-    stacked = stacked_specs(plan, files)
-    specs, names = header_specs(plan, files)
+    found = detect_in_headers(plan, files)
+    stacked = stacked_specs(plan, files, found)
+    specs, names = linear_specs(plan, found)
     for native, per in stacked.items():  # the fused tensor the experts expand into
         want = tuple(model.get_parameter(native).shape)
         got = (len(per), per[0].out_features, per[0].in_features)
@@ -265,19 +260,19 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
             raise QuantUnavailableError(
                 f"quant_mode='native': {len(blockers)} quantized Linears cannot run torch._scaled_mm, e.g. "
                 f"{'; '.join(blockers[:3])}. Use 'auto' (native where possible, weight-only elsewhere).")
-    originals = {name: model.get_submodule(name) for name in specs}
-    swap_quantized_linears(model, specs, "weight-only" if mode == "dequantize" else mode,
-                           compute_dtype=compute_dtype)
-    expanded = [n for n in specs if n.rsplit(".", 1)[-1] in DEQUANTIZE_AT_LOAD or n in DEQUANTIZE_AT_LOAD]
-    return QuantizedLoad(config, specs, names, quant_mode, mode, why, expanded, stacked, originals, files)
+    if mode == "dequantize":  # the plain Linears stay: `finish` expands each packed weight into its own
+        for name, spec in specs.items():
+            linear_to_quantize(model, name, spec)
+    else:
+        swap_quantized_linears(model, specs, mode, compute_dtype=compute_dtype)
+    return QuantizedLoad(config, specs, names, quant_mode, mode, why, stacked, files)
 
 
-def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload: QuantizedLoad,
+def finish(tensors: dict[str, torch.Tensor], plan: Plan, qload: QuantizedLoad,
            compute_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """After the tensors are read: value checks (finite, positive scales; config cross-check), then, for the
-    modules that do not stay packed, expansion to plain weights and the plain meta Linear put back."""
-    from vl.quant.linear import _dequantized_weight_from  # one dequantize formula for every path
-
+    """After the tensors are read: value checks (finite, positive scales; config cross-check), then the packed
+    tensors that do not stay packed (fused experts; every Linear in "dequantize" mode) expanded to plain weights
+    in `compute_dtype` (one dequantize formula for every path: vl/quant/linear.py `dequantize_linear_weight`)."""
     to_native = _checkpoint_sources(plan)
     ck_view = {ck: tensors[native] for ck, native in to_native.items() if native in tensors}
     found = detect_quantized_linears(ck_view, qload.config)
@@ -289,14 +284,11 @@ def finish(model: nn.Module, tensors: dict[str, torch.Tensor], plan: Plan, qload
         for i, p in enumerate(per):
             scales[p.key("weight")] = tensors[native][i]
         detect_quantized_linears(scales, qload.config)  # finite, positive scales
-        tensors[native] = torch.stack([_dequantized_weight_from(p, scales, compute_dtype) for p in per])
-    expand = list(qload.specs) if qload.mode == "dequantize" else list(qload.expanded)
-    for name in expand:
-        spec = qload.specs[name]
-        tensors[f"{name}.weight"] = _dequantized_weight_from(spec, tensors, compute_dtype)
-        for s in QUANT_SUFFIXES:
-            tensors.pop(f"{name}.{s}", None)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, qload.originals[name])
-    qload.originals, qload.files = {}, None
+        tensors[native] = torch.stack([dequantize_linear_weight(p, scales, compute_dtype) for p in per])
+    if qload.mode == "dequantize":
+        for name, spec in qload.specs.items():
+            tensors[f"{name}.weight"] = dequantize_linear_weight(spec, tensors, compute_dtype)
+            for s in QUANT_SUFFIXES:
+                tensors.pop(f"{name}.{s}", None)
+    qload.files = None
     return tensors

@@ -30,8 +30,8 @@ import sys
 import warnings
 
 from vl.errors import GenerationOptionError
-
 from vl.hf.names import (  # noqa: F401 - re-exported
+    OUR_GENERATE_OPTIONS,
     LOADER_KEYS,
     MODEL_CLASS,
     MODEL_KEYS,
@@ -149,7 +149,8 @@ def route_generation_args(preprocess_params: dict, forward_params: dict) -> None
 
     from vl.hf.processor import HF_TEMPLATE_KEYS, OUR_KEYS
 
-    generation = set(GenerationConfig().to_dict()) - set(HF_TEMPLATE_KEYS) - set(OUR_KEYS) - {"transformers_version"}
+    generation = ((set(GenerationConfig().to_dict()) | set(OUR_GENERATE_OPTIONS)) - set(HF_TEMPLATE_KEYS)
+                  - set(OUR_KEYS) - {"transformers_version"})
     moved = {k: preprocess_params.pop(k) for k in list(preprocess_params) if k in generation}
     if not moved:
         return
@@ -163,8 +164,10 @@ def route_generation_args(preprocess_params: dict, forward_params: dict) -> None
 def _prompt_opened_think(tokenizer, input_ids) -> bool:
     if input_ids is None:
         return False
+    from vl.processing.chat import opens_think
+
     row = input_ids[0] if getattr(input_ids, "ndim", 1) == 2 else input_ids
-    return tokenizer.decode(row[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
+    return opens_think(tokenizer.decode(row, skip_special_tokens=False))  # the rule the engine's prompts follow
 
 
 def _split_reply(record: dict, opened: bool) -> dict:

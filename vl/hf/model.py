@@ -3,10 +3,11 @@
 Loading is `vl.Engine.from_pretrained` (our strict loader, no remote code), so the wrapper holds exactly the model
 and stop ids the engine uses. `generate` speaks transformers' interface (`max_new_tokens`, `max_length`,
 `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`, `eos_token_id`, `pad_token_id`, `streamer`,
-`generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`) and delegates decoding to
-`vl.runtime.generate.generate_steps`, the engine's loop: same vision encoding per media item, same prefill
-chunks, same sampling, hence the same tokens as `vl.Engine.chat`. Options it cannot honour (beam search, several return sequences, logits
-processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
+`generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`, `max_time`) plus ours
+(`reasoning_budget`, `cancel`), and collects what the engine's one generation loop (vl/runtime/batch.py
+`run_batch`) produces: same vision encoding per media item, same prefill chunks, same sampling, same stop strings,
+time limits and budgets, hence the same tokens as `vl.Engine.chat`. Options it cannot honour (beam search,
+several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
 Conventions kept from transformers: the returned sequences are prompt + new tokens, the stop token included,
@@ -16,29 +17,43 @@ sampling draws from the global torch RNG, so `torch.manual_seed` makes a sampled
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
 
 import torch
 from transformers.generation import GenerationConfig
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_utils import PreTrainedModel
 
+from vl.checkpoint.nano_vl import save_pretrained as save_nano_vl
+from vl.config import vl_config_from_hf
+from vl.config_policy import of_generic_class
+from vl.directory import read_config, resolve_dir
 from vl.errors import CheckpointError, ConfigError, GenerationOptionError, InputError
 from vl.hf.config import NemotronNanoVLV2Config
-from vl.hf.names import LOADER_KEYS, PROCESSOR_KEYS
+from vl.hf.names import LOADER_KEYS, OUR_GENERATE_OPTIONS, PROCESSOR_KEYS
+from vl.modeling.vlm import MediaSpan, NemotronVL
+from vl.processing.chat import opens_think
+from vl.processing.processor import Processor
+from vl.runtime.batch import ChatRequest, Tokenized, run_batch
+from vl.runtime.engine import Engine
+from vl.runtime.sampling import SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_new_tokens nor max_length is set
 # transformers' global defaults (GenerationConfig._get_default_generation_params) for what we implement
 SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 SUPPORTED = set(SAMPLING_DEFAULTS) | {"max_new_tokens", "max_length", "eos_token_id", "pad_token_id",
-                                      "stop_strings", "bos_token_id", "decoder_start_token_id",
+                                      "stop_strings", "max_time", "bos_token_id", "decoder_start_token_id",
                                       "return_dict_in_generate",
                                       "use_cache", "num_beams", "num_return_sequences", "transformers_version",
                                       "_from_model_config", "min_length", "output_scores", "output_logits",
                                       "output_attentions", "output_hidden_states", "cache_implementation"}
 NEUTRAL = {"num_beams": 1, "num_return_sequences": 1, "min_length": 0, "output_scores": False, "output_logits": False,
            "output_attentions": False, "output_hidden_states": False, "use_cache": True}
+UNSUPPORTED_INPUTS = ("inputs_embeds", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                      "assistant_model", "negative_prompt_ids")
 MODEL_OPTIONS = ("dtype", "torch_dtype", "device_map", "video_pruning_rate")
 REFUSED_OPTIONS = ("max_memory", "scan_nan", "quant_mode")  # vl.load_pretrained options the engine does not take
 _CONFIG_METADATA = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
@@ -58,9 +73,6 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         if engine is not None:
             model = engine.model
         if model is None:  # from_config: a randomly initialised model of this shape
-            from vl.config import vl_config_from_hf
-            from vl.modeling.vlm import NemotronVL
-
             model = NemotronVL(vl_config_from_hf(config.checkpoint_dict(), where="the config object"))
         self.model = model  # the registered submodule: .to(), .parameters(), .device follow it
         self._engine = engine
@@ -75,9 +87,6 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         """Our loader (vl.Engine.from_pretrained) on a local directory. Accepts `dtype` (or `torch_dtype`,
         "auto" = the checkpoint's), `device_map`, `video_pruning_rate`; transformers' hub keywords are
         accepted and have nothing to do for a local directory."""
-        from vl.directory import read_config, resolve_dir
-        from vl.runtime.engine import Engine
-
         if model_args:
             raise ConfigError(f"unexpected positional arguments {model_args}; pass options by keyword")
         revision = kwargs.pop("revision", None)
@@ -128,8 +137,6 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
                         push_to_hub: bool = False, max_shard_size="4GB", safe_serialization: bool = True, **kwargs):
         """The Nano V2 VL layout (config.json + safetensors, reloadable by vl and by this class) plus
         generation_config.json. The tokenizer is the processor's to save (`pipeline.save_pretrained` does both)."""
-        from vl.checkpoint.nano_vl import save_pretrained
-
         if kwargs:
             raise ConfigError(f"unsupported save_pretrained option(s) {sorted(kwargs)}")
         if push_to_hub:
@@ -138,7 +145,7 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
             raise ConfigError("only the model's own weights are saved, as safetensors")
         if not is_main_process:
             return None
-        directory = save_pretrained(self.model, save_directory, max_shard_bytes=_shard_bytes(max_shard_size))
+        directory = save_nano_vl(self.model, save_directory, max_shard_bytes=_shard_bytes(max_shard_size))
         self.generation_config.save_pretrained(str(directory))
         return directory
 
@@ -184,30 +191,26 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask=None, pixel_values=None, media=None, video_pruning_rate=None,
                  token_pruning_rate=None, generation_config: GenerationConfig | None = None, streamer=None, **kwargs):
-        from vl.runtime.generate import generate_steps, left_pad, left_pad_embeds
-
+        """A thin collector of the engine's generation loop (vl/runtime/batch.py `run_batch`): each row is one
+        request of a batch, so stop strings, `max_time` (transformers' time limit), `reasoning_budget` and
+        `cancel` (a `threading.Event`; both ours) work as they do in `vl.Engine.chat`, and greedy answers equal
+        its answers."""
         if input_ids is None:
             raise InputError("generate needs input_ids (build them with the processor)")
-        unknown_inputs = sorted(k for k in ("inputs_embeds", "logits_processor", "stopping_criteria",
-                                            "prefix_allowed_tokens_fn", "assistant_model", "negative_prompt_ids")
-                                if kwargs.get(k) is not None)
+        unknown_inputs = sorted(k for k in UNSUPPORTED_INPUTS if kwargs.get(k) is not None)
         if unknown_inputs:
             raise GenerationOptionError(f"{unknown_inputs} are not supported by this model's generate")
-        tokenizer = kwargs.pop("tokenizer", None) or getattr(self._engine, "tokenizer", None)
-        for k in ("inputs_embeds", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
-                  "assistant_model", "negative_prompt_ids", "synced_gpus"):
+        for k in UNSUPPORTED_INPUTS + ("synced_gpus",):
             kwargs.pop(k, None)
+        engine = self._generation_engine(kwargs.pop("tokenizer", None))
+        ours = {k: kwargs.pop(k) for k in OUR_GENERATE_OPTIONS if k in kwargs}
         gc = _resolve(generation_config or self.generation_config, kwargs)
-        stop_strings = StopStrings(gc["stop_strings"], tokenizer, input_ids.shape[0])
         b = input_ids.shape[0]
         if streamer is not None and b != 1:
             raise GenerationOptionError(f"a streamer takes one sequence; found a batch of {b}")
         rows = _rows(input_ids, attention_mask)
         spans = _rows_media(media, b)
-        video_rates = _per_row(video_pruning_rate, b, None)
-        token_rates = _per_row(token_pruning_rate, b, 0.0)
         tiles = _split_tiles(pixel_values, spans)
-        ctx_len = self.lm.config.max_position_embeddings
         longest = max(len(r) for r in rows)
         max_new = gc["max_new_tokens"]
         if max_new is None:
@@ -215,58 +218,47 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
             if max_new < 1:
                 raise GenerationOptionError(f"max_length={gc['max_length']} leaves no room after the {longest}-token "
                                             f"prompt; set max_new_tokens")
-        embeds = [self._embed_row(*row) for row in zip(rows, tiles, spans, video_rates, token_rates)]
-        if b == 1:
-            x, mask, ctx = embeds[0], None, rows[0][None]
-        else:
-            x, mask = left_pad_embeds([e[0] for e in embeds])
-            ctx, _ = left_pad(rows)
-        engine = self._engine
-        steps = generate_steps(self.lm, inputs_embeds=x, attention_mask=mask, max_new_tokens=max_new,
-                               params=gc["params"], stop_ids=gc["stop_ids"],
-                               prefill_chunk=engine.prefill_chunk if engine is not None else None,
-                               context_length=ctx_len, context_ids=ctx.to(x.device))
-        pad = gc["pad_token_id"]
         new: list[list[int]] = [[] for _ in range(b)]
+        requests = [ChatRequest(Tokenized(ids[None], row_tiles, row_spans,
+                                          opens_think(engine.tokenizer.decode(ids, skip_special_tokens=False))),
+                                max_new, reasoning_budget=ours.get("reasoning_budget"), stop=gc["stop_strings"],
+                                video_pruning_rate=vpr, token_pruning_rate=tpr, cancel=ours.get("cancel"),
+                                timeout_s=gc["max_time"], on_token=new[i].append)
+                    for i, (ids, row_tiles, row_spans, vpr, tpr)
+                    in enumerate(zip(rows, tiles, spans, _per_row(video_pruning_rate, b, None),
+                                     _per_row(token_pruning_rate, b, 0.0)))]
         if streamer is not None:
             streamer.put(input_ids.cpu())
+            requests[0].on_token = lambda tok: (new[0].append(tok), streamer.put(torch.tensor([tok])))
         try:
-            for ev in steps:
-                step = [pad if tok is None or stop_strings.done[i] else tok for i, tok in enumerate(ev.tokens)]
-                for i, tok in enumerate(step):
-                    new[i].append(tok)
-                if streamer is not None:
-                    streamer.put(torch.tensor(step, dtype=torch.long))
-                if stop_strings.update(ev.tokens, ev.finished, new):
-                    break
+            for _ in run_batch(engine, requests, gc["params"], stop_ids=gc["stop_ids"]):
+                pass
         finally:
-            steps.close()
             if streamer is not None:
                 streamer.end()
+        pad = gc["pad_token_id"]
         n = max(len(r) for r in new)
         out = torch.tensor([r + [pad] * (n - len(r)) for r in new], dtype=torch.long, device=input_ids.device)
         sequences = torch.cat([input_ids, out], dim=1)
         if gc["return_dict_in_generate"]:
-            from transformers.generation.utils import GenerateDecoderOnlyOutput
-
             return GenerateDecoderOnlyOutput(sequences=sequences)
         return sequences
 
-    def _embed_row(self, ids, tiles, spans, video_pruning_rate, token_pruning_rate):
-        """One row -> (1, t', d), exactly as vl.Engine.prepare builds it (one shared function)."""
-        from vl.runtime.engine import embed_inputs
-
-        return embed_inputs(self.model, ids[None], tiles, spans, video_pruning_rate, token_pruning_rate)
+    def _generation_engine(self, tokenizer):
+        """The engine this model was loaded with; a model built with from_config gets one over its own weights
+        and the tokenizer the caller passes (the loop decodes text for stop strings and the reasoning budget)."""
+        if self._engine is not None:
+            return self._engine
+        if tokenizer is None:
+            raise GenerationOptionError("this model was built with from_config and has no tokenizer: pass "
+                                        "tokenizer=processor.tokenizer to generate (or load it with from_pretrained)")
+        return Engine(self.model, Processor(tokenizer, self.model.config), stop_ids=self.generation_config.eos_token_id)
 
 
 # --- option and input plumbing ------------------------------------------------------------------------------
 def _resolve(base: GenerationConfig, kwargs: dict) -> dict:
     """transformers' precedence (call kwargs over generation_config over global defaults) -> our SamplingParams.
     Anything set that we do not implement raises instead of being ignored."""
-    import copy
-
-    from vl.runtime.sampling import SamplingParams
-
     gc = copy.deepcopy(base)
     unused = gc.update(**kwargs)
     if unused:
@@ -278,7 +270,7 @@ def _resolve(base: GenerationConfig, kwargs: dict) -> dict:
             continue
         raise GenerationOptionError(f"generate option {key}={value!r} is not supported by this model (supported: "
                                     f"sampling via do_sample/temperature/top_k/top_p/repetition_penalty, "
-                                    f"max_new_tokens/max_length, eos/pad ids, streamer)")
+                                    f"max_new_tokens/max_length/max_time, eos/pad ids, stop_strings, streamer)")
     for key, neutral in NEUTRAL.items():
         value = getattr(gc, key, None)
         if value is not None and value != neutral:
@@ -304,34 +296,7 @@ def _resolve(base: GenerationConfig, kwargs: dict) -> dict:
         raise GenerationOptionError(f"stop_strings must be non-empty strings, found {gc.stop_strings!r}")
     return {"params": params, "stop_ids": stops, "pad_token_id": int(pad), "max_new_tokens": gc.max_new_tokens,
             "max_length": gc.max_length, "return_dict_in_generate": bool(gc.return_dict_in_generate),
-            "stop_strings": strings}
-
-
-class StopStrings:
-    """transformers' `stop_strings` (the pipeline's `stop_sequence`): a row is done once its decoded new text
-    contains a stop string; the tokens up to and including the one that completed it are kept (as transformers'
-    `StopStringCriteria` keeps them), later positions are padding. Text is decoded as `vl.Engine.chat` decodes it
-    (`skip_special_tokens=False`)."""
-
-    def __init__(self, strings: list[str], tokenizer, rows: int):
-        if strings and tokenizer is None:
-            raise GenerationOptionError("stop_strings need a tokenizer: pass tokenizer=processor.tokenizer to generate")
-        self.strings, self.tokenizer = strings, tokenizer
-        self.done = [False] * rows
-        self._seen = [0] * rows  # length of the text already searched, per row
-
-    def update(self, tokens: list, finished: list[bool], new: list[list[int]]) -> bool:
-        """After one step: marks rows that produced a stop string; True when every row is done."""
-        if not self.strings:
-            return False
-        for i, tok in enumerate(tokens):
-            if self.done[i] or tok is None:
-                continue
-            text = self.tokenizer.decode(new[i], skip_special_tokens=False)
-            start = max(0, self._seen[i] - max(len(s) for s in self.strings) + 1)
-            self.done[i] = any(s in text[start:] for s in self.strings)
-            self._seen[i] = len(text)
-        return all(d or f for d, f in zip(self.done, finished))
+            "stop_strings": strings, "max_time": gc.max_time}
 
 
 def _global_defaults() -> dict:
@@ -365,8 +330,6 @@ def _rows(input_ids, attention_mask) -> list[torch.Tensor]:
 def _rows_media(media, b: int) -> list[list]:
     """`media` as our processor writes it: a flat span list for one row, or one list per row (batches, and
     transformers' pipeline collation of single rows)."""
-    from vl.modeling.vlm import MediaSpan
-
     if media is None:
         return [[] for _ in range(b)]
     media = list(media)
@@ -396,8 +359,6 @@ def _check_same_config(config, raw: dict, directory: Path) -> None:
     """A config object handed in must describe this directory: overrides would not reach our loader."""
     if not isinstance(config, NemotronNanoVLV2Config):
         raise ConfigError(f"config must be a NemotronNanoVLV2Config, found {type(config).__name__}")
-    from vl.config_policy import of_generic_class
-
     for key, value in raw.items():
         if key in _CONFIG_METADATA or of_generic_class(key):  # transformers may move or drop these (5.x moves
             continue  # generation defaults out of the config); they cannot change what the loader builds

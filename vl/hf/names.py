@@ -15,3 +15,6 @@ MODEL_KEYS = ("dtype", "torch_dtype", "device_map", "video_pruning_rate", "attn_
               "scan_nan", "quant_mode", "adapter_kwargs")
 PROCESSOR_KEYS = ("allowed_roots", "allow_remote_media", "limits", "isolate", "video_backend",
                   "timestamp_convention")
+
+# generate options of our own (vl.Engine.chat's names), accepted by generate and routed there by the pipeline
+OUR_GENERATE_OPTIONS = ("reasoning_budget", "cancel")

@@ -34,6 +34,7 @@ from transformers.processing_utils import ProcessorMixin
 
 from vl.errors import ConfigError, CorruptMediaError, InputError, MediaTooLargeError, RemoteMediaError
 from vl.hf.names import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
+from vl.processing.chat import render_prompt
 
 PROCESSOR_FILE = "processor_config.json"
 # apply_chat_template keywords: transformers' own, then ours (passed to vl.processing.Processor or the model)
@@ -133,8 +134,6 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         # our renderer continues a trailing assistant message whenever it is asked for a generation prompt
         generation_prompt = continue_final or add_generation_prompt
         if not kwargs.get("tokenize", False):
-            from vl.processing.chat import render_prompt
-
             if any(isinstance(item, Mapping) and item.get("type") == "pdf" for c in conversations for m in c
                    for item in (m.get("content") if isinstance(m.get("content"), (list, tuple)) else ())):
                 raise InputError("tokenize=False cannot render PDF parts: their pages become images only when the "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from functools import partial
 
+import timm
 import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Attention, Block, Mlp
@@ -57,7 +58,6 @@ def vit_dims(name: str) -> tuple[int, int, int, int]:
     """
     if name in RADIO_EXTRA_VITS:
         return RADIO_EXTRA_VITS[name]
-    import timm
 
     if not timm.is_model(name):
         raise ConfigError(

@@ -189,7 +189,9 @@ def past_answer(text: str) -> str:
     return (after if closed else text).strip()
 
 
-def _opens_think(text: str) -> bool:
+def opens_think(text: str) -> bool:
+    """Whether a rendered prompt leaves the completion inside `<think>` (its last assistant header is followed by
+    an unclosed think tag); also decides it for prompts that arrive as ids (decode them first)."""
     tail = text[max(text.rfind(ASSISTANT_HEADER), 0):]  # a foreign template may not write our header
     return tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
 
@@ -218,7 +220,7 @@ def render_messages(messages: Sequence[Mapping], *, thinking: bool | None = None
         out += [ASSISTANT_HEADER, opening]
     text = "".join(out)
     media = tuple(m for turn in turns for m in turn.media)
-    return RenderedPrompt(text, media, mode, add_generation_prompt and _opens_think(text))
+    return RenderedPrompt(text, media, mode, add_generation_prompt and opens_think(text))
 
 
 def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinking: bool | None = None,
@@ -258,7 +260,7 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
         raise ConfigError(f"the tokenizer's chat_template wrote placeholders {found} for {len(queues['image'])} "
                           f"images and {len(queues['video'])} videos; fix that template or remove it to use ours")
     return RenderedPrompt(text, tuple(queues[k].pop(0) for k in found), mode,
-                          add_generation_prompt and _opens_think(text))
+                          add_generation_prompt and opens_think(text))
 
 
 _TAKES_LISTS: dict[tuple, bool] = {}

@@ -39,8 +39,10 @@ from vl.errors import (
     VLError,
 )
 from vl.processing.images import find_grid, read_bytes
+from vl.processing.images import tile_uint8
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.progress import Work
+from vl.processing.sandbox import run_isolated
 
 PDFIUM_LOCK = threading.RLock()
 DEFAULT_SCALE = 2.0  # 144 dpi
@@ -119,8 +121,6 @@ def render_pdf(
 def _pdfium_call(fn, args: tuple, isolate: bool, limits: MediaLimits):
     """`fn(*args)` here, or in a killable sandbox worker with the PDF time and memory limits."""
     if isolate:
-        from vl.processing.sandbox import run_isolated
-
         return run_isolated(fn, *args, timeout=limits.pdf_timeout_s, memory_mb=limits.worker_memory_mb)
     return fn(*args)
 
@@ -336,8 +336,6 @@ def render_pdf_tiles(doc: PdfPages, max_tiles: list[int], *, tile_size: int, use
 
 
 def _render_tiles_bytes(data, password, scale, page_numbers, max_tiles, tile_size, use_thumbnail, limits):
-    from vl.processing.images import tile_uint8
-
     out = []
     with PDFIUM_LOCK:
         pdf = _open_document(data, password)

@@ -45,6 +45,7 @@ from vl.errors import (
     VLError,
 )
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.sandbox import run_isolated
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +164,6 @@ def load_image(source, limits: MediaLimits = DEFAULT_LIMITS, *, isolate: bool = 
         return to_rgb(_apply_orientation(source))
     data = read_bytes(source, limits.max_image_bytes)
     if isolate:
-        from vl.processing.sandbox import run_isolated
-
         return run_isolated(
             decode_image_bytes, data, limits, timeout=limits.image_timeout_s, memory_mb=limits.worker_memory_mb
         )
@@ -441,8 +440,6 @@ def preprocess_image(
     else:
         data = read_bytes(source, limits.max_image_bytes)
         if isolate:
-            from vl.processing.sandbox import run_isolated
-
             tiles, grid, size = run_isolated(
                 decode_and_tile, data, limits, tile_size, max_num_tiles, use_thumbnail,
                 timeout=limits.image_timeout_s, memory_mb=limits.worker_memory_mb,

@@ -67,6 +67,10 @@ class ProcessedInputs:
     def num_vision_tokens(self) -> int:
         return sum(m.num_tiles for m in self.media)  # multiplied by tokens_per_tile by callers
 
+    @property
+    def opened_think(self) -> bool:
+        return self.prompt.prompt_opened_think
+
 
 def _is_url(s: str) -> bool:
     return "://" in s[:16] or s.startswith(("www.", "//"))

@@ -23,8 +23,10 @@ Design:
 """
 
 import atexit
+import json
 import os
 import pickle
+import resource
 import signal
 import socket
 import subprocess
@@ -49,7 +51,6 @@ class _Worker:
     def __init__(self):
         parent_sock, child_sock = socket.socketpair()
         paths = [p for p in sys.path if p]
-        import json
 
         try:
             self.proc = subprocess.Popen(
@@ -237,8 +238,6 @@ def worker_count() -> int:
 
 
 def _set_memory_cap(memory_mb: int | None) -> None:
-    import resource
-
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = hard if memory_mb is None else memory_mb * (1 << 20)
     if hard != resource.RLIM_INFINITY:

@@ -51,6 +51,7 @@ from vl.processing import video_formats
 from vl.processing.images import RESAMPLE, normalize
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.progress import Work
+from vl.processing.sandbox import run_isolated
 
 BACKENDS = ("decord", "pyav")
 FRAMES_DECODED = "video frames decoded"  # the progress label, (frames decoded so far, frames sampled)
@@ -436,8 +437,6 @@ def load_video(
         path = _local_path(source, limits, tmp)
         args = (path, limits, tile_size, target_fps, max_frames, backend)
         if isolate:
-            from vl.processing.sandbox import run_isolated
-
             out = run_isolated(decode_video_file, *args, timeout=limits.video_timeout_s,
                                memory_mb=limits.worker_memory_mb)
         else:

@@ -14,6 +14,7 @@ channels, so they understate what the Hadamard rotation does on trained weights;
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import math
@@ -26,17 +27,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import vl
+from vl.checkpoint.nano_vl import save_pretrained
+from vl.config import LMConfig, MediaTokenConfig, VisionConfig, VLConfig
+from vl.directory import default_model
+from vl.errors import ConfigError, VLError
 from vl.modeling.random_init import randomize_
+from vl.quant.export import collect_input_amax, exclude_patterns, quantizable_linear_names, quantize_state_dict
+from vl.quant.linear import MODES  # the one list of quantized execution modes
+from vl.quant.linear import QuantizedLinear, resident_weight_bytes, swap_quantized_linears
+from vl.runtime.generate import generate_steps
 
-MODES = ("dequantize", "weight-only", "auto", "native")
 TEXT = ("The total is 47. Which field is at the top? NAME. The red circle moves to the right, then the blue "
         "square flashes twice. How many stars are there? 3. Describe the image in one sentence.")
 
 
 def bench_vl_config(vocab_size: int = 8192, eos_token_id=(2,), img_context_id: int = 10, video_context_id: int = 11):
     """~32M parameters: LLM width 512 with the 12B model's M/-/* mix, vocab 8192, ViT-Tiny tower, 128 px tiles."""
-    from vl.config import LMConfig, MediaTokenConfig, VisionConfig, VLConfig
-
     lm = LMConfig(vocab_size=vocab_size, hidden_size=512, pattern="M-M-M*-M-", num_attention_heads=8,
                   num_key_value_heads=2, head_dim=64, intermediate_size=2048, mamba_num_heads=16, mamba_head_dim=64,
                   n_groups=2, ssm_state_size=64, chunk_size=64, eos_token_id=tuple(eos_token_id))
@@ -63,8 +70,6 @@ def build_bench_model(directory, seed: int = 0, outlier_gain: float = 0.0) -> Pa
     """Random Nano-V2-VL (bench_vl_config) with the shipped demo model's tokenizer, saved as BF16 at `directory`."""
     from transformers import AutoTokenizer
 
-    from vl.checkpoint.nano_vl import save_pretrained
-    from vl.directory import default_model
     from vl.modeling.vlm import NemotronVL
 
     directory = Path(directory)
@@ -81,8 +86,6 @@ def build_bench_model(directory, seed: int = 0, outlier_gain: float = 0.0) -> Pa
 
 def _eval_inputs(model_dir: Path, n: int, seed: int, source) -> list[dict]:
     """Teacher-forcing inputs: `source`'s documents with their question and answer, through the Processor."""
-    import vl
-
     proc = vl.load_processor(model_dir)
     out = []
     for msgs, _ in source.messages(2 * n, proc.config.force_image_size, seed + 1000)[::2]:  # documents
@@ -100,8 +103,6 @@ def _logits(model, inputs: list[dict]) -> list[torch.Tensor]:
 @torch.no_grad()
 def _decode_speed(model, prompt_tokens: int, new_tokens: int, seed: int) -> tuple[float, list[int]]:
     """(decode tokens/s after prefill, greedy ids) for a random-id prompt on the LLM alone."""
-    from vl.runtime.generate import generate_steps
-
     lm = getattr(model, "language_model", model)
     ids = torch.randint(20, lm.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(seed))
     marks, toks = {}, []
@@ -113,8 +114,6 @@ def _decode_speed(model, prompt_tokens: int, new_tokens: int, seed: int) -> tupl
 
 
 def _quantized_bytes(model) -> int:
-    from vl.quant.linear import QuantizedLinear, resident_weight_bytes
-
     return sum(resident_weight_bytes(m) for m in model.modules() if isinstance(m, QuantizedLinear))
 
 
@@ -156,13 +155,9 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
     `calib_source`: where calibration and evaluation documents come from (a `vl.quant.ptq.CalibrationSource`;
     the `vl bench` command supplies the synthetic one of data_recipes/calibration.py).
     """
-    import vl
-    from vl.errors import ConfigError, VLError
-
     if calib_source is None:
         raise ConfigError("quant_table needs calib_source (e.g. data_recipes.calibration.SYNTHETIC): the documents "
                           "it calibrates and evaluates on")
-    from vl.quant.linear import QuantizedLinear, resident_weight_bytes
     from vl.quant.ptq import quantize_checkpoint
 
     logging.getLogger("vl").setLevel(logging.ERROR)  # the per-load notices would flood the table
@@ -301,10 +296,6 @@ def quantized_copy(model: nn.Module, fmt: str, calib_ids: torch.Tensor, mode: st
     """A Nemotron-H LM with `model`'s weights as `vl quantize --format fmt` writes them (ModelOpt per-tensor FP8
     or NVFP4 with static input scales from a calibration pass on `calib_ids`, lm_head left in high precision)
     and swapped in as a user's load does (`mode` auto: weight-only on the CPU). Compute dtype = model's dtype."""
-    import copy
-
-    from vl.quant.export import collect_input_amax, exclude_patterns, quantizable_linear_names, quantize_state_dict
-    from vl.quant.linear import swap_quantized_linears
     from vl.quant.ptq import FORMATS
 
     dtype = next(model.parameters()).dtype

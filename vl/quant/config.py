@@ -248,10 +248,15 @@ def _scalar_positive(t: torch.Tensor, key: str) -> None:
         raise QuantFormatError(f"{key}: expected a finite positive scale, found {v}")
 
 
-def linear_spec(name: str, entries: Mapping, native: str | None = None) -> LinearQuantSpec:
+def is_packed(dtype: torch.dtype) -> bool:
+    """A weight dtype that holds quantized values: uint8 (two NVFP4 codes per byte) or float8 (FP8)."""
+    return dtype == torch.uint8 or dtype in FP8_WEIGHT_DTYPES
+
+
+def linear_spec(name: str, entries: Mapping) -> LinearQuantSpec:
     """The one structural check of a quantized Linear, from anything with `.shape` and `.dtype` per tensor
     (safetensors headers before loading, tensors after): `entries` maps `f"{name}.{suffix}"` to them, and the
-    weight must be packed (uint8 NVFP4 or float8 FP8). The spec is named `native` (default `name`).
+    weight must be packed (uint8 NVFP4 or float8 FP8).
     QuantFormatError names the tensor when the layout is inconsistent (docs/format.md, FP8/NVFP4 layouts)."""
     w = entries[f"{name}.weight"]
     fmt = "nvfp4" if w.dtype == torch.uint8 else "fp8"
@@ -272,7 +277,6 @@ def linear_spec(name: str, entries: Mapping, native: str | None = None) -> Linea
     shapes = {s: tuple(entries[f"{name}.{s}"].shape) for s in ("weight", "bias") + QUANT_SUFFIXES
               if f"{name}.{s}" in entries}
     bias = f"{name}.bias" in entries
-    native = name if native is None else native
     if fmt == "nvfp4":
         if not present["weight_scale_2"]:
             raise QuantFormatError(
@@ -280,7 +284,7 @@ def linear_spec(name: str, entries: Mapping, native: str | None = None) -> Linea
                 "(amax / 2688). The checkpoint is incomplete; re-export or re-download it.")
         check_nvfp4_shapes(w.shape, ws.shape, ws.dtype, name=f"{name}.weight_scale")
         _scalar_meta(entries[f"{name}.weight_scale_2"], f"{name}.weight_scale_2")
-        return LinearQuantSpec(native, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
+        return LinearQuantSpec(name, "nvfp4", w.shape[0], w.shape[1] * 2, present["input_scale"], bias,
                                weight_dtype=w.dtype, shapes=shapes)
     if present["weight_scale_2"]:
         raise QuantFormatError(f"{name}.weight_scale_2: unexpected for an FP8 weight ({w.dtype}); expected none")
@@ -290,7 +294,7 @@ def linear_spec(name: str, entries: Mapping, native: str | None = None) -> Linea
         gran = fp8_scale_granularity(w.shape, ws.shape)
     except QuantFormatError as e:
         raise QuantFormatError(f"{name}.weight_scale: {e}") from None
-    return LinearQuantSpec(native, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
+    return LinearQuantSpec(name, "fp8", w.shape[0], w.shape[1], present["input_scale"], bias,
                            fp8_granularity=gran, weight_dtype=w.dtype, shapes=shapes)
 
 
@@ -301,19 +305,9 @@ def _scalar_meta(t, key: str) -> None:
         raise QuantFormatError(f"{key}: expected a scalar (1 element), found shape {list(t.shape)}")
 
 
-def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | None:
-    """`linear_spec` on loaded tensors, plus what only values can show (scales finite and positive); None for a
-    Linear that is not quantized (with no scale next to it)."""
-    w = sd[f"{name}.weight"]
-    if w.dtype != torch.uint8 and w.dtype not in FP8_WEIGHT_DTYPES:
-        orphans = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in sd]
-        if orphans:
-            raise QuantFormatError(
-                f"{orphans[0]}: a quantization scale exists but {name}.weight is {w.dtype}; expected a uint8 "
-                "(NVFP4) or float8 (FP8) weight next to it. The checkpoint is inconsistent."
-            )
-        return None
-    spec = linear_spec(name, sd)
+def check_scale_values(spec: LinearQuantSpec, sd: Mapping[str, torch.Tensor]) -> None:
+    """What only loaded values can show about a Linear `linear_spec` accepted: its scales are finite and positive."""
+    name = spec.name
     for suffix in ("input_scale", "weight_scale_2"):
         if f"{name}.{suffix}" in sd:
             _scalar_positive(sd[f"{name}.{suffix}"], f"{name}.{suffix}")
@@ -322,28 +316,33 @@ def _spec_for(name: str, sd: Mapping[str, torch.Tensor]) -> LinearQuantSpec | No
         raise QuantFormatError(f"{name}.weight_scale: expected finite E4M3 block scales, found NaN")
     if spec.fmt == "fp8" and not bool((torch.isfinite(ws) & (ws > 0)).all()):
         raise QuantFormatError(f"{name}.weight_scale: expected finite positive scales, found zero/NaN/Inf")
-    return spec
-
-
-def _shapes(name: str, sd: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
-    return {s: tuple(sd[f"{name}.{s}"].shape) for s in ("weight", "bias") + QUANT_SUFFIXES if f"{name}.{s}" in sd}
 
 
 def detect_quantized_linears(
     state_dict: Mapping[str, torch.Tensor], quant_config: QuantConfig | None = None
 ) -> dict[str, LinearQuantSpec]:
-    """module name -> LinearQuantSpec for every quantized Linear in the state dict.
+    """module name -> LinearQuantSpec for every quantized Linear in the state dict, or in safetensors headers
+    (anything with `.shape` and `.dtype`: the loader's check before any tensor is read; value checks need tensors).
 
     Raises QuantFormatError naming the tensor for: a quantized weight without its scale(s), wrongly
     shaped / typed / NaN scales, scales next to an unquantized weight, a quantized weight where the
-    reference never quantizes. `quant_config` (optional) is only cross-checked; mismatches are logged.
+    reference never quantizes. `quant_config` (optional, tensors only) is only cross-checked; mismatches are logged.
     """
     specs: dict[str, LinearQuantSpec] = {}
-    for key in state_dict:
-        if key.endswith(".weight"):
-            spec = _spec_for(key[: -len(".weight")], state_dict)
-            if spec is not None:
-                specs[spec.name] = spec
+    for key, w in state_dict.items():
+        if not key.endswith(".weight"):
+            continue
+        name = key[: -len(".weight")]
+        if not is_packed(w.dtype):
+            orphans = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in state_dict]
+            if orphans:
+                raise QuantFormatError(
+                    f"{orphans[0]}: a quantization scale but {name}.weight is {w.dtype}; expected a uint8 (NVFP4) or "
+                    "float8 (FP8) weight next to it. The checkpoint is inconsistent.")
+            continue
+        spec = specs[name] = linear_spec(name, state_dict)
+        if isinstance(w, torch.Tensor):
+            check_scale_values(spec, state_dict)
     for key in state_dict:  # scales whose module has no weight at all
         for s in QUANT_SUFFIXES:
             if key.endswith("." + s) and key[: -len(s) - 1] + ".weight" not in state_dict:

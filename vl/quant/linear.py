@@ -381,7 +381,7 @@ def swap_quantized_linears(
     report = SwapReport(mode=mode)
     for ck_name, spec in specs.items():
         name = ck_name[len(prefix):] if prefix and ck_name.startswith(prefix) else ck_name
-        old = _get_linear(model, name, spec)
+        old = linear_to_quantize(model, name, spec)
         # with tensors in hand the new module's buffers are placeholders replaced right below: keep them on meta
         device = old.weight.device if is_specs else "meta"
         if mode == "dequantize":
@@ -409,7 +409,8 @@ def swap_quantized_linears(
     return report
 
 
-def _get_linear(model: nn.Module, name: str, spec: LinearQuantSpec) -> nn.Module:
+def linear_to_quantize(model: nn.Module, name: str, spec: LinearQuantSpec) -> nn.Module:
+    """The model's Linear `name`, checked against the checkpoint's quantized one (in/out features, bias)."""
     try:
         mod = model.get_submodule(name)
     except AttributeError:
@@ -432,7 +433,7 @@ def _get_linear(model: nn.Module, name: str, spec: LinearQuantSpec) -> nn.Module
     return mod
 
 
-def _dequantized_weight_from(spec: LinearQuantSpec, sd: Mapping[str, torch.Tensor], dtype) -> torch.Tensor:
+def dequantize_linear_weight(spec: LinearQuantSpec, sd: Mapping[str, torch.Tensor], dtype) -> torch.Tensor:
     if spec.fmt == "fp8":
         return dequantize_fp8(sd[spec.key("weight")], sd[spec.key("weight_scale")], dtype)
     return dequantize_nvfp4(sd[spec.key("weight")], sd[spec.key("weight_scale")], sd[spec.key("weight_scale_2")],
@@ -440,7 +441,7 @@ def _dequantized_weight_from(spec: LinearQuantSpec, sd: Mapping[str, torch.Tenso
 
 
 def _dequantized_linear(spec: LinearQuantSpec, sd, dtype) -> nn.Linear:
-    w = _dequantized_weight_from(spec, sd, dtype)
+    w = dequantize_linear_weight(spec, sd, dtype)
     lin = nn.Linear(spec.in_features, spec.out_features, bias=spec.has_bias, device=w.device, dtype=dtype)
     with torch.no_grad():
         lin.weight.copy_(w)
@@ -459,7 +460,7 @@ def dequantize_state_dict(
     specs = detect_quantized_linears(state_dict)
     out = dict(state_dict)
     for spec in specs.values():
-        out[spec.key("weight")] = _dequantized_weight_from(spec, state_dict, dtype)
+        out[spec.key("weight")] = dequantize_linear_weight(spec, state_dict, dtype)
         for s in QUANT_SUFFIXES:
             out.pop(spec.key(s), None)
     return out

@@ -27,6 +27,7 @@ from typing import Iterable, Protocol
 
 import torch
 from torch import nn
+from transformers import AutoTokenizer
 
 from vl.checkpoint.files import CheckpointFiles, save_tensors
 from vl.checkpoint.nano_vl import export_state_dict
@@ -133,8 +134,6 @@ def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | N
     if texts is None:  # text-only: the source's samples as plain text
         texts = source.texts(n, seed)
     try:
-        from transformers import AutoTokenizer
-
         tok = AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError) as e:
         if prompts is not None:

@@ -1,4 +1,5 @@
-"""The one generation loop behind `Engine.chat`, `Engine.chat_batch` and the OpenAI-compatible server.
+"""The one generation loop behind `Engine.chat`, `Engine.chat_batch`, the OpenAI-compatible server and the
+transformers pipeline's `generate` (vl/hf/model.py).
 
 Each conversation of a batch is a `ChatRequest` with its own limits: token budget, stop strings, reasoning
 budget, a cancel flag (a client that went away) and a deadline. The rows are prefilled together, left-padded
@@ -7,6 +8,9 @@ budget, a cancel flag (a client that went away) and a deadline. The rows are pre
 when the slowest row is done; between steps, requests the caller hands over (`more`) are prepared, prefilled
 and join the running batch (continuous batching). This follows the per-sequence state of continuous-batching
 servers (vLLM's `Request`/`SequenceGroup`, TGI's `Entry`).
+
+A request's prompt is chat messages (the processor builds it) or a `Tokenized` prompt that a processor already
+built (the transformers pipeline hands those to `generate`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,20 @@ PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "c
 
 
 @dataclass
-class ChatRequest:
-    """One conversation and the options that belong to it alone (sampling is shared by the batch)."""
+class Tokenized:
+    """A prompt already built by the processor: its ids, its tiles in placeholder order and the media spans."""
 
-    messages: list
+    input_ids: torch.Tensor  # (1, t)
+    pixel_values: torch.Tensor | None  # (num_tiles, 3, S, S)
+    media: list  # MediaSpan per media item
+    opened_think: bool  # the completion starts inside <think> (vl.processing.chat.opens_think)
+
+
+@dataclass
+class ChatRequest:
+    """One conversation and the options that belong to it alone (sampling and stop ids are shared by the batch)."""
+
+    messages: list | Tokenized
     max_new_tokens: int = 256
     thinking: bool | None = None
     reasoning_budget: int | None = None
@@ -48,6 +62,7 @@ class ChatRequest:
     timeout_s: float | None = None  # from the start of its work (prepare included)
     processor: dict = field(default_factory=dict)  # PROCESSOR_KEYS
     progress: Callable[[str, int, int], None] | None = None  # (what, done, total) while media are read
+    on_token: Callable[[int], None] | None = None  # each generated id as it comes, the stop id included
 
     def validate(self) -> "ChatRequest":
         unknown = sorted(set(self.processor) - set(PROCESSOR_KEYS))
@@ -70,7 +85,7 @@ class _Row:
 
     def __init__(self, index, request, embeds, inputs, stats, tokenizer, t0):
         self.index, self.request, self.embeds, self.inputs, self.stats = index, request, embeds, inputs, stats
-        self.opened = inputs.prompt.prompt_opened_think
+        self.opened = inputs.opened_think
         self.budget = (None if request.reasoning_budget is None
                        else ReasoningBudget(tokenizer, request.reasoning_budget, self.opened))
         self.splitter, self.decoder = ThinkSplitter(self.opened), IncrementalDecoder(tokenizer)
@@ -126,7 +141,8 @@ class _Row:
 
 
 def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, raise_errors: bool = True,
-              more: Callable[[int], list[ChatRequest]] | None = None) -> Iterator[tuple[int, object]]:
+              more: Callable[[int], list[ChatRequest]] | None = None,
+              stop_ids=None) -> Iterator[tuple[int, object]]:
     """Yields `(i, Event)` while request i generates and `(i, ChatResult)` once it has ended; a request that
     cannot be prepared (bad media, too long) yields `(i, VLError)` when `raise_errors` is false, else the error
     is raised before any decoding. Holds the engine's lock throughout.
@@ -134,7 +150,8 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
     `more(running)`, when given, is asked between decode steps for requests to join the running batch
     (`running`: how many requests are in it now; the caller keeps its own limit); they are numbered on from
     `len(requests)` in the order given, prefilled, and decode alongside the others from the next step
-    (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once."""
+    (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once. `stop_ids`: the
+    ids that end a row (default: the engine's)."""
     for r in requests:
         r.validate()
     with engine._lock:
@@ -149,7 +166,8 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
         batch, rows, count = None, {}, len(requests)
         while waiting or rows:
             if batch is None or not batch.live():
-                batch = DecodeBatch(engine.lm, params=params, stop_ids=engine.stop_ids,
+                batch = DecodeBatch(engine.lm, params=params,
+                                    stop_ids=engine.stop_ids if stop_ids is None else stop_ids,
                                     prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
                                     decode=engine.decode)
             if more is not None and batch.elastic and rows:
@@ -219,7 +237,9 @@ def _step(engine, batch: DecodeBatch, rows: dict):
     out = batch.step() or {}
     for i, tok in out.items():
         row = rows[i]
-        for kind, text in row.push(tok, engine.stop_ids):
+        if row.request.on_token is not None:
+            row.request.on_token(tok)
+        for kind, text in row.push(tok, batch.stop):
             yield i, (kind, text)
         if row.done:
             batch.finish(i)

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import torch
 
+from vl.directory import resolve_dir
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
-from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, run_batch
-from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
-from vl.runtime.generate import decode_step
+from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, Tokenized, run_batch
+from vl.runtime.generate import decode_step, generate_ids
 from vl.runtime.placement import execution_device
 from vl.runtime.pretrained import load_pretrained
+from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.sampling import SamplingParams
 
 
@@ -69,15 +70,20 @@ class Engine:
 
     def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
                 stats: Stats | None = None, work: Work | None = None, **proc):
-        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced.
+        """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced; a
+        `Tokenized` prompt (already processed: the transformers pipeline's) skips the processor and comes back as
+        the inputs.
 
         `work`: the request's stop event and progress callback, current while media are read and encoded
         (vl/processing/progress.py); a stop there raises `StoppedError`."""
         stats = stats or Stats()
         proc.setdefault("context_length", self.context_length)
         with work or Work():
-            inputs = self.processor(messages, thinking=thinking, **proc)
-            stats.notes += inputs.notes
+            if isinstance(messages, Tokenized):
+                inputs = messages
+            else:
+                inputs = self.processor(messages, thinking=thinking, **proc)
+                stats.notes += inputs.notes
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
                                   video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
         skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
@@ -146,8 +152,6 @@ class Engine:
     def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,
                      stop: bool = True, **sampling) -> torch.Tensor:
         """Token level, no processor (text-only prompts): new ids (b, n); stopped rows padded with the stop id."""
-        from vl.runtime.generate import generate_ids
-
         with self._lock:
             return generate_ids(self.lm, input_ids.to(self._device()), attention_mask=attention_mask,
                                 max_new_tokens=max_new_tokens, stop_ids=self.stop_ids if stop else (),
@@ -203,7 +207,8 @@ class VisionCache:
         self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def get(self, tiles: torch.Tensor, kind: str, encode, stats: Stats | None = None) -> torch.Tensor:
-        key = hashlib.sha1(tiles.contiguous().numpy().tobytes()).hexdigest() + ":" + kind
+        data = tiles.detach().contiguous().cpu()  # any dtype (the pipeline hands bf16 tiles) and device: hash bytes
+        key = f"{hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest()}:{data.dtype}:{kind}"
         if key in self._items:
             self._items.move_to_end(key)
             if stats is not None:
@@ -217,8 +222,6 @@ class VisionCache:
 
 def _generation_stop_ids(path) -> set[int]:
     """eos ids from generation_config.json (docs/format.md §2.3), if present."""
-    from vl.directory import resolve_dir
-
     f = Path(resolve_dir(path)) / "generation_config.json"
     if not f.exists():
         return set()

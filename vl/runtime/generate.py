@@ -1,6 +1,8 @@
 """Token-level generation: chunked prefill into a static hybrid cache, then a decode loop.
 
-The loop speaks tokens only (nanochat `engine.py`): it yields, per step, the new token of every row.
+The loop speaks tokens only (nanochat `engine.py`): it yields, per step, the new token of every row. It serves
+`Engine.generate_ids` and the benchmarks' timing, which want no text; everything that answers prompts (chat, the
+server, the transformers pipeline) goes through the one generation loop of vl/runtime/batch.py.
 Per-row controllers may force tokens (the reasoning budget closes `</think>` this way); stop ids end a
 row. Batched rows are left-padded, so Mamba states never see padding and results equal single runs.
 """

@@ -11,6 +11,9 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from vl.directory import default_model
+from vl.errors import VLError
+from vl.server.media import MediaPolicy
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -61,10 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build(args: argparse.Namespace):
     """-> (engine, scheduler, ServerConfig, app); loads the model (a broken checkpoint is never served)."""
-    from vl.directory import default_model
     from vl.runtime.engine import Engine
     from vl.server.app import ServerConfig, create_app
-    from vl.server.media import MediaPolicy
     from vl.server.request import Ceilings
     from vl.server.scheduler import Scheduler
 
@@ -103,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from vl.errors import VLError
 
     try:
         _, scheduler, config, app = build(args)
