@@ -19,6 +19,7 @@ import torch
 
 from token_reduction import BlankTileSkipper, TokenLayout
 from vl.config import VLConfig
+from vl.options import spec
 from vl.errors import ConfigError, CorruptMediaError, InputError, RemoteMediaError
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
@@ -151,9 +152,8 @@ class Processor:
                  pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
                  reserved_tokens: int = 1024, skip_blank_tiles: bool = False) -> ProcessedInputs:
         cfg = self.config
-        max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else max_num_tiles
-        if not 1 <= max_num_tiles <= 40:
-            raise InputError(f"max_num_tiles={max_num_tiles}: expected 1..40 (the models were trained with <= 12)")
+        # the option's one range (vl/options.py); the checkpoint's own default is taken as it is
+        max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else spec("max_num_tiles").check(max_num_tiles)
         for kind, count in _count_media_parts(messages).items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
