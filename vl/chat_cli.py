@@ -28,8 +28,7 @@ from vl.cli_flags import (
     check_generation_flags,
     check_media_flags,
     media_content,
-    processor_kwargs,
-    thinking_value,
+    options_from_args,
 )
 from vl.errors import VLError
 
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_media_flags(args)
         check_generation_flags(args)
-        return _run(args, err)
+        return _run(args, options_from_args(args), err)
     except VLError as exc:
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(args, err) -> int:
+def _run(args, options, err) -> int:
     from vl.directory import default_model
 
     model = args.model or default_model()
@@ -156,9 +155,8 @@ def _run(args, err) -> int:
                                     limits=MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES))
     content = media_content(args) + [{"type": "text", "text": args.prompt}]
     progress, cancel = Progress(err), threading.Event()
-    stream = engine.chat([{"role": "user", "content": content}], stream=True, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, reasoning_budget=args.reasoning_budget,
-                         thinking=thinking_value(args), cancel=cancel, progress=progress, **processor_kwargs(args))
+    stream = engine.chat([{"role": "user", "content": content}], options, stream=True, temperature=args.temperature,
+                         cancel=cancel, progress=progress)
     kind = None
     try:
         for event in stream:

@@ -219,6 +219,26 @@ class RequestOptions:
         return RequestOptions.from_kwargs(self, **kwargs)
 
 
+def with_option_fields(option_names, defaults: dict | None = None):
+    """Class decorator (put it under `@dataclass`): one field per option in `option_names` that the class does
+    not declare itself, typed and defaulted as `RequestOptions` declares it (or as `defaults` says), after the
+    class's own fields. A run configuration that takes options this way gets a new option by itself."""
+    defaults = defaults or {}
+
+    def add(cls):
+        notes = cls.__dict__.get("__annotations__", {})
+        own = {f.name: f for f in dataclasses.fields(RequestOptions)}
+        for name in option_names:
+            if name in notes:
+                continue
+            notes[name] = own[name].type
+            setattr(cls, name, defaults.get(name, own[name].default))
+        cls.__annotations__ = notes
+        return cls
+
+    return add
+
+
 def specs() -> tuple[Spec, ...]:
     return _SPECS
 
@@ -237,6 +257,11 @@ def canonical(key: str) -> str | None:
     return _ALIAS.get(key)
 
 
+def option_aliases() -> dict[str, str]:
+    """Every accepted name (canonical names and aliases) -> the canonical name."""
+    return dict(_ALIAS)
+
+
 def defaults() -> dict:
     return {s.name: f.default for s, f in zip(_SPECS, dataclasses.fields(RequestOptions))}
 
@@ -250,4 +275,4 @@ def _collect():
 
 _SPECS = _collect()
 _BY_NAME = {s.name: s for s in _SPECS}
-_ALIAS = {**{a: s.name for s in _SPECS for a in s.aliases}, **{s.name: s.name for s in _SPECS}}
+_ALIAS = {**{s.name: s.name for s in _SPECS}, **{a: s.name for s in _SPECS for a in s.aliases}}

@@ -18,7 +18,7 @@ import torch
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
-from vl.options import RequestOptions, canonical
+from vl.options import RequestOptions, canonical, spec
 from vl.runtime.batch import ChatRequest, run_batch
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
 from vl.runtime.generate import decode_step
@@ -48,6 +48,7 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, quant_mode=None,
                         decode: str = "auto", **processor_kwargs):
+        video_pruning_rate = spec("video_pruning_rate").check(video_pruning_rate)  # the request option's range
         model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
