@@ -6,6 +6,7 @@ checked here without a new test: its flag reaches `vl chat` and `vl eval`, its r
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 
 import pytest
@@ -214,3 +215,79 @@ def test_app_bounds_are_the_records():
         check_option("EVS rate", "video_pruning_rate", 1.0)
     with pytest.raises(GenerationOptionError, match="at most 8 in this app"):
         check_option("tiles", "max_num_tiles", 9, cap=8)
+
+
+# --- max_pages: an option added by one field in vl/options.py and its use in vl/processing/processor.py -------
+@pytest.fixture(scope="module")
+def pdf_engine(tmp_path_factory):
+    from tiny_models import make_tiny_vl_dir
+    from vl.runtime.engine import Engine
+
+    return Engine.from_pretrained(make_tiny_vl_dir(tmp_path_factory.mktemp("tiny_vl")))
+
+
+@pytest.fixture(scope="module")
+def three_pages(tmp_path_factory):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "processing"))
+    from media_fixtures import make_pdf, red_square_page
+
+    path = tmp_path_factory.mktemp("pdf") / "three.pdf"
+    path.write_bytes(make_pdf([red_square_page()] * 3))
+    return path
+
+
+def _pdf_chat(path):
+    return [{"role": "user", "content": [{"type": "pdf", "pdf": str(path)}, {"type": "text", "text": "Total?"}]}]
+
+
+def test_max_pages_caps_the_pages_of_a_request(pdf_engine, three_pages):
+    from vl.errors import MediaTooLargeError
+
+    with pytest.raises(MediaTooLargeError, match="3 pages selected, at most 2"):  # Engine.chat keyword
+        pdf_engine.chat(_pdf_chat(three_pages), max_pages=2, max_new_tokens=2)
+    capped = pdf_engine.chat(_pdf_chat(three_pages), RequestOptions(max_pages=2, pages="2-3", max_new_tokens=2))
+    two = pdf_engine.chat(_pdf_chat(three_pages), pages="2-3", max_new_tokens=2)
+    three = pdf_engine.chat(_pdf_chat(three_pages), max_pages=3, max_new_tokens=2)
+    assert 0 < capped.stats.vision_tokens_before == two.stats.vision_tokens_before < three.stats.vision_tokens_before
+    strict = dataclasses.replace(pdf_engine.processor.limits, max_pdf_pages=1)
+    processor = copy.copy(pdf_engine.processor)
+    processor.limits = strict
+    with pytest.raises(MediaTooLargeError, match="at most 1"):  # it lowers the processor's cap, never raises it
+        processor(_pdf_chat(three_pages), max_pages=5)
+
+
+def test_max_pages_reaches_every_front_end(pdf_engine, three_pages, tmp_path, capsys):
+    import json
+
+    from eval.backend import EngineBackend, GenerationSettings
+    from eval.runner import RunConfig
+    from eval.sweep import parse_sweep
+    from vl.chat_cli import main as chat_main
+    from vl.cli_flags import options_from_args
+    from vl.errors import MediaTooLargeError
+    from vl.hf.processor import NemotronNanoVLV2Processor
+    from vl.server.media import MediaPolicy
+    from vl.server.request import Ceilings, parse_chat_request
+
+    # vl chat: the flag, checked before any model loads
+    assert options_from_args(_chat_parser().parse_args(["--max-pages", "2"])).max_pages == 2
+    assert chat_main(["--pdf", str(three_pages), "--max-pages", "0", "--prompt", "x", "--json"]) == 2
+    assert "--max-pages must be a positive integer" in json.loads(capsys.readouterr().out)["error"]["message"]
+    # the server's request body (vLLM's mm_processor_kwargs) and RemoteEngine's
+    body = {"messages": [{"role": "user", "content": "hi"}], "mm_processor_kwargs": {"max_pages": 2}}
+    parsed = parse_chat_request(body, served_names=("m",), policy=MediaPolicy(), ceilings=Ceilings())
+    assert parsed.chat.options.max_pages == 2
+    assert RequestOptions(max_pages=2).to_openai()["mm_processor_kwargs"] == {"max_pages": 2}
+    # the pipeline's keyword (apply_chat_template, where the pipeline sends it)
+    hf = NemotronNanoVLV2Processor(vl_processor=pdf_engine.processor)
+    with pytest.raises(MediaTooLargeError, match="at most 2"):
+        hf.apply_chat_template(_pdf_chat(three_pages), add_generation_prompt=True, tokenize=True, max_pages=2)
+    # eval: a RunConfig field, a sweep key, and the backend hands it to Engine.chat
+    assert RunConfig(task="synthetic_docs", data="d.jsonl", out=str(tmp_path), max_pages=2).max_pages == 2
+    assert parse_sweep("max_pages=1,2") == ("max_pages", [1, 2])
+    with pytest.raises(MediaTooLargeError, match="at most 2"):
+        EngineBackend(model="", engine=pdf_engine).generate([_pdf_chat(three_pages)],
+                                                              GenerationSettings(max_new_tokens=2, max_pages=2))

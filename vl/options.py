@@ -114,6 +114,11 @@ class RequestOptions:
         None, kind=str, acts=PROCESSOR, nullable=True, flag="--pages", metavar="RANGE",
         openai="mm_processor_kwargs.pages", pipeline=True,
         help='pages of the PDF, e.g. "1-3,7" (default: all)')
+    max_pages: int | None = _option(
+        None, kind=int, acts=PROCESSOR, lo=1, nullable=True, flag="--max-pages", metavar="N",
+        openai="mm_processor_kwargs.max_pages", pipeline=True, eval=True,
+        help="render at most N pages of a PDF in this request (a page range selects which); it can only lower "
+             "the processor's own cap (default: that cap)")
     skip_blank_tiles: bool = _option(
         False, kind=bool, acts=PROCESSOR, flag="--skip-blank-tiles", openai="skip_blank_tiles", pipeline=True,
         eval=True, help="drop blank (whitespace) tiles of images and pages before the vision encoder")
