@@ -117,7 +117,8 @@ def test_every_flag_reaches_vl_chat(name):
 
     s, p = spec(name), _chat_parser()
     value = other_value(s)
-    assert options_from_args(p.parse_args(_argv(s, value))) == RequestOptions(**{name: value})
+    defaults = options_from_args(p.parse_args([]))  # the record's defaults, or the command's own (--max-pages)
+    assert options_from_args(p.parse_args(_argv(s, value))) == defaults.replace(**{name: value})
     bad = out_of_range(s)
     if bad is not None:
         with pytest.raises(GenerationOptionError, match=s.flag):  # the same range as everywhere, named by flag
@@ -272,7 +273,10 @@ def test_max_pages_reaches_every_front_end(pdf_engine, three_pages, tmp_path, ca
     from vl.server.media import MediaPolicy
     from vl.server.request import Ceilings, parse_chat_request
 
-    # vl chat: the flag, checked before any model loads
+    # vl chat: the flag, checked before any model loads; its default is the interactive cap
+    from vl.cli_flags import INTERACTIVE_PDF_PAGES
+
+    assert options_from_args(_chat_parser().parse_args([])).max_pages == INTERACTIVE_PDF_PAGES
     assert options_from_args(_chat_parser().parse_args(["--max-pages", "2"])).max_pages == 2
     assert chat_main(["--pdf", str(three_pages), "--max-pages", "0", "--prompt", "x", "--json"]) == 2
     assert "--max-pages must be a positive integer" in json.loads(capsys.readouterr().out)["error"]["message"]

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from vl.cli_flags import (
-    INTERACTIVE_PDF_PAGES,
     add_generation_flags,
     add_json_flag,
     add_media_flags,
@@ -146,13 +145,11 @@ def _run(args, options, err) -> int:
     model = args.model or default_model()
     if _is_demo(model):
         print(DEMO_WARNING, file=err)
-    from vl.processing.limits import MediaLimits
     from vl.runtime.engine import Engine
     from vl.runtime.outcome import finish_note
 
     print(f"loading {model}…", file=err, flush=True)
-    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
-                                    limits=MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES))
+    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map)
     content = media_content(args) + [{"type": "text", "text": args.prompt}]
     progress, cancel = Progress(err), threading.Event()
     stream = engine.chat([{"role": "user", "content": content}], options, stream=True, temperature=args.temperature,

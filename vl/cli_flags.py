@@ -16,7 +16,8 @@ from vl.errors import GenerationOptionError, InputError, MediaNotFoundError
 from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
 
 DTYPES = ("bf16", "fp32")
-# one cap on rendered PDF pages for interactive use (`vl chat` and `vl app`); a page range reaches past it
+# one cap on rendered PDF pages for interactive use: the default of `vl chat --max-pages` (the request option,
+# vl/options.py) and the app's page cap; a page range reaches past it
 INTERACTIVE_PDF_PAGES = 32
 
 
@@ -69,9 +70,13 @@ def add_media_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("media")
     g.add_argument("--image", action="append", default=[], metavar="FILE", help="image file (repeatable, up to 4)")
     g.add_argument("--pdf", default=None, metavar="FILE",
-                   help=f"PDF file (at most {INTERACTIVE_PDF_PAGES} pages rendered; pick them with --pages)")
+                   help=f"PDF file (at most {INTERACTIVE_PDF_PAGES} pages rendered unless --max-pages says otherwise; "
+                        f"pick them with --pages)")
     g.add_argument("--video", default=None, metavar="FILE", help="video file")
-    add_option_flags(g, flag_names(acts=PROCESSOR) + flag_names(acts=REDUCTION))
+    add_option_flags(g, flag_names(acts=PROCESSOR) + flag_names(acts=REDUCTION),
+                     defaults={"max_pages": INTERACTIVE_PDF_PAGES},
+                     helps={"max_pages": f"render at most N pages of --pdf (default {INTERACTIVE_PDF_PAGES}, the "
+                                         f"interactive cap; the processor's own cap still applies)"})
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str = "the result") -> None:
