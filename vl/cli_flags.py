@@ -2,8 +2,9 @@
 
 `vl chat` uses all of them; other commands (`vl serve`, `vl app`, `vl eval`) add the groups they need, so
 `--thinking`, `--dtype` or `--max-tiles` mean the same thing everywhere. The per-request option flags are
-derived from `RequestOptions` (vl/options.py): a new option with a `flag` appears here by itself. The checks run before any model loads:
-a missing file or a contradictory flag is reported at once, with a typed error code (docs/app_and_cli.md).
+derived from `RequestOptions` (vl/options.py): a new option with a `flag` appears here by itself. The checks
+run before any model loads: a missing file, a contradictory flag or a value out of range is reported at once,
+with a typed error code (docs/app_and_cli.md).
 """
 
 from __future__ import annotations

@@ -267,10 +267,6 @@ def option_aliases() -> dict[str, str]:
     return dict(_ALIAS)
 
 
-def defaults() -> dict:
-    return {s.name: f.default for s, f in zip(_SPECS, dataclasses.fields(RequestOptions))}
-
-
 def _collect():
     out = []
     for f in dataclasses.fields(RequestOptions):

@@ -4,9 +4,10 @@ Follows OpenAI's Chat Completions request schema, vLLM's extensions for Nemotron
 (`video_url` parts, `top_k`, `repetition_penalty`) and the per-request options where `RequestOptions` declares
 them (vl/options.py: `mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`/`pages`, `video_pruning_rate`,
 `chat_template_kwargs.enable_thinking`, and ours: `token_pruning_rate`, `skip_blank_tiles`, `reasoning_budget`).
-Every knob that scales work is checked against a server ceiling before anything is decoded (docs/server.md, "Security"). A field that would change the answer in a way we do
-not implement (`n` > 1, penalties, logprobs, tools, structured output) is refused, never silently dropped;
-bookkeeping fields (`user`, `metadata`, `store`, ...) are accepted and ignored.
+Every knob that scales work is checked against a server ceiling before anything is decoded (docs/server.md,
+"Security"). A field that would change the answer in a way we do not implement (`n` > 1, penalties, logprobs,
+tools, structured output) is refused, never silently dropped; bookkeeping fields (`user`, `metadata`, `store`,
+...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class ParsedRequest:
     model: str
 
 
-def _num(body, key, kind, lo=None, hi=None, default=None, hi_open=False):
+def _num(body, key, kind, lo=None, hi=None, default=None):
+    """A sampling field (the request options are checked by `RequestOptions`)."""
     value = body.get(key, default)
     if value is None:
         return default
@@ -55,9 +57,8 @@ def _num(body, key, kind, lo=None, hi=None, default=None, hi_open=False):
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
     if not ok_type:
         raise GenerationOptionError(f"{key} must be {'an integer' if kind is int else 'a number'}, found {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
-        rng = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
-        raise GenerationOptionError(f"{key}={value!r} is out of range: expected {rng}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise GenerationOptionError(f"{key}={value!r} is out of range: expected [{lo}, {hi}]")
     return kind(value)
 
 
