@@ -28,7 +28,10 @@ def _on_off(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eval.backend import EVAL_OPTIONS
     from eval.tasks import task_names
+    from vl.cli_flags import add_option_flags
+    from vl.options import spec
 
     p = argparse.ArgumentParser(prog="vl eval", description="Batch evaluation: resumable, distributed "
                                 "(accelerate launch -m eval ...), scored exactly like lmms-eval. "
@@ -47,21 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --backend openai: --concurrency)")
     p.add_argument("--resume", action="store_true", help="continue a run in --out: skip finished items, redo "
                    "unfinished and retriable ones; records of another configuration are never reused")
-    p.add_argument("--thinking", type=_on_off, default=False, help="reasoning on|off (default off: /no_think, "
-                   "the primary configuration; with on, raise --max-new-tokens)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's harness budget")
-    p.add_argument("--max-tiles", type=int, default=None, help="max_num_tiles per image (default: the model's)")
-    p.add_argument("--fps", type=float, default=2.0, help="video sampling rate (default 2)")
-    p.add_argument("--max-frames", type=int, default=128, help="video frame cap (default 128)")
-    p.add_argument("--video-pruning-rate", type=float, default=None, help="EVS rate in [0, 1) (default: the "
-                   "model's)")
-    p.add_argument("--skip-blank-tiles", type=_on_off, default=False, help="documents: drop whitespace tiles "
-                   "before the encoder (default off)")
-    p.add_argument("--token-pruning-rate", type=float, default=0.0, help="documents: prune redundant tokens after "
-                   "the projector at this rate in [0, 1) (default 0 = off)")
-    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...", help="one run per value of video_pruning_rate, "
-                   "skip_blank_tiles, token_pruning_rate, max_tiles, fps, max_frames, max_new_tokens or thinking; "
-                   "writes sweep.json/.md/.png")
+    g = p.add_argument_group("request options (the same flags as vl chat; vl/options.py)")
+    add_option_flags(g, [n for n in EVAL_OPTIONS if spec(n).flag], bools="on_off",
+                     defaults={"thinking": False, "max_new_tokens": None},
+                     helps={"thinking": "reasoning on|off (off: /no_think, the primary configuration; with "
+                                        "on, raise --max-new-tokens)",
+                            "max_new_tokens": "stop after N new tokens (default: the task's harness budget)"})
+    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...", help="one run per value of one request "
+                   f"option ({', '.join(EVAL_OPTIONS)}; aliases max_tiles, evs); writes sweep.json/.md/.png")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default: cuda:LOCAL_RANK if "
@@ -90,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace):
     from eval.runner import RunConfig
+    from vl.cli_flags import flag_values
 
     import os
 
@@ -109,10 +106,7 @@ def config_from_args(args: argparse.Namespace):
                      media_root=args.media_root, limit=args.limit,
                      batch_size=(args.batch_size if args.batch_size is not None
                                  else args.concurrency if args.backend == "openai" else 1),
-                     thinking=args.thinking, max_new_tokens=args.max_new_tokens, max_num_tiles=args.max_tiles,
-                     fps=args.fps, max_frames=args.max_frames, video_pruning_rate=args.video_pruning_rate,
-                     skip_blank_tiles=args.skip_blank_tiles, token_pruning_rate=args.token_pruning_rate,
-                     seed=args.seed, dtype=args.dtype, device=args.device, retries=args.retries,
+                     **flag_values(args), seed=args.seed, dtype=args.dtype, device=args.device, retries=args.retries,
                      max_attempts=args.max_attempts, item_timeout_s=args.item_timeout, isolation=args.isolation,
                      decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress,
                      backend=args.backend, base_url=args.base_url,

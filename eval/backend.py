@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from vl.errors import VLError
+from vl.options import RequestOptions, names, with_option_fields
 from vl.processing.sandbox import exit_text
 
 
@@ -48,28 +49,27 @@ class TransientError(VLError):
     code = "transient"
 
 
+# the per-request options an eval run sets: those marked `eval` in vl/options.py (fields, `--sweep` keys, flags)
+EVAL_OPTIONS = names(eval=True)
+
+
 @dataclass(frozen=True)
+@with_option_fields(EVAL_OPTIONS, {"thinking": False})
 class GenerationSettings:
-    """Everything per call that changes what the model sees or says (all of it is in the run fingerprint)."""
+    """Everything per call that changes what the model sees or says (all of it is in the run fingerprint): the
+    request options of vl/options.py marked `eval` (one field each, added by `with_option_fields`; `thinking`
+    False: /no_think, the primary LE configuration, docs/eval_scoring.md §0), the seed and the soft timeout."""
 
     max_new_tokens: int
-    thinking: bool | None = False  # False: /no_think, the primary LE configuration (docs/eval_scoring.md §0)
-    max_num_tiles: int | None = None  # None: the checkpoint's default
-    fps: float = 2.0
-    max_frames: int = 128
-    video_pruning_rate: float | None = None  # None: the checkpoint's default
-    skip_blank_tiles: bool = False  # document reduction before the encoder (token_reduction.BlankTileSkipper)
-    token_pruning_rate: float = 0.0  # document reduction after the projector (RedundantTokenPruner)
     seed: int = 0
     timeout_s: float | None = None  # soft per-item limit inside the engine (stops decoding cleanly)
 
+    def options(self) -> RequestOptions:
+        return RequestOptions.from_kwargs(**{n: getattr(self, n) for n in EVAL_OPTIONS})
+
     def chat_kwargs(self) -> dict:
-        kw = {"max_new_tokens": self.max_new_tokens, "temperature": 0.0, "thinking": self.thinking,
-              "fps": self.fps, "max_frames": self.max_frames, "video_pruning_rate": self.video_pruning_rate,
-              "skip_blank_tiles": self.skip_blank_tiles, "token_pruning_rate": self.token_pruning_rate}
-        if self.max_num_tiles is not None:
-            kw["max_num_tiles"] = self.max_num_tiles
-        return kw
+        """Greedy decoding plus the options, as keywords of `vl.Engine.chat` (or `RemoteEngine.chat`)."""
+        return {"temperature": 0.0, **{n: getattr(self, n) for n in EVAL_OPTIONS}}
 
 
 @dataclass
@@ -110,11 +110,11 @@ class EngineBackend:
         import torch
 
         torch.manual_seed(settings.seed)
-        kw = settings.chat_kwargs()
+        options = settings.options()
         if len(conversations) == 1:
-            results = [self.engine.chat(conversations[0], timeout_s=settings.timeout_s, **kw)]
+            results = [self.engine.chat(conversations[0], options, temperature=0.0, timeout_s=settings.timeout_s)]
         else:
-            results = self.engine.chat_batch(conversations, **kw)
+            results = self.engine.chat_batch(conversations, options, temperature=0.0)
         return [Generation(r.text, r.finish_reason, bool(r.reasoning_truncated), r.stats.prompt_tokens,
                            r.stats.vision_tokens_before, r.stats.vision_tokens_after, r.stats.new_tokens,
                            list(r.stats.notes), r.stats.time_to_first_token_s) for r in results]

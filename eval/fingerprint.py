@@ -90,7 +90,10 @@ def fingerprint(task: Task, facts: dict, settings: GenerationSettings, device_ty
     model = {k: facts.get(k) for k in ("path", "weights_digest", "config_digest", "files_digest", "precision")}
     if facts.get("remote"):  # a served model (eval/remote_backend.py): its URL and model id
         model["remote"] = facts["remote"]
-    decided = {k: v for k, v in dataclasses.asdict(settings).items() if k != "timeout_s"}
+    # an option left at None (its receiver's own default) is not named: a key that is absent reads as None, so
+    # nothing is lost, and an option added to vl/options.py with a None default leaves earlier fingerprints (and
+    # the records they key, on --resume) as they were
+    decided = {k: v for k, v in dataclasses.asdict(settings).items() if k != "timeout_s" and v is not None}
     payload = {"format": RECORD_FORMAT, "model": model, "device_type": device_type,
                "task": {"name": task.name, "pre_prompt": task.pre_prompt, "post_prompt": task.post_prompt},
                "generation": {**decided, "temperature": 0.0}}

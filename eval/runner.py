@@ -21,7 +21,6 @@ Follows docs/reliability_policy.md §5 ("Our batch eval") and docs/eval_scoring.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from eval.backend import (
+    EVAL_OPTIONS,
     EngineBackend,
     Generation,
     GenerationSettings,
@@ -54,9 +54,11 @@ from vl.errors import (
     ConfigError,
     DecoderCrashedError,
     DecodeTimeoutError,
+    GenerationOptionError,
     InputError,
     VLError,
 )
+from vl.options import spec, with_option_fields
 
 ISOLATION = ("process", "inline")
 BACKENDS = ("local", "openai")
@@ -71,7 +73,14 @@ class OutputExistsError(InputError):
 
 
 @dataclass(frozen=True)
+@with_option_fields(EVAL_OPTIONS, {"thinking": False, "max_new_tokens": None})
 class RunConfig:
+    """One eval run. The request options an eval sets (vl/options.py, those marked `eval`: max_num_tiles, fps,
+    max_frames, video_pruning_rate, skip_blank_tiles, token_pruning_rate, max_new_tokens, thinking, ...) are
+    fields too, added after these by `with_option_fields` and checked by the record's validators;
+    `max_new_tokens` None = the task's harness budget, `max_num_tiles` / `video_pruning_rate` None = the
+    checkpoint's, `thinking` False = /no_think (docs/eval_scoring.md §0: primary runs)."""
+
     task: str
     data: str
     out: str
@@ -80,14 +89,6 @@ class RunConfig:
     media_root: str | None = None
     limit: int | None = None
     batch_size: int = 1
-    thinking: bool = False  # docs/eval_scoring.md §0: primary runs are /no_think
-    max_new_tokens: int | None = None  # None: the task's harness budget
-    max_num_tiles: int | None = None  # None: the checkpoint's default
-    fps: float = 2.0
-    max_frames: int = 128
-    video_pruning_rate: float | None = None  # None: the checkpoint's default
-    skip_blank_tiles: bool = False
-    token_pruning_rate: float = 0.0
     seed: int = 0
     dtype: str | None = None
     device: str | None = None  # None/"auto": cuda:LOCAL_RANK when CUDA is there, else cpu
@@ -106,16 +107,17 @@ class RunConfig:
     concurrency: int = 4  # requests in flight at once against a server
 
     def __post_init__(self):
+        for name in EVAL_OPTIONS:  # the record's one validator per option; None where this config allows it
+            value = getattr(self, name)
+            if value is None and getattr(RunConfig, name) is None:
+                continue
+            try:
+                object.__setattr__(self, name, spec(name).check(value))
+            except GenerationOptionError as e:
+                raise RunOptionError(str(e)) from None
         checks = [
             (self.batch_size >= 1, "batch_size", "an integer >= 1"),
             (self.limit is None or self.limit >= 1, "limit", "an integer >= 1"),
-            (self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1"),
-            (self.max_num_tiles is None or 1 <= self.max_num_tiles <= 40, "max_num_tiles", "1..40"),
-            (self.fps > 0 and math.isfinite(self.fps), "fps", "a positive number"),
-            (self.max_frames >= 1, "max_frames", "an integer >= 1"),
-            (self.video_pruning_rate is None or 0.0 <= self.video_pruning_rate < 1.0, "video_pruning_rate",
-             "a fraction in [0, 1)"),
-            (0.0 <= self.token_pruning_rate < 1.0, "token_pruning_rate", "a fraction in [0, 1)"),
             (self.retries >= 0, "retries", "an integer >= 0"),
             (self.backoff_s >= 0, "backoff_s", "seconds >= 0"),
             (self.max_attempts >= 1, "max_attempts", "an integer >= 1"),
@@ -132,15 +134,15 @@ class RunConfig:
 
 
 def effective_settings(cfg: RunConfig, task: Task, facts: dict) -> GenerationSettings:
-    return GenerationSettings(
-        max_new_tokens=cfg.max_new_tokens or task.max_new_tokens,
-        thinking=cfg.thinking,
-        max_num_tiles=cfg.max_num_tiles if cfg.max_num_tiles is not None else facts.get("max_num_tiles"),
-        fps=float(cfg.fps), max_frames=int(cfg.max_frames),
-        video_pruning_rate=(cfg.video_pruning_rate if cfg.video_pruning_rate is not None
-                            else facts.get("video_pruning_rate")),
-        skip_blank_tiles=bool(cfg.skip_blank_tiles), token_pruning_rate=float(cfg.token_pruning_rate),
-        seed=cfg.seed, timeout_s=cfg.item_timeout_s)
+    """The settings the items run with: the config's options, where it leaves one to the task (max_new_tokens)
+    or to the checkpoint (max_num_tiles, video_pruning_rate: the model facts), that value, so the fingerprint
+    and the header name what actually ran."""
+    chosen = {name: getattr(cfg, name) for name in EVAL_OPTIONS}
+    chosen["max_new_tokens"] = cfg.max_new_tokens or task.max_new_tokens
+    for name in ("max_num_tiles", "video_pruning_rate"):
+        if chosen[name] is None:
+            chosen[name] = facts.get(name)
+    return GenerationSettings(**chosen, seed=cfg.seed, timeout_s=cfg.item_timeout_s)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -584,6 +586,8 @@ class Runner:
             "model_digests": {k: self.facts.get(k) for k in ("weights_digest", "config_digest", "files_digest")},
             "fingerprint": self.fingerprint, "record_format": RECORD_FORMAT,
         })
+        named = {"video_pruning_rate", "thinking"}  # above as evs_rate and reasoning_mode
+        head.update({n: getattr(s, n) for n in EVAL_OPTIONS if n not in head and n not in named})
         return head
 
 

@@ -17,11 +17,13 @@ import json
 import shutil
 from pathlib import Path
 
+from eval.backend import EVAL_OPTIONS
 from eval.records import write_atomic
 from eval.remote_backend import remote_facts
 from eval.runner import Dist, RunConfig, RunOptionError, Runner, default_device, make_backend, model_facts
 from eval.score import paired_change, read_predictions
 from eval.tasks import get_task
+from vl.options import option_aliases, spec
 
 
 def _on_off(text: str) -> bool:
@@ -32,19 +34,10 @@ def _on_off(text: str) -> bool:
     raise ValueError(f"expected on or off, found {text!r}")
 
 
-# sweep key -> (RunConfig field, parser)
-SWEEP_KEYS = {
-    "video_pruning_rate": ("video_pruning_rate", float),
-    "evs": ("video_pruning_rate", float),
-    "max_tiles": ("max_num_tiles", int),
-    "max_num_tiles": ("max_num_tiles", int),
-    "fps": ("fps", float),
-    "max_frames": ("max_frames", int),
-    "max_new_tokens": ("max_new_tokens", int),
-    "thinking": ("thinking", _on_off),
-    "skip_blank_tiles": ("skip_blank_tiles", _on_off),
-    "token_pruning_rate": ("token_pruning_rate", float),
-}
+# sweep key -> (RunConfig field, parser): every eval option of vl/options.py by its name and declared aliases
+# (`max_tiles`, `evs`, ...)
+SWEEP_KEYS = {key: (name, _on_off if spec(name).kind is bool else spec(name).kind)
+              for key, name in option_aliases().items() if name in EVAL_OPTIONS}
 
 
 def parse_sweep(spec: str) -> tuple[str, list]:

@@ -64,7 +64,7 @@ def test_a_missing_file_is_named_before_any_model_loads(tmp_path):
 @pytest.mark.parametrize("argv, words", [
     (["--pages", "1-2"], "no --pdf was given"),
     (["--max-tiles", "40"], "--max-tiles must be 1..12"),
-    (["--token-pruning-rate", "1.5"], "between 0 and 0.95"),
+    (["--token-pruning-rate", "1.5"], "--token-pruning-rate must be in [0, 1)"),
 ])
 def test_contradictory_or_out_of_range_flags_are_errors(argv, words, capsys):
     from vl.chat_cli import main

@@ -17,7 +17,7 @@ from gradio.utils import get_upload_folder
 from ui.chat_export import export_files
 from ui.controls import AppContext, Controls, api_example, gen_options
 from ui.documents import IMAGE_TYPES
-from ui.limits import check_float, check_int, check_upload, error_text
+from ui.limits import check_option, check_upload, error_text, slider_max
 from ui.runner import gradio_progress, stats_markdown, stream_chat
 from ui.stop import StopFlag, stop_state
 from ui.video import VIDEO_TYPES
@@ -120,12 +120,13 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
     out: list = []
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
-        proc = dict(max_num_tiles=check_int("tiles per image", max_tiles, 1, ctx.limits.max_tiles),
-                    fps=check_float("fps", fps, 0.1, ctx.limits.max_fps),
-                    max_frames=check_int("max frames", max_frames, 1, ctx.limits.max_frames),
-                    video_pruning_rate=check_float("EVS rate", evs_rate, 0.0, 0.95),
+        proc = dict(max_num_tiles=check_option("tiles per image", "max_num_tiles", max_tiles, ctx.limits.max_tiles),
+                    fps=check_option("fps", "fps", fps, ctx.limits.max_fps),
+                    max_frames=check_option("max frames", "max_frames", max_frames, ctx.limits.max_frames),
+                    video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate),
                     skip_blank_tiles=bool(skip_blank),
-                    token_pruning_rate=check_float("redundant-token pruning rate", prune_rate or 0.0, 0.0, 0.95))
+                    token_pruning_rate=check_option("redundant-token pruning rate", "token_pruning_rate",
+                                                    prune_rate or 0.0))
         messages = chat_messages(ctx, message, history)
         t0 = time.perf_counter()
         for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
@@ -162,12 +163,14 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
                                   label="Tiles per image (max)")
             fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Video frames per second")
             max_frames = gr.Slider(1, lim.max_frames, value=min(64, lim.max_frames), step=1, label="Max frames")
-            rate = gr.Slider(0.0, 0.95, value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
+            rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05),
+                             value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
                              label="EVS pruning rate")
         with gr.Row():
             skip_blank = gr.Checkbox(value=False, label="Skip blank tiles",
                                      info="whitespace tiles of images and pages never reach the vision encoder")
-            prune_rate = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Redundant-token pruning rate",
+            prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,
+                                   label="Redundant-token pruning rate",
                                    info="fraction of image / page tokens dropped as repeated background")
     flag = stop_state()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.limits import AppLimits, check_float, check_int
+from ui.limits import AppLimits, check_float, check_option
 from ui.runner import GenOptions
 
 MODEL = "model"  # the one concurrency group: every event that runs the engine shares its slot(s)
@@ -57,9 +57,10 @@ def build_controls(limits: AppLimits) -> Controls:
 
 
 def gen_options(limits: AppLimits, thinking, reasoning_budget, max_new_tokens, temperature) -> GenOptions:
-    budget = check_int("reasoning budget", reasoning_budget or 0, 0, limits.max_reasoning_budget)
+    budget = check_option("reasoning budget", "reasoning_budget", reasoning_budget or 0, limits.max_reasoning_budget)
     return GenOptions(thinking=bool(thinking), reasoning_budget=budget or None,
-                      max_new_tokens=check_int("max new tokens", max_new_tokens, 1, limits.max_new_tokens),
+                      max_new_tokens=check_option("max new tokens", "max_new_tokens", max_new_tokens,
+                                                  limits.max_new_tokens),
                       temperature=check_float("temperature", temperature, 0.0, 2.0))
 
 

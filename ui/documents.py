@@ -16,7 +16,7 @@ from gradio.utils import NamedString
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.kept_tokens import draw_kept, keep_grids
-from ui.limits import check_float, check_int, check_upload, user_error
+from ui.limits import check_int, check_option, check_upload, slider_max, user_error
 from ui.page_picker import wire_page_picker
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
 from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
@@ -86,9 +86,9 @@ def document_request(ctx: AppContext, files, pages, question, max_tiles, token_b
     pages = (pages or "").strip() or None
     if pages and not any(Path(p).suffix.lower() == ".pdf" for p in paths):
         raise InputError("a page range applies to a PDF; no PDF was uploaded")
-    proc = {"max_num_tiles": check_int("tiles per page", max_tiles, 1, ctx.limits.max_tiles), "pages": pages,
-            "skip_blank_tiles": bool(skip_blank),
-            "token_pruning_rate": check_float("redundant-token pruning rate", prune_rate or 0.0, 0.0, 0.95)}
+    proc = {"max_num_tiles": check_option("tiles per page", "max_num_tiles", max_tiles, ctx.limits.max_tiles),
+            "pages": pages, "skip_blank_tiles": bool(skip_blank),
+            "token_pruning_rate": check_option("redundant-token pruning rate", "token_pruning_rate", prune_rate or 0.0)}
     budget = check_int("vision token budget", token_budget or 0, 0, ctx.engine.context_length)
     if budget:
         reserved = 1024  # the processor's default room for the question and the answer
@@ -161,7 +161,8 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
             with gr.Row(elem_id="doc-reduction"):
                 skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", elem_id="doc-skip-blank",
                                          info="whitespace tiles never reach the vision encoder")
-                prune_rate = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Redundant-token pruning rate",
+                prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,
+                                       label="Redundant-token pruning rate",
                                        elem_id="doc-prune-rate",
                                        info="fraction of page tokens dropped as repeated background (0 = off)")
             with gr.Row():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vl.cli_flags import INTERACTIVE_PDF_PAGES
+from vl.options import spec
 from vl.errors import GenerationOptionError, InputError, RemoteMediaError, VLError
 from vl.processing.limits import MediaLimits
 
@@ -74,6 +75,30 @@ def check_float(name: str, value, low: float, high: float) -> float:
     if not low <= number <= high:
         raise GenerationOptionError(f"{name} must be between {low} and {high}, found {value!r}")
     return number
+
+
+def check_option(label: str, name: str, value, cap: float | None = None):
+    """A control's value for the request option `name`, re-checked on the server (the API accepts any JSON) by
+    the option's one validator (vl/options.py), then against this app's own cap when it has one (`AppLimits`).
+    Sliders send numbers as floats: a whole float is read as the integer it is."""
+    s = spec(name)
+    if s.kind in (int, float) and isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass  # the validator names what it found
+    if s.kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    value = s.check(value, label)
+    if cap is not None and value is not None and value > cap:
+        raise GenerationOptionError(f"{label} must be at most {cap:g} in this app, found {value!r}")
+    return value
+
+
+def slider_max(name: str, step: float) -> float:
+    """The largest slider value the option accepts (one step below an open upper bound)."""
+    s = spec(name)
+    return round(s.hi - step, 10) if s.hi_open else s.hi
 
 
 def check_upload(path, roots: list[Path], max_bytes: int) -> str:

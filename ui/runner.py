@@ -30,8 +30,8 @@ class UIEngine(Engine):
     `ProcessedInputs` of that very call, so nothing is decoded twice. `chat` itself is the base class's.
     """
 
-    def prepare(self, messages, **kwargs):
-        embeds, inputs, stats = super().prepare(messages, **kwargs)
+    def prepare(self, messages, options=None, **kwargs):
+        embeds, inputs, stats = super().prepare(messages, options, **kwargs)
         stats.media_items = inputs.items  # [MediaInfo]
         stats.pixel_values = inputs.pixel_values  # (num_tiles, 3, S, S) | None
         return embeds, inputs, stats

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
-from ui.limits import check_float, check_int, check_upload, user_error
+from ui.limits import check_option, check_upload, slider_max, user_error
 from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
 from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
@@ -63,9 +63,9 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
             raise InputError("upload a video first")
         path = check_upload(video, ctx.media_roots, ctx.limits.max_upload_mb << 20)
         question = check_question(question)
-        proc = dict(fps=check_float("fps", fps, 0.1, ctx.limits.max_fps),
-                    max_frames=check_int("max frames", max_frames, 1, ctx.limits.max_frames),
-                    video_pruning_rate=check_float("EVS rate", evs_rate, 0.0, 0.95))
+        proc = dict(fps=check_option("fps", "fps", fps, ctx.limits.max_fps),
+                    max_frames=check_option("max frames", "max_frames", max_frames, ctx.limits.max_frames),
+                    video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate))
         messages = [{"role": "user", "content": [{"type": "video", "video": path},
                                                  {"type": "text", "text": question}]}]
         yield "", "", None, [], "*sampling frames…*"
@@ -102,7 +102,8 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                 fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Frames per second sampled")
                 max_frames = gr.Slider(1, lim.max_frames, value=min(128, lim.max_frames), step=1,
                                        label="Max frames")
-                rate = gr.Slider(0.0, 0.95, value=default_rate, step=0.05, label="EVS pruning rate",
+                rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05), value=default_rate, step=0.05,
+                                 label="EVS pruning rate",
                                  info="fraction of video tokens removed (0 = off)")
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="video-ask")

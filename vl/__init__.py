@@ -6,7 +6,7 @@ beyond registering the transformers Auto classes.
 
 from vl.errors import VLError
 
-__all__ = ["load_pretrained", "load_processor", "Engine", "VLError"]
+__all__ = ["load_pretrained", "load_processor", "Engine", "RequestOptions", "VLError"]
 
 
 def load_pretrained(path, dtype=None, device_map=None, **kwargs):
@@ -28,5 +28,9 @@ def __getattr__(name):
         from vl.runtime.engine import Engine
 
         return Engine
+    if name == "RequestOptions":  # one request's options, declared once (docs/architecture.md, "Options")
+        from vl.options import RequestOptions
+
+        return RequestOptions
     raise AttributeError(f"module 'vl' has no attribute {name!r}")
 from vl import hf as _hf  # registers the transformers Auto classes

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from vl.cli_flags import (
-    INTERACTIVE_PDF_PAGES,
     add_generation_flags,
     add_json_flag,
     add_media_flags,
@@ -28,8 +27,7 @@ from vl.cli_flags import (
     check_generation_flags,
     check_media_flags,
     media_content,
-    processor_kwargs,
-    thinking_value,
+    options_from_args,
 )
 from vl.directory import default_model
 from vl.errors import VLError
@@ -131,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_media_flags(args)
         check_generation_flags(args)
-        return _run(args, err)
+        return _run(args, options_from_args(args), err)
     except VLError as exc:
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
@@ -139,20 +137,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _run(args, err) -> int:
+def _run(args, options, err) -> int:
     model = args.model or default_model()
     if _is_demo(model):
         print(DEMO_WARNING, file=err)
     from vl.runtime.engine import Engine
 
     print(f"loading {model}…", file=err, flush=True)
-    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
-                                    limits=MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES))
+    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map)
     content = media_content(args) + [{"type": "text", "text": args.prompt}]
     progress, cancel = Progress(err), threading.Event()
-    stream = engine.chat([{"role": "user", "content": content}], stream=True, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, reasoning_budget=args.reasoning_budget,
-                         thinking=thinking_value(args), cancel=cancel, progress=progress, **processor_kwargs(args))
+    stream = engine.chat([{"role": "user", "content": content}], options, stream=True, temperature=args.temperature,
+                         cancel=cancel, progress=progress)
     kind = None
     try:
         for event in stream:

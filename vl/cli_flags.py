@@ -1,19 +1,24 @@
 """Flags shared by `vl` commands: one spelling, one help text and one check wherever a flag appears.
 
 `vl chat` uses all of them; other commands (`vl serve`, `vl app`, `vl eval`) add the groups they need, so
-`--thinking`, `--dtype` or `--max-tiles` mean the same thing everywhere. The checks run before any model loads:
-a missing file or a contradictory flag is reported at once, with a typed error code (docs/app_and_cli.md).
+`--thinking`, `--dtype` or `--max-tiles` mean the same thing everywhere. The per-request option flags are
+derived from `RequestOptions` (vl/options.py): a new option with a `flag` appears here by itself. The checks
+run before any model loads: a missing file, a contradictory flag or a value out of range is reported at once,
+with a typed error code (docs/app_and_cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from vl.errors import GenerationOptionError, InputError, MediaNotFoundError
+from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
 
 DTYPES = ("bf16", "fp32")
-# one cap on rendered PDF pages for interactive use (`vl chat` and `vl app`); a page range reaches past it
+# one cap on rendered PDF pages for interactive use: the default of `vl chat --max-pages` (the request option,
+# vl/options.py) and the app's page cap; a page range reaches past it
 INTERACTIVE_PDF_PAGES = 32
 
 
@@ -28,15 +33,37 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help='accelerate device map, e.g. "auto" or "cpu" (default: CPU, or the first GPU)')
 
 
+def add_option_flags(g, names, *, bools: str = "switch", defaults: dict | None = None,
+                     helps: dict | None = None) -> None:
+    """The flags of the per-request options `names`, as `RequestOptions` declares them (vl/options.py): flag,
+    type, default, metavar and help come from there. A yes/no option is a switch (`--skip-blank-tiles`), or with
+    `bools="on_off"` takes on|off; a yes/no option whose default is "the model's" always takes on|off.
+    `defaults` overrides a record default for this command (e.g. `vl eval` runs /no_think), `helps` a help text
+    that must say so."""
+    defaults, helps = defaults or {}, helps or {}
+    for name in names:
+        s = dataclasses.replace(spec(name), help=helps.get(name, spec(name).help))
+        default = defaults.get(name, getattr(RequestOptions(), name))
+        if s.kind is bool and s.nullable and bools == "switch":
+            g.add_argument(s.flag, dest=name, choices=["on", "off"], default=_on_off_text(default), help=s.help)
+        elif s.kind is bool and bools == "switch":
+            g.add_argument(s.flag, dest=name, action="store_true", default=default, help=s.help)
+        elif s.kind is bool:
+            g.add_argument(s.flag, dest=name, type=_on_off, default=default, metavar="on|off",
+                           help=f"{s.help} (default {_on_off_text(default)})")
+        else:
+            g.add_argument(s.flag, dest=name, type=s.kind, default=default, metavar=s.metavar, help=s.help)
+
+
+def flag_names(**where) -> tuple[str, ...]:
+    """The options with a CLI flag, among those whose spec matches `where` (vl/options.py `names`)."""
+    return tuple(n for n in names(**where) if spec(n).flag)
+
+
 def add_generation_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
-    g.add_argument("--thinking", choices=["on", "off"], default=None,
-                   help="reasoning before the answer (/think) or not (/no_think); default: the model's default")
+    add_option_flags(g, flag_names(acts=GENERATION))
     g.add_argument("--think", dest="thinking", choices=["on", "off", "default"], help=argparse.SUPPRESS)
-    g.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
-                   help="close the think block after N tokens (default: no budget)")
-    g.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
-                   help="stop after N new tokens, reasoning included (default 256)")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
 
 
@@ -44,38 +71,53 @@ def add_media_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("media")
     g.add_argument("--image", action="append", default=[], metavar="FILE", help="image file (repeatable, up to 4)")
     g.add_argument("--pdf", default=None, metavar="FILE",
-                   help=f"PDF file (at most {INTERACTIVE_PDF_PAGES} pages rendered; pick them with --pages)")
-    g.add_argument("--pages", default=None, metavar="RANGE", help='pages of --pdf, e.g. "1-3,7" (default: all)')
+                   help=f"PDF file (at most {INTERACTIVE_PDF_PAGES} pages rendered unless --max-pages says otherwise; "
+                        f"pick them with --pages)")
     g.add_argument("--video", default=None, metavar="FILE", help="video file")
-    g.add_argument("--max-tiles", type=int, default=None, metavar="N",
-                   help="at most N 512-px tiles per image or page, 1..12 (default: the model's, 12)")
-    g.add_argument("--skip-blank-tiles", action="store_true",
-                   help="drop blank (whitespace) tiles of images and pages before the vision encoder")
-    g.add_argument("--token-pruning-rate", type=float, default=0.0, metavar="Q",
-                   help="fraction of document vision tokens removed as redundant background, 0..0.95 (default 0)")
-    g.add_argument("--fps", type=float, default=2.0, metavar="F", help="video frames sampled per second (default 2)")
-    g.add_argument("--max-frames", type=int, default=128, metavar="N", help="at most N video frames (default 128)")
-    g.add_argument("--video-pruning-rate", type=float, default=None, metavar="Q",
-                   help="EVS: fraction of video tokens removed as repeats of the previous frame, 0..0.95 "
-                        "(default: the checkpoint's)")
+    add_option_flags(g, flag_names(acts=PROCESSOR) + flag_names(acts=REDUCTION),
+                     defaults={"max_pages": INTERACTIVE_PDF_PAGES},
+                     helps={"max_pages": f"render at most N pages of --pdf (default {INTERACTIVE_PDF_PAGES}, the "
+                                         f"interactive cap; the processor's own cap still applies)"})
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str = "the result") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout")
 
 
-def thinking_value(args) -> bool | None:
-    return {"on": True, "off": False}.get(getattr(args, "thinking", None))
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, found {text!r}")
+    return text == "on"
 
 
-def _rate(name: str, value) -> None:
-    if value is not None and not 0.0 <= value <= 0.95:
-        raise GenerationOptionError(f"{name} must be between 0 and 0.95, found {value}")
+def _on_off_text(value):
+    return None if value is None else "on" if value else "off"
+
+
+def flag_values(args) -> dict:
+    """{option name: value} for every option flag the parser has (on|off read as True/False)."""
+    out = {}
+    for s in specs():
+        if s.flag is None or not hasattr(args, s.name):
+            continue
+        value = getattr(args, s.name)
+        if s.kind is bool and isinstance(value, str):  # on|off; "default" (the old --think spelling) = None
+            value = {"on": True, "off": False}.get(value)
+        out[s.name] = value
+    return out
+
+
+def options_from_args(args, base: RequestOptions | None = None) -> RequestOptions:
+    """The request options the parsed flags ask for, checked: a value out of range is a `bad_generation_option`
+    error naming the flag."""
+    given = {name: spec(name).check(value, spec(name).flag) for name, value in flag_values(args).items()}
+    return RequestOptions.from_kwargs(base, **given)
 
 
 def check_media_flags(args) -> None:
     """Everything about the media flags that can be checked without the model: files exist and are files,
-    `--pages` comes with `--pdf`, numbers are in range. Raises typed errors (`file_not_found`, ...)."""
+    `--pages` comes with `--pdf`. Raises typed errors (`file_not_found`, ...); the option flags' ranges are
+    checked by `options_from_args`."""
     for flag, paths in (("--image", args.image), ("--pdf", [args.pdf] if args.pdf else []),
                         ("--video", [args.video] if args.video else [])):
         for f in paths:
@@ -86,22 +128,10 @@ def check_media_flags(args) -> None:
                 raise MediaNotFoundError(f"{flag} {f}: not a file (a folder?); pass a file")
     if args.pages is not None and not args.pdf:
         raise InputError("--pages selects pages of a PDF, and no --pdf was given; add --pdf FILE or drop --pages")
-    if args.max_tiles is not None and not 1 <= args.max_tiles <= 12:
-        raise GenerationOptionError(f"--max-tiles must be 1..12 (the models were trained with up to 12), "
-                                    f"found {args.max_tiles}")
-    if not 0.1 <= args.fps <= 30:
-        raise GenerationOptionError(f"--fps must be between 0.1 and 30, found {args.fps}")
-    if not 1 <= args.max_frames <= 512:
-        raise GenerationOptionError(f"--max-frames must be 1..512, found {args.max_frames}")
-    _rate("--token-pruning-rate", args.token_pruning_rate)
-    _rate("--video-pruning-rate", args.video_pruning_rate)
 
 
 def check_generation_flags(args) -> None:
-    if args.max_new_tokens < 1:
-        raise GenerationOptionError(f"--max-new-tokens must be at least 1, found {args.max_new_tokens}")
-    if args.reasoning_budget is not None and args.reasoning_budget < 0:
-        raise GenerationOptionError(f"--reasoning-budget must be >= 0, found {args.reasoning_budget}")
+    """The sampling flags (not request options: vl/runtime/sampling.py)."""
     if not 0.0 <= args.temperature <= 2.0:
         raise GenerationOptionError(f"--temperature must be between 0 and 2, found {args.temperature}")
 
@@ -114,12 +144,3 @@ def media_content(args) -> list[dict]:
     if args.video:
         content.append({"type": "video", "video": args.video})
     return content
-
-
-def processor_kwargs(args) -> dict:
-    """`Engine.chat` keywords for the media flags."""
-    out = dict(fps=args.fps, max_frames=args.max_frames, pages=args.pages, skip_blank_tiles=args.skip_blank_tiles,
-               token_pruning_rate=args.token_pruning_rate, video_pruning_rate=args.video_pruning_rate)
-    if args.max_tiles is not None:
-        out["max_num_tiles"] = args.max_tiles
-    return out

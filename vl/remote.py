@@ -30,12 +30,13 @@ from vl.errors import (
     VLError,
     error_class_for,
 )
+from vl.options import RequestOptions, spec
 from vl.processing.chat import THINK_CLOSE
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats
 
 RETRY_STATUS = {429, 502, 503}
-_MM_KEYS = ("max_num_tiles", "fps", "max_frames", "pages")
+_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
 
 
 @dataclass(frozen=True)
@@ -151,36 +152,34 @@ class RemoteEngine:
         return {"base_url": self.base_url, "model": self.model_name}
 
     # --- chat ------------------------------------------------------------------------------------------
-    def request_body(self, messages, *, max_new_tokens=256, temperature=0.0, top_p=1.0, top_k=0,
-                     repetition_penalty=1.0, seed=None, thinking=None, reasoning_budget=None, stop=None,
-                     video_pruning_rate=None, token_pruning_rate=0.0, **processor_kwargs) -> dict:
-        unknown = sorted(set(processor_kwargs) - set(_MM_KEYS) - {"skip_blank_tiles", "context_length"})
-        if unknown:
-            raise GenerationOptionError(f"option(s) {unknown} cannot be sent to a remote server")
+    def request_body(self, messages, options: RequestOptions | None = None, *, temperature=0.0, top_p=1.0,
+                     top_k=0, repetition_penalty=1.0, seed=None, stop=None, **option_kwargs) -> dict:
+        """The OpenAI body: sampling fields, then the options where `RequestOptions` declares them
+        (vl/options.py: `to_openai`). `context_length` is a local document budget: the server plans with its
+        own context, so it is not sent."""
+        options = RequestOptions.from_kwargs(options, **option_kwargs)
+        unsent = sorted(k for k, v in options.processor_kwargs().items()
+                        if spec(k).openai is None and k != "context_length")
+        if unsent:
+            raise GenerationOptionError(f"option(s) {unsent} cannot be sent to a remote server")
         body = {"model": self.model_name, "messages": to_openai_messages(messages, self.limits),
-                "max_tokens": max_new_tokens, "temperature": temperature, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
         optional = {"top_p": (top_p, 1.0), "top_k": (top_k, 0), "repetition_penalty": (repetition_penalty, 1.0),
-                    "seed": (seed, None), "reasoning_budget": (reasoning_budget, None), "stop": (stop or None, None),
-                    "video_pruning_rate": (video_pruning_rate, None), "token_pruning_rate": (token_pruning_rate, 0.0),
-                    "skip_blank_tiles": (processor_kwargs.get("skip_blank_tiles", False), False)}
+                    "seed": (seed, None), "stop": (stop or None, None)}
         body.update({k: v for k, (v, default) in optional.items() if v != default})
-        if thinking is not None:
-            body["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
-        mm = {k: processor_kwargs[k] for k in _MM_KEYS if processor_kwargs.get(k) is not None}
-        if mm:
-            body["mm_processor_kwargs"] = mm
+        body.update(options.to_openai())
         return body
 
-    def chat(self, messages, *, stream: bool = False, cancel: threading.Event | None = None,
-             timeout_s: float | None = None, progress=None, **kwargs):
-        """`progress` is accepted for the local engine's interface; the server reports no progress before its
+    def chat(self, messages, options: RequestOptions | None = None, *, stream: bool = False,
+             cancel: threading.Event | None = None, timeout_s: float | None = None, progress=None, **kwargs):
+        """`vl.Engine.chat`'s interface. `progress` is accepted for it; the server reports no progress before its
         first token, so it is told once that the request went out."""
-        kwargs.pop("context_length", None)  # a local document budget; the server plans with its own context
-        body = self.request_body(messages, **kwargs)
+        sampling = {k: kwargs.pop(k) for k in _SAMPLING if k in kwargs}
+        options = RequestOptions.from_kwargs(options, **kwargs)
+        body = self.request_body(messages, options, **sampling)
         if progress is not None:
             progress("waiting for the server", 0, 0)
-        s = ChatStream(self._chat_events(body, cancel, timeout_s, kwargs.get("thinking")))
+        s = ChatStream(self._chat_events(body, cancel, timeout_s, options.thinking))
         if stream:
             return s
         for _ in s:

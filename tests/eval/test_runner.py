@@ -247,6 +247,28 @@ def test_a_failing_batch_is_redone_item_by_item(tmp_path):
     assert stable(summary) == stable(single)
 
 
+def test_options_left_at_none_keep_earlier_fingerprints():
+    """A run made before an option existed keeps its fingerprint (and its records on --resume) when the option is
+    added with a None default: the payload of such a run, written out by hand, hashes to the same value."""
+    import hashlib
+
+    from eval.backend import GenerationSettings
+    from eval.fingerprint import RECORD_FORMAT, fingerprint
+    from eval.tasks import get_task
+
+    task = get_task("synthetic_docs")
+    settings = GenerationSettings(max_new_tokens=8, max_num_tiles=12, video_pruning_rate=0.0)
+    earlier = {"max_new_tokens": 8, "thinking": False, "max_num_tiles": 12, "fps": 2.0, "max_frames": 128,
+               "video_pruning_rate": 0.0, "skip_blank_tiles": False, "token_pruning_rate": 0.0, "seed": 0}
+    model = {k: FACTS.get(k) for k in ("path", "weights_digest", "config_digest", "files_digest", "precision")}
+    payload = {"format": RECORD_FORMAT, "model": model, "device_type": "cpu",
+               "task": {"name": task.name, "pre_prompt": task.pre_prompt, "post_prompt": task.post_prompt},
+               "generation": {**earlier, "temperature": 0.0}}
+    by_hand = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    assert fingerprint(task, FACTS, settings, "cpu") == by_hand
+    assert fingerprint(task, FACTS, dataclasses.replace(settings, fps=1.0), "cpu") != by_hand
+
+
 @pytest.mark.parametrize("change", ["max_new_tokens", "thinking", "video_pruning_rate", "max_num_tiles", "fps",
                                     "weights", "item"])
 def test_a_changed_fingerprint_or_item_never_reuses_records(tmp_path, change):  # E5

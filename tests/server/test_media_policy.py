@@ -131,8 +131,9 @@ def test_request_fields():
         video_pruning_rate=0.5, token_pruning_rate=0.25, skip_blank_tiles=True, reasoning_budget=10, user="u")
     c = p.chat
     assert (c.max_new_tokens, c.stop, c.thinking, c.reasoning_budget) == (7, ["x"], False, 10)
-    assert c.processor == {"max_num_tiles": 2, "fps": 1.0, "max_frames": 8, "skip_blank_tiles": True}
-    assert (c.video_pruning_rate, c.token_pruning_rate, p.params.seed, p.params.top_k) == (0.5, 0.25, 3, 0)
+    assert c.options.processor_kwargs() == {"max_num_tiles": 2, "fps": 1.0, "max_frames": 8, "skip_blank_tiles": True}
+    o = c.options
+    assert (o.video_pruning_rate, o.token_pruning_rate, p.params.seed, p.params.top_k) == (0.5, 0.25, 3, 0)
     assert _parse().params.temperature == 1.0 and _parse().chat.max_new_tokens == 100  # OpenAI's defaults, capped
     for bad in ({"max_tokens": 101}, {"n": 3}, {"logprobs": True}, {"tools": [{"type": "function"}]},
                 {"presence_penalty": 0.5}, {"mm_processor_kwargs": {"max_frames": 129}},

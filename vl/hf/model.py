@@ -221,7 +221,8 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         new: list[list[int]] = [[] for _ in range(b)]
         requests = [ChatRequest(Tokenized(ids[None], row_tiles, row_spans,
                                           opens_think(engine.tokenizer.decode(ids, skip_special_tokens=False))),
-                                max_new, reasoning_budget=ours.get("reasoning_budget"), stop=gc["stop_strings"],
+                                max_new_tokens=max_new, reasoning_budget=ours.get("reasoning_budget"),
+                                stop=gc["stop_strings"],
                                 video_pruning_rate=vpr, token_pruning_rate=tpr, cancel=ours.get("cancel"),
                                 timeout_s=gc["max_time"], on_token=new[i].append)
                     for i, (ids, row_tiles, row_spans, vpr, tpr)

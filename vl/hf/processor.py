@@ -34,15 +34,15 @@ from transformers.processing_utils import ProcessorMixin
 
 from vl.errors import ConfigError, CorruptMediaError, InputError, MediaTooLargeError, RemoteMediaError
 from vl.hf.names import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
+from vl.options import REDUCTION, RequestOptions, canonical, option_aliases, spec
 from vl.processing.chat import render_prompt
 
 PROCESSOR_FILE = "processor_config.json"
 # apply_chat_template keywords: transformers' own, then ours (passed to vl.processing.Processor or the model)
 HF_TEMPLATE_KEYS = ("tokenize", "return_dict", "return_tensors", "add_generation_prompt", "continue_final_message",
                     "padding", "processor_kwargs")
-MEDIA_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "skip_blank_tiles")
-MODEL_SIDE_KEYS = ("video_pruning_rate", "token_pruning_rate")  # token reduction runs inside the model
-OUR_KEYS = MEDIA_KEYS + MODEL_SIDE_KEYS + ("thinking", "enable_thinking")
+# our keywords: the request options the pipeline takes, by name or declared alias (vl/options.py)
+OUR_KEYS = tuple(k for k, name in option_aliases().items() if spec(name).pipeline)
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
 
 
@@ -114,9 +114,10 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         """One conversation (list of messages) or a batch of them -> prompt text(s), or with `tokenize=True`
         the model inputs. transformers' defaults apply (`tokenize=False`, `add_generation_prompt=False`);
         a trailing assistant message is continued when `continue_final_message=True` (pipeline prefill).
-        Our options: `thinking` (alias `enable_thinking`), `max_num_tiles`, `fps`, `max_frames`, `pages`,
-        `pdf_scale`, `skip_blank_tiles` (vl.processing.Processor), and `video_pruning_rate` (EVS) and
-        `token_pruning_rate` (documents), which ride along in the inputs to the model's token reduction."""
+        Our options are the request options marked `pipeline` in vl/options.py (`thinking`, alias
+        `enable_thinking`; media options such as `max_num_tiles`, `fps`, `max_frames`, `pages`, `skip_blank_tiles`
+        for vl.processing.Processor; `video_pruning_rate` (EVS) and `token_pruning_rate` (documents), which ride
+        along in the inputs to the model's token reduction), checked by `RequestOptions`."""
         if chat_template is not None:
             raise InputError("a custom chat_template is not supported: the prompt format of these checkpoints "
                              "lives in vl/processing/chat.py and placeholders are expanded after rendering")
@@ -126,6 +127,9 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         if unknown:
             raise InputError(f"unknown apply_chat_template option(s) {unknown}; ours: {', '.join(OUR_KEYS)}")
         thinking = _thinking(kwargs.get("thinking"), kwargs.get("enable_thinking"))
+        given = {k: v for k, v in kwargs.items() if k in OUR_KEYS and canonical(k) != "thinking" and v is not None}
+        options = RequestOptions.from_kwargs(thinking=thinking, **given)
+        model_side = {k: v for k, v in options.acting(REDUCTION).items() if k in {canonical(g) for g in given}}
         continue_final = bool(kwargs.get("continue_final_message", False))
         add_generation_prompt = bool(kwargs.get("add_generation_prompt", False))
         batched = _is_batch(conversation)
@@ -146,11 +150,11 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
             raise InputError(f"padding={kwargs['padding']!r}: batches are always left-padded to the longest row")
         if kwargs.get("return_tensors", "pt") not in ("pt", None):
             raise InputError(f"return_tensors={kwargs['return_tensors']!r}: only 'pt' (PyTorch) is supported")
-        media_options = {k: kwargs[k] for k in MEDIA_KEYS if kwargs.get(k) is not None}
-        context = self.vl_processor.config.lm.max_position_embeddings  # the budget vl.Engine plans documents with
-        rows = [self.vl_processor(c, thinking=thinking, add_generation_prompt=generation_prompt,
-                                  context_length=context, **media_options) for c in conversations]
-        features = self._batch(rows, batched, {k: kwargs[k] for k in MODEL_SIDE_KEYS if kwargs.get(k) is not None})
+        media_options = options.processor_kwargs()
+        media_options.setdefault("context_length", self.vl_processor.config.lm.max_position_embeddings)  # as vl.Engine
+        rows = [self.vl_processor(c, thinking=thinking, add_generation_prompt=generation_prompt, **media_options)
+                for c in conversations]
+        features = self._batch(rows, batched, model_side)
         if kwargs.get("return_tensors", "pt") is None:
             features["input_ids"] = [r.input_ids[0].tolist() for r in rows]
             features["attention_mask"] = [[1] * r.input_ids.shape[1] for r in rows]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 
 from token_reduction import BlankTileSkipper, TokenLayout
 from vl.config import VLConfig
+from vl.options import spec
 from vl.errors import ConfigError, CorruptMediaError, InputError, RemoteMediaError
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
@@ -129,11 +130,16 @@ class Processor:
                     raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
         return source
 
-    def _pdf_pages(self, scale: float, page_range: str | None):
+    def _pdf_pages(self, scale: float, page_range: str | None, max_pages: int | None = None):
         """PDF -> page items, checked against every cap but not rendered yet: pages are rendered and tiled one at a
-        time once the token budget has fixed each page's tile cap (`_page_tiles`)."""
+        time once the token budget has fixed each page's tile cap (`_page_tiles`). `max_pages` (a request option,
+        vl/options.py) lowers the processor's page cap for this request only, never raises it."""
+        limits = self.limits
+        if max_pages is not None and max_pages < limits.max_pdf_pages:
+            limits = replace(limits, max_pdf_pages=max_pages)
+
         def load(source):
-            doc = open_pdf_pages(self._check_source(source), pages=page_range, scale=scale, limits=self.limits,
+            doc = open_pdf_pages(self._check_source(source), pages=page_range, scale=scale, limits=limits,
                                  isolate=self.isolate)
             return [PdfPage(doc, k) for k in range(len(doc.page_numbers))]
         return load
@@ -153,16 +159,16 @@ class Processor:
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
                  max_num_tiles: int | None = None, fps: float = 2.0, max_frames: int = 128,
                  pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
-                 reserved_tokens: int = 1024, skip_blank_tiles: bool = False) -> ProcessedInputs:
+                 reserved_tokens: int = 1024, skip_blank_tiles: bool = False,
+                 max_pages: int | None = None) -> ProcessedInputs:
         cfg = self.config
-        max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else max_num_tiles
-        if not 1 <= max_num_tiles <= 40:
-            raise InputError(f"max_num_tiles={max_num_tiles}: expected 1..40 (the models were trained with <= 12)")
+        # the option's one range (vl/options.py); the checkpoint's own default is taken as it is
+        max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else spec("max_num_tiles").check(max_num_tiles)
         for kind, count in _count_media_parts(messages).items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt,
-                                    pdf_pages=self._pdf_pages(pdf_scale, pages), tokens=self.tokens)
+                                    pdf_pages=self._pdf_pages(pdf_scale, pages, max_pages), tokens=self.tokens)
         images = [m for m in prompt.media if m.kind == "image"]
         videos = [m for m in prompt.media if m.kind == "video"]
         documents = {id(m.document) for m in images if m.document is not None}

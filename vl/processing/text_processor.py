@@ -12,13 +12,14 @@ from collections.abc import Mapping
 import torch
 
 from vl.errors import InputError
+from vl.options import PROCESSOR, names
 from vl.processing import chat
 from vl.processing.processor import ProcessedInputs, tokenizer_stop_ids
 
-# Processor options that only concern media; accepted (the engine and the UI pass them to every processor)
-# and without effect here, since a text-only prompt has no media to tile, sample or render.
-MEDIA_OPTIONS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
-                 "skip_blank_tiles")
+# The request options that act in the processor (vl/options.py) only concern media; accepted (the engine and the
+# UI pass them to every processor) and without effect here, since a text-only prompt has no media to tile, sample
+# or render.
+MEDIA_OPTIONS = names(acts=PROCESSOR)
 
 
 class NoVisionError(InputError):

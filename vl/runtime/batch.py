@@ -19,11 +19,12 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from vl.errors import GenerationOptionError, StoppedError, VLError
+from vl.options import RequestOptions
 from vl.processing.chat import ThinkSplitter, split_reasoning
 from vl.processing.progress import Work
 from vl.runtime.detokenize import IncrementalDecoder
@@ -32,10 +33,6 @@ from vl.runtime.generate import check_lengths, left_pad_embeds
 from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.results import ChatResult, Event, Stats
 from vl.runtime.sampling import SamplingParams
-
-PROCESSOR_KEYS = ("max_num_tiles", "fps", "max_frames", "pages", "pdf_scale", "context_length", "reserved_tokens",
-                  "add_generation_prompt", "skip_blank_tiles")
-
 
 @dataclass
 class Tokenized:
@@ -47,37 +44,39 @@ class Tokenized:
     opened_think: bool  # the completion starts inside <think> (vl.processing.chat.opens_think)
 
 
-@dataclass
 class ChatRequest:
-    """One conversation and the options that belong to it alone (sampling and stop ids are shared by the batch)."""
+    """One conversation with the options that belong to it alone (sampling and stop ids are shared by the
+    batch): its prompt (chat messages, or a `Tokenized` prompt), its `RequestOptions` (vl/options.py, checked
+    when built), stop strings, a cancel flag (a client that went away), a deadline, a progress callback and a
+    per-token callback. Option keywords (`max_new_tokens=5`, `video_pruning_rate=0.5`, ...) are read over
+    `options`."""
 
-    messages: list | Tokenized
-    max_new_tokens: int = 256
-    thinking: bool | None = None
-    reasoning_budget: int | None = None
-    stop: list[str] = field(default_factory=list)
-    video_pruning_rate: float | None = None
-    token_pruning_rate: float = 0.0
-    cancel: threading.Event | None = None
-    timeout_s: float | None = None  # from the start of its work (prepare included)
-    processor: dict = field(default_factory=dict)  # PROCESSOR_KEYS
-    progress: Callable[[str, int, int], None] | None = None  # (what, done, total) while media are read
-    on_token: Callable[[int], None] | None = None  # each generated id as it comes, the stop id included
+    def __init__(self, messages: list | Tokenized, options: RequestOptions | None = None, *, stop=(),
+                 cancel: threading.Event | None = None, timeout_s: float | None = None,
+                 progress: Callable[[str, int, int], None] | None = None,
+                 on_token: Callable[[int], None] | None = None, **option_kwargs):
+        self.messages = messages
+        self.options = RequestOptions.from_kwargs(options, **option_kwargs) if option_kwargs else (
+            options or RequestOptions())
+        self.stop = list(stop or [])
+        self.cancel = cancel
+        self.timeout_s = timeout_s  # from the start of its work (prepare included)
+        self.progress = progress  # (what, done, total) while media are read
+        self.on_token = on_token  # each generated id as it comes, the stop id included
+        if timeout_s is not None and not timeout_s > 0:
+            raise GenerationOptionError(f"timeout_s must be > 0 seconds, found {timeout_s!r}")
 
-    def validate(self) -> "ChatRequest":
-        unknown = sorted(set(self.processor) - set(PROCESSOR_KEYS))
-        if unknown:
-            raise GenerationOptionError(f"unknown option(s) {unknown}; sampling: temperature, top_p, top_k, "
-                                        f"repetition_penalty, seed; processing: {', '.join(PROCESSOR_KEYS)}")
-        budget = self.reasoning_budget
-        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
-            raise GenerationOptionError(f"reasoning_budget must be an int >= 0, found {budget!r}")
-        n = self.max_new_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise GenerationOptionError(f"max_new_tokens must be a positive integer, found {n!r}")
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise GenerationOptionError(f"timeout_s must be > 0 seconds, found {self.timeout_s!r}")
-        return self
+    @property
+    def max_new_tokens(self) -> int:
+        return self.options.max_new_tokens
+
+    @property
+    def thinking(self) -> bool | None:
+        return self.options.thinking
+
+    @property
+    def reasoning_budget(self) -> int | None:
+        return self.options.reasoning_budget
 
 
 class _Row:
@@ -152,8 +151,6 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
     `len(requests)` in the order given, prefilled, and decode alongside the others from the next step
     (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once. `stop_ids`: the
     ids that end a row (default: the engine's)."""
-    for r in requests:
-        r.validate()
     with engine._lock:
         t0 = time.perf_counter()
         if torch.cuda.is_available():
@@ -172,7 +169,6 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
                                     decode=engine.decode)
             if more is not None and batch.elastic and rows:
                 for req in more(len(rows) + len(waiting)):
-                    req.validate()
                     row = yield from _prepare(engine, count, req, time.perf_counter(), False)
                     count += 1
                     if row is not None:
@@ -191,10 +187,7 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
 def _prepare(engine, i: int, req: ChatRequest, t0: float, raise_errors: bool):
     """-> a `_Row` ready to join, or None after yielding `(i, VLError)`."""
     try:
-        embeds, inputs, stats = engine.prepare(req.messages, thinking=req.thinking,
-                                               video_pruning_rate=req.video_pruning_rate,
-                                               token_pruning_rate=req.token_pruning_rate,
-                                               work=Work(req.cancel, req.progress), **req.processor)
+        embeds, inputs, stats = engine.prepare(req.messages, req.options, work=Work(req.cancel, req.progress))
         check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
     except StoppedError:  # stopped before the first token: nothing was generated
         stats = Stats(total_s=time.perf_counter() - t0, notes=["stopped before the answer began"])

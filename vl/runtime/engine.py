@@ -19,7 +19,8 @@ from vl.directory import resolve_dir
 from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
-from vl.runtime.batch import PROCESSOR_KEYS, ChatRequest, Tokenized, run_batch
+from vl.options import RequestOptions, canonical, spec
+from vl.runtime.batch import ChatRequest, Tokenized, run_batch
 from vl.runtime.generate import decode_step, generate_ids
 from vl.runtime.placement import execution_device
 from vl.runtime.pretrained import load_pretrained
@@ -48,6 +49,7 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, quant_mode=None,
                         decode: str = "auto", **processor_kwargs):
+        video_pruning_rate = spec("video_pruning_rate").check(video_pruning_rate)  # the request option's range
         model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
@@ -68,44 +70,47 @@ class Engine:
     def _dtype(self):
         return self.lm.backbone.embeddings.weight.dtype
 
-    def prepare(self, messages, *, thinking=None, video_pruning_rate=None, token_pruning_rate: float = 0.0,
-                stats: Stats | None = None, work: Work | None = None, **proc):
+    def prepare(self, messages, options: RequestOptions | None = None, *, stats: Stats | None = None,
+                work: Work | None = None):
         """messages -> (inputs_embeds (1, t, d), ProcessedInputs, Stats) with vision merged and reduced; a
         `Tokenized` prompt (already processed: the transformers pipeline's) skips the processor and comes back as
         the inputs.
 
-        `work`: the request's stop event and progress callback, current while media are read and encoded
-        (vl/processing/progress.py); a stop there raises `StoppedError`."""
+        `options`: the request's media and reduction options (vl/options.py). `work`: the request's stop event
+        and progress callback, current while media are read and encoded (vl/processing/progress.py); a stop
+        there raises `StoppedError`."""
+        options = options or RequestOptions()
         stats = stats or Stats()
+        proc = options.processor_kwargs()
         proc.setdefault("context_length", self.context_length)
         with work or Work():
             if isinstance(messages, Tokenized):
                 inputs = messages
             else:
-                inputs = self.processor(messages, thinking=thinking, **proc)
+                inputs = self.processor(messages, thinking=options.thinking, **proc)
                 stats.notes += inputs.notes
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
-                                  video_pruning_rate, token_pruning_rate, self._vision_cache, stats)
+                                  options.video_pruning_rate, options.token_pruning_rate, self._vision_cache, stats)
         skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
         if skipped:  # blank tiles never reached the encoder; "before" counts them, so before -> after shows both
             stats.vision_tokens_before += skipped * self.processor.config.tokens_per_tile
         return embeds, inputs, stats
 
     # --- chat ----------------------------------------------------------------------------------------
-    def chat(self, messages, *, max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None, thinking=None,
-             reasoning_budget: int | None = None, stop: list[str] | None = None, stream: bool = False,
-             video_pruning_rate: float | None = None, token_pruning_rate: float = 0.0,
-             cancel: threading.Event | None = None, timeout_s: float | None = None, progress=None,
-             **processor_kwargs):
-        """`cancel`: set it to stop the request at the next safe point (a page, a tile, a token): the result's
-        `finish_reason` is then "cancelled". `progress(what, done, total)`: called while media are read and
-        encoded (total 0 = unknown), so that long documents and videos can show "page 3/30"."""
+    def chat(self, messages, options: RequestOptions | None = None, *, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,
+             stop: list[str] | None = None, stream: bool = False, cancel: threading.Event | None = None,
+             timeout_s: float | None = None, progress=None, **option_kwargs):
+        """One conversation. Its options are a `RequestOptions` (vl/options.py) and/or their keywords
+        (`max_new_tokens=`, `thinking=`, `max_num_tiles=`, `video_pruning_rate=`, ...: any option by its name or
+        a declared alias, read over `options`). `cancel`: set it to stop the request at the next safe point (a
+        page, a tile, a token): the result's `finish_reason` is then "cancelled". `progress(what, done, total)`:
+        called while media are read and encoded (total 0 = unknown), so that long documents and videos can
+        show "page 3/30"."""
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                 repetition_penalty=repetition_penalty, seed=seed)
-        request = ChatRequest(messages, max_new_tokens, thinking, reasoning_budget, list(stop or []),
-                              video_pruning_rate, token_pruning_rate, cancel, timeout_s, processor_kwargs,
-                              progress=progress).validate()
+        request = ChatRequest(messages, options, stop=stop, cancel=cancel, timeout_s=timeout_s, progress=progress,
+                              **option_kwargs)
         s = ChatStream(self._chat_events(request, params))
         if stream:
             return s
@@ -122,18 +127,19 @@ class Engine:
                 result = item
         return result
 
-    def chat_batch(self, conversations, **kwargs) -> list[ChatResult]:
-        """Several conversations at once (left-padded); results equal running them one by one."""
+    def chat_batch(self, conversations, options: RequestOptions | None = None, **kwargs) -> list[ChatResult]:
+        """Several conversations at once (left-padded), with the same options; results equal running them one
+        by one. Keywords: sampling (`temperature`, ...), `stop`, `cancel`, `timeout_s`, and option keywords."""
         kwargs = dict(kwargs)
         if kwargs.pop("stream", False):
             raise GenerationOptionError("chat_batch does not stream; call chat(stream=True) per conversation, "
                                         "or stream_batch()")
-        shared = {k: kwargs.pop(k) for k in ("max_new_tokens", "thinking", "reasoning_budget", "video_pruning_rate",
-                                             "token_pruning_rate", "cancel", "timeout_s") if k in kwargs}
+        shared = {k: kwargs.pop(k) for k in ("cancel", "timeout_s") if k in kwargs}
         stop = list(kwargs.pop("stop", None) or [])
-        proc = {k: kwargs.pop(k) for k in list(kwargs) if k in PROCESSOR_KEYS}
+        option_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if canonical(k) is not None}
+        options = RequestOptions.from_kwargs(options, **option_kwargs)
         params = SamplingParams.from_kwargs(**kwargs)
-        requests = [ChatRequest(m, stop=list(stop), processor=dict(proc), **shared) for m in conversations]
+        requests = [ChatRequest(m, options, stop=list(stop), **shared) for m in conversations]
         results: list = [None] * len(requests)
         for i, item in self.stream_batch(requests, params, raise_errors=True):
             if isinstance(item, ChatResult):

@@ -1,12 +1,13 @@
 """An OpenAI `/v1/chat/completions` body -> our messages, a `ChatRequest` and `SamplingParams`.
 
 Follows OpenAI's Chat Completions request schema, vLLM's extensions for Nemotron Nano V2 VL
-(`video_url` parts, `mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`, `video_pruning_rate`,
-`chat_template_kwargs.enable_thinking`, `top_k`, `repetition_penalty`) and ours (`token_pruning_rate`,
-`skip_blank_tiles`, `reasoning_budget`). Every knob that scales work is checked against a server ceiling
-before anything is decoded (docs/server.md, "Security"). A field that would change the answer in a way we do
-not implement (`n` > 1, penalties, logprobs, tools, structured output) is refused, never silently dropped;
-bookkeeping fields (`user`, `metadata`, `store`, ...) are accepted and ignored.
+(`video_url` parts, `top_k`, `repetition_penalty`) and the per-request options where `RequestOptions` declares
+them (vl/options.py: `mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`/`pages`, `video_pruning_rate`,
+`chat_template_kwargs.enable_thinking`, and ours: `token_pruning_rate`, `skip_blank_tiles`, `reasoning_budget`).
+Every knob that scales work is checked against a server ceiling before anything is decoded (docs/server.md,
+"Security"). A field that would change the answer in a way we do not implement (`n` > 1, penalties, logprobs,
+tools, structured output) is refused, never silently dropped; bookkeeping fields (`user`, `metadata`, `store`,
+...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from vl.errors import GenerationOptionError, InputError, ModelNotFoundError
+from vl.options import RequestOptions, spec
 from vl.runtime.batch import ChatRequest
 from vl.runtime.sampling import SamplingParams
 from vl.server.media import MediaPolicy, resolve
@@ -22,7 +24,6 @@ from vl.server.media import MediaPolicy, resolve
 IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "logit_bias",
                   "prompt_cache_key", "safety_identifier", "modalities", "reasoning_effort", "messages", "model"}
 _ZERO_OK = {"frequency_penalty", "presence_penalty"}  # accepted when 0 (their OpenAI default)
-_MM_KEYS = ("max_num_tiles", "fps", "max_frames", "pages")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class ParsedRequest:
     model: str
 
 
-def _num(body, key, kind, lo=None, hi=None, default=None, hi_open=False):
+def _num(body, key, kind, lo=None, hi=None, default=None):
+    """A sampling field (the request options are checked by `RequestOptions`)."""
     value = body.get(key, default)
     if value is None:
         return default
@@ -55,9 +57,8 @@ def _num(body, key, kind, lo=None, hi=None, default=None, hi_open=False):
         isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
     if not ok_type:
         raise GenerationOptionError(f"{key} must be {'an integer' if kind is int else 'a number'}, found {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and (value >= hi if hi_open else value > hi)):
-        rng = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]"
-        raise GenerationOptionError(f"{key}={value!r} is out of range: expected {rng}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise GenerationOptionError(f"{key}={value!r} is out of range: expected [{lo}, {hi}]")
     return kind(value)
 
 
@@ -72,10 +73,8 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
     _refuse_unsupported(body)
     if body.get("n") not in (None, 1):
         raise GenerationOptionError(f"n={body.get('n')!r}: this server returns one choice per request (n=1)")
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens"):  # both, when both are sent
         _num(body, key, int, 1, ceilings.max_tokens)
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or min(default_max_tokens,
-                                                                                   ceilings.max_tokens)
     temperature = _num(body, "temperature", float, 0.0, 2.0, 1.0)  # OpenAI's default is 1
     top_p = _num(body, "top_p", float, 0.0, 1.0, 1.0)
     if top_p == 0:
@@ -95,21 +94,23 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
         raise InputError("stream_options must be an object like {\"include_usage\": true}")
-    thinking = _thinking(body)
-    processor = _mm_kwargs(body, ceilings)
-    if "skip_blank_tiles" in body:
-        if not isinstance(body["skip_blank_tiles"], bool):
-            raise GenerationOptionError("skip_blank_tiles must be true or false")
-        processor["skip_blank_tiles"] = body["skip_blank_tiles"]
-    reasoning_budget = _num(body, "reasoning_budget", int, 0, None, None)
-    chat = ChatRequest(
-        messages=convert_messages(body.get("messages"), policy), max_new_tokens=int(max_tokens), thinking=thinking,
-        reasoning_budget=reasoning_budget, stop=stop,
-        video_pruning_rate=_num(body, "video_pruning_rate", float, 0.0, 1.0, None, hi_open=True),
-        token_pruning_rate=_num(body, "token_pruning_rate", float, 0.0, 1.0, 0.0, hi_open=True),
-        timeout_s=ceilings.request_timeout_s, processor=processor).validate()
+    base = RequestOptions(max_new_tokens=min(default_max_tokens, ceilings.max_tokens),
+                          max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
+    options = RequestOptions.from_openai(body, base)
+    _check_ceilings(options, ceilings)
+    chat = ChatRequest(convert_messages(body.get("messages"), policy), options, stop=stop,
+                       timeout_s=ceilings.request_timeout_s)
     return ParsedRequest(chat, params, stream, bool(opts.get("include_usage", False)),
                          model if model is not None else served_names[0])
+
+
+def _check_ceilings(options: RequestOptions, ceilings: Ceilings) -> None:
+    """The deployment's caps on knobs that scale work, over the options' own ranges (vl/options.py)."""
+    for name, cap in (("max_new_tokens", ceilings.max_tokens), ("max_num_tiles", ceilings.max_num_tiles),
+                      ("max_frames", ceilings.max_frames), ("fps", ceilings.max_fps)):
+        value = getattr(options, name)
+        if value is not None and value > cap:
+            raise GenerationOptionError(f"{spec(name).openai}={value!r} is above this server's limit of {cap}")
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -123,46 +124,6 @@ def _refuse_unsupported(body: dict) -> None:
     fmt = body.get("response_format")
     if fmt not in (None, {"type": "text"}):
         raise GenerationOptionError("response_format other than {\"type\": \"text\"} is not supported")
-
-
-def _thinking(body: dict) -> bool | None:
-    """chat_template_kwargs.enable_thinking (vLLM users' spelling) or our `thinking`; None leaves it to the
-    /think and /no_think toggles in the messages (the model card's way) and then the default (on)."""
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise InputError("chat_template_kwargs must be an object")
-    unknown = sorted(set(kwargs) - {"enable_thinking"})
-    if unknown:
-        raise GenerationOptionError(f"chat_template_kwargs {unknown} are not supported; known: enable_thinking")
-    value = kwargs.get("enable_thinking", body.get("thinking"))
-    if value is not None and not isinstance(value, bool):
-        raise GenerationOptionError(f"enable_thinking must be true or false, found {value!r}")
-    return value
-
-
-def _mm_kwargs(body: dict, ceilings: Ceilings) -> dict:
-    mm = body.get("mm_processor_kwargs") or {}
-    if not isinstance(mm, dict):
-        raise InputError("mm_processor_kwargs must be an object")
-    unknown = sorted(set(mm) - set(_MM_KEYS))
-    if unknown:
-        raise GenerationOptionError(f"mm_processor_kwargs {unknown} are not supported; known: {', '.join(_MM_KEYS)}")
-    out = {}
-    if "max_num_tiles" in mm:
-        out["max_num_tiles"] = _num(mm, "max_num_tiles", int, 1, ceilings.max_num_tiles)
-    if "max_frames" in mm:
-        out["max_frames"] = _num(mm, "max_frames", int, 1, ceilings.max_frames)
-    else:
-        out["max_frames"] = ceilings.max_frames
-    if "fps" in mm:
-        out["fps"] = _num(mm, "fps", float, 0.0, ceilings.max_fps)
-        if out["fps"] <= 0:
-            raise GenerationOptionError("fps must be > 0")
-    if "pages" in mm:
-        if not isinstance(mm["pages"], str):
-            raise GenerationOptionError('pages must be a page range string such as "1-3,7"')
-        out["pages"] = mm["pages"]
-    return out
 
 
 # --- messages ------------------------------------------------------------------------------------------
