@@ -88,7 +88,9 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise ServerUnavailableError("the server is shutting down; retry against another replica")
-            if len(self._waiting) >= self.max_queue and not (self._running == 0 and not self._waiting):
+            # an idle engine takes the oldest waiting request as soon as its media are ready: it is not queued
+            queued = len(self._waiting) - (self._running == 0)
+            if queued >= self.max_queue:
                 self.refused += 1
                 raise QueueFullError(f"the queue is full ({len(self._waiting)} waiting, {self._running} running, "
                                      f"--max-queue {self.max_queue}); retry later")
@@ -101,6 +103,7 @@ class Scheduler:
         with self._cond:
             try:
                 self._waiting.remove(job)
+                self._cond.notify_all()  # room ahead for the preparers
             except ValueError:
                 pass
 
@@ -174,6 +177,7 @@ class Scheduler:
             first = next(j for j in self._waiting if self._ready_to_take(j))
             self._waiting.remove(first)  # it holds the engine from now on: it no longer waits
             self._running = 1
+            self._cond.notify_all()  # room ahead for the preparers
         key = batch_key(first.params)
         if key is not None and self.max_batch > 1 and self.batch_window_s > 0:
             time.sleep(self.batch_window_s)  # let requests sent together arrive together
