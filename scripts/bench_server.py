@@ -7,8 +7,16 @@ over --rounds rounds so that a busy machine affects both alike:
   * sequential: one client, one request after the other;
   * concurrent: --clients client threads at once, each with its share of the requests (the server batches
     what arrives together, vl/server/scheduler.py).
-Reports requests/s and completion tokens/s of each phase, their ratio, and p50/p95 request latency; the server
-joins requests that arrive while a batch decodes into it (continuous batching), and /health counts them.
+Reports requests/s and completion tokens/s of each phase, their ratio (overall and per round, with the
+median), p50/p95 request latency, and the CPU time the server (its threads and its media-decoding sandbox
+workers) and the client used per request: on a machine shared with other work the CPU per request is the
+steadier figure. The server joins requests that arrive while a batch decodes into it (continuous batching),
+and /health counts them.
+
+Fairness: both phases send the same questions; the warm-up sends every question once, so both start from the
+same state of the server's vision cache (with the default 64 questions, more media than that cache holds, so
+tiles are encoded as for new requests in both phases); the server runs with --threads 1 (default), and the
+client's own CPU use is reported so that it can be seen not to starve the server.
 
 Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 64] [--clients 8] [--rounds 2]
        [--max-tokens 64] [--max-batch 8] [--batch-window-ms MS] [--prepare-workers N] [--json out.json]

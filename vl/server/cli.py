@@ -29,8 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "folder's name)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; one more gets 429 (default 64)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
-    p.add_argument("--batch-window-ms", type=float, default=10.0, help="how long the idle server waits for "
-                   "requests sent together before it starts a batch (default 10)")
+    p.add_argument("--batch-window-ms", type=float, default=0.0, help="how long the idle server waits for "
+                   "requests sent together before it starts a batch (default 0: requests that arrive while a batch "
+                   "runs join it between steps anyway; docs/server.md)")
     p.add_argument("--prepare-workers", type=int, default=1, help="threads that decode and tile waiting requests' "
                    "media while the engine decodes (default 1; 0: on the engine's thread)")
     p.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds from arrival to "

@@ -62,7 +62,7 @@ def batch_key(params: SamplingParams):
 
 
 class Scheduler:
-    def __init__(self, engine, *, max_batch: int = 8, max_queue: int = 64, batch_window_s: float = 0.01,
+    def __init__(self, engine, *, max_batch: int = 8, max_queue: int = 64, batch_window_s: float = 0.0,
                  prepare_workers: int = 1, lookahead: int | None = None):
         if max_batch < 1 or max_queue < 0 or prepare_workers < 0:
             raise ValueError(f"max_batch must be >= 1, max_queue >= 0 and prepare_workers >= 0, found {max_batch}, "
