@@ -144,3 +144,17 @@ def test_a_failing_process_hook_fails_its_request_alone(engine):
     assert isinstance(out[0], VLError)
     assert out[1].token_ids == engine.chat(good.messages, max_new_tokens=4).token_ids
     assert isinstance(out[1].stats, Stats)
+
+
+def test_items_over_the_group_cap_are_encoded_on_their_own(engine, monkeypatch):
+    import vl.runtime.vision_batch as vb
+
+    engine._vision_cache._items.clear()
+    inputs = [engine.process(msgs(image(c, (300, 120))))[0] for c in ("red", "blue", "green")]
+    n = int(inputs[0].pixel_values.shape[0])
+    monkeypatch.setattr(vb, "MAX_TILES", 2 * n)
+    group = GroupVision(engine, inputs)
+    assert len(group.fresh) == 2  # the third would pass the cap
+    for inp in inputs:
+        torch.testing.assert_close(group.get(inp.pixel_values, "image", lambda i=inp: engine.model.encode_tiles(
+            i.pixel_values)), engine.model.encode_tiles(inp.pixel_values), rtol=0, atol=0)

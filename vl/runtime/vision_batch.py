@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+MAX_TILES = 64  # tiles per grouped call: the group's pixels are copied into one tensor first (a video can have 100+ frames)
+
 
 class GroupVision:
     def __init__(self, engine, inputs: list):
@@ -25,14 +27,15 @@ class GroupVision:
         model = engine.model
         if not hasattr(model, "encode_tiles"):
             return
-        keys, parts = [], []
+        keys, parts, total = [], [], 0
         for inp in inputs:
             for tiles, kind in _spans(inp):
                 key = self._key(tiles, kind)
-                if key in self.cache or key in keys:
-                    continue
+                if key in self.cache or key in keys or (parts and total + int(tiles.shape[0]) > MAX_TILES):
+                    continue  # cached, already in the group, or over the cap: encoded on its own when used
                 keys.append(key)
                 parts.append(tiles)
+                total += int(tiles.shape[0])
         if not parts:
             return
         out = model.encode_tiles(torch.cat(parts).to(engine._device(), engine._dtype()))
