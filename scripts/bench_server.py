@@ -7,11 +7,19 @@ over --rounds rounds so that a busy machine affects both alike:
   * sequential: one client, one request after the other;
   * concurrent: --clients client threads at once, each with its share of the requests (the server batches
     what arrives together, vl/server/scheduler.py).
-Reports requests/s and completion tokens/s of each phase, their ratio, and p50/p95 request latency; the server
-joins requests that arrive while a batch decodes into it (continuous batching), and /health counts them.
+Reports requests/s and completion tokens/s of each phase, their ratio (overall and per round, with the
+median), p50/p95 request latency, and the CPU time the server (its threads and its media-decoding sandbox
+workers) and the client used per request: on a machine shared with other work the CPU per request is the
+steadier figure. The server joins requests that arrive while a batch decodes into it (continuous batching),
+and /health counts them.
 
-Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 16] [--clients 8] [--rounds 2]
-       [--max-tokens 64] [--max-batch 8] [--batch-window-ms 10] [--json out.json]
+Fairness: both phases send the same questions; the warm-up sends every question once, so both start from the
+same state of the server's vision cache (with the default 64 questions, more media than that cache holds, so
+tiles are encoded as for new requests in both phases); the server runs with --threads 1 (default), and the
+client's own CPU use is reported so that it can be seen not to starve the server.
+
+Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 64] [--clients 8] [--rounds 2]
+       [--max-tokens 64] [--max-batch 8] [--batch-window-ms MS] [--prepare-workers N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -65,7 +73,26 @@ def ask(client: httpx.Client, base: str, q: dict, max_tokens: int, thinking: boo
     return time.perf_counter() - t0, r.json()["usage"]["completion_tokens"]
 
 
-def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bool) -> dict:
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, its threads and the sandbox workers it waited for
+    included (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of a process's live children (the server's media decode sandbox workers)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                total += cpu_s(int(child))
+            except OSError:
+                pass
+    return total
+
+
+def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bool, server_pid: int) -> dict:
     lat, toks, lock = [], [], threading.Lock()
     shares = [qs[i::clients] for i in range(clients)]
 
@@ -77,6 +104,7 @@ def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bo
                     lat.append(s)
                     toks.append(n)
 
+    server0, client0 = cpu_s(server_pid) + children_cpu_s(server_pid), time.process_time()
     t0 = time.perf_counter()
     threads = [threading.Thread(target=run, args=(s,)) for s in shares]
     for t in threads:
@@ -84,7 +112,9 @@ def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bo
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return {"clients": clients, "requests": len(lat), "wall_s": wall, "latencies_s": lat, "tokens": sum(toks)}
+    return {"clients": clients, "requests": len(lat), "wall_s": wall, "latencies_s": lat, "tokens": sum(toks),
+            "server_cpu_s": cpu_s(server_pid) + children_cpu_s(server_pid) - server0,
+            "client_cpu_s": time.process_time() - client0}
 
 
 def pct(values, q):
@@ -95,15 +125,19 @@ def pct(values, q):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(REPO / "vl" / "demo"))
-    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--requests", type=int, default=64, help="distinct questions per phase (default 64: 8 per "
+                   "client, and more media than the server's vision cache holds, so tiles are encoded as for new "
+                   "requests)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--thinking", choices=["on", "off"], default="on", help="reasoning on (the model's default: "
                    "longer answers) or off")
     p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--batch-window-ms", type=float, default=10.0, help="vl serve --batch-window-ms (its default "
-                   "10: an idle server waits that long for requests sent together)")
+    p.add_argument("--batch-window-ms", type=float, default=None, help="vl serve --batch-window-ms (default: "
+                   "the server's)")
+    p.add_argument("--prepare-workers", type=int, default=None, help="vl serve --prepare-workers (default: the "
+                   "server's)")
     p.add_argument("--threads", type=int, default=1, help="vl serve --threads (default 1: on a busy 2-core machine "
                    "two torch threads wait on each other, measured 60 ms against 2.5 ms per decode step)")
     p.add_argument("--json", default=None)
@@ -113,10 +147,11 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    extra = [] if args.batch_window_ms is None else ["--batch-window-ms", str(args.batch_window_ms)]
+    extra += [] if args.prepare_workers is None else ["--prepare-workers", str(args.prepare_workers)]
     server = subprocess.Popen([sys.executable, "-m", "vl.cli", "serve", "--model", args.model, "--port", str(port),
                                "--max-batch", str(args.max_batch), "--max-queue", str(4 * args.clients),
-                               "--batch-window-ms", str(args.batch_window_ms),
-                               "--threads", str(args.threads), "--log-level", "warning"], cwd=REPO, env=env)
+                               "--threads", str(args.threads), "--log-level", "warning", *extra], cwd=REPO, env=env)
     try:
         while True:
             try:
@@ -126,12 +161,16 @@ def main() -> int:
                 time.sleep(0.3)
             if server.poll() is not None:
                 raise SystemExit("vl serve exited")
-        phase(base, qs[:4], 4, args.max_tokens, args.thinking == "on")  # warm-up: first calls, allocator growth, each batch size once
-        phase(base, qs[:2], 1, args.max_tokens, args.thinking == "on")
+        on = args.thinking == "on"
+        # warm-up: first calls, allocator growth, every batch size, and every question once, so that both phases
+        # start from the same state of the server's vision cache
+        phase(base, qs, args.clients, args.max_tokens, on, server.pid)
+        phase(base, qs[:2], 1, args.max_tokens, on, server.pid)
+        load0 = os.getloadavg()
         seq, conc = [], []
         for _ in range(args.rounds):
-            seq.append(phase(base, qs, 1, args.max_tokens, args.thinking == "on"))
-            conc.append(phase(base, qs, args.clients, args.max_tokens, args.thinking == "on"))
+            seq.append(phase(base, qs, 1, args.max_tokens, on, server.pid))
+            conc.append(phase(base, qs, args.clients, args.max_tokens, on, server.pid))
         health = httpx.get(base + "/health").json()
     finally:
         server.terminate()
@@ -142,19 +181,28 @@ def main() -> int:
         lat = [x for r in runs for x in r["latencies_s"]]
         n, toks = sum(r["requests"] for r in runs), sum(r["tokens"] for r in runs)
         return {"requests_per_s": n / wall, "tokens_per_s": toks / wall, "p50_s": statistics.median(lat),
-                "p95_s": pct(lat, 95), "requests": n, "completion_tokens": toks, "wall_s": wall}
+                "p95_s": pct(lat, 95), "requests": n, "completion_tokens": toks, "wall_s": wall,
+                "server_cpu_ms_per_request": 1000 * sum(r["server_cpu_s"] for r in runs) / n,
+                "client_cpu_ms_per_request": 1000 * sum(r["client_cpu_s"] for r in runs) / n,
+                "requests_per_s_by_round": [r["requests"] / r["wall_s"] for r in runs]}
 
     s, c = summary(seq), summary(conc)
+    ratios = [b / a for a, b in zip(s["requests_per_s_by_round"], c["requests_per_s_by_round"])]
     result = {"sequential": s, "concurrent": c, "speedup_requests_per_s": c["requests_per_s"] / s["requests_per_s"],
+              "speedup_by_round": ratios, "speedup_median": statistics.median(ratios),
               "clients": args.clients, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
-              "thinking": args.thinking, "threads": args.threads,
-              "batch_window_ms": args.batch_window_ms, "batches": health.get("batches"),
-              "joined": health.get("joined"), "served": health.get("served"), "load_avg": os.getloadavg(),
-              "cpu_threads": os.cpu_count()}
+              "requests": args.requests, "rounds": args.rounds, "thinking": args.thinking, "threads": args.threads,
+              "batch_window_ms": args.batch_window_ms, "prepare_workers": args.prepare_workers,
+              "batches": health.get("batches"), "joined": health.get("joined"), "served": health.get("served"),
+              "load_avg_before": load0, "load_avg": os.getloadavg(), "cpu_threads": os.cpu_count()}
     print(f"one at a time : {s['requests_per_s']:.2f} req/s, {s['tokens_per_s']:.1f} tok/s, "
           f"p50 {s['p50_s']:.2f} s, p95 {s['p95_s']:.2f} s ({s['requests']} requests)")
     print(f"{args.clients} concurrent  : {c['requests_per_s']:.2f} req/s, {c['tokens_per_s']:.1f} tok/s, "
           f"p50 {c['p50_s']:.2f} s, p95 {c['p95_s']:.2f} s ({c['requests']} requests)")
+    print(f"server CPU per request: {s['server_cpu_ms_per_request']:.1f} ms one at a time, "
+          f"{c['server_cpu_ms_per_request']:.1f} ms concurrent; client CPU per request: "
+          f"{s['client_cpu_ms_per_request']:.1f} / {c['client_cpu_ms_per_request']:.1f} ms")
+    print("ratio by round: " + " ".join(f"{r:.2f}x" for r in ratios) + f" (median {result['speedup_median']:.2f}x)")
     print(f"throughput ratio (concurrent / one at a time): {result['speedup_requests_per_s']:.2f}x; "
           f"{health.get('batches')} batches and {health.get('joined')} joins for {health.get('served')} requests; "
           f"load average "

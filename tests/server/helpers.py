@@ -68,7 +68,8 @@ def in_process_server(engine, **config):
     from vl.server.app import ServerConfig, create_app
     from vl.server.scheduler import Scheduler
 
-    sched_kw = {k: config.pop(k) for k in ("max_batch", "max_queue", "batch_window_s") if k in config}
+    sched_kw = {k: config.pop(k) for k in ("max_batch", "max_queue", "batch_window_s", "prepare_workers")
+                if k in config}
     scheduler = Scheduler(engine, **sched_kw)
     app = create_app(engine, scheduler, ServerConfig(**config))
     port = free_port()

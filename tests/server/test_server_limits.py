@@ -190,7 +190,9 @@ def test_requests_arriving_during_a_batch_join_it(endless):
         answers, done_at = [None] * 3, [None] * 3
         with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()
-            chunks = [next(lines)]  # the long answer is decoding
+            chunks = []
+            while sum(x.startswith("data:") for x in chunks) < 2:  # the role chunk, then a token: it is decoding
+                chunks.append(next(lines))
 
             def one(i):
                 got = c.chat.completions.create(model="vl", messages=prompts[i], max_tokens=6, temperature=0,

@@ -33,6 +33,7 @@ from vl.runtime.generate import check_lengths, left_pad_embeds
 from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.results import ChatResult, Event, Stats
 from vl.runtime.sampling import SamplingParams
+from vl.runtime.vision_batch import GroupVision
 
 @dataclass
 class Tokenized:
@@ -141,7 +142,8 @@ class _Row:
 
 def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, raise_errors: bool = True,
               more: Callable[[int], list[ChatRequest]] | None = None,
-              stop_ids=None) -> Iterator[tuple[int, object]]:
+              stop_ids=None,
+              processed: Callable[[ChatRequest], Processed] | None = None) -> Iterator[tuple[int, object]]:
     """Yields `(i, Event)` while request i generates and `(i, ChatResult)` once it has ended; a request that
     cannot be prepared (bad media, too long) yields `(i, VLError)` when `raise_errors` is false, else the error
     is raised before any decoding. Holds the engine's lock throughout.
@@ -150,16 +152,24 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
     (`running`: how many requests are in it now; the caller keeps its own limit); they are numbered on from
     `len(requests)` in the order given, prefilled, and decode alongside the others from the next step
     (continuous batching, vl/runtime/decode_batch.py). Rows that end leave the batch at once. `stop_ids`: the
-    ids that end a row (default: the engine's)."""
+    ids that end a row (default: the engine's).
+
+    `processed(request)`, when given, returns the request's media already processed (`Engine.process`, run
+    off this thread by the caller: a server's preparation pool) or raises its error; then the requests that
+    join together are encoded in one vision-tower call (vl/runtime/vision_batch.py) as well as prefilled in
+    one call. Without it each request goes through `engine.prepare` on its own."""
     with engine._lock:
         t0 = time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         waiting: list[_Row] = []  # prepared, not yet in the batch (they did not fit in the context with it)
-        for i, req in enumerate(requests):
-            row = yield from _prepare(engine, i, req, t0, raise_errors)
-            if row is not None:
-                waiting.append(row)
+        if processed is None:
+            for i, req in enumerate(requests):
+                row = yield from _prepare(engine, i, req, t0, raise_errors)
+                if row is not None:
+                    waiting.append(row)
+        else:
+            waiting += yield from _prepare_group(engine, list(enumerate(requests)), processed, raise_errors)
         batch, rows, count = None, {}, len(requests)
         while waiting or rows:
             if batch is None or not batch.live():
@@ -168,7 +178,11 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
                                     prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
                                     decode=engine.decode)
             if more is not None and batch.elastic and rows:
-                for req in more(len(rows) + len(waiting)):
+                joining = more(len(rows) + len(waiting))
+                if processed is not None:
+                    waiting += yield from _prepare_group(engine, list(enumerate(joining, count)), processed, False)
+                    count += len(joining)
+                for req in joining if processed is None else ():
                     row = yield from _prepare(engine, count, req, time.perf_counter(), False)
                     count += 1
                     if row is not None:
@@ -199,6 +213,56 @@ def _prepare(engine, i: int, req: ChatRequest, t0: float, raise_errors: bool):
         yield i, e
         return None
     return _Row(i, req, embeds, inputs, stats, engine.tokenizer, t0)
+
+
+@dataclass
+class Processed:
+    """A request's media, processed before it reached the engine's thread (`Engine.process`)."""
+
+    inputs: object  # ProcessedInputs
+    stats: Stats
+    started: float  # time.perf_counter() when its work began: its statistics count from here
+
+
+def _prepare_group(engine, items: list[tuple[int, ChatRequest]], processed, raise_errors: bool):
+    """Requests whose media were processed elsewhere -> `_Row`s, their tiles encoded in one vision-tower call.
+    A request that failed (its processing, or its own merge) yields `(i, VLError)` alone; returns the rows."""
+    ready = []
+    for i, req in items:
+        t0 = time.perf_counter()
+        try:
+            got = processed(req)
+            ready.append((i, req, got))
+        except StoppedError:
+            yield i, ChatResult("", "", "", [], Stats(total_s=time.perf_counter() - t0,
+                                                      notes=["stopped before the answer began"]), "cancelled")
+        except VLError as e:
+            if raise_errors:
+                raise
+            yield i, e
+    vision = None
+    if len(ready) > 1:
+        try:
+            vision = GroupVision(engine, [got.inputs for _, _, got in ready])
+        except VLError:  # one request's tiles spoil the group's call: each is encoded on its own below
+            vision = None
+    rows = []
+    for i, req, got in ready:
+        try:
+            embeds = engine.embed(got.inputs, got.stats, req.options, work=Work(req.cancel, req.progress),
+                                  vision_cache=vision)
+            check_lengths(int(embeds.shape[1]), req.max_new_tokens, engine.context_length)
+        except StoppedError:
+            yield i, ChatResult("", "", "", [], Stats(total_s=time.perf_counter() - got.started,
+                                                      notes=["stopped before the answer began"]), "cancelled")
+            continue
+        except VLError as e:
+            if raise_errors:
+                raise
+            yield i, e
+            continue
+        rows.append(_Row(i, req, embeds, got.inputs, got.stats, engine.tokenizer, got.started))
+    return rows
 
 
 def _fitting(batch: DecodeBatch, waiting: list[_Row]) -> list[_Row]:

@@ -80,21 +80,40 @@ class Engine:
         and progress callback, current while media are read and encoded (vl/processing/progress.py); a stop
         there raises `StoppedError`."""
         options = options or RequestOptions()
+        work = work or Work()
+        inputs, stats = self.process(messages, options, stats=stats, work=work)
+        embeds = self.embed(inputs, stats, options, work=work)
+        return embeds, inputs, stats
+
+    def process(self, messages, options: RequestOptions | None = None, *, stats: Stats | None = None,
+                work: Work | None = None):
+        """The first half of `prepare`: messages -> (ProcessedInputs, Stats) (media decoded and tiled, prompt ids).
+        It calls no model, so a server may run it off the engine's thread (vl/server/scheduler.py)."""
+        options = options or RequestOptions()
         stats = stats or Stats()
+        if isinstance(messages, Tokenized):
+            return messages, stats
         proc = options.processor_kwargs()
         proc.setdefault("context_length", self.context_length)
         with work or Work():
-            if isinstance(messages, Tokenized):
-                inputs = messages
-            else:
-                inputs = self.processor(messages, thinking=options.thinking, **proc)
-                stats.notes += inputs.notes
+            inputs = self.processor(messages, thinking=options.thinking, **proc)
+        stats.notes += inputs.notes
+        return inputs, stats
+
+    def embed(self, inputs, stats: Stats, options: RequestOptions | None = None, *, work: Work | None = None,
+              vision_cache=None) -> torch.Tensor:
+        """The second half of `prepare`: vision tower, token reduction and the merge -> inputs_embeds (1, t, d).
+        `vision_cache`: where encoded tiles are looked up (default the engine's; vl/runtime/vision_batch.py
+        hands in the tiles of several requests encoded in one call)."""
+        options = options or RequestOptions()
+        with work or Work():
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
-                                  options.video_pruning_rate, options.token_pruning_rate, self._vision_cache, stats)
+                                  options.video_pruning_rate, options.token_pruning_rate,
+                                  self._vision_cache if vision_cache is None else vision_cache, stats)
         skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
         if skipped:  # blank tiles never reached the encoder; "before" counts them, so before -> after shows both
             stats.vision_tokens_before += skipped * self.processor.config.tokens_per_tile
-        return embeds, inputs, stats
+        return embeds
 
     # --- chat ----------------------------------------------------------------------------------------
     def chat(self, messages, options: RequestOptions | None = None, *, temperature: float = 0.0,
@@ -147,12 +166,13 @@ class Engine:
         return results
 
     def stream_batch(self, requests: list[ChatRequest], params: SamplingParams = SamplingParams(), *,
-                     raise_errors: bool = False, more=None):
+                     raise_errors: bool = False, more=None, processed=None):
         """Requests with their own options, decoded together (vl/runtime/batch.py): yields `(i, Event)`,
         `(i, ChatResult)` when request i ends, and `(i, VLError)` for a request that could not be prepared
         (unless `raise_errors`). `more(running)` hands over requests that join between decode steps
-        (continuous batching). The server's batches go through here."""
-        return run_batch(self, requests, params, raise_errors=raise_errors, more=more)
+        (continuous batching); `processed(request)` hands over media processed ahead (`process`). The
+        server's batches go through here."""
+        return run_batch(self, requests, params, raise_errors=raise_errors, more=more, processed=processed)
 
     # --- tokens --------------------------------------------------------------------------------------
     def generate_ids(self, input_ids, max_new_tokens: int = 32, temperature: float = 0.0, attention_mask=None,
@@ -212,15 +232,26 @@ class VisionCache:
         self.size = size
         self._items: OrderedDict[str, torch.Tensor] = OrderedDict()
 
-    def get(self, tiles: torch.Tensor, kind: str, encode, stats: Stats | None = None) -> torch.Tensor:
+    @staticmethod
+    def key(tiles: torch.Tensor, kind: str) -> str:
         data = tiles.detach().contiguous().cpu()  # any dtype (the pipeline hands bf16 tiles) and device: hash bytes
-        key = f"{hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest()}:{data.dtype}:{kind}"
+        return f"{hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest()}:{data.dtype}:{kind}"
+
+    def get(self, tiles: torch.Tensor, kind: str, encode, stats: Stats | None = None, key: str | None = None):
+        key = key or self.key(tiles, kind)
         if key in self._items:
             self._items.move_to_end(key)
             if stats is not None:
                 stats.vision_cache_hits += 1
             return self._items[key]
-        value = self._items[key] = encode()
+        return self.put(key, encode())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def put(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        self._items[key] = value
+        self._items.move_to_end(key)
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return value

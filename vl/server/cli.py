@@ -32,8 +32,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "folder's name)")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait; one more gets 429 (default 64)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
-    p.add_argument("--batch-window-ms", type=float, default=10.0, help="how long the idle server waits for "
-                   "requests sent together before it starts a batch (default 10)")
+    p.add_argument("--batch-window-ms", type=float, default=0.0, help="how long the idle server waits for "
+                   "requests sent together before it starts a batch (default 0: requests that arrive while a batch "
+                   "runs join it between steps anyway; docs/server.md)")
+    p.add_argument("--prepare-workers", type=int, default=1, help="threads that decode and tile waiting requests' "
+                   "media while the engine decodes (default 1; 0: on the engine's thread)")
     p.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds from arrival to "
                    f"the last token; past it: 504 (default {c.request_timeout_s:g})")
     p.add_argument("--max-tokens-limit", type=int, default=c.max_tokens, help="ceiling on max_tokens per request "
@@ -92,15 +95,16 @@ def build(args: argparse.Namespace):
                           default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,
                           model_info=info)
     scheduler = Scheduler(engine, max_batch=args.max_batch, max_queue=args.max_queue,
-                          batch_window_s=args.batch_window_ms / 1000)
+                          batch_window_s=args.batch_window_ms / 1000, prepare_workers=args.prepare_workers)
     return engine, scheduler, config, create_app(engine, scheduler, config)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.max_batch < 1 or args.max_queue < 0 or args.request_timeout <= 0 or args.max_tokens_limit < 1:
-        print("vl serve: --max-batch must be >= 1, --max-queue >= 0, --request-timeout > 0, --max-tokens-limit >= 1",
-              file=sys.stderr)
+    if (args.max_batch < 1 or args.max_queue < 0 or args.request_timeout <= 0 or args.max_tokens_limit < 1
+            or args.prepare_workers < 0):
+        print("vl serve: --max-batch must be >= 1, --max-queue >= 0, --request-timeout > 0, --max-tokens-limit >= 1, "
+              "--prepare-workers >= 0", file=sys.stderr)
         return 2
     import uvicorn
 
