@@ -123,8 +123,14 @@ class QuantizedLinear(nn.Module, abc.ABC):
         return ()
 
     @abc.abstractmethod
+    def dequantized_rows(self, r0: int, r1: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Output rows r0:r1 of the weight expanded to `dtype`, exactly as the checkpoint's packed values and
+        scales give them (r0 a multiple of DEQUANT_CHUNK_ROWS or 0, so a block-scaled row block is whole)."""
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight expanded to `dtype`, exactly as the checkpoint's packed values and scales give it."""
+        return _by_row_chunks(lambda r0, r1: self.dequantized_rows(r0, r1, dtype), self.out_features,
+                              self.in_features, dtype, self.weight.device)
 
     @abc.abstractmethod
     def _fake_quant_input(self, x):
@@ -157,9 +163,16 @@ class QuantizedLinear(nn.Module, abc.ABC):
                     if self.bias is not None:
                         y = y + self.bias.float()
                     return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        w = self.dequantized_weight(x.dtype)  # (out, in)
         b = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, w, b)
+        if self.out_features <= DEQUANT_CHUNK_ROWS:
+            return F.linear(x, self.dequantized_rows(0, self.out_features, x.dtype), b)
+        # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
+        # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
+        y = x.new_empty(*x.shape[:-1], self.out_features)
+        for r0 in range(0, self.out_features, DEQUANT_CHUNK_ROWS):
+            r1 = min(r0 + DEQUANT_CHUNK_ROWS, self.out_features)
+            y[..., r0:r1] = F.linear(x, self.dequantized_rows(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
+        return y
 
     def forward(self, x):  # (..., in) -> (..., out)
         if self.mode == "weight-only":
@@ -231,15 +244,13 @@ class FP8Linear(QuantizedLinear):
     def _default_shape(self, suffix, spec):
         return (spec.out_features, spec.in_features) if suffix == "weight" else ()
 
-    def dequantized_weight(self, dtype=torch.float32):
-        def rows(r0, r1):
-            s = self.weight_scale
-            if self.granularity == "channel":
-                s = s[r0:r1]
-            elif self.granularity == "block":
-                s = s[r0 // FP8_BLOCK:(r1 + FP8_BLOCK - 1) // FP8_BLOCK]
-            return dequantize_fp8(self.weight[r0:r1], s, dtype)
-        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+    def dequantized_rows(self, r0, r1, dtype=torch.float32):
+        s = self.weight_scale
+        if self.granularity == "channel":
+            s = s[r0:r1]
+        elif self.granularity == "block":
+            s = s[r0 // FP8_BLOCK:(r1 + FP8_BLOCK - 1) // FP8_BLOCK]
+        return dequantize_fp8(self.weight[r0:r1], s, dtype)
 
     def _fake_quant_input(self, x):
         return fake_quantize_fp8_activation(x, self.input_scale)
@@ -302,10 +313,8 @@ class NVFP4Linear(QuantizedLinear):
             return (spec.out_features, spec.in_features // 16)
         return ()
 
-    def dequantized_weight(self, dtype=torch.float32):
-        def rows(r0, r1):
-            return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
-        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+    def dequantized_rows(self, r0, r1, dtype=torch.float32):
+        return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
 
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
