@@ -203,3 +203,26 @@ def test_off_switch(monkeypatch):
     assert cpu_gemv.kernel() is None
     assert "VL_QUANT_KERNEL=off" in cpu_gemv.status()
 
+
+
+def test_a_layer_rebinds_its_kernel_call_when_its_tensors_change_in_place(kernels, monkeypatch):
+    """The bound kernel call (pointers, global scale, NaN check) is cached per layer; an in-place change of a
+    tensor (load_state_dict copies into the buffers) bumps its version, so the next call sees the new values."""
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
+    cpu_gemv._load.cache_clear()
+    sd = _one_linear_sd("nvfp4", 32, 64, False)
+    fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        fast["proj"](x)
+        fast["proj"].weight_scale_2.mul_(2.0)  # the global scale is bound as a float: must be re-read
+        want = cpu_gemv.nvfp4_gemv_ref(x, fast["proj"].weight, fast["proj"].weight_scale, fast["proj"].weight_scale_2,
+                                       False)
+        _close(fast["proj"](x), want)
+    sd8 = _one_linear_sd("fp8", 16, 32, False)
+    fp8 = _model(sd8, "weight-only", torch.float32, 16, 32, False)
+    with torch.no_grad():
+        fp8["proj"](torch.randn(1, 32))
+        fp8["proj"].weight.view(torch.uint8)[3, 5] = 0x7F  # a NaN code written after the first call
+        y = fp8["proj"](torch.randn(1, 32))
+    assert torch.isnan(y[0, 3]) and not torch.isnan(y[0, :3]).any()

@@ -146,8 +146,19 @@ class QuantizedLinear(nn.Module, abc.ABC):
         return False, f"native {self.fmt.upper()} GEMM is not implemented"
 
     # --- shared -----------------------------------------------------------------------------------
-    def _fused_gemv(self, x2, kern, round_bf16):  # -> (M, out) float32, or None when this layer cannot
+    def _fused_layer(self, kern):  # -> call(x2, round_bf16) -> (M, out) float32, or None when this layer cannot
         return None
+
+    def _fused_gemv(self, x2, kern, round_bf16):  # -> (M, out) float32, or None when this layer cannot
+        # the layer's kernel call is bound once per (kernel, tensors, tensor versions): decode calls every layer
+        # once per token, and re-deriving pointers, scales and checks each time cost more than a small layer's maths
+        bufs = tuple(b for b in self._buffers.values() if b is not None)
+        key = (kern,) + bufs + tuple(b._version for b in bufs)
+        cached = self.__dict__.get("_fused_cache")
+        if cached is None or len(cached[0]) != len(key) or any(a is not b for a, b in zip(cached[0], key)):
+            cached = self.__dict__["_fused_cache"] = (key, self._fused_layer(kern))
+        call = cached[1]
+        return None if call is None else call(x2, round_bf16)
 
     def _weight_only(self, x):
         if self.emulate_activations:
@@ -255,17 +266,12 @@ class FP8Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_fp8_activation(x, self.input_scale)
 
-    def _fused_gemv(self, x2, kern, round_bf16):
+    def _fused_layer(self, kern):
         w = self.weight
-        key = (w.data_ptr(), w.dtype, w.device)
-        if getattr(self, "_fused_key", None) != key:  # once per loaded weight: can the kernel decode it exactly?
-            self._fused_key = key
-            self._fused_ok = (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
-                              and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any()))  # NaN codes: reference
-        if not self._fused_ok:
+        if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
+                and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any())):  # NaN codes: the reference path
             return None
-        scale = self.weight_scale.float().contiguous()
-        return kern.fp8(x2, w, scale, self.granularity or "tensor", round_bf16)
+        return kern.fp8_layer(w, self.weight_scale.float().contiguous(), self.granularity or "tensor")
 
     def _native_ok(self, x):
         ok, why = native_fp8_support(x.device)
@@ -319,11 +325,11 @@ class NVFP4Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
 
-    def _fused_gemv(self, x2, kern, round_bf16):
+    def _fused_layer(self, kern):
         w, s = self.weight, self.weight_scale
         if not (w.device.type == "cpu" and w.is_contiguous() and s.is_contiguous() and self.in_features % 16 == 0):
             return None
-        return kern.nvfp4(x2, w, s, float(self.weight_scale_2), round_bf16)
+        return kern.nvfp4_layer(w, s, float(self.weight_scale_2))
 
 
 _MODULE_FOR = {"fp8": FP8Linear, "nvfp4": NVFP4Linear}
