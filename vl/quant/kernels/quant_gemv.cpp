@@ -10,7 +10,8 @@
 // The x256 is folded into the scale (a power of two: no extra rounding). NaN codes (0x7F/0xFF) are NOT
 // decoded here; the caller sends layers holding them to the reference path.
 // NVFP4: 16 E2M1 codes of one block index a 16-entry table (LUT value x block scale x global scale, computed
-// in float32 exactly as the reference does) with one permute.
+// in float32 exactly as the reference does) with one permute; with bf16 activations, one table of all 256 x 16
+// bf16 weight values per call, looked up four blocks at a time (nvfp4_rows_bf16).
 //
 // Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
 // the plain C++ path (table lookups) that any CPU runs.
@@ -55,13 +56,6 @@ static inline float bf16_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-static inline uint16_t bf16_bits(float f) {  // RNE to bfloat16 bits (finite inputs), as torch rounds
-  uint32_t u;
-  f = round_bf16(f);
-  std::memcpy(&u, &f, 4);
-  return (uint16_t)(u >> 16);
 }
 
 #ifdef VL_AVX512
