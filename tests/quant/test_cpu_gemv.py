@@ -67,7 +67,7 @@ def test_fp8_kernel_equals_reference_gemv(kernels, build, kind, shape, rows, act
 
 
 @pytest.mark.parametrize("build", ["native", "portable"])
-@pytest.mark.parametrize("shape", [(37, 208), (1, 16), (130, 48), (64, 1024)])
+@pytest.mark.parametrize("shape", [(37, 208), (1, 16), (130, 48), (64, 1024), (19, 96), (3, 176)])
 @pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("act", ["fp32", "bf16"])
 def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
@@ -80,6 +80,34 @@ def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
         x = x.bfloat16()
     got = k.nvfp4(x, packed, bs, float(gs), act == "bf16")
     _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16"))
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_tiny_scales_whose_weights_are_float32_subnormal(kernels, build, fmt, act):
+    """Scales so small that some weights are float32 subnormals: the vector bf16 conversion would flush them to
+    zero, so those table rows (NVFP4) or layers (FP8) take the exact scalar rounding; the result still equals
+    the reference's."""
+    k = _which(kernels, build)
+    n, kin = 40, 336  # 5 groups of 64 + a 16-column tail
+    x = torch.randn(2, kin)
+    if act == "bf16":
+        x = x.bfloat16()
+    if fmt == "fp8":
+        w8, _ = quantize_fp8_per_tensor(torch.randn(n, kin))
+        s = torch.tensor(2.0 ** -136)  # |w8| ~ 2^-6..448 times 2^-136: nearly all below 2^-126, subnormal
+        got = k.fp8(x, w8, s, "tensor", act == "bf16")
+        ref = cpu_gemv.fp8_gemv_ref(x, w8, s, act == "bf16")
+    else:
+        packed, bs, _ = quantize_nvfp4(torch.randn(n, kin))
+        gs = torch.tensor(2.0 ** -140)  # |E2M1| x block scale <= 6 x 448 ~ 2^11.4: nearly all below 2^-126
+        got = k.nvfp4(x, packed, bs, float(gs), act == "bf16")
+        ref = cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16")
+    assert ref.abs().max() > 0
+    # subnormal sums: accumulation-order noise is absolute (2^-149 per addition, 336 terms); weights flushed
+    # to zero would lose most of each sum
+    assert float((got.double() - ref.double()).abs().max()) <= 2e-6 * float(ref.abs().max()) + 336 * 2.0 ** -149
 
 
 def _one_linear_sd(fmt, n, kin, bias, kind="tensor"):
@@ -175,3 +203,26 @@ def test_off_switch(monkeypatch):
     assert cpu_gemv.kernel() is None
     assert "VL_QUANT_KERNEL=off" in cpu_gemv.status()
 
+
+
+def test_a_layer_rebinds_its_kernel_call_when_its_tensors_change_in_place(kernels, monkeypatch):
+    """The bound kernel call (pointers, global scale, NaN check) is cached per layer; an in-place change of a
+    tensor (load_state_dict copies into the buffers) bumps its version, so the next call sees the new values."""
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
+    cpu_gemv._load.cache_clear()
+    sd = _one_linear_sd("nvfp4", 32, 64, False)
+    fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        fast["proj"](x)
+        fast["proj"].weight_scale_2.mul_(2.0)  # the global scale is bound as a float: must be re-read
+        want = cpu_gemv.nvfp4_gemv_ref(x, fast["proj"].weight, fast["proj"].weight_scale, fast["proj"].weight_scale_2,
+                                       False)
+        _close(fast["proj"](x), want)
+    sd8 = _one_linear_sd("fp8", 16, 32, False)
+    fp8 = _model(sd8, "weight-only", torch.float32, 16, 32, False)
+    with torch.no_grad():
+        fp8["proj"](torch.randn(1, 32))
+        fp8["proj"].weight.view(torch.uint8)[3, 5] = 0x7F  # a NaN code written after the first call
+        y = fp8["proj"](torch.randn(1, 32))
+    assert torch.isnan(y[0, 3]) and not torch.isnan(y[0, :3]).any()

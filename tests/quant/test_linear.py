@@ -267,3 +267,26 @@ def test_model_to_dtype_keeps_quantized_tensors_and_scales(algo):
     assert lin.bias.dtype == torch.bfloat16  # ordinary parameters still follow the requested dtype
     y16 = run(m, x.to(torch.bfloat16))
     assert torch.allclose(y16.float(), y32, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("algo", ["NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_chunked_prefill_equals_the_dequantize_mode(algo, bias, monkeypatch):
+    """Many-row inputs of a layer taller than DEQUANT_CHUNK_ROWS run one weight row block at a time into its
+    output slice (bounded memory at 12B size): the result is the dequantize mode's, to float32 ordering."""
+    import vl.quant.linear as ql
+
+    src = nn.Sequential(nn.Linear(128, 384, bias=bias))
+    sd, _ = export_quantized(src, algo, {"0": 1.0}, exclude_lm_head=False)
+    fast, ref = nn.Sequential(nn.Linear(128, 384, bias=bias)), nn.Sequential(nn.Linear(128, 384, bias=bias))
+    swap_quantized_linears(fast, sd, "weight-only", compute_dtype=torch.float32)
+    swap_quantized_linears(ref, sd, "dequantize", compute_dtype=torch.float32)
+    monkeypatch.setattr(ql, "DEQUANT_CHUNK_ROWS", 128)  # 3 row blocks
+    calls = []
+    orig = type(fast[0]).dequantized_rows
+    monkeypatch.setattr(type(fast[0]), "dequantized_rows", lambda self, *a: calls.append(a[:2]) or orig(self, *a))
+    x = torch.randn(2, 40, 128)  # 80 rows: above the decode kernel's row limit
+    with torch.no_grad():
+        got, want = fast(x), ref(x)
+    assert calls == [(0, 128), (128, 256), (256, 384)]
+    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -209,3 +209,16 @@ def test_c10_sharded_vl_missing_or_truncated_shard_is_named(saved_vl, tmp_path):
     (dst / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="must be a plain file name"):
         vl.load_pretrained(dst)
+
+
+def test_nan_scan_finds_a_nan_past_its_first_piece(monkeypatch):
+    """The scan checks large tensors piece by piece (bounded temporaries at 12B size); a NaN in any piece,
+    the last partial one included, is found and named."""
+    from vl.checkpoint import files
+
+    monkeypatch.setattr(files, "SCAN_CHUNK", 4)
+    t = torch.zeros(3, 5, dtype=torch.bfloat16)  # 15 elements: pieces of 4, 4, 4, 3
+    files.scan_non_finite({"ok": t.clone()})
+    t.view(-1)[13] = float("inf")
+    with pytest.raises(CheckpointError, match="'w' contains NaN or Inf"):
+        files.scan_non_finite({"w": t})

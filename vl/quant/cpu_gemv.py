@@ -121,21 +121,47 @@ class Kernel:
     def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
         """x (M, K) contiguous (float32, or bfloat16 with round_bf16), w8 (N, K) float8_e4m3fn, scale float32
         contiguous -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
-        return self._packed(x, w8.shape[0], round_bf16, lambda xr, rows, k, x_bf16, yr, threads: self.lib.vl_fp8_gemv(
-            xr, rows, k, w8.data_ptr(), w8.shape[0], scale.data_ptr(), SCALE_KIND[kind], int(round_bf16), x_bf16,
-            yr, threads))
+        return self.fp8_layer(w8, scale, kind)(x, round_bf16)
 
-    def _packed(self, x: torch.Tensor, n: int, round_bf16: bool, call) -> torch.Tensor:
+    def nvfp4(self, x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
+              round_bf16: bool):
+        """x (M, K) contiguous (float32, or bfloat16 with round_bf16), packed (N, K/2) uint8, block_scale (N, K/16)
+        e4m3 -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
+        return self.nvfp4_layer(packed, block_scale, global_scale)(x, round_bf16)
+
+    def fp8_layer(self, w8: torch.Tensor, scale: torch.Tensor, kind: str):
+        """`fp8` with the layer's pointers bound once: -> call(x, round_bf16). The caller keeps the tensors alive
+        and unchanged while it uses the call (QuantizedLinear re-binds when a tensor or its version changes)."""
+        f, wp, n, sp, kd = self.lib.vl_fp8_gemv, w8.data_ptr(), w8.shape[0], scale.data_ptr(), SCALE_KIND[kind]
+        return self._packed(n, (w8, scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
+            xr, rows, k, wp, n, sp, kd, r16, x_bf16, yr, threads))
+
+    def nvfp4_layer(self, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float):
+        """`nvfp4` with the layer's pointers bound once: -> call(x, round_bf16) (as `fp8_layer`)."""
+        f, wp, bp, gs, n = (self.lib.vl_nvfp4_gemv, packed.data_ptr(), block_scale.data_ptr(), float(global_scale),
+                            packed.shape[0])
+        return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
+            xr, rows, k, wp, bp, gs, n, r16, x_bf16, yr, threads))
+
+    def _packed(self, n: int, tensors: tuple, call):
         """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds
-        weights to bf16 and has a bf16 dot product, else float32), KERNEL_ROWS rows per call."""
-        m, k = x.shape
-        x_bf16 = round_bf16 and self.bf16_dot
-        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
-        y = torch.empty(m, n, dtype=torch.float32)
-        threads = torch.get_num_threads()
-        for r in range(0, m, KERNEL_ROWS):
-            call(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, int(x_bf16), y[r].data_ptr(), threads)
-        return y
+        weights to bf16 and has a bf16 dot product, else float32), KERNEL_ROWS rows per kernel call. `tensors`:
+        what the bound pointers point into, kept alive by the returned call."""
+        bf16_dot = self.bf16_dot
+
+        def run(x: torch.Tensor, round_bf16: bool, _keep=tensors) -> torch.Tensor:
+            m, k = x.shape
+            x_bf16 = round_bf16 and bf16_dot
+            x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+            y = torch.empty(m, n, dtype=torch.float32)
+            threads = torch.get_num_threads()
+            if m <= KERNEL_ROWS:
+                call(x.data_ptr(), m, k, int(x_bf16), int(round_bf16), y.data_ptr(), threads)
+                return y
+            for r in range(0, m, KERNEL_ROWS):
+                call(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, int(x_bf16), int(round_bf16), y[r].data_ptr(), threads)
+            return y
+        return run
 
     def dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (M, K), w (N, K), both bf16 or both float32, contiguous -> (M, N) float32 (float32 accumulation)."""
@@ -147,15 +173,6 @@ class Kernel:
             self.lib.vl_dense_gemv(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, w.data_ptr(), n,
                                    int(w.dtype == torch.bfloat16), y[r].data_ptr(), threads)
         return y
-
-    def nvfp4(self, x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
-              round_bf16: bool):
-        """x (M, K) contiguous (float32, or bfloat16 with round_bf16), packed (N, K/2) uint8, block_scale (N, K/16)
-        e4m3 -> (M, N) float32. round_bf16: each weight rounded to bf16, as the bf16 reference's."""
-        n = packed.shape[0]
-        return self._packed(x, n, round_bf16, lambda xr, rows, k, x_bf16, yr, threads: self.lib.vl_nvfp4_gemv(
-            xr, rows, k, packed.data_ptr(), block_scale.data_ptr(), global_scale, n, int(round_bf16), x_bf16, yr,
-            threads))
 
 
 def _mode() -> str:

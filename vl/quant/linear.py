@@ -123,8 +123,14 @@ class QuantizedLinear(nn.Module, abc.ABC):
         return ()
 
     @abc.abstractmethod
+    def dequantized_rows(self, r0: int, r1: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Output rows r0:r1 of the weight expanded to `dtype`, exactly as the checkpoint's packed values and
+        scales give them (r0 a multiple of DEQUANT_CHUNK_ROWS or 0, so a block-scaled row block is whole)."""
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight expanded to `dtype`, exactly as the checkpoint's packed values and scales give it."""
+        return _by_row_chunks(lambda r0, r1: self.dequantized_rows(r0, r1, dtype), self.out_features,
+                              self.in_features, dtype, self.weight.device)
 
     @abc.abstractmethod
     def _fake_quant_input(self, x):
@@ -140,8 +146,19 @@ class QuantizedLinear(nn.Module, abc.ABC):
         return False, f"native {self.fmt.upper()} GEMM is not implemented"
 
     # --- shared -----------------------------------------------------------------------------------
-    def _fused_gemv(self, x2, kern, round_bf16):  # -> (M, out) float32, or None when this layer cannot
+    def _fused_layer(self, kern):  # -> call(x2, round_bf16) -> (M, out) float32, or None when this layer cannot
         return None
+
+    def _fused_gemv(self, x2, kern, round_bf16):  # -> (M, out) float32, or None when this layer cannot
+        # the layer's kernel call is bound once per (kernel, tensors, tensor versions): decode calls every layer
+        # once per token, and re-deriving pointers, scales and checks each time cost more than a small layer's maths
+        bufs = tuple(b for b in self._buffers.values() if b is not None)
+        key = (kern,) + bufs + tuple(b._version for b in bufs)
+        cached = self.__dict__.get("_fused_cache")
+        if cached is None or len(cached[0]) != len(key) or any(a is not b for a, b in zip(cached[0], key)):
+            cached = self.__dict__["_fused_cache"] = (key, self._fused_layer(kern))
+        call = cached[1]
+        return None if call is None else call(x2, round_bf16)
 
     def _weight_only(self, x):
         if self.emulate_activations:
@@ -157,9 +174,16 @@ class QuantizedLinear(nn.Module, abc.ABC):
                     if self.bias is not None:
                         y = y + self.bias.float()
                     return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-        w = self.dequantized_weight(x.dtype)  # (out, in)
         b = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, w, b)
+        if self.out_features <= DEQUANT_CHUNK_ROWS:
+            return F.linear(x, self.dequantized_rows(0, self.out_features, x.dtype), b)
+        # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
+        # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
+        y = x.new_empty(*x.shape[:-1], self.out_features)
+        for r0 in range(0, self.out_features, DEQUANT_CHUNK_ROWS):
+            r1 = min(r0 + DEQUANT_CHUNK_ROWS, self.out_features)
+            y[..., r0:r1] = F.linear(x, self.dequantized_rows(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
+        return y
 
     def forward(self, x):  # (..., in) -> (..., out)
         if self.mode == "weight-only":
@@ -231,30 +255,23 @@ class FP8Linear(QuantizedLinear):
     def _default_shape(self, suffix, spec):
         return (spec.out_features, spec.in_features) if suffix == "weight" else ()
 
-    def dequantized_weight(self, dtype=torch.float32):
-        def rows(r0, r1):
-            s = self.weight_scale
-            if self.granularity == "channel":
-                s = s[r0:r1]
-            elif self.granularity == "block":
-                s = s[r0 // FP8_BLOCK:(r1 + FP8_BLOCK - 1) // FP8_BLOCK]
-            return dequantize_fp8(self.weight[r0:r1], s, dtype)
-        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+    def dequantized_rows(self, r0, r1, dtype=torch.float32):
+        s = self.weight_scale
+        if self.granularity == "channel":
+            s = s[r0:r1]
+        elif self.granularity == "block":
+            s = s[r0 // FP8_BLOCK:(r1 + FP8_BLOCK - 1) // FP8_BLOCK]
+        return dequantize_fp8(self.weight[r0:r1], s, dtype)
 
     def _fake_quant_input(self, x):
         return fake_quantize_fp8_activation(x, self.input_scale)
 
-    def _fused_gemv(self, x2, kern, round_bf16):
+    def _fused_layer(self, kern):
         w = self.weight
-        key = (w.data_ptr(), w.dtype, w.device)
-        if getattr(self, "_fused_key", None) != key:  # once per loaded weight: can the kernel decode it exactly?
-            self._fused_key = key
-            self._fused_ok = (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
-                              and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any()))  # NaN codes: reference
-        if not self._fused_ok:
+        if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
+                and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any())):  # NaN codes: the reference path
             return None
-        scale = self.weight_scale.float().contiguous()
-        return kern.fp8(x2, w, scale, self.granularity or "tensor", round_bf16)
+        return kern.fp8_layer(w, self.weight_scale.float().contiguous(), self.granularity or "tensor")
 
     def _native_ok(self, x):
         ok, why = native_fp8_support(x.device)
@@ -302,19 +319,17 @@ class NVFP4Linear(QuantizedLinear):
             return (spec.out_features, spec.in_features // 16)
         return ()
 
-    def dequantized_weight(self, dtype=torch.float32):
-        def rows(r0, r1):
-            return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
-        return _by_row_chunks(rows, self.out_features, self.in_features, dtype, self.weight.device)
+    def dequantized_rows(self, r0, r1, dtype=torch.float32):
+        return dequantize_nvfp4(self.weight[r0:r1], self.weight_scale[r0:r1], self.weight_scale_2, dtype)
 
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
 
-    def _fused_gemv(self, x2, kern, round_bf16):
+    def _fused_layer(self, kern):
         w, s = self.weight, self.weight_scale
         if not (w.device.type == "cpu" and w.is_contiguous() and s.is_contiguous() and self.in_features % 16 == 0):
             return None
-        return kern.nvfp4(x2, w, s, float(self.weight_scale_2), round_bf16)
+        return kern.nvfp4_layer(w, s, float(self.weight_scale_2))
 
 
 _MODULE_FOR = {"fp8": FP8Linear, "nvfp4": NVFP4Linear}

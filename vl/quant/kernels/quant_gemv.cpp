@@ -10,11 +10,13 @@
 // The x256 is folded into the scale (a power of two: no extra rounding). NaN codes (0x7F/0xFF) are NOT
 // decoded here; the caller sends layers holding them to the reference path.
 // NVFP4: 16 E2M1 codes of one block index a 16-entry table (LUT value x block scale x global scale, computed
-// in float32 exactly as the reference does) with one permute.
+// in float32 exactly as the reference does) with one permute; with bf16 activations, one table of all 256 x 16
+// bf16 weight values per call, looked up four blocks at a time (nvfp4_rows_bf16).
 //
 // Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
 // the plain C++ path (table lookups) that any CPU runs.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <omp.h>
@@ -45,6 +47,13 @@ static inline float round_bf16(float f) {  // RNE to bfloat16, kept in a float (
   uint32_t u;
   std::memcpy(&u, &f, 4);
   u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
@@ -98,23 +107,36 @@ struct Table {
   __m512i lo0, lo1, hi0, hi1;
 };
 
-static inline void make_table(float s, Table& t) {  // entries m = bf16(FP8_LUT[m] * s), m = 0..127
-  alignas(64) uint16_t e[128];
-  for (int j = 0; j < 128; j += 32) {
-    __m512bh v = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + j + 16), _mm512_set1_ps(s)),
-                                     _mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + j), _mm512_set1_ps(s)));
-    _mm512_store_si512((__m512i*)(e + j), (__m512i)v);
-  }
-  alignas(64) uint8_t lo[128], hi[128];
-  for (int j = 0; j < 128; j += 32) {
-    __m512i v = _mm512_load_si512((const __m512i*)(e + j));
-    _mm256_store_si256((__m256i*)(lo + j), _mm512_cvtepi16_epi8(v));
-    _mm256_store_si256((__m256i*)(hi + j), _mm512_cvtepi16_epi8(_mm512_srli_epi16(v, 8)));
-  }
-  t.lo0 = _mm512_load_si512((const __m512i*)lo);
-  t.lo1 = _mm512_load_si512((const __m512i*)(lo + 64));
-  t.hi0 = _mm512_load_si512((const __m512i*)hi);
-  t.hi1 = _mm512_load_si512((const __m512i*)(hi + 64));
+static inline void make_table(float s, Table& t) {  // entries m = bf16(FP8_LUT[m] * s), m = 0..127, in registers
+  const __m512 sv = _mm512_set1_ps(s);
+  __m512i e[4];  // 32 bf16 entries each
+  for (int j = 0; j < 4; ++j)
+    e[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + 32 * j + 16), sv),
+                                        _mm512_mul_ps(_mm512_loadu_ps(FP8_LUT + 32 * j), sv));
+  auto lo = [](__m512i a, __m512i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)), _mm512_cvtepi16_epi8(b), 1);
+  };
+  auto hi = [](__m512i a, __m512i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 8))),
+                              _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 8)), 1);
+  };
+  t.lo0 = lo(e[0], e[1]);
+  t.lo1 = lo(e[2], e[3]);
+  t.hi0 = hi(e[0], e[1]);
+  t.hi1 = hi(e[2], e[3]);
+}
+
+// VCVTNE2PS2BF16 and VDPBF16PS treat float32 / bf16 subnormals as zero (DAZ / FTZ). A layer whose smallest
+// non-zero weight magnitude `least` could be subnormal (only with scales below ~1e-35, never seen in a real
+// checkpoint) takes the float32 path with bf16-rounded weights instead: the same weights, slower. Subnormal
+// activations or products (|term| < 2^-126) are still flushed by VDPBF16PS: an absolute difference far below
+// the float32 accumulation noise of any sum with a normal-sized term.
+static inline bool bf16_weights_normal(float least) { return !(std::fabs(least) < 1.1754944e-38f); }
+
+static float* bf16_rows_to_float(const uint16_t* x, int M, int K) {
+  float* out = new float[(size_t)M * K];
+  for (size_t i = 0; i < (size_t)M * K; ++i) out[i] = bf16_to_float(x[i]);
+  return out;
 }
 
 // x position of lane j of the two unpacked halves of a 64-byte block (see above)
@@ -122,13 +144,12 @@ static inline int unpack_pos(int j) { return j < 32 ? (j / 8) * 16 + j % 8 : ((j
 
 template <int M>
 static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const uint8_t* w, int N, const float* scale,
-                           int kind, float* y, int r0, int r1) {
+                           int kind, const Table* shared, float* y, int r0, int r1) {
   const int nkb = kind == 2 ? K / 128 : 1;
   const int span = kind == 2 ? 128 : K;
   const __m512i signbit = _mm512_set1_epi8((char)0x80);
   Table tab;
   Table* blk = nullptr;
-  if (kind == 0) make_table(scale[0], tab);
   if (kind == 2) {  // one table per 128 columns, shared by the (up to) 128 rows of this chunk
     blk = new Table[nkb];
     for (int kb = 0; kb < nkb; ++kb) make_table(scale[(size_t)(r0 / 128) * nkb + kb], blk[kb]);
@@ -137,88 +158,131 @@ static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const u
     const uint8_t* wr = w + (size_t)o * K;
     if (kind == 1) make_table(scale[o], tab);
     float tot[M];
-    __m512 acc[M][2];
-    for (int m = 0; m < M; ++m) { tot[m] = 0.f; acc[m][0] = acc[m][1] = _mm512_setzero_ps(); }
+    __m512 acc[M][4];
+    for (int m = 0; m < M; ++m) { tot[m] = 0.f; acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = _mm512_setzero_ps(); }
     for (int c0 = 0, kb = 0; c0 < K; c0 += span, ++kb) {
-      const Table& t = kind == 2 ? blk[kb] : tab;
+      const Table& t = kind == 2 ? blk[kb] : kind == 0 ? *shared : tab;
       const int c1 = c0 + span < K ? c0 + span : K;
-      int i = c0;
-      for (; i + 64 <= c1; i += 64) {
-        __m512i b = _mm512_loadu_si512(wr + i);
-        __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
-        __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, signbit, 0xF8);
-        __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi), w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+      auto step = [&](int i, int a) __attribute__((always_inline)) {
+        const __m512i b = _mm512_loadu_si512(wr + i);
+        const __m512i lo = _mm512_permutex2var_epi8(t.lo0, b, t.lo1);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, b, t.hi1), b, signbit, 0xF8);
+        const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi), w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
         for (int m = 0; m < M; ++m) {
           const uint16_t* xr = xp + (size_t)m * K + i;
-          acc[m][0] = _mm512_dpbf16_ps(acc[m][0], w0, (__m512bh)_mm512_loadu_si512(xr));
-          acc[m][1] = _mm512_dpbf16_ps(acc[m][1], w1, (__m512bh)_mm512_loadu_si512(xr + 32));
+          acc[m][a] = _mm512_dpbf16_ps(acc[m][a], w0, (__m512bh)_mm512_loadu_si512(xr));
+          acc[m][a + 1] = _mm512_dpbf16_ps(acc[m][a + 1], w1, (__m512bh)_mm512_loadu_si512(xr + 32));
         }
+      };
+      int i = c0;
+      for (; i + 128 <= c1; i += 128) {  // two 64-byte steps: four independent accumulator chains
+        step(i, 0);
+        step(i + 64, 2);
+      }
+      if (i + 64 <= c1) {
+        step(i, 0);
+        i += 64;
       }
       const float s = scale[kind == 0 ? 0 : kind == 1 ? o : (size_t)(o / 128) * nkb + kb];
       for (; i < c1; ++i) {  // tails (K % 64) in the natural order
         const float wv = round_bf16(FP8_LUT[wr[i]] * s);
-        for (int m = 0; m < M; ++m) {
-          uint32_t u = (uint32_t)x[(size_t)m * K + i] << 16;
-          float xv;
-          std::memcpy(&xv, &u, 4);
-          tot[m] += wv * xv;
-        }
+        for (int m = 0; m < M; ++m) tot[m] += wv * bf16_to_float(x[(size_t)m * K + i]);
       }
     }
     for (int m = 0; m < M; ++m)
-      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
+                                                                          _mm512_add_ps(acc[m][2], acc[m][3])));
   }
   delete[] blk;
 }
 
-// NVFP4 with bf16 activations: the 16 values of two neighbouring blocks (E2M1 x block scale x global scale in
-// float32, as the reference computes them) rounded to bf16 form one 32-entry table; VPERMW looks the 32 codes
-// up (code + 16 for the second block) and VDPBF16PS multiplies them with the bf16 activations.
+// NVFP4 with bf16 activations. A layer has one global scale, so every weight is one of 256 x 16 values:
+// tab[s * 16 + c] = bf16(E2M1[c] * (float(e4m3 s) * gs)), the reference's float32 product rounded as it rounds
+// (nvfp4_table below, built once per call: 8 KiB, shared by the threads). Per 64 weights (4 blocks, 32 packed
+// bytes) the four blocks' 16-entry rows form a 64-entry table in two registers, and two VPERMT2W look up the
+// low nibbles (even elements) and the high nibbles (odd elements); VDPBF16PS multiplies them with the
+// activations, which the caller has put in that order once per call (per 64 columns: the 32 even, then the
+// 32 odd ones). The bf16 products are exact in float32; only the order of the float32 additions differs.
 template <int M>
-static void nvfp4_rows_bf16(const uint16_t* x, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
-                            float* y, int r0, int r1) {
-  const int nb = K / 16;
-  const __m512 base = _mm512_loadu_ps(E2M1);
-  const __m512i shifts = _mm512_set_epi16(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0,
-                                          4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-  const __m512i second = _mm512_set_epi16(16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
-                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+static void nvfp4_rows_bf16(const uint16_t* x, const uint16_t* xp, int K, const uint8_t* w, const uint8_t* bs,
+                            const uint16_t* tab, int N, float* y, int r0, int r1) {
+  const int nb = K / 16, ng = K / 64;
   const __m512i low4 = _mm512_set1_epi16(0x0F);
+  // word j of a group indexes the rows of block j / 8: offset 16 * (j / 8) into the 64-entry table
+  const __m512i blk = _mm512_set_epi16(48, 48, 48, 48, 48, 48, 48, 48, 32, 32, 32, 32, 32, 32, 32, 32,
+                                       16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
   for (int o = r0; o < r1; ++o) {
     const uint8_t* wr = w + (size_t)o * (K / 2);
     const uint8_t* sr = bs + (size_t)o * nb;
-    float tot[M];
-    __m512 acc[M][2];
-    for (int m = 0; m < M; ++m) { tot[m] = 0.f; acc[m][0] = acc[m][1] = _mm512_setzero_ps(); }
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      __m512bh tbl = _mm512_cvtne2ps_pbh(_mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b + 1]] * gs)),
-                                         _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs)));
-      __m128i raw = _mm_loadu_si128((const __m128i*)(wr + b * 8));
-      __m256i d = _mm256_set_m128i(_mm_unpackhi_epi8(raw, raw), _mm_unpacklo_epi8(raw, raw));
-      __m512i idx = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(d), shifts);
-      idx = _mm512_ternarylogic_epi32(idx, low4, second, 0xEA);  // (idx & 0x0F) | second
-      __m512bh wv = (__m512bh)_mm512_permutexvar_epi16(idx, (__m512i)tbl);
-      const int a = (b / 2) & 1;
-      for (int m = 0; m < M; ++m)
-        acc[m][a] = _mm512_dpbf16_ps(acc[m][a], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)m * K + b * 16));
+    __m512 acc[M][4];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = _mm512_setzero_ps();
+    auto group = [&](int g, int a) __attribute__((always_inline)) {
+      const __m512i w16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wr + g * 32)));
+      const __m512i ilo = _mm512_ternarylogic_epi32(w16, low4, blk, 0xEA);  // (w & 0x0F) | blk
+      const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(w16, 4), blk);
+      const uint8_t* s4 = sr + g * 4;
+      const __m512i ta = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i*)(tab + s4[0] * 16))),
+                                            _mm256_load_si256((const __m256i*)(tab + s4[1] * 16)), 1);
+      const __m512i tb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i*)(tab + s4[2] * 16))),
+                                            _mm256_load_si256((const __m256i*)(tab + s4[3] * 16)), 1);
+      const __m512bh we = (__m512bh)_mm512_permutex2var_epi16(ta, ilo, tb);
+      const __m512bh wo = (__m512bh)_mm512_permutex2var_epi16(ta, ihi, tb);
+      for (int m = 0; m < M; ++m) {
+        const uint16_t* xr = xp + (size_t)m * K + g * 64;
+        acc[m][a] = _mm512_dpbf16_ps(acc[m][a], we, (__m512bh)_mm512_loadu_si512(xr));
+        acc[m][a + 1] = _mm512_dpbf16_ps(acc[m][a + 1], wo, (__m512bh)_mm512_loadu_si512(xr + 32));
+      }
+    };
+    int g = 0;
+    for (; g + 2 <= ng; g += 2) {  // two groups per step: four independent accumulator chains
+      group(g, 0);
+      group(g + 1, 2);
     }
-    for (; b < nb; ++b) {  // an odd last block
-      const float sc = FP8_LUT[sr[b]] * gs;
+    if (g < ng) group(g, 0);
+    float tot[M];
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+    for (int b = ng * 4; b < nb; ++b) {  // the last 1..3 blocks when K % 64 != 0, from the same table
+      const uint16_t* row = tab + sr[b] * 16;
       for (int j = 0; j < 8; ++j) {
         const uint8_t byte = wr[b * 8 + j];
-        const float lo = round_bf16(E2M1[byte & 15] * sc), hi = round_bf16(E2M1[byte >> 4] * sc);
-        for (int m = 0; m < M; ++m) {
-          uint32_t u0 = (uint32_t)x[(size_t)m * K + b * 16 + 2 * j] << 16, u1 = (uint32_t)x[(size_t)m * K + b * 16 + 2 * j + 1] << 16;
-          float x0, x1;
-          std::memcpy(&x0, &u0, 4);
-          std::memcpy(&x1, &u1, 4);
-          tot[m] += lo * x0 + hi * x1;
-        }
+        const float lo = bf16_to_float(row[byte & 15]), hi = bf16_to_float(row[byte >> 4]);
+        for (int m = 0; m < M; ++m)
+          tot[m] += lo * bf16_to_float(x[(size_t)m * K + b * 16 + 2 * j]) +
+                    hi * bf16_to_float(x[(size_t)m * K + b * 16 + 2 * j + 1]);
       }
     }
     for (int m = 0; m < M; ++m)
-      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+      y[(size_t)m * N + o] = tot[m] + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
+                                                                          _mm512_add_ps(acc[m][2], acc[m][3])));
+  }
+}
+
+// tab[s * 16 + c] = bf16(E2M1[c] * (FP8_LUT[s] * gs)) for the 256 block-scale bytes s (64-byte aligned).
+static void nvfp4_bf16_table(float gs, uint16_t* tab) {
+  const __m512 base = _mm512_loadu_ps(E2M1);
+  for (int s = 0; s < 256; s += 2) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[s + 1] * gs)),
+                                           _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[s] * gs)));
+    _mm512_store_si512((__m512i*)(tab + s * 16), (__m512i)v);
+  }
+}
+
+// Activation rows in the order nvfp4_rows_bf16 reads them: per 64 columns the even ones, then the odd ones;
+// the columns past the last full 64 stay in place.
+static void nvfp4_bf16_order(const uint16_t* x, int M, int K, uint16_t* xp) {
+  const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
+                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+  for (int m = 0; m < M; ++m) {
+    const uint16_t* xr = x + (size_t)m * K;
+    uint16_t* out = xp + (size_t)m * K;
+    int i = 0;
+    for (; i + 64 <= K; i += 64) {
+      const __m512i a = _mm512_loadu_si512(xr + i), b = _mm512_loadu_si512(xr + i + 32);
+      _mm512_storeu_si512(out + i, _mm512_permutex2var_epi16(a, even, b));
+      _mm512_storeu_si512(out + i + 32, _mm512_permutex2var_epi16(a, odd, b));
+    }
+    for (; i < K; ++i) out[i] = xr[i];
   }
 }
 #endif
@@ -420,12 +484,25 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
   const int chunks = (N + grain - 1) / grain;
 #ifdef VL_FP8_TABLE
   uint16_t* xp = nullptr;
-  if (x_bf16) {  // activations in the unpack order of each 64-column block
-    const uint16_t* xb = (const uint16_t*)x;
-    xp = new uint16_t[(size_t)M * K];
-    for (int m = 0; m < M; ++m)
-      for (int i0 = 0; i0 + 64 <= K; i0 += 64)
-        for (int j = 0; j < 64; ++j) xp[(size_t)m * K + i0 + j] = xb[(size_t)m * K + i0 + unpack_pos(j)];
+  float* xf = nullptr;
+  Table shared;
+  if (x_bf16) {
+    bool exact = true;  // every scale's table entries come out of the vector conversion exactly
+    const int nscale = kind == 0 ? 1 : kind == 1 ? N : ((N + 127) / 128) * (K / 128);
+    for (int i = 0; i < nscale; ++i) exact = exact && bf16_weights_normal(scale[i] * (1.f / 512));
+    if (!exact) {  // the float32 path with bf16 rounding of each weight: the same weights, slower
+      xf = bf16_rows_to_float((const uint16_t*)x, M, K);
+      x = xf;
+      x_bf16 = 0;
+      round16 = 1;
+    } else {  // activations in the unpack order of each 64-column block
+      const uint16_t* xb = (const uint16_t*)x;
+      xp = new uint16_t[(size_t)M * K];
+      for (int m = 0; m < M; ++m)
+        for (int i0 = 0; i0 + 64 <= K; i0 += 64)
+          for (int j = 0; j < 64; ++j) xp[(size_t)m * K + i0 + j] = xb[(size_t)m * K + i0 + unpack_pos(j)];
+      if (kind == 0) make_table(scale[0], shared);  // one table for the whole layer
+    }
   }
 #endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
@@ -433,7 +510,7 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
 #ifdef VL_FP8_TABLE
     if (x_bf16) {
-      VL_DISPATCH(fp8_rows_table, (const uint16_t*)x, xp, K, w, N, scale, kind, y, r0, r1)
+      VL_DISPATCH(fp8_rows_table, (const uint16_t*)x, xp, K, w, N, scale, kind, &shared, y, r0, r1)
       continue;
     }
 #endif
@@ -441,6 +518,7 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
   }
 #ifdef VL_FP8_TABLE
   delete[] xp;
+  delete[] xf;
 #endif
 }
 
@@ -449,17 +527,38 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
                    int round16, int x_bf16, float* y, int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
+#ifdef VL_FP8_TABLE
+  uint16_t* tab = nullptr;
+  uint16_t* xp = nullptr;
+  float* xf = nullptr;
+  if (x_bf16 && !bf16_weights_normal(gs * (1.f / 1024))) {  // smallest |weight|: 0.5 x 2^-9 (E4M3) x gs
+    xf = bf16_rows_to_float((const uint16_t*)x, M, K);
+    x = xf;
+    x_bf16 = 0;
+    round16 = 1;
+  }
+  if (x_bf16) {  // the layer's 256 x 16 weight values and the activations in lookup order, once per call
+    tab = (uint16_t*)std::aligned_alloc(64, 256 * 16 * sizeof(uint16_t) + (((size_t)M * K * 2 + 63) & ~(size_t)63));
+    xp = tab + 256 * 16;
+    nvfp4_bf16_table(gs, tab);
+    nvfp4_bf16_order((const uint16_t*)x, M, K, xp);
+  }
+#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
   for (int c = 0; c < chunks; ++c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
 #ifdef VL_FP8_TABLE
     if (x_bf16) {
-      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, K, w, bs, gs, N, y, r0, r1)
+      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, xp, K, w, bs, tab, N, y, r0, r1)
       continue;
     }
 #endif
     VL_DISPATCH(nvfp4_rows, (const float*)x, K, w, bs, gs, N, round16, y, r0, r1)
   }
+#ifdef VL_FP8_TABLE
+  std::free(tab);
+  delete[] xf;
+#endif
 }
 
 // Dense: x (M, K) and w (N, K) both bf16 (bf16=1) or both float32; y (M, N) float32. M in 1..4.
