@@ -90,7 +90,7 @@ def _load(mode: str) -> tuple[Library | None, str]:
     if platform.system() != "Linux":
         return None, f"the fused decode step is built on Linux only (this is {platform.system()})"
     try:
-        lib = Library(cpu_gemv.build(portable=mode == "portable", source=SOURCE))
+        lib = Library(cpu_gemv.build(portable=mode == "portable", source=SOURCE, opt="-O2"))
     except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the modules, say why
         return None, f"{type(e).__name__}: {e}"
     if mode == "auto" and lib.isa != "avx512":  # the portable loops lose to torch's GEMV: keep the modules
