@@ -247,6 +247,13 @@ def run_step(lm, lib: Library, tok: torch.Tensor, cache) -> torch.Tensor | None:
     return logits
 
 
+def prepare(lm) -> bool:
+    """Build (or load from the cache) the fused step's library now if `lm` would use it, so that the first request
+    does not wait for the compiler; -> whether it will be used. Called by `vl.load_pretrained`."""
+    on_cpu = all(p.device.type == "cpu" for p in lm.parameters())
+    return on_cpu and unsupported(lm) is None and library() is not None
+
+
 def step_fn(lm):
     """The fused eager step for `lm` -- `(tok (b, 1), cache, pos) -> logits (b, vocab)` -- or None where it does
     not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and tensors off
