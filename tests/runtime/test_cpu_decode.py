@@ -164,6 +164,16 @@ def test_changed_weights_are_seen(lib):
     compare_steps(lm, lib, ids, steps=2)
 
 
+def test_an_id_outside_the_vocabulary_is_never_read(lib):
+    lm = model(odd_config(), torch.float32)
+    cache = HybridCache(lm.config, 1, 8)
+    with torch.no_grad():
+        lm(torch.randint(3, 301, (1, 4)), cache=cache)
+        for bad in (301, -1):
+            assert cpu_decode.run_step(lm, lib, torch.tensor([[bad]]), cache) is None  # the modules raise
+        assert cache.length == 4
+
+
 def test_a_full_cache_raises_as_the_modules_do(lib):
     lm = model(odd_config(), torch.float32)
     cache = HybridCache(lm.config, 1, 4)

@@ -203,19 +203,25 @@ class Plan:
                             norm_f=ptr(_f32(lm.backbone.norm_f.weight)), lm_head=ptr(lm.lm_head.weight),
                             layers=layers)
         self.layers, self.keep, self.vocab = layers, keep, self.model.vocab
+        self.embed_rows = lm.backbone.embeddings.weight.shape[0]
 
     def _stamp(self):
         return [(p.data_ptr(), p._version) for p in self.params]
 
+    def unchanged(self) -> bool:
+        """No parameter got new storage or an in-place change (checked every step: ~100 attribute reads)."""
+        return self._stamp() == self.stamp
+
     def fresh(self, lm) -> bool:
+        """Also the same parameter objects (a module swapped in since): checked once per batch."""
         params = list(lm.parameters())
         return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)) \
-            and self._stamp() == self.stamp
+            and self.unchanged()
 
 
-def _plan(lm) -> Plan:
+def _plan(lm, full_check: bool = True) -> Plan:
     plan = getattr(lm, "_vl_cpu_decode_plan", None)
-    if plan is None or not plan.fresh(lm):
+    if plan is None or not (plan.fresh(lm) if full_check else plan.unchanged()):
         plan = Plan(lm)
         lm._vl_cpu_decode_plan = plan
     return plan
@@ -224,8 +230,12 @@ def _plan(lm) -> Plan:
 def run_step(lm, lib: Library, tok: torch.Tensor, cache) -> torch.Tensor | None:
     """One token per row: tok (b, 1) ids -> logits (b, vocab) float32, the cache advanced by one position, as
     `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read."""
-    plan = _plan(lm)
+    plan = _plan(lm, full_check=False)
     b = tok.shape[0]
+    ids = tok.reshape(b).to(torch.int64)
+    rows = ids.tolist()
+    if min(rows) < 0 or max(rows) >= plan.embed_rows:
+        return None  # the modules raise their IndexError; the kernel must never read outside the table
     ptrs = (ctypes.c_void_p * (2 * len(cache.layers)))()
     for i, layer in enumerate(cache.layers):
         if layer is None:
@@ -237,7 +247,7 @@ def run_step(lm, lib: Library, tok: torch.Tensor, cache) -> torch.Tensor | None:
         ptrs[2 * i], ptrs[2 * i + 1] = a.data_ptr(), c.data_ptr()
     pos = cache.length
     key_valid = cache.mark(pos, 1, None)  # bounds check and bookkeeping, as the model's forward does
-    ids = tok.reshape(b).to(torch.int64).contiguous()
+    ids = ids.contiguous()
     valid = cache.valid.contiguous() if key_valid is not None else None
     logits = torch.empty(b, plan.vocab, dtype=torch.float32)
     lib.lib.vl_decode_step(ctypes.byref(plan.model), b, ids.data_ptr(), ptrs, pos, cache.max_len,
@@ -263,6 +273,7 @@ def step_fn(lm):
     if reason is not None:
         _log_once(reason)
         return None
+    _plan(lm)  # built (or checked against swapped modules) once per batch
 
     def step(tok, cache, pos):
         if tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled():
