@@ -126,7 +126,7 @@ def test_fused_step_equals_the_modules(lib, dtype, changes):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype):
     lm, truth = models(odd_config(), dtype, seed=1)
-    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9)])  # 5 rows: a GEMV group of 4 + 1
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # GEMV row groups 4 + 3
     compare_steps(lm, lib, ids, mask, truth=truth)
 
 

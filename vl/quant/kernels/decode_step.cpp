@@ -170,25 +170,41 @@ static void gemv_range(const float* x, const uint16_t* xb, int K, const void* w,
 }
 
 // x (M, K) float32 holding model-dtype values and xb the same as bf16 (bf16 models); y (M, N) float32.
+// Rows go four at a time; a group of 2 or 3 is padded to 4 with zero rows (the weights are read once either way,
+// and two instantiations instead of four halve the compile time).
 static void gemv(const float* x, const uint16_t* xb, int M, int K, const void* w, int bf16, float* y, int N,
                  int nthreads) {
+  static thread_local std::vector<float> px, py;
+  static thread_local std::vector<uint16_t> pxb;
   for (int m0 = 0; m0 < M; m0 += 4) {
     const int mm = M - m0 < 4 ? M - m0 : 4;
     const float* xm = x + (size_t)m0 * K;
     const uint16_t* xbm = xb ? xb + (size_t)m0 * K : nullptr;
     float* ym = y + (size_t)m0 * N;
+    const bool pad = mm == 2 || mm == 3;
+    if (pad) {
+      px.assign((size_t)4 * K, 0.f);
+      std::memcpy(px.data(), xm, sizeof(float) * mm * K);
+      xm = px.data();
+      if (xbm) {
+        pxb.assign((size_t)4 * K, 0);
+        std::memcpy(pxb.data(), xbm, sizeof(uint16_t) * mm * K);
+        xbm = pxb.data();
+      }
+      py.resize((size_t)4 * N);
+    }
+    float* yt = pad ? py.data() : ym;
     const int per = ((N + nthreads - 1) / nthreads + 3) / 4 * 4;  // contiguous, 4-row aligned slices
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int t = 0; t < nthreads; ++t) {
       const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
       if (r0 >= r1) continue;
-      switch (mm) {
-        case 1: gemv_range<1>(xm, xbm, K, w, bf16, ym, N, r0, r1); break;
-        case 2: gemv_range<2>(xm, xbm, K, w, bf16, ym, N, r0, r1); break;
-        case 3: gemv_range<3>(xm, xbm, K, w, bf16, ym, N, r0, r1); break;
-        default: gemv_range<4>(xm, xbm, K, w, bf16, ym, N, r0, r1); break;
-      }
+      if (mm == 1)
+        gemv_range<1>(xm, xbm, K, w, bf16, yt, N, r0, r1);
+      else
+        gemv_range<4>(xm, xbm, K, w, bf16, yt, N, r0, r1);
     }
+    if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
 }
 
