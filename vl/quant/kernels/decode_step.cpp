@@ -80,93 +80,82 @@ struct Round {  // the model dtype's rounding of a float32 value (identity for f
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// GEMV: y[m, o] = sum_i x[m, i] * W[o, i] for M <= 4 rows, float32 accumulation. Four weight rows are read at a
-// time (four streams in flight, a quarter of the horizontal sums). bf16 weights use VDPBF16PS where the CPU has
-// it (bf16 x bf16 products are exact in float32), else they are widened to float32 and FMA'd.
-template <int M, int R>
-static void rows_f32(const float* x, int K, const float* w, float* y, int N, int o) {
-  float tot[R][M];
+// GEMV: y[m, o] = sum_i x[m, i] * W[o, i] for M <= 4 rows, float32 accumulation. One weight row at a time, two
+// accumulators per activation row (the loop shape of quant_gemv.cpp's dense GEMV, which reads at memory speed).
+// bf16 weights use VDPBF16PS where the CPU has it (bf16 x bf16 products are exact in float32), else they are
+// widened to float32 and FMA'd.
+template <int M>
+static void row_f32(const float* x, int K, const float* w, float* y, int N, int o) {
+  const float* wr = w + (size_t)o * K;
+  float tot[M];
   int i = 0;
 #ifdef VL_AVX512
-  __m512 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (; i + 16 <= K; i += 16) {
-    __m512 xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_ps(x + (size_t)m * K + i);
-    for (int r = 0; r < R; ++r) {
-      __m512 wv = _mm512_loadu_ps(w + (size_t)(o + r) * K + i);
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(wv, xv[m], acc[r][m]);
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (; i + 32 <= K; i += 32) {
+    const __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
+    for (int m = 0; m < M; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) tot[r][m] = _mm512_reduce_add_ps(acc[r][m]);
+  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
 #else
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) tot[r][m] = 0.f;
+  for (int m = 0; m < M; ++m) tot[m] = 0.f;
 #endif
   for (; i < K; ++i)
-    for (int r = 0; r < R; ++r)
-      for (int m = 0; m < M; ++m) tot[r][m] += w[(size_t)(o + r) * K + i] * x[(size_t)m * K + i];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) y[(size_t)m * N + o + r] = tot[r][m];
+    for (int m = 0; m < M; ++m) tot[m] += wr[i] * x[(size_t)m * K + i];
+  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
 }
 
-template <int M, int R>
-static void rows_bf16(const float* x, const uint16_t* xb, int K, const uint16_t* w, float* y, int N, int o) {
-  float tot[R][M];
+template <int M>
+static void row_bf16(const float* x, const uint16_t* xb, int K, const uint16_t* w, float* y, int N, int o) {
+  const uint16_t* wr = w + (size_t)o * K;
+  float tot[M];
   int i = 0;
 #ifdef VL_AVX512
-  __m512 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
 #ifdef __AVX512BF16__
-  for (; i + 32 <= K; i += 32) {
-    __m512bh xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = (__m512bh)_mm512_loadu_si512(xb + (size_t)m * K + i);
-    for (int r = 0; r < R; ++r) {
-      __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (size_t)(o + r) * K + i);
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
+  for (; i + 64 <= K; i += 64) {
+    const __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
+    for (int m = 0; m < M; ++m) {
+      const uint16_t* xr = xb + (size_t)m * K + i;
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
     }
   }
 #else
-  for (; i + 16 <= K; i += 16) {
-    __m512 xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_ps(x + (size_t)m * K + i);
-    for (int r = 0; r < R; ++r) {
-      __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + (size_t)(o + r) * K + i)));
-      __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(wv, xv[m], acc[r][m]);
+  for (; i + 32 <= K; i += 32) {
+    const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i))), 16));
+    const __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i + 16))), 16));
+    for (int m = 0; m < M; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
     }
   }
 #endif
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) tot[r][m] = _mm512_reduce_add_ps(acc[r][m]);
+  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
 #else
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) tot[r][m] = 0.f;
+  for (int m = 0; m < M; ++m) tot[m] = 0.f;
 #endif
   (void)xb;
-  for (; i < K; ++i)
-    for (int r = 0; r < R; ++r) {
-      float wv = b2f(w[(size_t)(o + r) * K + i]);
-      for (int m = 0; m < M; ++m) tot[r][m] += wv * x[(size_t)m * K + i];
-    }
-  for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) y[(size_t)m * N + o + r] = tot[r][m];
+  for (; i < K; ++i) {
+    const float wv = b2f(wr[i]);
+    for (int m = 0; m < M; ++m) tot[m] += wv * x[(size_t)m * K + i];
+  }
+  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
 }
 
 template <int M>
 static void gemv_range(const float* x, const uint16_t* xb, int K, const void* w, int bf16, float* y, int N,
                        int r0, int r1) {
-  int o = r0;
-  if (bf16) {
-    for (; o + 4 <= r1; o += 4) rows_bf16<M, 4>(x, xb, K, (const uint16_t*)w, y, N, o);
-    for (; o < r1; ++o) rows_bf16<M, 1>(x, xb, K, (const uint16_t*)w, y, N, o);
-  } else {
-    for (; o + 4 <= r1; o += 4) rows_f32<M, 4>(x, K, (const float*)w, y, N, o);
-    for (; o < r1; ++o) rows_f32<M, 1>(x, K, (const float*)w, y, N, o);
-  }
+  if (bf16)
+    for (int o = r0; o < r1; ++o) row_bf16<M>(x, xb, K, (const uint16_t*)w, y, N, o);
+  else
+    for (int o = r0; o < r1; ++o) row_f32<M>(x, K, (const float*)w, y, N, o);
 }
 
 // x (M, K) float32 holding model-dtype values and xb the same as bf16 (bf16 models); y (M, N) float32.
@@ -194,7 +183,7 @@ static void gemv(const float* x, const uint16_t* xb, int M, int K, const void* w
       py.resize((size_t)4 * N);
     }
     float* yt = pad ? py.data() : ym;
-    const int per = ((N + nthreads - 1) / nthreads + 3) / 4 * 4;  // contiguous, 4-row aligned slices
+    const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int t = 0; t < nthreads; ++t) {
       const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
