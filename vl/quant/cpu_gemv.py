@@ -73,7 +73,7 @@ def _flags(portable: bool, opt: str = "-O3") -> list[str]:
 
 def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Path:
     """Compile a kernel source (this module's, or another plain C++ kernel of the package such as
-    `kernels/decode_step.cpp`, whose hot loops are intrinsics and which builds with `opt="-O2"` in a third of
+    `kernels/decode_step.cpp`, whose hot loops are intrinsics and which builds with `opt="-O2"` in less than half
     the time) into the cache (or find it there); -> path of the shared library. Raises on failure."""
     cxx = _compiler()
     if cxx is None:
