@@ -15,6 +15,15 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
     assert "ratio" in capsys.readouterr().out
 
 
+def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--configs", "tiny", "--dtypes", "fp32", "--decode", "eager,modules", "--json",
+                 str(out)]) == 0
+    metrics = {r.get("metric") for r in json.loads(out.read_text())}
+    assert {"decode tok/s after 64", "decode tok/s after 64 (modules)"} <= metrics
+    assert "eager decode (the default): " in capsys.readouterr().out
+
+
 def test_hybrid_cache_is_a_fraction_of_an_all_attention_cache():
     r = cache_bytes(CONFIGS["180m"](), 32768)
     assert r["ratio"] <= 0.2  # the hybrid cache at 32k is at most 1/5 of an all-attention model's

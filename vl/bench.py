@@ -218,6 +218,8 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens), "floor": floor}
         for mode in decode_modes:
             fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)
+            if mode == "modules":  # the eager step through the modules: what the fused CPU step replaces
+                fns[mode] = lambda: _modules_decode_s(ours, ids, new_tokens)
         for fmt, qm in quant.items():
             fns[fmt] = lambda qm=qm: our_decode_s(qm, ids, new_tokens, "eager")
         for label, kind in peers.items():
@@ -262,6 +264,13 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
 
 
 GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
+
+
+def _modules_decode_s(model, ids, n) -> float:
+    from vl.runtime import cpu_decode
+
+    with cpu_decode.override("off"):
+        return our_decode_s(model, ids, n, "eager")
 
 
 def _spread(seconds: list[float]) -> float:
@@ -322,8 +331,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, static, "
-                   "compiled, cuda-graphs (default: eager,compiled on cpu, eager,cuda-graphs on cuda)")
+    p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, modules (the "
+                   "eager step through the modules, without the fused CPU step), static, compiled, cuda-graphs "
+                   "(default: eager,modules,compiled on cpu, eager,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
     p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/quant/bench.py): resident "
                    "weight bytes, decode tok/s per mode, logit error and greedy agreement against BF16")
@@ -391,7 +401,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                 rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
                                  [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
                                  tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda")
-                                                     else "eager,compiled")).split(",")),
+                                                     else "eager,modules,compiled")).split(",")),
                                  formats=formats, llama=llama, gguf=gguf)
             rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
     finally:
@@ -399,6 +409,10 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
             work.cleanup()
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
+    if not a.device.startswith("cuda"):
+        from vl.runtime import cpu_decode
+
+        print(f"eager decode (the default): {cpu_decode.status()}")
     if formats:
         print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")
     print(llama_note)

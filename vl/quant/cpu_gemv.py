@@ -65,28 +65,30 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def _flags(portable: bool) -> list[str]:
+def _flags(portable: bool, opt: str = "-O3") -> list[str]:
     # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+    flags = [opt, "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
     return flags + (["-DVL_PORTABLE"] if portable else [])
 
 
-def build(portable: bool = False) -> Path:
-    """Compile the kernel into the cache (or find it there); -> path of the shared library. Raises on failure."""
+def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Path:
+    """Compile a kernel source (this module's, or another plain C++ kernel of the package such as
+    `kernels/decode_step.cpp`, whose hot loops are intrinsics and which builds with `opt="-O2"` in less than half
+    the time) into the cache (or find it there); -> path of the shared library. Raises on failure."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags(portable)), version, _cpu_flags(),
+    key = hashlib.sha256("\0".join([source.read_text(), " ".join(_flags(portable, opt)), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"quant_gemv-{'portable-' if portable else ''}{key}.so"
+    out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+        r = subprocess.run([cxx, *_flags(portable, opt), "-o", tmp, str(source)], capture_output=True, text=True,
                            timeout=BUILD_TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")

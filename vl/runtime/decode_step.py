@@ -6,19 +6,22 @@ from __future__ import annotations
 import torch
 
 from vl.errors import GenerationOptionError
+from vl.runtime import cpu_decode
 
 
 DECODE_MODES = ("eager", "static", "compiled", "cuda-graphs")
 
 
 def decode_step(lm, mode: str):
-    """The one-token step for `mode`: "eager" (Python positions, the reference), "static" (fixed shapes,
+    """The one-token step for `mode`: "eager" (Python positions; the modules, or on the CPU the fused step of
+    `cpu_decode` that they are the reference twin of), "static" (fixed shapes,
     a tensor position), "compiled" (static under torch.compile) or "cuda-graphs" (static, compiled with
     mode="reduce-overhead" so each step replays one CUDA graph). Compiled steps are kept on the model."""
     if mode not in DECODE_MODES:
         raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
-    if mode == "eager":
-        return lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1]
+    if mode == "eager":  # on the CPU, the fused step of vl/runtime/cpu_decode.py where it applies
+        fused = cpu_decode.step_fn(lm) if _on_cpu(lm) else None
+        return fused or (lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1])
 
     def step(tok, cache, pos):
         return lm(input_ids=tok, cache=cache, input_pos=pos).logits[:, -1]
@@ -31,6 +34,11 @@ def decode_step(lm, mode: str):
     if mode not in cached:
         cached[mode] = torch.compile(step, mode="reduce-overhead" if mode == "cuda-graphs" else None)
     return cached[mode]
+
+
+def _on_cpu(lm) -> bool:
+    w = getattr(getattr(getattr(lm, "backbone", None), "embeddings", None), "weight", None)
+    return w is not None and w.device.type == "cpu"
 
 
 def default_prefill_chunk(device) -> int:

@@ -4,6 +4,7 @@ the model code, in gpt-fast's `_load_model` order: build and assign, then the CP
 from __future__ import annotations
 
 from vl.checkpoint.load import load_model
+from vl.runtime import cpu_decode
 from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 from vl.runtime.placement import place
 
@@ -16,4 +17,5 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)
+    cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     return model

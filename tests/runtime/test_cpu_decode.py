@@ -1,0 +1,213 @@
+"""The fused CPU decode step (vl/runtime/cpu_decode.py, kernels/decode_step.cpp) against its reference twin, the
+modules' own one-token forward: logits and every cache tensor after several steps, in fp32 and bf16, on odd
+shapes (vector tails everywhere), padded batches, and both builds (AVX512 where the CPU has it, the portable loops
+everywhere). Also: the eager decode mode picks it, and everything it does not cover falls back to the modules."""
+
+import pytest
+import torch
+
+from vl.config import LMConfig
+from vl.errors import ContextLengthError
+from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.runtime import cpu_decode
+from vl.runtime.cache import HybridCache
+from vl.runtime.cpu_matmul import gemv_decode_linears
+from vl.runtime.generate import generate_ids, left_pad
+
+
+def _has_avx512() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx512f", "avx512bw", "avx512vl"} <= set(flags)
+
+
+@pytest.fixture(params=["auto", "portable"])
+def lib(request, tmp_path_factory, monkeypatch):
+    """The library of one build; one cache directory for the whole module run, so each builds once."""
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "vl-kernels"))
+    if request.param == "auto" and not _has_avx512():
+        pytest.skip("this CPU lacks AVX512: the fused step's AVX512 build is not used here (portable is tested)")
+    cpu_decode._load.cache_clear()
+    with cpu_decode.override(request.param):
+        got = cpu_decode.library()
+        if got is None:
+            pytest.skip(f"the fused decode step does not build here: {cpu_decode.status()}")
+        yield got
+    cpu_decode._load.cache_clear()
+
+
+def odd_config(**changes) -> LMConfig:
+    """Widths that are multiples of nothing the kernels vectorize over (16, 32), so every tail path runs."""
+    base = dict(vocab_size=301, hidden_size=40, pattern="M*-M-*M", num_attention_heads=4, num_key_value_heads=2,
+                head_dim=12, intermediate_size=52, mamba_num_heads=6, mamba_head_dim=10, n_groups=2,
+                ssm_state_size=24, chunk_size=16)
+    base.update(changes)
+    return LMConfig(**base)
+
+
+def model(cfg, dtype, seed=0, std=0.3):
+    """Random weights large enough that every layer changes the residual stream visibly (std 0.3 on the odd
+    widths); the 180m widths take the benchmark's std 0.02, which keeps activations at a realistic scale."""
+    torch.manual_seed(seed)
+    lm = NemotronHForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, std)
+            elif name.endswith(("dt_bias", "D", "conv1d.bias")):
+                p.normal_(0, 0.5)
+            elif name.endswith("weight"):  # norms
+                p.uniform_(0.5, 1.5)
+    return lm.to(dtype)
+
+
+def _err(a, b):
+    d = (a.float() - b.float()).abs()
+    return d.max(), d.mean()
+
+
+def compare_steps(lm, lib, ids, mask=None, steps=6, truth=None):
+    """Prefill with the modules into two caches, then decode `steps` tokens through the modules and the fused
+    step side by side. fp32: equal up to summation order. bf16 (`truth`: the same weights in fp32): each Linear
+    output, conv sum and norm output is rounded to bf16 in both paths, and a float32 sum in another order can flip
+    one such rounding, which the later layers carry on; so the fused step must be as close to the fp32 model as
+    the bf16 modules are (logits and every cache tensor), and within a few bf16 ulps of the modules."""
+    dtype = lm.backbone.embeddings.weight.dtype
+    b, t = ids.shape
+    runs = [(lm, dtype), (lm, dtype)] + ([(truth, torch.float32)] if truth is not None else [])
+    caches = [HybridCache(m.config, b, t + steps + 1, dtype=d) for m, d in runs]
+    with torch.no_grad():
+        for (m, _), c in zip(runs, caches):
+            m(ids, cache=c, attention_mask=mask, logits_to_keep=1)
+        tok = ids[:, -1:]
+        pairs = []
+        for _ in range(steps):
+            want = lm(tok, cache=caches[0]).logits[:, -1]
+            got = cpu_decode.run_step(lm, lib, tok, caches[1])
+            assert got.dtype == torch.float32 and got.shape == want.shape
+            exact = truth(tok, cache=caches[2]).logits[:, -1] if truth is not None else None
+            pairs.append((got, want, exact))
+            tok = (exact if exact is not None else want).argmax(-1, keepdim=True)
+    assert caches[1].length == caches[0].length
+    for i, layer in enumerate(caches[0].layers):
+        for name in vars(layer) if layer is not None else ():
+            pairs.append(tuple(getattr(c.layers[i], name) for c in caches) + ((None,) if truth is None else ()))
+    for got, want, exact in pairs:
+        if dtype == torch.float32:
+            torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
+            continue
+        ulp = 2.0 ** -8 * exact.abs().max().clamp_min(1e-3)  # one bf16 ulp at the tensor's scale
+        (fmax, fmean), (mmax, mmean) = _err(got, exact), _err(want, exact)
+        assert fmax <= 1.5 * mmax + 2 * ulp and fmean <= 1.5 * mmean + ulp / 4, (fmax, fmean, mmax, mmean, ulp)
+        assert _err(got, want)[0] <= 1.5 * mmax + 4 * ulp
+
+
+def models(cfg, dtype, seed=0, std=0.3):
+    """The model in `dtype` and, for bf16, the same weights in fp32 (the truth both bf16 paths approximate)."""
+    lm = model(cfg, dtype, seed, std)
+    return lm, (model(cfg, torch.float32, seed, std) if dtype == torch.bfloat16 else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("changes", [
+    {},
+    {"residual_in_fp32": True, "use_conv_bias": False},
+    {"time_step_limit": (0.05, 0.4), "conv_kernel": 3, "num_key_value_heads": 4},
+    {"pattern": "-*", "hidden_size": 64, "intermediate_size": 96, "head_dim": 16, "tie_word_embeddings": True},
+])
+def test_fused_step_equals_the_modules(lib, dtype, changes):
+    lm, truth = models(odd_config(**changes), dtype)
+    assert cpu_decode.unsupported(lm) is None
+    compare_steps(lm, lib, torch.randint(3, lm.config.vocab_size, (1, 9)), truth=truth)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype):
+    lm, truth = models(odd_config(), dtype, seed=1)
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # GEMV row groups 4 + 3
+    compare_steps(lm, lib, ids, mask, truth=truth)
+
+
+def test_fused_step_with_the_gemv_pass_and_the_180m_widths(lib):
+    """The 180m layer widths (multiples of 16/32/64: the vector loops without tails; Mamba heads and MLP narrowed to
+    keep the test fast) at one layer of each kind."""
+    from vl.config import bench_180m_lm
+
+    if lib.isa == "portable":
+        pytest.skip("the portable build has no vector loops whose full-width path this would add to the odd widths")
+    cfg = bench_180m_lm(pattern="M*-", vocab_size=1000, mamba_num_heads=16, intermediate_size=1024)
+    lm, truth = models(cfg, torch.bfloat16, std=0.02)
+    gemv_decode_linears(lm)  # as vl.load_pretrained does: the plan reads the weights under the routed forward
+    compare_steps(lm, lib, torch.randint(3, 1000, (1, 5)), steps=3, truth=truth)
+
+
+def test_the_eager_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, monkeypatch):
+    lm = model(odd_config(), torch.float32, seed=2)
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (6, 10)])
+    with cpu_decode.override("off"):
+        want = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
+    calls = []
+    real = cpu_decode.run_step
+    monkeypatch.setattr(cpu_decode, "run_step", lambda *a: calls.append(1) or real(*a))
+    with cpu_decode.override(lib.isa if lib.isa == "portable" else "auto"):
+        got = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
+    assert len(calls) == 7  # every step after the first token, which comes from the prefill
+    assert torch.equal(got, want)
+
+
+def test_changed_weights_are_seen(lib):
+    lm = model(odd_config(), torch.float32)
+    ids = torch.randint(3, 301, (1, 5))
+    compare_steps(lm, lib, ids, steps=1)
+    with torch.no_grad():
+        lm.backbone.layers[0].mixer.A_log.add_(0.5)  # a small vector the plan copies
+        lm.lm_head.weight.mul_(2.0)
+    compare_steps(lm, lib, ids, steps=2)
+
+
+def test_an_id_outside_the_vocabulary_is_never_read(lib):
+    lm = model(odd_config(), torch.float32)
+    cache = HybridCache(lm.config, 1, 8)
+    with torch.no_grad():
+        lm(torch.randint(3, 301, (1, 4)), cache=cache)
+        for bad in (301, -1):
+            assert cpu_decode.run_step(lm, lib, torch.tensor([[bad]]), cache) is None  # the modules raise
+        assert cache.length == 4
+
+
+def test_a_full_cache_raises_as_the_modules_do(lib):
+    lm = model(odd_config(), torch.float32)
+    cache = HybridCache(lm.config, 1, 4)
+    with torch.no_grad():
+        lm(torch.randint(3, 301, (1, 4)), cache=cache)
+        with pytest.raises(ContextLengthError):
+            cpu_decode.run_step(lm, lib, torch.tensor([[5]]), cache)
+
+
+class _OtherLinear(torch.nn.Linear):
+    """Any Linear with its own forward (the quantized layers of vl/quant/linear.py are such modules)."""
+
+
+@pytest.mark.parametrize("what", ["moe", "other-linear", "gelu", "bias", "off"])
+def test_what_the_step_does_not_cover_keeps_the_modules(lib, what):
+    cfg = odd_config()
+    if what == "moe":
+        cfg = odd_config(pattern="ME", n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                         moe_shared_expert_intermediate_size=8)
+    elif what == "gelu":
+        cfg = odd_config(mlp_hidden_act="gelu")
+    elif what == "bias":
+        cfg = odd_config(mlp_bias=True)
+    lm = model(cfg, torch.float32)
+    if what == "other-linear":
+        lm.backbone.layers[1].mixer.k_proj = _OtherLinear(40, 24, bias=False)
+    with cpu_decode.override("off" if what == "off" else lib.isa if lib.isa == "portable" else "auto"):
+        reason = cpu_decode.unsupported(lm) if what != "off" else cpu_decode.status()
+        assert reason is not None
+        assert cpu_decode.step_fn(lm) is None
+        ids = torch.randint(3, 301, (1, 5))
+        with cpu_decode.override("off"):
+            want = generate_ids(lm, ids, max_new_tokens=3)
+        assert torch.equal(generate_ids(lm, ids, max_new_tokens=3), want)  # the modules' own decode

@@ -1,0 +1,514 @@
+// One whole Nemotron-H decode step (one new token per row) in one call, for dense bf16 / fp32 models on the CPU.
+//
+// The plain-math modules (vl/modeling/{nemotron_h,mamba2,attention,mlp,norms}.py, the Mamba-2 one-step recurrence
+// of vl/modeling/ssd_ref.py) are the reference twin: this file performs the same operations, rounding to the
+// model dtype at the same points (each Linear output, the conv window products and sum, the norm outputs, the
+// residual adds), with float32 accumulation everywhere. Only the order of float32 additions differs. What the
+// fused step removes is the cost around the arithmetic: ~20 small torch ops per layer, their dispatch and their
+// allocations (docs/cpu_decode.md has the measured breakdown).
+//
+// Built at first use by vl/runtime/cpu_decode.py through the build cache of vl/quant/cpu_gemv.py
+// (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(VL_PORTABLE)
+#define VL_AVX512 1
+#include <immintrin.h>
+#endif
+
+extern "C" {
+
+// One layer. Field use depends on `kind`; the struct is mirrored by ctypes in vl/runtime/cpu_decode.py.
+struct VlLayer {
+  int kind;               // 0 = Mamba-2 ("M"), 1 = attention ("*"), 2 = ReLU^2 MLP ("-")
+  const float* norm_w;    // (D) the block's RMSNorm weight, float32
+  const void* w_in;       // mamba in_proj (n_in, D) | attention q_proj | mlp up_proj, model dtype
+  int n_in;
+  const void* w_k;        // attention k_proj, v_proj (n_kv_out, D)
+  const void* w_v;
+  int n_kv_out;
+  const void* w_out;      // mamba out_proj | o_proj | down_proj: (D, k_out)
+  int k_out;
+  // Mamba-2
+  int d_inner, conv_dim, n_heads, head_dim, n_groups, d_state, conv_k;
+  const float* conv_w;    // (conv_dim, conv_k) float32 copy of the model-dtype weight (exact)
+  const float* conv_b;    // (conv_dim) or null
+  const float* dt_bias;   // (n_heads)
+  const float* A;         // (n_heads) -exp(A_log), computed by torch
+  const float* Dskip;     // (n_heads)
+  const float* gnorm_w;   // (d_inner) gated RMSNorm weight
+  float dt_lo, dt_hi;
+  int dt_clamp;
+  // attention
+  int n_q_heads, n_kv_heads, attn_head_dim;
+};
+
+struct VlModel {
+  int bf16;       // model dtype: 1 = bfloat16, 0 = float32
+  int res_f32;    // residual stream kept in float32 (residual_in_fp32) while the model is bf16
+  int D, vocab, n_layers;
+  float eps;
+  const void* embed;      // (vocab, D) model dtype
+  const float* norm_f;    // (D)
+  const void* lm_head;    // (vocab, D)
+  const VlLayer* layers;
+};
+
+}  // extern "C"
+
+static inline float b2f(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f2b(float f) {  // round to nearest even, as torch's float -> bfloat16
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+struct Round {  // the model dtype's rounding of a float32 value (identity for float32 models)
+  int bf16;
+  inline float operator()(float f) const { return bf16 ? b2f(f2b(f)) : f; }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMV: y[m, o] = sum_i x[m, i] * W[o, i] for M <= 4 rows, float32 accumulation. One weight row at a time, two
+// accumulators per activation row (the loop shape of quant_gemv.cpp's dense GEMV, which reads at memory speed).
+// bf16 weights use VDPBF16PS where the CPU has it (bf16 x bf16 products are exact in float32), else they are
+// widened to float32 and FMA'd. Each 128-byte step also prefetches the two cache lines 4 KiB ahead (prefetches
+// never fault, so reading past the last row is harmless): +10-25% read bandwidth over the hardware prefetcher
+// alone in a standalone read of one 328 MB bf16 matrix on this project's (loaded) runner; within noise on the
+// 180m model's matrices (docs/cpu_decode.md).
+static constexpr int PREFETCH_BYTES = 4096;
+#ifdef VL_AVX512
+static inline void prefetch2(const void* p) {
+  _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T0);
+  _mm_prefetch((const char*)p + PREFETCH_BYTES + 64, _MM_HINT_T0);
+}
+#endif
+
+template <int M>
+static void row_f32(const float* x, int K, const float* w, float* y, int N, int o) {
+  const float* wr = w + (size_t)o * K;
+  float tot[M];
+  int i = 0;
+#ifdef VL_AVX512
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (; i + 32 <= K; i += 32) {
+    prefetch2(wr + i);
+    const __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
+    for (int m = 0; m < M; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#else
+  for (int m = 0; m < M; ++m) tot[m] = 0.f;
+#endif
+  for (; i < K; ++i)
+    for (int m = 0; m < M; ++m) tot[m] += wr[i] * x[(size_t)m * K + i];
+  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+}
+
+template <int M>
+static void row_bf16(const float* x, const uint16_t* xb, int K, const uint16_t* w, float* y, int N, int o) {
+  const uint16_t* wr = w + (size_t)o * K;
+  float tot[M];
+  int i = 0;
+#ifdef VL_AVX512
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+#ifdef __AVX512BF16__
+  for (; i + 64 <= K; i += 64) {
+    prefetch2(wr + i);
+    const __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
+    for (int m = 0; m < M; ++m) {
+      const uint16_t* xr = xb + (size_t)m * K + i;
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
+    }
+  }
+#else
+  for (; i + 32 <= K; i += 32) {
+    if (!(i & 63)) prefetch2(wr + i);  // 64 bytes per step here: one prefetch pair per 128 bytes
+    const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i))), 16));
+    const __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i + 16))), 16));
+    for (int m = 0; m < M; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+    }
+  }
+#endif
+  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#else
+  for (int m = 0; m < M; ++m) tot[m] = 0.f;
+#endif
+  (void)xb;
+  for (; i < K; ++i) {
+    const float wv = b2f(wr[i]);
+    for (int m = 0; m < M; ++m) tot[m] += wv * x[(size_t)m * K + i];
+  }
+  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+}
+
+template <int M>
+static void gemv_range(const float* x, const uint16_t* xb, int K, const void* w, int bf16, float* y, int N,
+                       int r0, int r1) {
+  if (bf16)
+    for (int o = r0; o < r1; ++o) row_bf16<M>(x, xb, K, (const uint16_t*)w, y, N, o);
+  else
+    for (int o = r0; o < r1; ++o) row_f32<M>(x, K, (const float*)w, y, N, o);
+}
+
+// x (M, K) float32 holding model-dtype values and xb the same as bf16 (bf16 models); y (M, N) float32.
+// Rows go four at a time; a group of 2 or 3 is padded to 4 with zero rows (the weights are read once either way,
+// and two instantiations instead of four halve the compile time).
+static void gemv(const float* x, const uint16_t* xb, int M, int K, const void* w, int bf16, float* y, int N,
+                 int nthreads) {
+  static thread_local std::vector<float> px, py;
+  static thread_local std::vector<uint16_t> pxb;
+  for (int m0 = 0; m0 < M; m0 += 4) {
+    const int mm = M - m0 < 4 ? M - m0 : 4;
+    const float* xm = x + (size_t)m0 * K;
+    const uint16_t* xbm = xb ? xb + (size_t)m0 * K : nullptr;
+    float* ym = y + (size_t)m0 * N;
+    const bool pad = mm == 2 || mm == 3;
+    if (pad) {
+      px.assign((size_t)4 * K, 0.f);
+      std::memcpy(px.data(), xm, sizeof(float) * mm * K);
+      xm = px.data();
+      if (xbm) {
+        pxb.assign((size_t)4 * K, 0);
+        std::memcpy(pxb.data(), xbm, sizeof(uint16_t) * mm * K);
+        xbm = pxb.data();
+      }
+      py.resize((size_t)4 * N);
+    }
+    float* yt = pad ? py.data() : ym;
+    const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int t = 0; t < nthreads; ++t) {
+      const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+      if (r0 >= r1) continue;
+      if (mm == 1)
+        gemv_range<1>(xm, xbm, K, w, bf16, yt, N, r0, r1);
+      else
+        gemv_range<4>(xm, xbm, K, w, bf16, yt, N, r0, r1);
+    }
+    if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Scratch: one growing buffer set per call site, reused across steps (no allocation in the steady state).
+struct Act {  // M rows of K model-dtype values, as float32 and (bf16 models) as bf16 for the GEMV
+  std::vector<float> f;
+  std::vector<uint16_t> b;
+  void resize(size_t n, int bf16) {
+    if (f.size() < n) f.resize(n);
+    if (bf16 && b.size() < n) b.resize(n);
+  }
+  void sync_bf16(size_t n, int bf16) {  // after f holds rounded values: the bf16 copy, exact
+    if (!bf16) return;
+    for (size_t i = 0; i < n; ++i) b[i] = f2b(f[i]);
+  }
+};
+
+static inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }  // torch's threshold 20
+
+// out = round(rmsnorm(h') * w) with h' = round(h) for a block's norm (Block casts h to the norm's dtype first) and
+// h' = h for norm_f (which normalises the residual stream in its own dtype).
+static void rms_rows(const float* h, int B, int D, const float* w, float eps, Round rnd, Act& out,
+                     bool round_in = true) {
+  out.resize((size_t)B * D, rnd.bf16);
+  for (int b = 0; b < B; ++b) {
+    const float* hr = h + (size_t)b * D;
+    float* o = out.f.data() + (size_t)b * D;
+    double ss = 0.0;
+    for (int i = 0; i < D; ++i) {
+      const float v = round_in ? rnd(hr[i]) : hr[i];
+      o[i] = v;
+      ss += (double)v * v;
+    }
+    const float r = 1.f / std::sqrt((float)(ss / D) + eps);
+    for (int i = 0; i < D; ++i) o[i] = rnd(o[i] * r * w[i]);
+  }
+  out.sync_bf16((size_t)B * D, rnd.bf16);
+}
+
+static void round_rows(float* y, size_t n, Round rnd) {
+  if (rnd.bf16)
+    for (size_t i = 0; i < n; ++i) y[i] = rnd(y[i]);
+}
+
+static void residual_add(float* h, const float* y, size_t n, Round res) {
+  for (size_t i = 0; i < n; ++i) h[i] = res(h[i] + y[i]);
+}
+
+// Mamba-2 mixer, one token: conv window roll + SiLU, dt softplus, S <- exp(dt A) S + dt x B^T, y = S C + D x,
+// y * silu(z) normalised per group, out_proj. conv_state (B, conv_dim, k-1) model dtype; ssm (B, H, P, N) float32.
+static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, void* conv_state, float* ssm,
+                        int nthreads) {
+  const Round rnd{m.bf16};
+  static thread_local Act xn, yn;
+  static thread_local std::vector<float> zx, out;
+  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
+  zx.resize((size_t)B * L.n_in);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, m.D, L.w_in, m.bf16, zx.data(), L.n_in, nthreads);
+  round_rows(zx.data(), (size_t)B * L.n_in, rnd);
+  yn.resize((size_t)B * L.d_inner, m.bf16);
+  const int km1 = L.conv_k - 1, gs = L.d_inner / L.n_groups, hpg = L.n_heads / L.n_groups;
+  for (int b = 0; b < B; ++b) {
+    float* z = zx.data() + (size_t)b * L.n_in;
+    float* xbc = z + L.d_inner;
+    const float* dtr = xbc + L.conv_dim;
+    // conv over the window [state, x]: products and their sum rounded as the reference's model-dtype ops
+    for (int c = 0; c < L.conv_dim; ++c) {
+      const float* wc = L.conv_w + (size_t)c * L.conv_k;
+      float acc = 0.f;
+      if (m.bf16) {
+        uint16_t* st = (uint16_t*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
+        for (int j = 0; j < km1; ++j) acc += rnd(b2f(st[j]) * wc[j]);
+        acc += rnd(xbc[c] * wc[km1]);
+        for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
+        if (km1 > 0) st[km1 - 1] = f2b(xbc[c]);
+      } else {
+        float* st = (float*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
+        for (int j = 0; j < km1; ++j) acc += st[j] * wc[j];
+        acc += xbc[c] * wc[km1];
+        for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
+        if (km1 > 0) st[km1 - 1] = xbc[c];
+      }
+      acc = rnd(acc);
+      if (L.conv_b) acc = rnd(acc + L.conv_b[c]);
+      xbc[c] = rnd(silu(acc));
+    }
+    const float* xs = xbc;                                   // (H, P)
+    const float* Bm = xbc + L.d_inner;                       // (G, N)
+    const float* Cm = Bm + (size_t)L.n_groups * L.d_state;   // (G, N)
+    float* y = yn.f.data() + (size_t)b * L.d_inner;
+    float* S = ssm + (size_t)b * L.n_heads * L.head_dim * L.d_state;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int hh = 0; hh < L.n_heads; ++hh) {
+      float dt = softplus(dtr[hh] + L.dt_bias[hh]);
+      if (L.dt_clamp) dt = dt < L.dt_lo ? L.dt_lo : (dt > L.dt_hi ? L.dt_hi : dt);
+      const float dA = std::exp(dt * L.A[hh]);
+      const int g = hh / hpg;
+      const float* Bg = Bm + (size_t)g * L.d_state;
+      const float* Cg = Cm + (size_t)g * L.d_state;
+      for (int p = 0; p < L.head_dim; ++p) {
+        float* s = S + ((size_t)hh * L.head_dim + p) * L.d_state;
+        const float xv = xs[hh * L.head_dim + p];
+        const float xdt = xv * dt;
+        float acc = 0.f;
+        int n = 0;
+#ifdef VL_AVX512
+        __m512 va = _mm512_setzero_ps();
+        const __m512 vdA = _mm512_set1_ps(dA), vx = _mm512_set1_ps(xdt);
+        for (; n + 16 <= L.d_state; n += 16) {
+          __m512 sv = _mm512_mul_ps(_mm512_loadu_ps(s + n), vdA);
+          sv = _mm512_add_ps(sv, _mm512_mul_ps(vx, _mm512_loadu_ps(Bg + n)));
+          _mm512_storeu_ps(s + n, sv);
+          va = _mm512_fmadd_ps(sv, _mm512_loadu_ps(Cg + n), va);
+        }
+        acc = _mm512_reduce_add_ps(va);
+#endif
+        for (; n < L.d_state; ++n) {
+          const float sv = s[n] * dA + xdt * Bg[n];
+          s[n] = sv;
+          acc += sv * Cg[n];
+        }
+        y[hh * L.head_dim + p] = acc + xv * L.Dskip[hh];
+      }
+    }
+    // gated RMSNorm (norm after the gate), per group of d_inner / n_groups channels
+    for (int g = 0; g < L.n_groups; ++g) {
+      float* yg = y + (size_t)g * gs;
+      const float* zg = z + (size_t)g * gs;
+      double ss = 0.0;
+      for (int i = 0; i < gs; ++i) {
+        yg[i] = silu(zg[i]) * yg[i];
+        ss += (double)yg[i] * yg[i];
+      }
+      const float r = 1.f / std::sqrt((float)(ss / gs) + m.eps);
+      const float* gw = L.gnorm_w + (size_t)g * gs;
+      for (int i = 0; i < gs; ++i) yg[i] = rnd(yg[i] * r * gw[i]);
+    }
+  }
+  yn.sync_bf16((size_t)B * L.d_inner, m.bf16);
+  out.resize((size_t)B * m.D);
+  gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.d_inner, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  round_rows(out.data(), (size_t)B * m.D, rnd);
+  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+}
+
+// Attention without positional encoding, one query per row over keys [0, pos]; padded batches mask keys whose
+// `valid` is 0, the query always sees itself (vl/modeling/attention.py attention_mask).
+static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h, void* kc, void* vc, int pos,
+                            int max_len, const uint8_t* valid, int nthreads) {
+  const Round rnd{m.bf16};
+  static thread_local Act xn, ao;
+  static thread_local std::vector<float> q, k, v, out, sc;
+  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
+  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv;
+  q.resize((size_t)B * L.n_in);
+  k.resize((size_t)B * L.n_kv_out);
+  v.resize((size_t)B * L.n_kv_out);
+  const uint16_t* xb = m.bf16 ? xn.b.data() : nullptr;
+  gemv(xn.f.data(), xb, B, m.D, L.w_in, m.bf16, q.data(), L.n_in, nthreads);
+  gemv(xn.f.data(), xb, B, m.D, L.w_k, m.bf16, k.data(), L.n_kv_out, nthreads);
+  gemv(xn.f.data(), xb, B, m.D, L.w_v, m.bf16, v.data(), L.n_kv_out, nthreads);
+  round_rows(q.data(), q.size(), rnd);
+  round_rows(k.data(), k.size(), rnd);
+  round_rows(v.data(), v.size(), rnd);
+  ao.resize((size_t)B * L.n_in, m.bf16);
+  sc.resize((size_t)nq * (pos + 1));
+  float* const qd = q.data();  // thread_local buffers: the OpenMP workers below use the caller's, by pointer
+  float* const scd = sc.data();
+  float* const aod = ao.f.data();
+  const float scale = 1.f / std::sqrt((float)hd);
+  for (int b = 0; b < B; ++b) {
+    for (int kh = 0; kh < nkv; ++kh) {  // write this token's key and value at `pos`
+      const size_t at = (((size_t)b * nkv + kh) * max_len + pos) * hd;
+      const float* ks = k.data() + (size_t)b * L.n_kv_out + (size_t)kh * hd;
+      const float* vs = v.data() + (size_t)b * L.n_kv_out + (size_t)kh * hd;
+      for (int d = 0; d < hd; ++d) {
+        if (m.bf16) {
+          ((uint16_t*)kc)[at + d] = f2b(ks[d]);
+          ((uint16_t*)vc)[at + d] = f2b(vs[d]);
+        } else {
+          ((float*)kc)[at + d] = ks[d];
+          ((float*)vc)[at + d] = vs[d];
+        }
+      }
+    }
+    const uint8_t* vrow = valid ? valid + (size_t)b * max_len : nullptr;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int qh = 0; qh < nq; ++qh) {
+      const int kh = qh / rep;
+      const float* qv = qd + (size_t)b * L.n_in + (size_t)qh * hd;
+      float* s = scd + (size_t)qh * (pos + 1);
+      const size_t base = ((size_t)b * nkv + kh) * max_len * hd;
+      float mx = -INFINITY;
+      for (int j = 0; j <= pos; ++j) {
+        if (vrow && !vrow[j] && j != pos) { s[j] = -INFINITY; continue; }
+        float dot = 0.f;
+        if (m.bf16) {
+          const uint16_t* kr = (const uint16_t*)kc + base + (size_t)j * hd;
+          for (int d = 0; d < hd; ++d) dot += qv[d] * b2f(kr[d]);
+        } else {
+          const float* kr = (const float*)kc + base + (size_t)j * hd;
+          for (int d = 0; d < hd; ++d) dot += qv[d] * kr[d];
+        }
+        s[j] = dot * scale;
+        mx = s[j] > mx ? s[j] : mx;
+      }
+      float tot = 0.f;
+      for (int j = 0; j <= pos; ++j) {
+        s[j] = s[j] == -INFINITY ? 0.f : std::exp(s[j] - mx);
+        tot += s[j];
+      }
+      float* o = aod + (size_t)b * L.n_in + (size_t)qh * hd;
+      for (int d = 0; d < hd; ++d) o[d] = 0.f;
+      for (int j = 0; j <= pos; ++j) {
+        if (s[j] == 0.f) continue;
+        const float p = s[j] / tot;
+        if (m.bf16) {
+          const uint16_t* vr = (const uint16_t*)vc + base + (size_t)j * hd;
+          for (int d = 0; d < hd; ++d) o[d] += p * b2f(vr[d]);
+        } else {
+          const float* vr = (const float*)vc + base + (size_t)j * hd;
+          for (int d = 0; d < hd; ++d) o[d] += p * vr[d];
+        }
+      }
+      for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
+    }
+  }
+  ao.sync_bf16((size_t)B * L.n_in, m.bf16);
+  out.resize((size_t)B * m.D);
+  gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, B, L.k_out, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  round_rows(out.data(), (size_t)B * m.D, rnd);
+  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+}
+
+// down(relu(up(x))^2): relu is exact, the square is rounded to the model dtype as the reference's.
+static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
+  const Round rnd{m.bf16};
+  static thread_local Act xn, a;
+  static thread_local std::vector<float> out;
+  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
+  a.resize((size_t)B * L.n_in, m.bf16);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, m.D, L.w_in, m.bf16, a.f.data(), L.n_in, nthreads);
+  for (size_t i = 0; i < (size_t)B * L.n_in; ++i) {
+    const float u = rnd(a.f[i]);
+    const float r = u > 0.f ? u : 0.f;
+    a.f[i] = rnd(r * r);
+  }
+  a.sync_bf16((size_t)B * L.n_in, m.bf16);
+  out.resize((size_t)B * m.D);
+  gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.k_out, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  round_rows(out.data(), (size_t)B * m.D, rnd);
+  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+}
+
+extern "C" {
+
+int vl_decode_isa() {  // 2 = AVX512 loops, 0 = portable loops
+#ifdef VL_AVX512
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+// ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
+// pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes or null (no padding);
+// logits (B, vocab) float32 out, holding model-dtype values (the reference's lm_head output, widened).
+void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* caches, int pos, int max_len,
+                    const uint8_t* valid, float* logits, int nthreads) {
+  static thread_local std::vector<float> h;
+  static thread_local Act xn;
+  h.resize((size_t)B * m->D);
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < m->D; ++i) {
+      const size_t at = (size_t)ids[b] * m->D + i;
+      h[(size_t)b * m->D + i] = m->bf16 ? b2f(((const uint16_t*)m->embed)[at]) : ((const float*)m->embed)[at];
+    }
+  for (int l = 0; l < m->n_layers; ++l) {
+    const VlLayer& L = m->layers[l];
+    if (L.kind == 0)
+      mamba_layer(*m, L, B, h.data(), caches[2 * l], (float*)caches[2 * l + 1], nthreads);
+    else if (L.kind == 1)
+      attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, valid, nthreads);
+    else
+      mlp_layer(*m, L, B, h.data(), nthreads);
+  }
+  const Round rnd{m->bf16};
+  rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);
+  gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->D, m->lm_head, m->bf16, logits, m->vocab, nthreads);
+  round_rows(logits, (size_t)B * m->vocab, rnd);
+}
+
+}  // extern "C"
+
+extern "C" {
+// The step's GEMV alone (tests and `vl bench` compare it with torch's and the quant kernel's): x (M, K) float32,
+// xb the same values as bf16 when bf16 = 1 (else null), w (N, K); y (M, N) float32.
+void vl_decode_gemv(const float* x, const uint16_t* xb, int M, int K, const void* w, int bf16, float* y, int N,
+                    int nthreads) {
+  gemv(x, xb, M, K, w, bf16, y, N, nthreads);
+}
+}  // extern "C"

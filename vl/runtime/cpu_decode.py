@@ -1,0 +1,290 @@
+"""The fused CPU decode step: one C++ call per generated token for dense bf16 / fp32 Nemotron-H models.
+
+An eager decode step through the modules runs ~20 small torch ops per layer (norms, the Mamba-2 conv window
+and state update, gating, attention over the cache, residual adds), and on a small model their dispatch and
+allocations cost as much as reading the weights (docs/cpu_decode.md has the profile). `kernels/decode_step.cpp`
+does the same operations in one pass over the layers, with the plain-math modules as its reference twin: same
+roundings to the model dtype, float32 accumulation, only the order of float32 additions differs. Tests compare
+the two (tests/runtime/test_cpu_decode.py).
+
+One API, the fast or the reference path at run time (nanochat `flash_attention.py`): `step_fn(lm)` returns the
+fused step where it applies and None otherwise, saying why once in the log. `VL_CPU_DECODE` = auto (default) |
+portable (the plain C++ loops, no AVX512 intrinsics) | off (the modules); tests force a mode with `override`.
+The library is built by `vl/quant/cpu_gemv.py`'s compile cache (g++ at first use, ~3 s, then loaded from
+`$VL_KERNEL_CACHE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import math
+import os
+import platform
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vl.quant import cpu_gemv
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(cpu_gemv.__file__).with_name("kernels") / "decode_step.cpp"
+MAX_ROWS = 64  # rows (batch) one fused step takes; larger batches keep the modules
+_KINDS = {"M": 0, "*": 1, "-": 2}
+_override: str | None = None
+
+_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):  # mirrors `struct VlLayer` of kernels/decode_step.cpp
+    _fields_ = [("kind", _i), ("norm_w", _p), ("w_in", _p), ("n_in", _i), ("w_k", _p), ("w_v", _p),
+                ("n_kv_out", _i), ("w_out", _p), ("k_out", _i), ("d_inner", _i), ("conv_dim", _i), ("n_heads", _i),
+                ("head_dim", _i), ("n_groups", _i), ("d_state", _i), ("conv_k", _i), ("conv_w", _p), ("conv_b", _p),
+                ("dt_bias", _p), ("A", _p), ("Dskip", _p), ("gnorm_w", _p), ("dt_lo", _f), ("dt_hi", _f),
+                ("dt_clamp", _i), ("n_q_heads", _i), ("n_kv_heads", _i), ("attn_head_dim", _i)]
+
+
+class _Model(ctypes.Structure):  # mirrors `struct VlModel`
+    _fields_ = [("bf16", _i), ("res_f32", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
+                ("embed", _p), ("norm_f", _p), ("lm_head", _p), ("layers", ctypes.POINTER(_Layer))]
+
+
+def _mode() -> str:
+    if _override is not None:
+        return _override
+    mode = os.environ.get("VL_CPU_DECODE", "auto").strip().lower() or "auto"
+    return mode if mode in ("auto", "portable", "off") else "auto"
+
+
+@contextlib.contextmanager
+def override(mode: str | None):
+    """Force "auto", "portable" or "off" inside the block (tests); None restores the environment's choice."""
+    global _override
+    if mode not in (None, "auto", "portable", "off"):
+        raise ValueError(f"override expects 'auto', 'portable', 'off' or None, got {mode!r}")
+    old, _override = _override, mode
+    try:
+        yield
+    finally:
+        _override = old
+
+
+class Library:
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        lib.vl_decode_step.argtypes = [ctypes.POINTER(_Model), _i, _p, _p, _i, _i, _p, _p, _i]
+        lib.vl_decode_step.restype = None
+        lib.vl_decode_isa.restype = _i
+        self.lib, self.path = lib, path
+        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_decode_isa(), "unknown")
+
+
+@functools.cache
+def _load(mode: str) -> tuple[Library | None, str]:
+    if mode == "off":
+        return None, "VL_CPU_DECODE=off"
+    if platform.system() != "Linux":
+        return None, f"the fused decode step is built on Linux only (this is {platform.system()})"
+    try:
+        lib = Library(cpu_gemv.build(portable=mode == "portable", source=SOURCE, opt="-O2"))
+    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the modules, say why
+        return None, f"{type(e).__name__}: {e}"
+    if mode == "auto" and lib.isa != "avx512":  # the portable loops lose to torch's GEMV: keep the modules
+        return None, "this CPU lacks AVX512 (VL_CPU_DECODE=portable forces the plain C++ loops)"
+    return lib, "ok"
+
+
+def library() -> Library | None:
+    return _load(_mode())[0]
+
+
+def status() -> str:
+    """One line for logs and `vl bench`: which path eager decode uses here."""
+    lib, why = _load(_mode())
+    return f"fused {lib.isa} step ({lib.path.name})" if lib is not None else f"modules ({why})"
+
+
+def unsupported(lm) -> str | None:
+    """Why the fused step cannot run this model (None: it can). The step covers what the modules do for dense
+    models on the CPU; anything else (quantized or offloaded layers, MoE, biases, other activations) keeps them."""
+    from vl.modeling.nemotron_h import NemotronHForCausalLM
+
+    if type(lm) is not NemotronHForCausalLM:
+        return f"not a NemotronHForCausalLM ({type(lm).__name__})"
+    cfg = lm.config
+    if set(cfg.pattern) - set(_KINDS):
+        return f"layer kinds {sorted(set(cfg.pattern) - set(_KINDS))} are not in the fused step"
+    if cfg.mlp_hidden_act != "relu2":
+        return f"MLP activation {cfg.mlp_hidden_act!r}"
+    if cfg.mamba_ssm_cache_dtype != "float32":
+        return f"SSM state in {cfg.mamba_ssm_cache_dtype}"
+    if cfg.use_bias or cfg.attention_bias or cfg.mlp_bias:
+        return "Linear biases"
+    dtype = lm.backbone.embeddings.weight.dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"model dtype {dtype}"
+    for name, module in lm.named_modules():
+        if hasattr(module, "_hf_hook"):
+            return f"{name or 'the model'} is placed by accelerate hooks"
+    projections = {"M": ("in_proj", "out_proj"), "*": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                   "-": ("up_proj", "down_proj")}
+    for i, block in enumerate(lm.backbone.layers):
+        for attr in projections[block.kind]:
+            mod = getattr(block.mixer, attr)
+            if type(mod) is not nn.Linear:  # quantized layers keep their own kernels (vl/quant/cpu_gemv.py)
+                return f"layer {i} {attr} is a {type(mod).__name__}"
+    if type(lm.lm_head) is not nn.Linear:
+        return f"lm_head is a {type(lm.lm_head).__name__}"
+    for name, p in lm.named_parameters():
+        if p.device.type != "cpu":
+            return f"{name} is on {p.device}"
+        if p.dim() >= 2 and p.dtype != dtype:
+            return f"{name} is {p.dtype}, the model {dtype}"
+    return None
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().float().contiguous()
+
+
+class Plan:
+    """The model as the kernel reads it: pointers to the weight matrices (used in place) and float32 copies of the
+    small vectors (norm weights, conv taps, dt bias, A = -exp(A_log), D), rebuilt when a parameter changes."""
+
+    def __init__(self, lm):
+        self.params = list(lm.parameters())
+        self.stamp = self._stamp()
+        cfg = lm.config
+        self.dtype = lm.backbone.embeddings.weight.dtype
+        keep = []  # tensors whose memory the structs point at
+
+        def ptr(t):
+            t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            keep.append(t)
+            return t.data_ptr()
+
+        layers = (_Layer * len(lm.backbone.layers))()
+        for L, block in zip(layers, lm.backbone.layers):
+            mix = block.mixer
+            L.kind = _KINDS[block.kind]
+            L.norm_w = ptr(_f32(block.norm.weight))
+            if block.kind == "M":
+                L.w_in, L.n_in = ptr(mix.in_proj.weight), mix.in_proj.weight.shape[0]
+                L.w_out, L.k_out = ptr(mix.out_proj.weight), mix.out_proj.weight.shape[1]
+                L.d_inner, L.conv_dim, L.n_heads, L.head_dim = mix.d_inner, mix.conv_dim, mix.n_heads, mix.head_dim
+                L.n_groups, L.d_state, L.conv_k = mix.n_groups, mix.d_state, mix.conv1d.weight.shape[-1]
+                L.conv_w = ptr(_f32(mix.conv1d.weight[:, 0]))
+                L.conv_b = ptr(_f32(mix.conv1d.bias)) if mix.conv1d.bias is not None else None
+                L.dt_bias = ptr(_f32(mix.dt_bias))
+                L.A = ptr((-torch.exp(mix.A_log.detach().float())).contiguous())  # as the module computes it
+                L.Dskip = ptr(_f32(mix.D))
+                L.gnorm_w = ptr(_f32(mix.norm.weight))
+                lo, hi = mix.dt_limit
+                L.dt_clamp = int((lo, hi) != (0.0, math.inf))
+                L.dt_lo, L.dt_hi = lo, (hi if math.isfinite(hi) else 3.0e38)
+            elif block.kind == "*":
+                L.w_in, L.n_in = ptr(mix.q_proj.weight), mix.q_proj.weight.shape[0]
+                L.w_k, L.w_v, L.n_kv_out = ptr(mix.k_proj.weight), ptr(mix.v_proj.weight), mix.k_proj.weight.shape[0]
+                L.w_out, L.k_out = ptr(mix.o_proj.weight), mix.o_proj.weight.shape[1]
+                L.n_q_heads, L.n_kv_heads, L.attn_head_dim = mix.n_heads, mix.n_kv, mix.head_dim
+            else:
+                L.w_in, L.n_in = ptr(mix.up_proj.weight), mix.up_proj.weight.shape[0]
+                L.w_out, L.k_out = ptr(mix.down_proj.weight), mix.down_proj.weight.shape[1]
+        self.model = _Model(bf16=int(self.dtype == torch.bfloat16),
+                            res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
+                            D=cfg.hidden_size, vocab=lm.lm_head.weight.shape[0], n_layers=len(layers),
+                            eps=cfg.layer_norm_epsilon, embed=ptr(lm.backbone.embeddings.weight),
+                            norm_f=ptr(_f32(lm.backbone.norm_f.weight)), lm_head=ptr(lm.lm_head.weight),
+                            layers=layers)
+        self.layers, self.keep, self.vocab = layers, keep, self.model.vocab
+        self.embed_rows = lm.backbone.embeddings.weight.shape[0]
+
+    def _stamp(self):
+        return [(p.data_ptr(), p._version) for p in self.params]
+
+    def unchanged(self) -> bool:
+        """No parameter got new storage or an in-place change (checked every step: ~100 attribute reads)."""
+        return self._stamp() == self.stamp
+
+    def fresh(self, lm) -> bool:
+        """Also the same parameter objects (a module swapped in since): checked once per batch."""
+        params = list(lm.parameters())
+        return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)) \
+            and self.unchanged()
+
+
+def _plan(lm, full_check: bool = True) -> Plan:
+    plan = getattr(lm, "_vl_cpu_decode_plan", None)
+    if plan is None or not (plan.fresh(lm) if full_check else plan.unchanged()):
+        plan = Plan(lm)
+        lm._vl_cpu_decode_plan = plan
+    return plan
+
+
+def run_step(lm, lib: Library, tok: torch.Tensor, cache) -> torch.Tensor | None:
+    """One token per row: tok (b, 1) ids -> logits (b, vocab) float32, the cache advanced by one position, as
+    `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read."""
+    plan = _plan(lm, full_check=False)
+    b = tok.shape[0]
+    ids = tok.reshape(b).to(torch.int64)
+    rows = ids.tolist()
+    if min(rows) < 0 or max(rows) >= plan.embed_rows:
+        return None  # the modules raise their IndexError; the kernel must never read outside the table
+    ptrs = (ctypes.c_void_p * (2 * len(cache.layers)))()
+    for i, layer in enumerate(cache.layers):
+        if layer is None:
+            continue
+        a, c = (layer.k, layer.v) if hasattr(layer, "k") else (layer.conv, layer.ssm)
+        if not (a.is_contiguous() and c.is_contiguous() and a.device.type == "cpu") or a.dtype != plan.dtype \
+                or (not hasattr(layer, "k") and c.dtype != torch.float32):
+            return None  # a cache this step does not read: the caller runs the modules
+        ptrs[2 * i], ptrs[2 * i + 1] = a.data_ptr(), c.data_ptr()
+    pos = cache.length
+    key_valid = cache.mark(pos, 1, None)  # bounds check and bookkeeping, as the model's forward does
+    ids = ids.contiguous()
+    valid = cache.valid.contiguous() if key_valid is not None else None
+    logits = torch.empty(b, plan.vocab, dtype=torch.float32)
+    lib.lib.vl_decode_step(ctypes.byref(plan.model), b, ids.data_ptr(), ptrs, pos, cache.max_len,
+                           valid.data_ptr() if valid is not None else None, logits.data_ptr(),
+                           torch.get_num_threads())
+    cache.length = pos + 1
+    return logits
+
+
+def prepare(lm) -> bool:
+    """Build (or load from the cache) the fused step's library now if `lm` would use it, so that the first request
+    does not wait for the compiler; -> whether it will be used. Called by `vl.load_pretrained`."""
+    on_cpu = all(p.device.type == "cpu" for p in lm.parameters())
+    return on_cpu and unsupported(lm) is None and library() is not None
+
+
+def step_fn(lm):
+    """The fused eager step for `lm` -- `(tok (b, 1), cache, pos) -> logits (b, vocab)` -- or None where it does
+    not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and tensors off
+    the CPU fall back per call."""
+    lib, why = _load(_mode())
+    reason = why if lib is None else unsupported(lm)
+    if reason is not None:
+        _log_once(reason)
+        return None
+    _plan(lm)  # built (or checked against swapped modules) once per batch
+
+    def step(tok, cache, pos):
+        if tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled():
+            logits = run_step(lm, lib, tok, cache)
+            if logits is not None:
+                return logits
+        return lm(input_ids=tok, cache=cache).logits[:, -1]
+
+    return step
+
+
+@functools.cache
+def _log_once(reason: str) -> None:
+    log.info("vl: the fused CPU decode step is not used (%s); decoding through the modules", reason)
