@@ -43,6 +43,7 @@ from vl.quant import bench as quant_bench
 from vl.quant import cpu_gemv
 from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
+from vl.runtime import cpu_decode
 from vl.runtime.cache import HybridCache
 from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 
@@ -267,8 +268,6 @@ GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
 
 
 def _modules_decode_s(model, ids, n) -> float:
-    from vl.runtime import cpu_decode
-
     with cpu_decode.override("off"):
         return our_decode_s(model, ids, n, "eager")
 
@@ -410,8 +409,6 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
     if not a.device.startswith("cuda"):
-        from vl.runtime import cpu_decode
-
         print(f"eager decode (the default): {cpu_decode.status()}")
     if formats:
         print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant import cpu_gemv
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,6 @@ def status() -> str:
 def unsupported(lm) -> str | None:
     """Why the fused step cannot run this model (None: it can). The step covers what the modules do for dense
     models on the CPU; anything else (quantized or offloaded layers, MoE, biases, other activations) keeps them."""
-    from vl.modeling.nemotron_h import NemotronHForCausalLM
-
     if type(lm) is not NemotronHForCausalLM:
         return f"not a NemotronHForCausalLM ({type(lm).__name__})"
     cfg = lm.config
