@@ -28,7 +28,11 @@ DOC_DEFAULTS = dict(pages="", max_tiles=2, token_budget=0, thinking=False, reaso
 def start_app(model: Path, work: Path, *flags: str) -> SimpleNamespace:
     """`vl app` on a free port, cwd `work` (so that dotfiles there are "in the CWD"), uploads under work/uploads."""
     port = free_port()
-    env = {**os.environ, "GRADIO_TEMP_DIR": str(work / "uploads"), "GRADIO_ANALYTICS_ENABLED": "False"}
+    # VL_CPU_DECODE=off: these rows size their waits and limits for decoding through the modules (~1200 tok/s on
+    # the tiny models); the fused CPU step (docs/cpu_decode.md, twin-tested in tests/runtime/test_cpu_decode.py)
+    # decodes them ~3x faster, so a burst's requests would finish before the queue fills
+    env = {**os.environ, "GRADIO_TEMP_DIR": str(work / "uploads"), "GRADIO_ANALYTICS_ENABLED": "False",
+           "VL_CPU_DECODE": "off"}
     log = open(work / "app.log", "w")
     proc = subprocess.Popen(vl_command() + ["app", "--model", str(model), "--port", str(port),
                                             "--examples-dir", str(work / "examples"), *flags],

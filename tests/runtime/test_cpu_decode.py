@@ -211,3 +211,24 @@ def test_what_the_step_does_not_cover_keeps_the_modules(lib, what):
         with cpu_decode.override("off"):
             want = generate_ids(lm, ids, max_new_tokens=3)
         assert torch.equal(generate_ids(lm, ids, max_new_tokens=3), want)  # the modules' own decode
+
+
+
+def test_a_forward_hook_sends_the_step_through_the_modules(lib, monkeypatch):
+    """A hook on the model (a probe, a step counter) must see every decode step: the fused step would skip it.
+    The tokens stay those of the modules."""
+    lm = model(odd_config(), torch.float32, seed=2)
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (6, 10)])
+    with cpu_decode.override("off"):
+        want = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
+    fused, seen = [], []
+    real = cpu_decode.run_step
+    monkeypatch.setattr(cpu_decode, "run_step", lambda *a: fused.append(1) or real(*a))
+    handle = lm.register_forward_hook(lambda *_: seen.append(1))
+    try:
+        with cpu_decode.override(lib.isa if lib.isa == "portable" else "auto"):
+            got = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
+    finally:
+        handle.remove()
+    assert not fused and len(seen) == 8  # the prefill and every decode step went through the hooked modules
+    assert torch.equal(got, want)

@@ -273,15 +273,25 @@ def step_fn(lm):
         _log_once(reason)
         return None
     _plan(lm)  # built (or checked against swapped modules) once per batch
+    modules = list(lm.modules())
 
     def step(tok, cache, pos):
-        if tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled():
+        if (tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled()
+                and not _hooked(modules)):
             logits = run_step(lm, lib, tok, cache)
             if logits is not None:
                 return logits
         return lm(input_ids=tok, cache=cache).logits[:, -1]
 
     return step
+
+
+def _hooked(modules) -> bool:
+    """Whether a forward hook is registered on the model or globally: the fused step would skip it (a probe, a
+    step counter, a slowed step in a test), so the modules run that step instead."""
+    glob = nn.modules.module
+    return bool(glob._global_forward_hooks or glob._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 @functools.cache
