@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 from test_imports import ROOT, module_name
@@ -180,3 +182,12 @@ def test_the_rule_sees_what_it_should():
     assert "torch" in heavy_on_import("vl.runtime.engine")
     assert "torch" not in heavy_on_import("vl") and "transformers" not in heavy_on_import("vl.hf")
     assert heavy_on_import("json") == frozenset() and heavy_on_import("torch.distributed") == {"torch"}
+
+
+def test_command_help_needs_no_torch():
+    """`vl --help`, `vl chat --help` and `vl serve --help` answer at once: their modules import no torch (4-9 s)."""
+    code = ("import sys, vl.cli, vl.chat_cli, vl.server.cli; "
+            "print(sorted(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

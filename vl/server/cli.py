@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 from vl.directory import default_model
 from vl.errors import VLError
+from vl.server.ceilings import Ceilings
 from vl.server.media import MediaPolicy
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from vl.server.request import Ceilings
-
     c = Ceilings()
     p = argparse.ArgumentParser(prog="vl serve", description="OpenAI-compatible server: GET /v1/models, "
                                 "POST /v1/chat/completions, GET /health (docs/server.md)")
@@ -69,7 +68,6 @@ def build(args: argparse.Namespace):
     """-> (engine, scheduler, ServerConfig, app); loads the model (a broken checkpoint is never served)."""
     from vl.runtime.engine import Engine
     from vl.server.app import ServerConfig, create_app
-    from vl.server.request import Ceilings
     from vl.server.scheduler import Scheduler
 
     if args.threads is not None:

@@ -19,24 +19,12 @@ from vl.errors import GenerationOptionError, InputError, ModelNotFoundError
 from vl.options import RequestOptions, spec
 from vl.runtime.batch import ChatRequest
 from vl.runtime.sampling import SamplingParams
+from vl.server.ceilings import Ceilings
 from vl.server.media import MediaPolicy, resolve
 
 IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "logit_bias",
                   "prompt_cache_key", "safety_identifier", "modalities", "reasoning_effort", "messages", "model"}
 _ZERO_OK = {"frequency_penalty", "presence_penalty"}  # accepted when 0 (their OpenAI default)
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """Server-side caps on what one request may ask for (vLLM's 2026 advisories: every per-request knob that
-    scales work needs a ceiling)."""
-
-    max_tokens: int = 4096
-    max_num_tiles: int = 12  # the model card's range is 1..12
-    max_frames: int = 128  # the reference sampling (2 fps, at most 128 frames)
-    max_fps: float = 30.0
-    max_stop: int = 16
-    request_timeout_s: float = 300.0
 
 
 @dataclass
