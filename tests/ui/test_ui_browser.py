@@ -67,7 +67,8 @@ def demo_served(examples, upload_dir):
 @pytest.fixture(scope="module")
 def endless_served(endless_dir, examples, upload_dir):
     """The app in-process over `endless_dir` (its answers never stop on their own), with room for 100k new
-    tokens: an answer runs far longer than any Stop test needs, however fast the machine decodes."""
+    tokens and at least 10 ms a step: an answer runs far longer than any Stop test needs, however fast the machine
+    decodes."""
     from ui.app import build_app, launch_app
     from ui.limits import AppLimits
     from ui.measure import free_port
@@ -76,11 +77,15 @@ def endless_served(endless_dir, examples, upload_dir):
     limits = AppLimits(max_new_tokens=100_000)
     engine = UIEngine.from_pretrained(endless_dir, isolate=True, limits=limits.media,
                                       allowed_roots=[upload_dir, examples.dir])
+    # every step at least 10 ms, whatever the decode path: the fused CPU step (docs/cpu_decode.md) decodes this
+    # tiny model at ~6000 tok/s, which would end a default-length answer before the page shows "generating"
+    slow = engine.lm.register_forward_hook(lambda *_: time.sleep(0.01))
     demo = build_app(engine, limits=limits, examples_dir=examples.dir, examples=examples.records,
                      model_name="endless")
     launch_app(demo, port=free_port(), limits=limits, model_dir=endless_dir, examples_dir=examples.dir,
                prevent_thread_lock=True, quiet=True)
     yield SimpleNamespace(url=demo.local_url, engine=engine)
+    slow.remove()
     demo.close()
 
 
