@@ -71,6 +71,17 @@ def _flags(portable: bool, opt: str = "-O3") -> list[str]:
     return flags + (["-DVL_PORTABLE"] if portable else [])
 
 
+def _source_text(source: Path) -> str:
+    """The source and, recursively, the package files it includes with `#include "..."` (part of the cache key)."""
+    text = source.read_text()
+    parts = [text]
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith('#include "'):
+            parts.append(_source_text(source.with_name(line.split('"')[1])))
+    return "\0".join(parts)
+
+
 def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Path:
     """Compile a kernel source (this module's, or another plain C++ kernel of the package such as
     `kernels/decode_step.cpp`, whose hot loops are intrinsics and which builds with `opt="-O2"` in less than half
@@ -79,7 +90,7 @@ def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Pa
     if cxx is None:
         raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(_flags(portable, opt)), version, _cpu_flags(),
+    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable, opt)), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
     if out.exists():

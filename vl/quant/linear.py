@@ -146,6 +146,11 @@ class QuantizedLinear(nn.Module, abc.ABC):
         return False, f"native {self.fmt.upper()} GEMM is not implemented"
 
     # --- shared -----------------------------------------------------------------------------------
+    def packed_operands(self) -> dict | None:
+        """The packed tensors as the CPU kernels read them (`kernels/quant_gemv.cpp`, also through the fused decode
+        step of vl/runtime/cpu_decode.py), or None where this layer's bytes must take the reference path."""
+        return None
+
     def _fused_layer(self, kern):  # -> call(x2, round_bf16) -> (M, out) float32, or None when this layer cannot
         return None
 
@@ -266,12 +271,17 @@ class FP8Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_fp8_activation(x, self.input_scale)
 
-    def _fused_layer(self, kern):
+    def packed_operands(self) -> dict | None:
         w = self.weight
         if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
                 and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any())):  # NaN codes: the reference path
             return None
-        return kern.fp8_layer(w, self.weight_scale.float().contiguous(), self.granularity or "tensor")
+        return {"fmt": "fp8", "weight": w, "scale": self.weight_scale.float().contiguous(),
+                "kind": self.granularity or "tensor"}
+
+    def _fused_layer(self, kern):
+        ops = self.packed_operands()
+        return None if ops is None else kern.fp8_layer(ops["weight"], ops["scale"], ops["kind"])
 
     def _native_ok(self, x):
         ok, why = native_fp8_support(x.device)
@@ -325,11 +335,15 @@ class NVFP4Linear(QuantizedLinear):
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
 
-    def _fused_layer(self, kern):
+    def packed_operands(self) -> dict | None:
         w, s = self.weight, self.weight_scale
         if not (w.device.type == "cpu" and w.is_contiguous() and s.is_contiguous() and self.in_features % 16 == 0):
             return None
-        return kern.nvfp4_layer(w, s, float(self.weight_scale_2))
+        return {"fmt": "nvfp4", "weight": w, "block_scale": s, "global_scale": float(self.weight_scale_2)}
+
+    def _fused_layer(self, kern):
+        ops = self.packed_operands()
+        return None if ops is None else kern.nvfp4_layer(ops["weight"], ops["block_scale"], ops["global_scale"])
 
 
 _MODULE_FOR = {"fp8": FP8Linear, "nvfp4": NVFP4Linear}

@@ -30,20 +30,27 @@ from torch import nn
 
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant import cpu_gemv
+from vl.quant.linear import QuantizedLinear
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(cpu_gemv.__file__).with_name("kernels") / "decode_step.cpp"
 MAX_ROWS = 64  # rows (batch) one fused step takes; larger batches keep the modules
 _KINDS = {"M": 0, "*": 1, "-": 2}
+_FORMATS = {"fp8": 1, "nvfp4": 2}  # VlMat.fmt; 0 = dense
 _override: str | None = None
 
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
-class _Layer(ctypes.Structure):  # mirrors `struct VlLayer` of kernels/decode_step.cpp
-    _fields_ = [("kind", _i), ("norm_w", _p), ("w_in", _p), ("n_in", _i), ("w_k", _p), ("w_v", _p),
-                ("n_kv_out", _i), ("w_out", _p), ("k_out", _i), ("d_inner", _i), ("conv_dim", _i), ("n_heads", _i),
+class _Mat(ctypes.Structure):  # mirrors `struct VlMat` of kernels/decode_step.cpp
+    _fields_ = [("fmt", _i), ("N", _i), ("K", _i), ("w", _p), ("scale", _p), ("scale_kind", _i),
+                ("block_scale", _p), ("global_scale", _f)]
+
+
+class _Layer(ctypes.Structure):  # mirrors `struct VlLayer`
+    _fields_ = [("kind", _i), ("norm_w", _p), ("w_in", _Mat), ("w_k", _Mat), ("w_v", _Mat), ("w_out", _Mat),
+                ("d_inner", _i), ("conv_dim", _i), ("n_heads", _i),
                 ("head_dim", _i), ("n_groups", _i), ("d_state", _i), ("conv_k", _i), ("conv_w", _p), ("conv_b", _p),
                 ("dt_bias", _p), ("A", _p), ("Dskip", _p), ("gnorm_w", _p), ("dt_lo", _f), ("dt_hi", _f),
                 ("dt_clamp", _i), ("n_q_heads", _i), ("n_kv_heads", _i), ("attn_head_dim", _i)]
@@ -51,7 +58,7 @@ class _Layer(ctypes.Structure):  # mirrors `struct VlLayer` of kernels/decode_st
 
 class _Model(ctypes.Structure):  # mirrors `struct VlModel`
     _fields_ = [("bf16", _i), ("res_f32", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
-                ("embed", _p), ("norm_f", _p), ("lm_head", _p), ("layers", ctypes.POINTER(_Layer))]
+                ("embed", _p), ("norm_f", _p), ("lm_head", _Mat), ("layers", ctypes.POINTER(_Layer))]
 
 
 def _mode() -> str:
@@ -79,9 +86,9 @@ class Library:
         lib = ctypes.CDLL(str(path))
         lib.vl_decode_step.argtypes = [ctypes.POINTER(_Model), _i, _p, _p, _i, _i, _p, _p, _i]
         lib.vl_decode_step.restype = None
-        lib.vl_decode_isa.restype = _i
+        lib.vl_gemv_isa.restype = _i
         self.lib, self.path = lib, path
-        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_decode_isa(), "unknown")
+        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
 
 
 @functools.cache
@@ -133,16 +140,34 @@ def unsupported(lm) -> str | None:
                    "-": ("up_proj", "down_proj")}
     for i, block in enumerate(lm.backbone.layers):
         for attr in projections[block.kind]:
-            mod = getattr(block.mixer, attr)
-            if type(mod) is not nn.Linear:  # quantized layers keep their own kernels (vl/quant/cpu_gemv.py)
-                return f"layer {i} {attr} is a {type(mod).__name__}"
-    if type(lm.lm_head) is not nn.Linear:
-        return f"lm_head is a {type(lm.lm_head).__name__}"
+            why = _matrix_unsupported(getattr(block.mixer, attr))
+            if why:
+                return f"layer {i} {attr}: {why}"
+    why = _matrix_unsupported(lm.lm_head)
+    if why:
+        return f"lm_head: {why}"
     for name, p in lm.named_parameters():
         if p.device.type != "cpu":
             return f"{name} is on {p.device}"
         if p.dim() >= 2 and p.dtype != dtype:
             return f"{name} is {p.dtype}, the model {dtype}"
+    return None
+
+
+def _matrix_unsupported(mod) -> str | None:
+    """Why the step cannot read this projection's weights as its module would use them (None: it can). Plain
+    Linears are read in place; weight-only FP8 / NVFP4 Linears through the packed kernels of quant_gemv.cpp, as
+    their own forward does on the CPU (so the kernel library must be on: `VL_QUANT_KERNEL` not off)."""
+    if type(mod) is nn.Linear:
+        return None
+    if not isinstance(mod, QuantizedLinear):
+        return f"a {type(mod).__name__}"
+    if mod.mode not in ("weight-only", "auto") or mod.emulate_activations or mod.bias is not None:
+        return f"a {mod.fmt.upper()} Linear in mode {mod.mode!r}{' emulating activations' * mod.emulate_activations}"
+    if cpu_gemv.kernel() is None:
+        return f"a {mod.fmt.upper()} Linear and the packed kernel is off ({cpu_gemv.status()})"
+    if mod.packed_operands() is None:
+        return f"a {mod.fmt.upper()} Linear whose packed weights take the reference path"
     return None
 
 
@@ -155,7 +180,7 @@ class Plan:
     small vectors (norm weights, conv taps, dt bias, A = -exp(A_log), D), rebuilt when a parameter changes."""
 
     def __init__(self, lm):
-        self.params = list(lm.parameters())
+        self.params = _tensors(lm)
         self.stamp = self._stamp()
         cfg = lm.config
         self.dtype = lm.backbone.embeddings.weight.dtype
@@ -168,14 +193,25 @@ class Plan:
             keep.append(t)
             return t.data_ptr()
 
+        def mat(mod) -> _Mat:
+            if type(mod) is nn.Linear:
+                n, k = mod.weight.shape
+                return _Mat(fmt=0, N=n, K=k, w=ptr(mod.weight))
+            ops = mod.packed_operands()
+            m = _Mat(fmt=_FORMATS[ops["fmt"]], N=mod.out_features, K=mod.in_features, w=ptr(ops["weight"]))
+            if ops["fmt"] == "fp8":
+                m.scale, m.scale_kind = ptr(ops["scale"]), cpu_gemv.SCALE_KIND[ops["kind"]]
+            else:
+                m.block_scale, m.global_scale = ptr(ops["block_scale"]), ops["global_scale"]
+            return m
+
         layers = (_Layer * len(lm.backbone.layers))()
         for L, block in zip(layers, lm.backbone.layers):
             mix = block.mixer
             L.kind = _KINDS[block.kind]
             L.norm_w = ptr(_f32(block.norm.weight))
             if block.kind == "M":
-                L.w_in, L.n_in = ptr(mix.in_proj.weight), mix.in_proj.weight.shape[0]
-                L.w_out, L.k_out = ptr(mix.out_proj.weight), mix.out_proj.weight.shape[1]
+                L.w_in, L.w_out = mat(mix.in_proj), mat(mix.out_proj)
                 L.d_inner, L.conv_dim, L.n_heads, L.head_dim = mix.d_inner, mix.conv_dim, mix.n_heads, mix.head_dim
                 L.n_groups, L.d_state, L.conv_k = mix.n_groups, mix.d_state, mix.conv1d.weight.shape[-1]
                 L.conv_w = ptr(_f32(mix.conv1d.weight[:, 0]))
@@ -188,18 +224,15 @@ class Plan:
                 L.dt_clamp = int((lo, hi) != (0.0, math.inf))
                 L.dt_lo, L.dt_hi = lo, (hi if math.isfinite(hi) else 3.0e38)
             elif block.kind == "*":
-                L.w_in, L.n_in = ptr(mix.q_proj.weight), mix.q_proj.weight.shape[0]
-                L.w_k, L.w_v, L.n_kv_out = ptr(mix.k_proj.weight), ptr(mix.v_proj.weight), mix.k_proj.weight.shape[0]
-                L.w_out, L.k_out = ptr(mix.o_proj.weight), mix.o_proj.weight.shape[1]
+                L.w_in, L.w_k, L.w_v, L.w_out = mat(mix.q_proj), mat(mix.k_proj), mat(mix.v_proj), mat(mix.o_proj)
                 L.n_q_heads, L.n_kv_heads, L.attn_head_dim = mix.n_heads, mix.n_kv, mix.head_dim
             else:
-                L.w_in, L.n_in = ptr(mix.up_proj.weight), mix.up_proj.weight.shape[0]
-                L.w_out, L.k_out = ptr(mix.down_proj.weight), mix.down_proj.weight.shape[1]
+                L.w_in, L.w_out = mat(mix.up_proj), mat(mix.down_proj)
         self.model = _Model(bf16=int(self.dtype == torch.bfloat16),
                             res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
-                            D=cfg.hidden_size, vocab=lm.lm_head.weight.shape[0], n_layers=len(layers),
+                            D=cfg.hidden_size, vocab=lm.lm_head.out_features, n_layers=len(layers),
                             eps=cfg.layer_norm_epsilon, embed=ptr(lm.backbone.embeddings.weight),
-                            norm_f=ptr(_f32(lm.backbone.norm_f.weight)), lm_head=ptr(lm.lm_head.weight),
+                            norm_f=ptr(_f32(lm.backbone.norm_f.weight)), lm_head=mat(lm.lm_head),
                             layers=layers)
         self.layers, self.keep, self.vocab = layers, keep, self.model.vocab
         self.embed_rows = lm.backbone.embeddings.weight.shape[0]
@@ -213,9 +246,14 @@ class Plan:
 
     def fresh(self, lm) -> bool:
         """Also the same parameter objects (a module swapped in since): checked once per batch."""
-        params = list(lm.parameters())
+        params = _tensors(lm)
         return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)) \
             and self.unchanged()
+
+
+def _tensors(lm) -> list[torch.Tensor]:
+    """What the step reads: the parameters and the buffers (the packed weights and scales of quantized Linears)."""
+    return list(lm.parameters()) + [b for b in lm.buffers() if b is not None]
 
 
 def _plan(lm, full_check: bool = True) -> Plan:

@@ -7,31 +7,40 @@
 // fused step removes is the cost around the arithmetic: ~20 small torch ops per layer, their dispatch and their
 // allocations (docs/cpu_decode.md has the measured breakdown).
 //
+// Weight matrices are dense (the model dtype) or packed as the checkpoint stores them (FP8 E4M3 with its scales,
+// NVFP4 with block and global scales): the products are those of quant_gemv.cpp, included below, which the
+// weight-only quantized Linears of vl/quant/linear.py call one layer at a time (the same kernels, so the fused step
+// and the modules compute the same weights and the same float32 sums).
+//
 // Built at first use by vl/runtime/cpu_decode.py through the build cache of vl/quant/cpu_gemv.py
-// (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+// (g++ -O2 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(VL_PORTABLE)
-#define VL_AVX512 1
-#include <immintrin.h>
-#endif
+#include "quant_gemv.cpp"  // VL_AVX512, the dense / FP8 / NVFP4 row kernels, bf16_to_float
 
 extern "C" {
 
 // One layer. Field use depends on `kind`; the struct is mirrored by ctypes in vl/runtime/cpu_decode.py.
+// One weight matrix (N, K): y = x W^T. Mirrored by ctypes in vl/runtime/cpu_decode.py.
+struct VlMat {
+  int fmt;                     // 0 = dense in the model dtype, 1 = FP8 E4M3, 2 = NVFP4
+  int N, K;
+  const void* w;               // dense (N, K) | FP8 (N, K) bytes | NVFP4 (N, K/2) packed E2M1
+  const float* scale;          // FP8 weight_scale as float32: one (kind 0), per row (1), per 128x128 block (2)
+  int scale_kind;
+  const uint8_t* block_scale;  // NVFP4 (N, K/16) E4M3 bytes
+  float global_scale;          // NVFP4 weight_scale_2
+};
+
 struct VlLayer {
   int kind;               // 0 = Mamba-2 ("M"), 1 = attention ("*"), 2 = ReLU^2 MLP ("-")
   const float* norm_w;    // (D) the block's RMSNorm weight, float32
-  const void* w_in;       // mamba in_proj (n_in, D) | attention q_proj | mlp up_proj, model dtype
-  int n_in;
-  const void* w_k;        // attention k_proj, v_proj (n_kv_out, D)
-  const void* w_v;
-  int n_kv_out;
-  const void* w_out;      // mamba out_proj | o_proj | down_proj: (D, k_out)
-  int k_out;
+  VlMat w_in;             // mamba in_proj | attention q_proj | mlp up_proj: (n_in, D)
+  VlMat w_k, w_v;         // attention k_proj, v_proj (n_kv_out, D)
+  VlMat w_out;            // mamba out_proj | o_proj | down_proj: (D, k_out)
   // Mamba-2
   int d_inner, conv_dim, n_heads, head_dim, n_groups, d_state, conv_k;
   const float* conv_w;    // (conv_dim, conv_k) float32 copy of the model-dtype weight (exact)
@@ -53,18 +62,11 @@ struct VlModel {
   float eps;
   const void* embed;      // (vocab, D) model dtype
   const float* norm_f;    // (D)
-  const void* lm_head;    // (vocab, D)
+  VlMat lm_head;          // (vocab, D)
   const VlLayer* layers;
 };
 
 }  // extern "C"
-
-static inline float b2f(uint16_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 static inline uint16_t f2b(float f) {  // round to nearest even, as torch's float -> bfloat16
   uint32_t u;
@@ -76,107 +78,31 @@ static inline uint16_t f2b(float f) {  // round to nearest even, as torch's floa
 
 struct Round {  // the model dtype's rounding of a float32 value (identity for float32 models)
   int bf16;
-  inline float operator()(float f) const { return bf16 ? b2f(f2b(f)) : f; }
+  inline float operator()(float f) const { return bf16 ? bf16_to_float(f2b(f)) : f; }
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// GEMV: y[m, o] = sum_i x[m, i] * W[o, i] for M <= 4 rows, float32 accumulation. One weight row at a time, two
-// accumulators per activation row (the loop shape of quant_gemv.cpp's dense GEMV, which reads at memory speed).
-// bf16 weights use VDPBF16PS where the CPU has it (bf16 x bf16 products are exact in float32), else they are
-// widened to float32 and FMA'd. Each 128-byte step also prefetches the two cache lines 4 KiB ahead (prefetches
-// never fault, so reading past the last row is harmless): +10-25% read bandwidth over the hardware prefetcher
-// alone in a standalone read of one 328 MB bf16 matrix on this project's (loaded) runner; within noise on the
-// 180m model's matrices (docs/cpu_decode.md).
-static constexpr int PREFETCH_BYTES = 4096;
-#ifdef VL_AVX512
-static inline void prefetch2(const void* p) {
-  _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T0);
-  _mm_prefetch((const char*)p + PREFETCH_BYTES + 64, _MM_HINT_T0);
-}
-#endif
-
-template <int M>
-static void row_f32(const float* x, int K, const float* w, float* y, int N, int o) {
-  const float* wr = w + (size_t)o * K;
-  float tot[M];
-  int i = 0;
-#ifdef VL_AVX512
-  __m512 acc[M][2];
-  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  for (; i + 32 <= K; i += 32) {
-    prefetch2(wr + i);
-    const __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
-    for (int m = 0; m < M; ++m) {
-      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+// GEMV: y (M, N) float32 = x (M, K) W^T. x holds model-dtype values as float32, and xb the same as bf16 for bf16
+// models (exact). Dense rows go four at a time in contiguous per-thread slices of whole cache lines; a group of 2
+// or 3 is padded to 4 with zero rows (the weights are read once either way, and two instantiations instead of four
+// halve the compile time). Packed rows go through quant_gemv.cpp's entry points, as the quantized Linears call
+// them: with a bf16 model each weight is rounded to bf16 as the modules' weight-only path rounds it.
+static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
+  const int K = W.K, N = W.N;
+  if (W.fmt != 0) {
+    const int x_bf16 = bf16 && vl_gemv_bf16_dot();
+    for (int m0 = 0; m0 < M; m0 += 4) {
+      const int mm = M - m0 < 4 ? M - m0 : 4;
+      const void* xm = x_bf16 ? (const void*)(xb + (size_t)m0 * K) : (const void*)(x + (size_t)m0 * K);
+      if (W.fmt == 1)
+        vl_fp8_gemv(xm, mm, K, (const uint8_t*)W.w, N, W.scale, W.scale_kind, bf16, x_bf16, y + (size_t)m0 * N,
+                    nthreads);
+      else
+        vl_nvfp4_gemv(xm, mm, K, (const uint8_t*)W.w, W.block_scale, W.global_scale, N, bf16, x_bf16,
+                      y + (size_t)m0 * N, nthreads);
     }
+    return;
   }
-  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
-#else
-  for (int m = 0; m < M; ++m) tot[m] = 0.f;
-#endif
-  for (; i < K; ++i)
-    for (int m = 0; m < M; ++m) tot[m] += wr[i] * x[(size_t)m * K + i];
-  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
-}
-
-template <int M>
-static void row_bf16(const float* x, const uint16_t* xb, int K, const uint16_t* w, float* y, int N, int o) {
-  const uint16_t* wr = w + (size_t)o * K;
-  float tot[M];
-  int i = 0;
-#ifdef VL_AVX512
-  __m512 acc[M][2];
-  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-#ifdef __AVX512BF16__
-  for (; i + 64 <= K; i += 64) {
-    prefetch2(wr + i);
-    const __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
-    for (int m = 0; m < M; ++m) {
-      const uint16_t* xr = xb + (size_t)m * K + i;
-      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
-      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
-    }
-  }
-#else
-  for (; i + 32 <= K; i += 32) {
-    if (!(i & 63)) prefetch2(wr + i);  // 64 bytes per step here: one prefetch pair per 128 bytes
-    const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i))), 16));
-    const __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i + 16))), 16));
-    for (int m = 0; m < M; ++m) {
-      acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
-    }
-  }
-#endif
-  for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
-#else
-  for (int m = 0; m < M; ++m) tot[m] = 0.f;
-#endif
-  (void)xb;
-  for (; i < K; ++i) {
-    const float wv = b2f(wr[i]);
-    for (int m = 0; m < M; ++m) tot[m] += wv * x[(size_t)m * K + i];
-  }
-  for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
-}
-
-template <int M>
-static void gemv_range(const float* x, const uint16_t* xb, int K, const void* w, int bf16, float* y, int N,
-                       int r0, int r1) {
-  if (bf16)
-    for (int o = r0; o < r1; ++o) row_bf16<M>(x, xb, K, (const uint16_t*)w, y, N, o);
-  else
-    for (int o = r0; o < r1; ++o) row_f32<M>(x, K, (const float*)w, y, N, o);
-}
-
-// x (M, K) float32 holding model-dtype values and xb the same as bf16 (bf16 models); y (M, N) float32.
-// Rows go four at a time; a group of 2 or 3 is padded to 4 with zero rows (the weights are read once either way,
-// and two instantiations instead of four halve the compile time).
-static void gemv(const float* x, const uint16_t* xb, int M, int K, const void* w, int bf16, float* y, int N,
-                 int nthreads) {
   static thread_local std::vector<float> px, py;
   static thread_local std::vector<uint16_t> pxb;
   for (int m0 = 0; m0 < M; m0 += 4) {
@@ -202,10 +128,16 @@ static void gemv(const float* x, const uint16_t* xb, int M, int K, const void* w
     for (int t = 0; t < nthreads; ++t) {
       const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
       if (r0 >= r1) continue;
-      if (mm == 1)
-        gemv_range<1>(xm, xbm, K, w, bf16, yt, N, r0, r1);
-      else
-        gemv_range<4>(xm, xbm, K, w, bf16, yt, N, r0, r1);
+      if (bf16) {
+        if (mm == 1)
+          dense_bf16_rows<1>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
+        else
+          dense_bf16_rows<4>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
+      } else if (mm == 1) {
+        dense_f32_rows<1>(xm, K, (const float*)W.w, N, yt, r0, r1);
+      } else {
+        dense_f32_rows<4>(xm, K, (const float*)W.w, N, yt, r0, r1);
+      }
     }
     if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
@@ -266,13 +198,13 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
   static thread_local Act xn, yn;
   static thread_local std::vector<float> zx, out;
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
-  zx.resize((size_t)B * L.n_in);
-  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, m.D, L.w_in, m.bf16, zx.data(), L.n_in, nthreads);
-  round_rows(zx.data(), (size_t)B * L.n_in, rnd);
+  zx.resize((size_t)B * L.w_in.N);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, zx.data(), nthreads);
+  round_rows(zx.data(), (size_t)B * L.w_in.N, rnd);
   yn.resize((size_t)B * L.d_inner, m.bf16);
   const int km1 = L.conv_k - 1, gs = L.d_inner / L.n_groups, hpg = L.n_heads / L.n_groups;
   for (int b = 0; b < B; ++b) {
-    float* z = zx.data() + (size_t)b * L.n_in;
+    float* z = zx.data() + (size_t)b * L.w_in.N;
     float* xbc = z + L.d_inner;
     const float* dtr = xbc + L.conv_dim;
     // conv over the window [state, x]: products and their sum rounded as the reference's model-dtype ops
@@ -281,7 +213,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
       float acc = 0.f;
       if (m.bf16) {
         uint16_t* st = (uint16_t*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
-        for (int j = 0; j < km1; ++j) acc += rnd(b2f(st[j]) * wc[j]);
+        for (int j = 0; j < km1; ++j) acc += rnd(bf16_to_float(st[j]) * wc[j]);
         acc += rnd(xbc[c] * wc[km1]);
         for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
         if (km1 > 0) st[km1 - 1] = f2b(xbc[c]);
@@ -350,7 +282,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
   }
   yn.sync_bf16((size_t)B * L.d_inner, m.bf16);
   out.resize((size_t)B * m.D);
-  gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.d_inner, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_rows(out.data(), (size_t)B * m.D, rnd);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
@@ -364,17 +296,17 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   static thread_local std::vector<float> q, k, v, out, sc;
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv;
-  q.resize((size_t)B * L.n_in);
-  k.resize((size_t)B * L.n_kv_out);
-  v.resize((size_t)B * L.n_kv_out);
+  q.resize((size_t)B * L.w_in.N);
+  k.resize((size_t)B * L.w_k.N);
+  v.resize((size_t)B * L.w_k.N);
   const uint16_t* xb = m.bf16 ? xn.b.data() : nullptr;
-  gemv(xn.f.data(), xb, B, m.D, L.w_in, m.bf16, q.data(), L.n_in, nthreads);
-  gemv(xn.f.data(), xb, B, m.D, L.w_k, m.bf16, k.data(), L.n_kv_out, nthreads);
-  gemv(xn.f.data(), xb, B, m.D, L.w_v, m.bf16, v.data(), L.n_kv_out, nthreads);
+  gemv(xn.f.data(), xb, B, L.w_in, m.bf16, q.data(), nthreads);
+  gemv(xn.f.data(), xb, B, L.w_k, m.bf16, k.data(), nthreads);
+  gemv(xn.f.data(), xb, B, L.w_v, m.bf16, v.data(), nthreads);
   round_rows(q.data(), q.size(), rnd);
   round_rows(k.data(), k.size(), rnd);
   round_rows(v.data(), v.size(), rnd);
-  ao.resize((size_t)B * L.n_in, m.bf16);
+  ao.resize((size_t)B * L.w_in.N, m.bf16);
   sc.resize((size_t)nq * (pos + 1));
   float* const qd = q.data();  // thread_local buffers: the OpenMP workers below use the caller's, by pointer
   float* const scd = sc.data();
@@ -383,8 +315,8 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   for (int b = 0; b < B; ++b) {
     for (int kh = 0; kh < nkv; ++kh) {  // write this token's key and value at `pos`
       const size_t at = (((size_t)b * nkv + kh) * max_len + pos) * hd;
-      const float* ks = k.data() + (size_t)b * L.n_kv_out + (size_t)kh * hd;
-      const float* vs = v.data() + (size_t)b * L.n_kv_out + (size_t)kh * hd;
+      const float* ks = k.data() + (size_t)b * L.w_k.N + (size_t)kh * hd;
+      const float* vs = v.data() + (size_t)b * L.w_k.N + (size_t)kh * hd;
       for (int d = 0; d < hd; ++d) {
         if (m.bf16) {
           ((uint16_t*)kc)[at + d] = f2b(ks[d]);
@@ -399,7 +331,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int qh = 0; qh < nq; ++qh) {
       const int kh = qh / rep;
-      const float* qv = qd + (size_t)b * L.n_in + (size_t)qh * hd;
+      const float* qv = qd + (size_t)b * L.w_in.N + (size_t)qh * hd;
       float* s = scd + (size_t)qh * (pos + 1);
       const size_t base = ((size_t)b * nkv + kh) * max_len * hd;
       float mx = -INFINITY;
@@ -408,7 +340,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
         float dot = 0.f;
         if (m.bf16) {
           const uint16_t* kr = (const uint16_t*)kc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) dot += qv[d] * b2f(kr[d]);
+          for (int d = 0; d < hd; ++d) dot += qv[d] * bf16_to_float(kr[d]);
         } else {
           const float* kr = (const float*)kc + base + (size_t)j * hd;
           for (int d = 0; d < hd; ++d) dot += qv[d] * kr[d];
@@ -421,14 +353,14 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
         s[j] = s[j] == -INFINITY ? 0.f : std::exp(s[j] - mx);
         tot += s[j];
       }
-      float* o = aod + (size_t)b * L.n_in + (size_t)qh * hd;
+      float* o = aod + (size_t)b * L.w_in.N + (size_t)qh * hd;
       for (int d = 0; d < hd; ++d) o[d] = 0.f;
       for (int j = 0; j <= pos; ++j) {
         if (s[j] == 0.f) continue;
         const float p = s[j] / tot;
         if (m.bf16) {
           const uint16_t* vr = (const uint16_t*)vc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) o[d] += p * b2f(vr[d]);
+          for (int d = 0; d < hd; ++d) o[d] += p * bf16_to_float(vr[d]);
         } else {
           const float* vr = (const float*)vc + base + (size_t)j * hd;
           for (int d = 0; d < hd; ++d) o[d] += p * vr[d];
@@ -437,9 +369,9 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
       for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
     }
   }
-  ao.sync_bf16((size_t)B * L.n_in, m.bf16);
+  ao.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);
-  gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, B, L.k_out, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_rows(out.data(), (size_t)B * m.D, rnd);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
@@ -450,29 +382,21 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   static thread_local Act xn, a;
   static thread_local std::vector<float> out;
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
-  a.resize((size_t)B * L.n_in, m.bf16);
-  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, m.D, L.w_in, m.bf16, a.f.data(), L.n_in, nthreads);
-  for (size_t i = 0; i < (size_t)B * L.n_in; ++i) {
+  a.resize((size_t)B * L.w_in.N, m.bf16);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, a.f.data(), nthreads);
+  for (size_t i = 0; i < (size_t)B * L.w_in.N; ++i) {
     const float u = rnd(a.f[i]);
     const float r = u > 0.f ? u : 0.f;
     a.f[i] = rnd(r * r);
   }
-  a.sync_bf16((size_t)B * L.n_in, m.bf16);
+  a.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);
-  gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.k_out, L.w_out, m.bf16, out.data(), m.D, nthreads);
+  gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_rows(out.data(), (size_t)B * m.D, rnd);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
 extern "C" {
-
-int vl_decode_isa() {  // 2 = AVX512 loops, 0 = portable loops
-#ifdef VL_AVX512
-  return 2;
-#else
-  return 0;
-#endif
-}
 
 // ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
 // pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes or null (no padding);
@@ -485,7 +409,7 @@ void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* ca
   for (int b = 0; b < B; ++b)
     for (int i = 0; i < m->D; ++i) {
       const size_t at = (size_t)ids[b] * m->D + i;
-      h[(size_t)b * m->D + i] = m->bf16 ? b2f(((const uint16_t*)m->embed)[at]) : ((const float*)m->embed)[at];
+      h[(size_t)b * m->D + i] = m->bf16 ? bf16_to_float(((const uint16_t*)m->embed)[at]) : ((const float*)m->embed)[at];
     }
   for (int l = 0; l < m->n_layers; ++l) {
     const VlLayer& L = m->layers[l];
@@ -498,17 +422,8 @@ void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* ca
   }
   const Round rnd{m->bf16};
   rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);
-  gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->D, m->lm_head, m->bf16, logits, m->vocab, nthreads);
+  gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->lm_head, m->bf16, logits, nthreads);
   round_rows(logits, (size_t)B * m->vocab, rnd);
 }
 
-}  // extern "C"
-
-extern "C" {
-// The step's GEMV alone (tests and `vl bench` compare it with torch's and the quant kernel's): x (M, K) float32,
-// xb the same values as bf16 when bf16 = 1 (else null), w (N, K); y (M, N) float32.
-void vl_decode_gemv(const float* x, const uint16_t* xb, int M, int K, const void* w, int bf16, float* y, int N,
-                    int nthreads) {
-  gemv(x, xb, M, K, w, bf16, y, N, nthreads);
-}
 }  // extern "C"

@@ -58,6 +58,12 @@ static inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+static float* bf16_rows_to_float(const uint16_t* x, int M, int K) {
+  float* out = new float[(size_t)M * K];
+  for (size_t i = 0; i < (size_t)M * K; ++i) out[i] = bf16_to_float(x[i]);
+  return out;
+}
+
 #ifdef VL_AVX512
 static inline __m512 round_bf16_v(__m512 v) {
   __m512i u = _mm512_castps_si512(v);
@@ -132,12 +138,6 @@ static inline void make_table(float s, Table& t) {  // entries m = bf16(FP8_LUT[
 // activations or products (|term| < 2^-126) are still flushed by VDPBF16PS: an absolute difference far below
 // the float32 accumulation noise of any sum with a normal-sized term.
 static inline bool bf16_weights_normal(float least) { return !(std::fabs(least) < 1.1754944e-38f); }
-
-static float* bf16_rows_to_float(const uint16_t* x, int M, int K) {
-  float* out = new float[(size_t)M * K];
-  for (size_t i = 0; i < (size_t)M * K; ++i) out[i] = bf16_to_float(x[i]);
-  return out;
-}
 
 // x position of lane j of the two unpacked halves of a 64-byte block (see above)
 static inline int unpack_pos(int j) { return j < 32 ? (j / 8) * 16 + j % 8 : ((j - 32) / 8) * 16 + 8 + (j - 32) % 8; }
@@ -403,65 +403,93 @@ static void nvfp4_rows(const float* x, int K, const uint8_t* w, const uint8_t* b
   }
 }
 
-// Dense weights (the same few-row products for plain bf16 / fp32 Linears): torch's CPU GEMV reads bf16 weights at
-// about half the speed it reads fp32 ones; reading them straight into VDPBF16PS (bf16 x bf16 exact in float32,
-// float32 accumulation) or FMA (fp32) keeps the loop at memory speed. Float32 accumulation, as torch's.
-template <int M>
-static void bf16_rows(const uint16_t* x, int K, const uint16_t* w, int N, float* y, int r0, int r1) {
-  for (int o = r0; o < r1; ++o) {
-    const uint16_t* wr = w + (size_t)o * K;
-    float tot[M];
-    for (int m = 0; m < M; ++m) tot[m] = 0.f;
-    int i = 0;
-#if defined(VL_AVX512) && defined(__AVX512BF16__)
-    __m512 acc[M][2];
-    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    for (; i + 64 <= K; i += 64) {
-      __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
-      for (int m = 0; m < M; ++m) {
-        const uint16_t* xr = x + (size_t)m * K + i;
-        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
-        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
-      }
-    }
-    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
-#endif
-    for (; i < K; ++i) {
-      uint32_t u = (uint32_t)wr[i] << 16;
-      float wv;
-      std::memcpy(&wv, &u, 4);
-      for (int m = 0; m < M; ++m) {
-        uint32_t v = (uint32_t)x[(size_t)m * K + i] << 16;
-        float xv;
-        std::memcpy(&xv, &v, 4);
-        tot[m] += wv * xv;
-      }
-    }
-    for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
-  }
+// Dense weights (plain bf16 / fp32 Linears, and every dense matrix of the fused decode step in decode_step.cpp,
+// which includes this file): torch's CPU GEMV reads bf16 weights at about half the speed it reads fp32 ones;
+// reading them straight into VDPBF16PS (bf16 x bf16 products are exact in float32) or FMA keeps the loop at
+// memory speed. One weight row at a time, two accumulators per activation row, float32 accumulation. Each
+// 128-byte step also prefetches the two cache lines 4 KiB ahead (prefetches never fault, so reading past the
+// last row is harmless): +10-25% read bandwidth over the hardware prefetcher alone in a standalone read of one
+// 328 MB bf16 matrix on this project's (loaded) runner; within noise on the 180m model's matrices.
+static constexpr int PREFETCH_BYTES = 4096;
+#ifdef VL_AVX512
+static inline void prefetch2(const void* p) {
+  _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T0);
+  _mm_prefetch((const char*)p + PREFETCH_BYTES + 64, _MM_HINT_T0);
 }
+#endif
 
+// x (M, K) float32, w (N, K) float32; y[m * N + o] for o in [r0, r1).
 template <int M>
-static void f32_rows(const float* x, int K, const float* w, int N, float* y, int r0, int r1) {
+static void dense_f32_rows(const float* x, int K, const float* w, int N, float* y, int r0, int r1) {
   for (int o = r0; o < r1; ++o) {
     const float* wr = w + (size_t)o * K;
     float tot[M];
-    for (int m = 0; m < M; ++m) tot[m] = 0.f;
     int i = 0;
 #ifdef VL_AVX512
     __m512 acc[M][2];
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
     for (; i + 32 <= K; i += 32) {
-      __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
+      prefetch2(wr + i);
+      const __m512 wa = _mm512_loadu_ps(wr + i), wb = _mm512_loadu_ps(wr + i + 16);
       for (int m = 0; m < M; ++m) {
         acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
         acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
       }
     }
     for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#else
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
 #endif
     for (; i < K; ++i)
       for (int m = 0; m < M; ++m) tot[m] += wr[i] * x[(size_t)m * K + i];
+    for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
+  }
+}
+
+// xb (M, K) bf16 activations, w (N, K) bf16. x: the same values as float32, read only where the CPU lacks
+// AVX512-BF16 (widening + FMA there); it may be null where dense_bf16_native() says 1.
+template <int M>
+static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uint16_t* w, int N, float* y, int r0,
+                            int r1) {
+  for (int o = r0; o < r1; ++o) {
+    const uint16_t* wr = w + (size_t)o * K;
+    float tot[M];
+    int i = 0;
+#ifdef VL_AVX512
+    __m512 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+#ifdef __AVX512BF16__
+    for (; i + 64 <= K; i += 64) {
+      prefetch2(wr + i);
+      const __m512bh wa = (__m512bh)_mm512_loadu_si512(wr + i), wb = (__m512bh)_mm512_loadu_si512(wr + i + 32);
+      for (int m = 0; m < M; ++m) {
+        const uint16_t* xr = xb + (size_t)m * K + i;
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], wa, (__m512bh)_mm512_loadu_si512(xr));
+        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], wb, (__m512bh)_mm512_loadu_si512(xr + 32));
+      }
+    }
+#else
+    for (; i + 32 <= K; i += 32) {
+      if (!(i & 63)) prefetch2(wr + i);  // 64 bytes per step here: one prefetch pair per 128 bytes
+      const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i))), 16));
+      const __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i + 16))), 16));
+      for (int m = 0; m < M; ++m) {
+        acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
+        acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
+      }
+    }
+#endif
+    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#else
+    for (int m = 0; m < M; ++m) tot[m] = 0.f;
+#endif
+    (void)x;
+    for (; i < K; ++i) {
+      const float wv = bf16_to_float(wr[i]);
+      for (int m = 0; m < M; ++m) tot[m] += wv * bf16_to_float(xb[(size_t)m * K + i]);
+    }
     for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
   }
 }
@@ -573,15 +601,20 @@ int vl_dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar 
 void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
+  float* xf = nullptr;  // bf16 activations widened, for CPUs without AVX512-BF16
+#if !(defined(VL_AVX512) && defined(__AVX512BF16__))
+  if (bf16) xf = bf16_rows_to_float((const uint16_t*)x, M, K);
+#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
   for (int c = 0; c < chunks; ++c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
     if (bf16) {
-      VL_DISPATCH(bf16_rows, (const uint16_t*)x, K, (const uint16_t*)w, N, y, r0, r1)
+      VL_DISPATCH(dense_bf16_rows, xf, (const uint16_t*)x, K, (const uint16_t*)w, N, y, r0, r1)
     } else {
-      VL_DISPATCH(f32_rows, (const float*)x, K, (const float*)w, N, y, r0, r1)
+      VL_DISPATCH(dense_f32_rows, (const float*)x, K, (const float*)w, N, y, r0, r1)
     }
   }
+  delete[] xf;
 }
 
 }  // extern "C"
