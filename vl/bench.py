@@ -45,7 +45,7 @@ from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 from vl.runtime import cpu_decode
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
+from vl.runtime.pretrained import runtime_passes
 
 CONFIGS = {
     "180m": bench_180m_lm,
@@ -84,9 +84,7 @@ def build_pair(cfg: LMConfig, dtype, device="cpu"):
                 p.normal_(0, 0.02)
     hf = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**lm_config_to_hf(cfg))).eval()
     hf.load_state_dict({k.replace("backbone.", "model.", 1): v for k, v in ours.state_dict().items()})
-    ours = ours.to(device, dtype)
-    upcast_16bit_matmuls(ours)  # as vl.load_pretrained does
-    gemv_decode_linears(ours)
+    ours = runtime_passes(ours.to(device, dtype))  # as vl.load_pretrained does
     return ours, hf.to(device, dtype)
 
 

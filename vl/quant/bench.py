@@ -36,6 +36,7 @@ from vl.modeling.random_init import randomize_
 from vl.quant.export import collect_input_amax, exclude_patterns, quantizable_linear_names, quantize_state_dict
 from vl.quant.linear import MODES  # the one list of quantized execution modes
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes, swap_quantized_linears
+from vl.runtime import hugepages
 from vl.runtime.generate import generate_steps
 
 TEXT = ("The total is 47. Which field is at the top? NAME. The red circle moves to the right, then the blue "
@@ -306,4 +307,5 @@ def quantized_copy(model: nn.Module, fmt: str, calib_ids: torch.Tensor, mode: st
     out = copy.deepcopy(model)
     rep = swap_quantized_linears(out, q, mode, compute_dtype=dtype)
     out.load_state_dict({k: v.to(dtype) for k, v in q.items() if k not in rep.consumed_keys}, strict=False)
+    hugepages.advise(out)  # as vl.load_pretrained does (the other passes came with the copied model)
     return out

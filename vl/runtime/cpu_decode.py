@@ -1,4 +1,5 @@
-"""The fused CPU decode step: one C++ call per generated token for dense bf16 / fp32 Nemotron-H models.
+"""The fused CPU decode step: one C++ call per generated token for bf16 / fp32 Nemotron-H models, with dense weights
+or weight-only FP8 / NVFP4 ones (read packed, as the checkpoint stores them).
 
 An eager decode step through the modules runs ~20 small torch ops per layer (norms, the Mamba-2 conv window
 and state update, gating, attention over the cache, residual adds), and on a small model their dispatch and
@@ -117,8 +118,9 @@ def status() -> str:
 
 
 def unsupported(lm) -> str | None:
-    """Why the fused step cannot run this model (None: it can). The step covers what the modules do for dense
-    models on the CPU; anything else (quantized or offloaded layers, MoE, biases, other activations) keeps them."""
+    """Why the fused step cannot run this model (None: it can). The step covers what the modules do on the CPU for
+    plain and weight-only FP8 / NVFP4 Linears; anything else (offloaded layers, MoE, biases, other activations,
+    activation emulation) keeps them."""
     if type(lm) is not NemotronHForCausalLM:
         return f"not a NemotronHForCausalLM ({type(lm).__name__})"
     cfg = lm.config

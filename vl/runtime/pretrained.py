@@ -4,7 +4,7 @@ the model code, in gpt-fast's `_load_model` order: build and assign, then the CP
 from __future__ import annotations
 
 from vl.checkpoint.load import load_model
-from vl.runtime import cpu_decode
+from vl.runtime import cpu_decode, hugepages
 from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 from vl.runtime.placement import place
 
@@ -13,9 +13,15 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
                     quant_mode: str | None = None):
     """Any supported checkpoint directory as an `nn.Module` (README, "Quickstart: Python")."""
     model = load_model(path, dtype=dtype, device_map=device_map, scan_nan=scan_nan, quant_mode=quant_mode)
+    return runtime_passes(model, device_map=device_map, max_memory=max_memory)
+
+
+def runtime_passes(model, device_map=None, max_memory=None):
+    """The passes every loaded model gets (also applied by `vl bench` to the models it builds in memory)."""
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)
+    hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     return model

@@ -1,4 +1,4 @@
-// One whole Nemotron-H decode step (one new token per row) in one call, for dense bf16 / fp32 models on the CPU.
+// One whole Nemotron-H decode step (one new token per row) in one call, for bf16 / fp32 models on the CPU.
 //
 // The plain-math modules (vl/modeling/{nemotron_h,mamba2,attention,mlp,norms}.py, the Mamba-2 one-step recurrence
 // of vl/modeling/ssd_ref.py) are the reference twin: this file performs the same operations, rounding to the

@@ -1,0 +1,67 @@
+"""vl/runtime/hugepages.py: large CPU weights moved onto 2 MiB pages in place -- same pointers, same bytes, same
+outputs -- where the kernel allows it; nothing happens with VL_HUGEPAGES=0 or for small tensors."""
+
+import platform
+
+import pytest
+import torch
+
+from vl.config import LMConfig
+from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.runtime import hugepages
+from vl.runtime.pretrained import runtime_passes
+
+pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="transparent huge pages are a Linux feature")
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def lm():
+    """Embedding and LM head of 8 MiB each in fp32: whole 2 MiB pages inside them."""
+    torch.manual_seed(0)
+    cfg = LMConfig(vocab_size=4096, hidden_size=512, pattern="M*-", num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, intermediate_size=256, mamba_num_heads=8, mamba_head_dim=16, n_groups=2,
+                   ssm_state_size=16, chunk_size=16)
+    return NemotronHForCausalLM(cfg).eval()
+
+
+def test_large_weights_move_to_huge_pages_with_the_same_bytes_and_outputs(monkeypatch):
+    if _thp_mode() == "never" or _thp_mode() == "absent":
+        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    model = lm()
+    ids = torch.randint(0, 4096, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+    emb = model.backbone.embeddings.weight
+    before, ptr = emb.detach().clone(), emb.data_ptr()
+    done = hugepages.advise(model)
+    if done == 0:
+        pytest.skip("the kernel declined MADV_COLLAPSE here (older than Linux 6.1, or THP restricted)")
+    assert done >= 2 * hugepages.HUGE
+    assert emb.data_ptr() == ptr and torch.equal(emb, before)
+    assert hugepages.huge_bytes(emb) >= hugepages.HUGE
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    assert hugepages.advise(model) == done  # idempotent: the same interiors, already huge
+
+
+def test_switched_off_or_small_tensors_do_nothing(monkeypatch):
+    monkeypatch.setenv("VL_HUGEPAGES", "0")
+    assert hugepages.advise(lm()) == 0
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    small = torch.nn.Linear(64, 64)  # 16 KiB: no whole 2 MiB page inside
+    assert hugepages.advise(small) == 0
+
+
+def test_the_load_passes_ask_for_huge_pages(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hugepages, "advise", lambda m: calls.append(m) or 0)
+    model = lm()
+    assert runtime_passes(model) is model and calls == [model]
