@@ -49,7 +49,37 @@ def test_large_weights_move_to_huge_pages_with_the_same_bytes_and_outputs(monkey
     assert hugepages.huge_bytes(emb) >= hugepages.HUGE
     with torch.no_grad():
         assert torch.equal(model(ids).logits, want)
-    assert hugepages.advise(model) == done  # idempotent: the same interiors, already huge
+    ptrs = [t.data_ptr() for t in model.parameters()]
+    hugepages.advise(model)  # again: nothing moves a second time
+    assert [t.data_ptr() for t in model.parameters()] == ptrs
+
+
+def test_small_tensors_move_into_one_arena_and_shared_ones_stay_shared(monkeypatch):
+    if _thp_mode() in ("never", "absent"):
+        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    model = lm()
+    base = torch.randn(2, 300_000)  # two buffers that are views of one storage, on another module
+    holder = model.backbone.layers[0]
+    holder.register_buffer("a", base[0], persistent=False)
+    holder.register_buffer("b", base[1], persistent=False)
+    small = [n for n, p in model.named_parameters() if 64 << 10 <= p.untyped_storage().nbytes() < 8 << 20]
+    assert small  # the projections of this model: 64 KiB .. 8 MiB
+    ids = torch.randint(0, 4096, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    old_ptr = dict((n, p.data_ptr()) for n, p in model.named_parameters())
+    if hugepages.advise(model) == 0:
+        pytest.skip("the kernel declined MADV_COLLAPSE here (older than Linux 6.1, or THP restricted)")
+    params = dict(model.named_parameters())
+    assert all(params[n].data_ptr() != old_ptr[n] for n in small)  # moved ...
+    assert all(torch.equal(params[n], before[n]) for n in params)  # ... with their values
+    assert holder.a.untyped_storage().data_ptr() == holder.b.untyped_storage().data_ptr()  # still one storage
+    assert torch.equal(holder.a, base[0]) and torch.equal(holder.b, base[1])
+    assert hugepages.huge_bytes(params[small[0]]) >= hugepages.HUGE
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
 
 
 def test_switched_off_or_small_tensors_do_nothing(monkeypatch):

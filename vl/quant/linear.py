@@ -273,11 +273,19 @@ class FP8Linear(QuantizedLinear):
 
     def packed_operands(self) -> dict | None:
         w = self.weight
-        if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
-                and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any())):  # NaN codes: the reference path
+        if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous() and self._nan_free()):
             return None
         return {"fmt": "fp8", "weight": w, "scale": self.weight_scale.float().contiguous(),
                 "kind": self.granularity or "tensor"}
+
+    def _nan_free(self) -> bool:
+        """No NaN code (0x7F / 0xFF) in the weight, which the kernels do not decode (they take the reference path).
+        A scan of the whole weight, so remembered per weight tensor and version."""
+        w = self.weight
+        memo = self.__dict__.get("_nan_memo")
+        if memo is None or memo[0] is not w or memo[1] != w._version:
+            memo = self.__dict__["_nan_memo"] = (w, w._version, not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any()))
+        return memo[2]
 
     def _fused_layer(self, kern):
         ops = self.packed_operands()

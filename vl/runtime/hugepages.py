@@ -6,12 +6,17 @@ the CPU's stream prefetchers stop at every 4 KiB page boundary. Measured on this
 from 4 KiB pages and 29-32 GB/s from 2 MiB pages of the same process, in alternating rounds (docs/cpu_decode.md).
 
 Most Linux machines ship THP in `madvise` mode (only memory that asks gets huge pages), and torch's CPU allocator
-does not ask. `advise(model)` asks for every large CPU storage the model holds: `madvise(MADV_HUGEPAGE)` on the
-2 MiB-aligned interior of each storage, then `madvise(MADV_COLLAPSE)` (Linux >= 6.1), which rebuilds the already
-written pages as huge pages synchronously. The data and every pointer stay the same; only the page size under
-them changes, so nothing can change numerically. Where the kernel refuses (THP `never`, an older kernel, a file
-mapping it cannot collapse, a non-Linux OS) the pages stay as they are; one log line says how much was collapsed.
-`VL_HUGEPAGES=0` turns it off.
+does not ask. `advise(model)` asks, for every CPU storage the model holds:
+- a large storage (>= IN_PLACE_BYTES) stays where it is: `madvise(MADV_HUGEPAGE)` on its 2 MiB-aligned interior,
+  then `madvise(MADV_COLLAPSE)` (Linux >= 6.1), which rebuilds the already written pages as huge pages in place
+  (same addresses, no copy, no extra memory);
+- smaller ones (>= MIN_BYTES; a 1024 x 3072 projection of a small model, any packed layer of one) have no or few
+  whole 2 MiB pages inside them, so they are copied into one 2 MiB-aligned huge-page arena and the module's
+  parameters and buffers are re-pointed at their copies (shared and tied tensors stay shared). The extra memory
+  is those small tensors' bytes, for the duration of the copy.
+The values never change, so nothing can change numerically. Where the kernel refuses (THP `never`, an older kernel,
+a file mapping it cannot collapse, a non-Linux OS) the pages stay as they are; one log line says how much was
+done. `VL_HUGEPAGES=0` turns it off.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 HUGE = 2 << 20
-MIN_BYTES = 2 * HUGE  # smaller storages have no whole 2 MiB page worth the call
+IN_PLACE_BYTES = 8 << 20  # from here on, whole 2 MiB pages cover >= 3/4 of a storage: collapse it where it is
+MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) are not worth moving
+ALIGN = 64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
 
@@ -57,27 +64,83 @@ def advise_range(addr: int, nbytes: int) -> int:
 
 
 def advise(model: nn.Module) -> int:
-    """Huge pages under the model's large CPU parameters and buffers; -> bytes collapsed. Safe to call twice."""
+    """Huge pages under the model's CPU parameters and buffers; -> bytes now on huge pages by this call's doing
+    (collapsed in place or moved into the arena). Safe to call twice."""
     if not enabled():
         return 0
-    seen, done, asked = set(), 0, 0
+    storages = {}
     for t in [*model.parameters(), *model.buffers()]:
-        if t is None or t.device.type != "cpu":
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() in seen or st.nbytes() < MIN_BYTES:
-            continue
-        seen.add(st.data_ptr())
-        asked += st.nbytes()
-        try:
-            done += advise_range(st.data_ptr(), st.nbytes())
-        except (OSError, AttributeError) as e:  # no libc madvise: keep the pages as they are
-            log.info("vl: huge pages not requested (%s)", e)
-            return 0
-    if asked:
-        log.info("vl: %.0f of %.0f MiB of CPU weights now on 2 MiB pages%s", done / 2**20, asked / 2**20,
-                 "" if done else " (the kernel declined: THP off, an older kernel, or file-backed weights)")
-    return done
+        if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= MIN_BYTES:
+            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+    try:
+        done = sum(advise_range(ptr, st.nbytes()) for ptr, st in storages.items() if st.nbytes() >= IN_PLACE_BYTES)
+        small = {ptr: st for ptr, st in storages.items() if st.nbytes() < IN_PLACE_BYTES and not _in_huge(ptr)}
+        moved = _move_to_arena(model, small)
+    except (OSError, AttributeError) as e:  # no libc madvise: keep the pages as they are
+        log.info("vl: huge pages not requested (%s)", e)
+        return 0
+    total = sum(st.nbytes() for st in storages.values())
+    if total:
+        log.info("vl: %.0f of %.0f MiB of CPU weights now on 2 MiB pages (%.0f MiB moved into a huge-page arena)%s",
+                 (done + moved) / 2**20, total / 2**20, moved / 2**20,
+                 "" if done + moved else " (the kernel declined: THP off, an older kernel, or file-backed weights)")
+    return done + moved
+
+
+_ARENAS: list[tuple[int, int]] = []  # (start, end) of the arenas this process made: their tensors are not moved again
+
+
+def _in_huge(ptr: int) -> bool:
+    return any(a <= ptr < b for a, b in _ARENAS)
+
+
+def _move_to_arena(model: nn.Module, small: dict) -> int:
+    """Copy the `small` storages into one huge-page arena and re-point the model's tensors at the copies."""
+    offsets, size = {}, 0
+    for ptr, st in small.items():
+        offsets[ptr] = size
+        size += -(-st.nbytes() // ALIGN) * ALIGN
+    if size < HUGE:
+        return 0
+    raw = torch.empty(size + HUGE, dtype=torch.uint8)  # fresh, untouched pages: huge ones fault in once advised
+    base = -raw.data_ptr() % HUGE
+    libc = _libc()
+    libc.madvise(raw.data_ptr() + base, -(-size // HUGE) * HUGE, MADV_HUGEPAGE)
+    arena = raw[base:base + size]
+    for ptr, st in small.items():
+        src = torch.empty(0, dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,))
+        arena[offsets[ptr]:offsets[ptr] + st.nbytes()].copy_(src)
+    if libc.madvise(arena.data_ptr(), -(-size // HUGE) * HUGE, MADV_COLLAPSE) != 0 and not _any_huge(arena):
+        return 0  # the kernel gave no huge pages: leave the model's tensors where they were
+    storage = raw.untyped_storage()
+    new = {}  # id(old tensor) -> its copy, so that shared tensors stay shared
+
+    def moved(t: torch.Tensor) -> torch.Tensor | None:
+        ptr = t.untyped_storage().data_ptr()
+        if t.device.type != "cpu" or ptr not in offsets:
+            return None
+        if id(t) not in new:
+            first = (base + offsets[ptr]) // t.element_size() + t.storage_offset()
+            new[id(t)] = torch.empty(0, dtype=t.dtype).set_(storage, first, t.size(), t.stride())
+        return new[id(t)]
+
+    with torch.no_grad():
+        for module in model.modules():
+            for name, p in module._parameters.items():
+                if p is not None and (q := moved(p)) is not None:
+                    p.data = q
+            for name, b in module._buffers.items():
+                if b is not None and (q := moved(b)) is not None:
+                    module._buffers[name] = q
+    _ARENAS.append((raw.data_ptr(), raw.data_ptr() + raw.numel()))  # the storage the moved tensors share
+    return size
+
+
+def _any_huge(t: torch.Tensor) -> bool:
+    try:
+        return huge_bytes(t) > 0
+    except OSError:
+        return False
 
 
 def huge_bytes(t: torch.Tensor) -> int:
