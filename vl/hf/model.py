@@ -4,10 +4,10 @@ Loading is `vl.Engine.from_pretrained` (our strict loader, no remote code), so t
 and stop ids the engine uses. `generate` speaks transformers' interface (`max_new_tokens`, `max_length`,
 `min_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`, `eos_token_id`,
 `pad_token_id`, `streamer`, `generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`,
-`max_time`) plus ours (`reasoning_budget`, `cancel`), and collects what the engine's one generation loop (vl/runtime/batch.py
-`run_batch`) produces: same vision encoding per media item, same prefill chunks, same sampling, same stop strings,
-time limits and budgets, hence the same tokens as `vl.Engine.chat`. Options it cannot honour (beam search,
-several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
+`max_time`) plus ours (`reasoning_budget`, `cancel`), and collects what the engine's one generation loop
+(vl/runtime/batch.py `run_batch`) produces: same vision encoding per media item, same prefill chunks, same sampling,
+same stop strings, time limits and budgets, hence the same tokens as `vl.Engine.chat`. Options it cannot honour
+(beam search, several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
 Conventions kept from transformers: the returned sequences are prompt + new tokens, the stop token included,
@@ -45,8 +45,8 @@ DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_
 # transformers' global defaults (GenerationConfig._get_default_generation_params) for what we implement
 SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 SUPPORTED = set(SAMPLING_DEFAULTS) | {"max_new_tokens", "min_new_tokens", "max_length", "eos_token_id",
-                                      "pad_token_id", "stop_strings", "max_time", "bos_token_id", "decoder_start_token_id",
-                                      "return_dict_in_generate",
+                                      "pad_token_id", "stop_strings", "max_time", "bos_token_id",
+                                      "decoder_start_token_id", "return_dict_in_generate",
                                       "use_cache", "num_beams", "num_return_sequences", "transformers_version",
                                       "_from_model_config", "min_length", "output_scores", "output_logits",
                                       "output_attentions", "output_hidden_states", "cache_implementation"}
