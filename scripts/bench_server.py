@@ -1,12 +1,18 @@
 """`vl serve` throughput: 8 concurrent clients against one client at a time, on the demo model.
 
 Starts `vl serve` on a free loopback port (the shipped demo model unless --model), then sends the same
-document questions (held-out synthetic pages and PDFs, greedy, reasoning --thinking on|off, at most
---max-tokens each) in two phases, interleaved
-over --rounds rounds so that a busy machine affects both alike:
+document questions (held-out synthetic pages and PDFs, greedy, reasoning --thinking on|off) in two phases,
+interleaved over --rounds rounds so that a busy machine affects both alike:
   * sequential: one client, one request after the other;
   * concurrent: --clients client threads at once, each with its share of the requests (the server batches
     what arrives together, vl/server/scheduler.py).
+Two workloads (--workload):
+  * docs (default): each answer as long as the model makes it, at most --max-tokens (default 64; the demo
+    model answers in ~17 tokens), so per-request work (HTTP, JSON, base64, media decoding, tiling, prefill)
+    dominates and batching shares little;
+  * long: the same questions with vLLM's `ignore_eos: true` and --max-tokens (default 128), so every answer is
+    exactly that long and decoding dominates: the regime in which batching decode steps is what makes a server
+    fast (vLLM's serving benchmark has an --ignore-eos flag for the same purpose).
 Reports requests/s and completion tokens/s of each phase, their ratio (overall and per round, with the
 median), p50/p95 request latency, and the CPU time the server (its threads and its media-decoding sandbox
 workers) and the client used per request: on a machine shared with other work the CPU per request is the
@@ -18,8 +24,8 @@ same state of the server's vision cache (with the default 64 questions, more med
 tiles are encoded as for new requests in both phases); the server runs with --threads 1 (default), and the
 client's own CPU use is reported so that it can be seen not to starve the server.
 
-Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--requests 64] [--clients 8] [--rounds 2]
-       [--max-tokens 64] [--max-batch 8] [--batch-window-ms MS] [--prepare-workers N] [--json out.json]
+Usage: PYTHONPATH=. .venv/bin/python scripts/bench_server.py [--workload docs|long] [--requests 64] [--clients 8]
+       [--rounds 2] [--max-tokens N] [--max-batch 8] [--batch-window-ms MS] [--prepare-workers N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -64,9 +70,14 @@ def questions(n: int, tile: int) -> list[dict]:
     return out
 
 
-def ask(client: httpx.Client, base: str, q: dict, max_tokens: int, thinking: bool) -> tuple[float, int]:
+WORKLOADS = {"docs": (64, {}), "long": (128, {"ignore_eos": True})}  # default --max-tokens, extra body fields
+
+
+def ask(client: httpx.Client, base: str, q: dict, max_tokens: int, thinking: bool,
+        extra: dict | None = None) -> tuple[float, int]:
     body = {"messages": [{"role": "user", "content": [q["media"], {"type": "text", "text": q["question"]}]}],
-            "max_tokens": max_tokens, "temperature": 0, "chat_template_kwargs": {"enable_thinking": thinking}}
+            "max_tokens": max_tokens, "temperature": 0, "chat_template_kwargs": {"enable_thinking": thinking},
+            **(extra or {})}
     t0 = time.perf_counter()
     r = client.post(base + "/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
@@ -92,14 +103,15 @@ def children_cpu_s(pid: int) -> float:
     return total
 
 
-def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bool, server_pid: int) -> dict:
+def phase(base: str, qs: list[dict], clients: int, max_tokens: int, thinking: bool, server_pid: int,
+          extra: dict | None = None) -> dict:
     lat, toks, lock = [], [], threading.Lock()
     shares = [qs[i::clients] for i in range(clients)]
 
     def run(share):
         with httpx.Client() as c:
             for q in share:
-                s, n = ask(c, base, q, max_tokens, thinking)
+                s, n = ask(c, base, q, max_tokens, thinking, extra)
                 with lock:
                     lat.append(s)
                     toks.append(n)
@@ -130,7 +142,11 @@ def main() -> int:
                    "requests)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="docs",
+                   help="docs: answers as long as the model makes them (per-request work dominates); long: "
+                        "ignore_eos, every answer exactly --max-tokens long (decoding dominates)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max_tokens per request (default: 64 for docs, "
+                   "128 for long)")
     p.add_argument("--thinking", choices=["on", "off"], default="on", help="reasoning on (the model's default: "
                    "longer answers) or off")
     p.add_argument("--max-batch", type=int, default=8)
@@ -142,6 +158,8 @@ def main() -> int:
                    "two torch threads wait on each other, measured 60 ms against 2.5 ms per decode step)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    default_tokens, extra_body = WORKLOADS[args.workload]
+    args.max_tokens = args.max_tokens or default_tokens
     tile = json.loads((Path(args.model) / "config.json").read_text())["force_image_size"]
     qs = questions(args.requests, tile)
     port = free_port()
@@ -164,13 +182,13 @@ def main() -> int:
         on = args.thinking == "on"
         # warm-up: first calls, allocator growth, every batch size, and every question once, so that both phases
         # start from the same state of the server's vision cache
-        phase(base, qs, args.clients, args.max_tokens, on, server.pid)
-        phase(base, qs[:2], 1, args.max_tokens, on, server.pid)
+        phase(base, qs, args.clients, args.max_tokens, on, server.pid, extra_body)
+        phase(base, qs[:2], 1, args.max_tokens, on, server.pid, extra_body)
         load0 = os.getloadavg()
         seq, conc = [], []
         for _ in range(args.rounds):
-            seq.append(phase(base, qs, 1, args.max_tokens, on, server.pid))
-            conc.append(phase(base, qs, args.clients, args.max_tokens, on, server.pid))
+            seq.append(phase(base, qs, 1, args.max_tokens, on, server.pid, extra_body))
+            conc.append(phase(base, qs, args.clients, args.max_tokens, on, server.pid, extra_body))
         health = httpx.get(base + "/health").json()
     finally:
         server.terminate()
@@ -190,11 +208,19 @@ def main() -> int:
     ratios = [b / a for a, b in zip(s["requests_per_s_by_round"], c["requests_per_s_by_round"])]
     result = {"sequential": s, "concurrent": c, "speedup_requests_per_s": c["requests_per_s"] / s["requests_per_s"],
               "speedup_by_round": ratios, "speedup_median": statistics.median(ratios),
+              "workload": args.workload, "extra_body": extra_body,
               "clients": args.clients, "max_batch": args.max_batch, "max_tokens": args.max_tokens,
               "requests": args.requests, "rounds": args.rounds, "thinking": args.thinking, "threads": args.threads,
               "batch_window_ms": args.batch_window_ms, "prepare_workers": args.prepare_workers,
               "batches": health.get("batches"), "joined": health.get("joined"), "served": health.get("served"),
               "load_avg_before": load0, "load_avg": os.getloadavg(), "cpu_threads": os.cpu_count()}
+    print(f"workload {args.workload}: {args.requests} document questions, max_tokens {args.max_tokens}"
+          + (f", {json.dumps(extra_body)}" if extra_body else "")
+          + f", reasoning {args.thinking}; {s['completion_tokens'] / s['requests']:.1f} completion tokens per "
+            f"answer on average")
+    if args.workload == "long" and s["completion_tokens"] + c["completion_tokens"] != (
+            s["requests"] + c["requests"]) * args.max_tokens:
+        print("warning: some answers were not exactly max_tokens long (does the server honour ignore_eos?)")
     print(f"one at a time : {s['requests_per_s']:.2f} req/s, {s['tokens_per_s']:.1f} tok/s, "
           f"p50 {s['p50_s']:.2f} s, p95 {s['p95_s']:.2f} s ({s['requests']} requests)")
     print(f"{args.clients} concurrent  : {c['requests_per_s']:.2f} req/s, {c['tokens_per_s']:.1f} tok/s, "

@@ -141,7 +141,7 @@ class RequestOptions:
         0.0, kind=float, acts=REDUCTION, lo=0.0, hi=1.0, hi_open=True, flag="--token-pruning-rate", metavar="Q",
         openai="token_pruning_rate", pipeline=True, eval=True,
         help="fraction of document vision tokens removed as redundant background, in [0, 1) (default 0)")
-    # --- generation: read by the decode loop (vl/runtime/batch.py) ------------------------------------------
+    # --- generation: read by the decode loop (vl/runtime/batch.py, vl/runtime/decode_batch.py) -----------------
     max_new_tokens: int = _option(
         256, kind=int, acts=GENERATION, lo=1, flag="--max-new-tokens", metavar="N",
         openai="max_tokens", openai_read=("max_completion_tokens", "max_tokens"), eval=True,
@@ -154,10 +154,21 @@ class RequestOptions:
     reasoning_budget: int | None = _option(
         None, kind=int, acts=GENERATION, lo=0, nullable=True, flag="--reasoning-budget", metavar="N",
         openai="reasoning_budget", help="close the think block after N tokens (default: no budget)")
+    ignore_eos: bool = _option(
+        False, kind=bool, acts=GENERATION, flag="--ignore-eos", openai="ignore_eos",
+        help="keep generating after the end-of-sequence token (vLLM's ignore_eos): the answer ends at "
+             "max_new_tokens or a stop string, for benchmarks of a fixed answer length")
+    min_tokens: int = _option(
+        0, kind=int, acts=GENERATION, lo=0, flag="--min-tokens", metavar="N", openai="min_tokens",
+        help="the end-of-sequence tokens cannot come before N new tokens, and stop strings are not looked for "
+             "before then (vLLM's min_tokens; default 0)")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, spec(f.name).check(getattr(self, f.name)))
+        if self.min_tokens > self.max_new_tokens:  # vLLM refuses it too: the budget would end the answer first
+            raise GenerationOptionError(f"min_tokens={self.min_tokens} is above max_new_tokens (max_tokens)="
+                                        f"{self.max_new_tokens}; lower min_tokens or raise max_new_tokens")
 
     # --- building ------------------------------------------------------------------------------------------
     @classmethod

@@ -108,6 +108,20 @@ def test_batch_with_repetition_penalty_equals_the_engine(pipe, engine):
                                            (engine.chat(c, max_new_tokens=6, repetition_penalty=1.5) for c in chats)]
 
 
+def test_min_new_tokens_masks_the_eos_ids(pipe):
+    """transformers' `min_new_tokens` is the engine's `min_tokens`: the eos ids cannot come before it."""
+    inputs = inputs_of(pipe, chat())
+    free = new_ids(inputs, pipe.model.generate(**inputs, max_new_tokens=8))[0]  # the tiny model never stops
+    eos = free[2]
+    first = free.index(eos)
+    assert new_ids(inputs, pipe.model.generate(**inputs, max_new_tokens=8, eos_token_id=eos))[0][:first + 1] == \
+        free[:first + 1]  # it stops there, the rest is padding
+    got = new_ids(inputs, pipe.model.generate(**inputs, max_new_tokens=8, eos_token_id=eos, min_new_tokens=6))[0]
+    assert got[:first] == free[:first] and eos not in got[:6]
+    with pytest.raises(GenerationOptionError, match="min_tokens=9 is above max_new_tokens"):
+        pipe.model.generate(**inputs, max_new_tokens=8, min_new_tokens=9)
+
+
 def test_model_without_engine_generates_with_a_tokenizer(pipe, tiny_dir):
     """A wrapper built without the loader (as from_config builds one) has no tokenizer of its own."""
     built = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(tiny_dir))

@@ -54,6 +54,17 @@ def test_rows_with_their_own_options_equal_single_runs(engine):
     assert order[0] == 0  # the shortest row is handed out first, not when the batch ends
 
 
+def test_min_tokens_defers_stop_strings(engine):
+    """vLLM's stop checker looks for stop strings only from the `min_tokens`-th token on; so does a row here."""
+    full = engine.chat(msgs("blue"), max_new_tokens=20)
+    stop = full.text[6:9]
+    early = engine.chat(msgs("blue"), max_new_tokens=20, stop=[stop])
+    assert early.finish_reason == "stop_string" and len(early.token_ids) < 15
+    late = engine.chat(msgs("blue"), max_new_tokens=20, stop=[stop], min_tokens=15)
+    assert len(late.token_ids) >= 15 and late.token_ids[:15] == full.token_ids[:15]
+    assert late.text.startswith(full.text[:9])  # the stop string inside the first 15 tokens stayed in the answer
+
+
 def test_a_cancelled_row_stops_alone_and_a_bad_one_fails_alone(engine):
     flag = threading.Event()
     requests = [ChatRequest(msgs("red"), max_new_tokens=30, cancel=flag),

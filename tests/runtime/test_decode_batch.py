@@ -89,6 +89,36 @@ def test_repetition_penalty_counts_each_rows_own_tokens(lm):
     assert got["b"] == single(lm, b, 6, params=params)
 
 
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_each_row_keeps_its_own_end_rules(lm, decode):
+    """vLLM's `ignore_eos` (no stop id ends the row) and `min_tokens` (stop ids masked out of the row's logits until
+    then), per row: rows with different rules in one batch equal their runs alone."""
+    a = torch.randint(3, 128, (7,), generator=torch.Generator().manual_seed(3))
+    free = single(lm, a, 12, decode)  # no stop ids at all
+    stop = free[2]  # make the token it takes at its third step a stop id
+    first = free.index(stop)
+
+    def run(**rules):  # key -> (ignore_eos, min_tokens)
+        batch, keys = DecodeBatch(lm, stop_ids=[stop], decode=decode), list(rules)
+        batch.join(keys, [12] * len(keys), input_ids=a[None].repeat(len(keys), 1),
+                   ignore_eos=[rules[k][0] for k in keys], min_tokens=[rules[k][1] for k in keys])
+        got = {k: [] for k in keys}
+        while (out := batch.step()) is not None:
+            for k, tok in out.items():
+                got[k].append(tok)
+        return got
+
+    rules = {"plain": (False, 0), "ignore": (True, 0), "min": (False, 6), "both": (True, 6)}
+    got = run(**rules)
+    assert got["plain"] == free[:first + 1] == single(lm, a, 12, decode, stop_ids=[stop])
+    assert got["ignore"] == free  # the stop id is a token like any other
+    for key in ("min", "both"):  # masked for 6 tokens (with ignore_eos too, as vLLM does): another token instead
+        assert got[key][:first] == free[:first] and got[key][first] != stop and stop not in got[key][:6]
+    assert len(got["min"]) >= 6 and (got["min"][-1] == stop or len(got["min"]) == 12) and len(got["both"]) == 12
+    for key, rule in rules.items():
+        assert run(**{key: rule})[key] == got[key], key  # alone equals in the mixed batch
+
+
 def test_fixed_shape_compiled_batches_take_no_joiners(lm):
     batch = DecodeBatch(lm, decode="compiled")
     batch.join(["a"], [4], input_ids=torch.randint(3, 128, (1, 5)))

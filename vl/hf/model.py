@@ -2,12 +2,12 @@
 
 Loading is `vl.Engine.from_pretrained` (our strict loader, no remote code), so the wrapper holds exactly the model
 and stop ids the engine uses. `generate` speaks transformers' interface (`max_new_tokens`, `max_length`,
-`do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`, `eos_token_id`, `pad_token_id`, `streamer`,
-`generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`, `max_time`) plus ours
-(`reasoning_budget`, `cancel`), and collects what the engine's one generation loop (vl/runtime/batch.py
-`run_batch`) produces: same vision encoding per media item, same prefill chunks, same sampling, same stop strings,
-time limits and budgets, hence the same tokens as `vl.Engine.chat`. Options it cannot honour (beam search,
-several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
+`min_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty`, `eos_token_id`,
+`pad_token_id`, `streamer`, `generation_config`, `return_dict_in_generate`, `stop_strings` with `tokenizer`,
+`max_time`) plus ours (`reasoning_budget`, `cancel`), and collects what the engine's one generation loop
+(vl/runtime/batch.py `run_batch`) produces: same vision encoding per media item, same prefill chunks, same sampling,
+same stop strings, time limits and budgets, hence the same tokens as `vl.Engine.chat`. Options it cannot honour
+(beam search, several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
 Conventions kept from transformers: the returned sequences are prompt + new tokens, the stop token included,
@@ -44,9 +44,9 @@ from vl.runtime.sampling import SamplingParams
 DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_new_tokens nor max_length is set
 # transformers' global defaults (GenerationConfig._get_default_generation_params) for what we implement
 SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-SUPPORTED = set(SAMPLING_DEFAULTS) | {"max_new_tokens", "max_length", "eos_token_id", "pad_token_id",
-                                      "stop_strings", "max_time", "bos_token_id", "decoder_start_token_id",
-                                      "return_dict_in_generate",
+SUPPORTED = set(SAMPLING_DEFAULTS) | {"max_new_tokens", "min_new_tokens", "max_length", "eos_token_id",
+                                      "pad_token_id", "stop_strings", "max_time", "bos_token_id",
+                                      "decoder_start_token_id", "return_dict_in_generate",
                                       "use_cache", "num_beams", "num_return_sequences", "transformers_version",
                                       "_from_model_config", "min_length", "output_scores", "output_logits",
                                       "output_attentions", "output_hidden_states", "cache_implementation"}
@@ -221,7 +221,8 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         new: list[list[int]] = [[] for _ in range(b)]
         requests = [ChatRequest(Tokenized(ids[None], row_tiles, row_spans,
                                           opens_think(engine.tokenizer.decode(ids, skip_special_tokens=False))),
-                                max_new_tokens=max_new, reasoning_budget=ours.get("reasoning_budget"),
+                                max_new_tokens=max_new, min_tokens=gc["min_new_tokens"],
+                                reasoning_budget=ours.get("reasoning_budget"),
                                 stop=gc["stop_strings"],
                                 video_pruning_rate=vpr, token_pruning_rate=tpr, cancel=ours.get("cancel"),
                                 timeout_s=gc["max_time"], on_token=new[i].append)
@@ -296,6 +297,7 @@ def _resolve(base: GenerationConfig, kwargs: dict) -> dict:
     if not all(isinstance(x, str) and x for x in strings):
         raise GenerationOptionError(f"stop_strings must be non-empty strings, found {gc.stop_strings!r}")
     return {"params": params, "stop_ids": stops, "pad_token_id": int(pad), "max_new_tokens": gc.max_new_tokens,
+            "min_new_tokens": int(gc.min_new_tokens or 0),  # the eos ids are masked until then (our min_tokens)
             "max_length": gc.max_length, "return_dict_in_generate": bool(gc.return_dict_in_generate),
             "stop_strings": strings, "max_time": gc.max_time}
 

@@ -1,13 +1,13 @@
 """The one generation loop behind `Engine.chat`, `Engine.chat_batch`, the OpenAI-compatible server and the
 transformers pipeline's `generate` (vl/hf/model.py).
 
-Each conversation of a batch is a `ChatRequest` with its own limits: token budget, stop strings, reasoning
-budget, a cancel flag (a client that went away) and a deadline. The rows are prefilled together, left-padded
-(a batch equals its singles: tests/runtime/test_engine.py), and decoded step by step in a `DecodeBatch`
-(vl/runtime/decode_batch.py). A row that ends leaves the batch at once and its result is handed out then, not
-when the slowest row is done; between steps, requests the caller hands over (`more`) are prepared, prefilled
-and join the running batch (continuous batching). This follows the per-sequence state of continuous-batching
-servers (vLLM's `Request`/`SequenceGroup`, TGI's `Entry`).
+Each conversation of a batch is a `ChatRequest` with its own limits: token budget, stop strings, reasoning budget,
+end-of-sequence rules (`ignore_eos`, `min_tokens`, as vLLM's), a cancel flag (a client that went away) and a
+deadline. The rows are prefilled together, left-padded (a batch equals its singles: tests/runtime/test_engine.py),
+and decoded step by step in a `DecodeBatch` (vl/runtime/decode_batch.py). A row that ends leaves the batch at once
+and its result is handed out then, not when the slowest row is done; between steps, requests the caller hands over
+(`more`) are prepared, prefilled and join the running batch (continuous batching). This follows the per-sequence
+state of continuous-batching servers (vLLM's `Request`/`SequenceGroup`, TGI's `Entry`).
 
 A request's prompt is chat messages (the processor builds it) or a `Tokenized` prompt that a processor already
 built (the transformers pipeline hands those to `generate`).
@@ -46,11 +46,11 @@ class Tokenized:
 
 
 class ChatRequest:
-    """One conversation with the options that belong to it alone (sampling and stop ids are shared by the
-    batch): its prompt (chat messages, or a `Tokenized` prompt), its `RequestOptions` (vl/options.py, checked
-    when built), stop strings, a cancel flag (a client that went away), a deadline, a progress callback and a
-    per-token callback. Option keywords (`max_new_tokens=5`, `video_pruning_rate=0.5`, ...) are read over
-    `options`."""
+    """One conversation with the options that belong to it alone (sampling and the stop ids are shared by the batch;
+    whether they end this row, `ignore_eos`, and from when, `min_tokens`, are its own): its prompt (chat messages,
+    or a `Tokenized` prompt), its `RequestOptions` (vl/options.py, checked when built), stop strings, a cancel flag
+    (a client that went away), a deadline, a progress callback and a per-token callback. Option keywords
+    (`max_new_tokens=5`, `video_pruning_rate=0.5`, ...) are read over `options`."""
 
     def __init__(self, messages: list | Tokenized, options: RequestOptions | None = None, *, stop=(),
                  cancel: threading.Event | None = None, timeout_s: float | None = None,
@@ -95,19 +95,25 @@ class _Row:
         self.deadline = None if request.timeout_s is None else t0 + request.timeout_s
         self.done = False
 
-    def push(self, tok: int, stop_ids) -> list:
-        """One generated token -> events; sets `done` and `finish` when the row ends here."""
+    def push(self, tok: int, stopped: bool, stop_ids=frozenset()) -> list:
+        """One generated token -> events; sets `done` and `finish` when the row ends here. `stopped`: the batch
+        ended the row on this token (a stop id). A stop id that did not end it (`ignore_eos`) counts as a token
+        but adds no text, as vLLM's default `skip_special_tokens` leaves it out; stop strings are looked for from
+        the `min_tokens`-th token on, as vLLM's stop checker does."""
         self.first = self.first or time.perf_counter()
-        if tok in stop_ids:
+        if stopped:
             self.finish, self.done = "stop", True
             return []
         self.ids.append(tok)
-        piece = self.decoder.push(tok)
-        hit = _find_stop(self.text + piece, self.request.stop, len(self.text))
-        if hit is not None:
-            piece, self.finish = (self.text + piece)[:hit][len(self.text):], "stop_string"
-        self.text += piece
-        events = self.splitter.feed(piece)
+        events = []
+        if tok not in stop_ids:
+            piece = self.decoder.push(tok)
+            if len(self.ids) >= self.request.options.min_tokens:
+                hit = _find_stop(self.text + piece, self.request.stop, len(self.text))
+                if hit is not None:
+                    piece, self.finish = (self.text + piece)[:hit][len(self.text):], "stop_string"
+            self.text += piece
+            events = self.splitter.feed(piece)
         if self.finish == "stop_string":
             self.done = True
         elif self.request.cancel is not None and self.request.cancel.is_set():
@@ -286,7 +292,8 @@ def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
         r.embeds = None  # the cache holds the prompt from now on
     batch.join([r.index for r in group], [r.request.max_new_tokens for r in group], inputs_embeds=embeds,
                attention_mask=mask, contexts=[r.inputs.input_ids[0].tolist() for r in group],
-               controllers=[r.budget for r in group])
+               controllers=[r.budget for r in group], ignore_eos=[r.request.options.ignore_eos for r in group],
+               min_tokens=[r.request.options.min_tokens for r in group])
 
 
 def _step(engine, batch: DecodeBatch, rows: dict):
@@ -296,7 +303,7 @@ def _step(engine, batch: DecodeBatch, rows: dict):
         row = rows[i]
         if row.request.on_token is not None:
             row.request.on_token(tok)
-        for kind, text in row.push(tok, batch.stop):
+        for kind, text in row.push(tok, batch.ended(i) == "stop", batch.stop):
             yield i, (kind, text)
         if row.done:
             batch.finish(i)

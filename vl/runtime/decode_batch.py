@@ -8,6 +8,10 @@ per row and has no length, and the attention layers have no positional encoding,
 right-aligned at the batch's current length with the columns to their left masked (docs/server.md,
 "Batching"). A row's tokens therefore equal its single run, whatever joins or leaves around it.
 
+Each row keeps its own end rules: the ids that end it (the batch's stop ids, or none: vLLM's `ignore_eos`) and a
+minimum length before which the batch's stop ids are masked out of its logits (vLLM's `min_tokens`, whose
+logits processor does the same), so rows with different settings share a batch and equal their single runs.
+
 Fixed-shape compiled steps ("compiled", "cuda-graphs") are captured for one cache shape: there the batch is
 formed once (`elastic` is False), rows that end stay as masked rows until the last one ends, and nothing joins.
 """
@@ -25,12 +29,15 @@ ELASTIC_MODES = ("eager", "static")
 
 
 class _Seq:
-    """One row: its key (the caller's name for it), token budget, controller, context and generated ids."""
+    """One row: its key (the caller's name for it), token budget, controller, context, generated ids, the ids
+    that end it (None: the batch's) and how many tokens come before a stop id may (`min_tokens`)."""
 
-    __slots__ = ("key", "budget", "controller", "context", "history", "ended")
+    __slots__ = ("key", "budget", "controller", "context", "history", "ended", "stops", "min_tokens")
 
-    def __init__(self, key, budget: int, controller, context: list[int]):
+    def __init__(self, key, budget: int, controller, context: list[int], stops: frozenset | None = None,
+                 min_tokens: int = 0):
         self.key, self.budget, self.controller, self.context = key, budget, controller, context
+        self.stops, self.min_tokens = stops, min_tokens
         self.history: list[int] = []
         self.ended: str | None = None  # "stop" (a stop id), "length" (its budget), "caller" (`finish`)
 
@@ -92,9 +99,12 @@ class DecodeBatch:
     # --- joining -----------------------------------------------------------------------------------
     @torch.no_grad()
     def join(self, keys: list, budgets: list[int], *, input_ids=None, inputs_embeds=None, attention_mask=None,
-             contexts: list[list[int]] | None = None, controllers: list | None = None) -> None:
+             contexts: list[list[int]] | None = None, controllers: list | None = None,
+             ignore_eos: list[bool] | None = None, min_tokens: list[int] | None = None) -> None:
         """Prefill rows now ((k, t) ids or (k, t, d) embeddings, left-padded with `attention_mask`); they take
-        their first token at the next `step`. `contexts[i]`: the ids the repetition penalty counts as seen."""
+        their first token at the next `step`. `contexts[i]`: the ids the repetition penalty counts as seen.
+        `ignore_eos[i]`: no stop id ends row i (its budget, or the caller, does); `min_tokens[i]`: the stop ids are
+        masked out of row i's logits until it has that many tokens."""
         x = input_ids if inputs_embeds is None else inputs_embeds
         k, t = x.shape[0], x.shape[1]
         if not (len(keys) == len(budgets) == k):
@@ -119,7 +129,10 @@ class DecodeBatch:
                              attention_mask=None if attention_mask is None else attention_mask[:, part],
                              logits_to_keep=1).logits[:, -1]
         seqs = [_Seq(key, int(n), None if controllers is None else controllers[i],
-                     [] if contexts is None else list(contexts[i])) for i, (key, n) in enumerate(zip(keys, budgets))]
+                     [] if contexts is None else list(contexts[i]),
+                     frozenset() if ignore_eos is not None and ignore_eos[i] else None,
+                     0 if min_tokens is None else int(min_tokens[i]))
+                for i, (key, n) in enumerate(zip(keys, budgets))]
         if alone:
             self.cache, self.seqs, self.logits, self.feed = cache, seqs, logits, None
             self._reset_pos()
@@ -162,6 +175,7 @@ class DecodeBatch:
             for i, s in enumerate(self.seqs):
                 seen = torch.tensor([s.context + s.history], dtype=torch.long, device=logits.device)
                 logits[i:i + 1] = apply_repetition_penalty(logits[i:i + 1], seen, self.params.repetition_penalty)
+        logits = self._mask_early_stops(logits)
         nxt = sample(logits, self.params, None, self.gen).cpu()
         out = {}
         for i, s in enumerate(self.seqs):
@@ -176,12 +190,24 @@ class DecodeBatch:
             s.history.append(tok)
             nxt[i] = tok
             out[s.key] = tok
-            if tok in self.stop:
+            if tok in (self.stop if s.stops is None else s.stops):
                 s.ended = "stop"
             elif not s.remaining():
                 s.ended = "length"
         self.feed = nxt
         return out
+
+    def _mask_early_stops(self, logits):
+        """Rows short of their `min_tokens` cannot take a stop id now: its logits become -inf before sampling or
+        argmax (vLLM's MinTokensLogitsProcessor)."""
+        rows = [i for i, s in enumerate(self.seqs) if s.ended is None and len(s.history) < s.min_tokens]
+        if not rows or not self.stop:
+            return logits
+        logits = logits.clone()
+        ids = torch.tensor(sorted(t for t in self.stop if t < logits.shape[-1]), dtype=torch.long,
+                           device=logits.device)
+        logits[torch.tensor(rows, device=logits.device)[:, None], ids[None, :]] = -torch.inf
+        return logits
 
     def _room(self, seqs) -> int:
         return max((s.remaining() for s in seqs if s.ended is None), default=0) + 1

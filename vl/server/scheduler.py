@@ -38,13 +38,13 @@ log = logging.getLogger("vl.server")
 class Job:
     request: ChatRequest
     params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # Event | ChatResult | VLError, then None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    loop: asyncio.AbstractEventLoop = field(repr=False)
+    out: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)  # Event | ChatResult | VLError, then None
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     enqueued: float = field(default_factory=time.monotonic)
     stream: bool = True  # False: only the result is delivered (no cross-thread wake-up per token)
     state: str = "new"  # "new" -> "processing" -> "ready" (its media are processed: `processed` is set)
-    processed: object = None  # Processed | VLError
+    processed: object = field(default=None, repr=False)  # Processed | VLError (tiles: no repr of tensors)
     started_mono: float | None = None  # time.monotonic() when its processing began
 
     def __post_init__(self):
@@ -101,11 +101,11 @@ class Scheduler:
         """The client went away: drop the job if it still waits, else stop it at its next token."""
         job.cancel.set()
         with self._cond:
-            try:
+            # a membership test first (jobs compare by identity): `deque.remove` of a job that is no longer
+            # waiting -- every finished request comes here -- would format the job's repr into its ValueError
+            if job in self._waiting:
                 self._waiting.remove(job)
                 self._cond.notify_all()  # room ahead for the preparers
-            except ValueError:
-                pass
 
     def snapshot(self) -> dict:
         with self._cond:
