@@ -4,6 +4,13 @@ Rules (docs/reliability_policy.md §2): pickle files (`.bin`, `.pt`, `.pth`, `.c
 never opened; each safetensors header is validated by our own pre-check (length against the file size, a
 size cap, duplicate names, dtype/shape/offset consistency, no gaps or overlaps) before the safetensors
 library maps the file; a sharded index must agree with its shards.
+
+Where loaded tensors live (docs/checkpoints.md, "Memory on a CPU"): `load_all` reads each tensor into the
+process's own (anonymous) memory with a plain file read, so the weights a forward pass reads on every token
+cannot be dropped by the kernel under memory pressure and faulted back from disk a page at a time (a
+memory-mapped 12B model decoded at disk speed on a loaded machine). Names passed as `mapped` are instead
+views of the file's memory map (safetensors' own, copy-on-write): the loader uses this for embedding tables,
+of which a forward reads a few rows, so only those rows' pages ever become resident. Both give the same bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import json
 import math
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +48,8 @@ class TensorInfo:
     dtype: torch.dtype
     shape: tuple[int, ...]
     file: Path
+    offset: int = 0  # where the tensor's bytes start in `file`
+    nbytes: int = 0
 
 
 def _read_header(path: Path) -> dict:
@@ -145,33 +155,66 @@ class CheckpointFiles:
                 self._add(self.directory / p)
 
     def _add(self, path: Path):
-        for name, meta in _read_header(path).items():
+        header = _read_header(path)
+        with open(path, "rb") as f:
+            data_start = 8 + struct.unpack("<Q", f.read(8))[0]
+        for name, meta in header.items():
             if name == "__metadata__":
                 continue
             if name in self.infos:
                 raise CheckpointError(f"tensor {name!r} appears in both {self.infos[name].file.name} and {path.name}")
-            self.infos[name] = TensorInfo(name, DTYPE_SIZES[meta["dtype"]][0], tuple(meta["shape"]), path)
+            start, end = meta["data_offsets"]
+            self.infos[name] = TensorInfo(name, DTYPE_SIZES[meta["dtype"]][0], tuple(meta["shape"]), path,
+                                          data_start + start, end - start)
 
     def names(self):
         return self.infos.keys()
 
     def get(self, name: str) -> torch.Tensor:
-        info = self.infos[name]
-        with safe_open(str(info.file), framework="pt") as f:
-            return f.get_tensor(name)
+        return self.load_all([name])[name]
 
-    def load_all(self, names=None) -> dict[str, torch.Tensor]:
-        """Read the named tensors (default: all), opening each file once."""
+    def load_all(self, names=None, mapped=frozenset()) -> dict[str, torch.Tensor]:
+        """The named tensors (default: all), opening each file once: read into process memory, except the
+        names in `mapped`, which are views of the file's memory map (module docstring)."""
         wanted = set(self.infos) if names is None else set(names)
         out = {}
         by_file: dict[Path, list[str]] = {}
         for name in wanted:
             by_file.setdefault(self.infos[name].file, []).append(name)
         for path, names_in_file in by_file.items():
-            with safe_open(str(path), framework="pt") as f:
-                for name in names_in_file:
-                    out[name] = f.get_tensor(name)
+            to_map = [n for n in names_in_file if n in mapped or not READ_INTO_MEMORY]
+            if to_map:
+                with safe_open(str(path), framework="pt") as f:
+                    for name in to_map:
+                        out[name] = f.get_tensor(name)
+            to_read = sorted((self.infos[n] for n in names_in_file if n not in out), key=lambda i: i.offset)
+            if to_read:
+                with open(path, "rb", buffering=0) as f:
+                    for info in to_read:
+                        out[info.name] = _read_tensor(f, info)
         return out
+
+
+# safetensors stores little-endian bytes; a plain read gives host-order tensors only on little-endian hosts
+# (elsewhere the safetensors library's own path, which converts, is used for every tensor)
+READ_INTO_MEMORY = sys.byteorder == "little"
+
+
+def _read_tensor(f, info: TensorInfo) -> torch.Tensor:
+    """One tensor's bytes read from the open file `f` into a new tensor (anonymous memory)."""
+    t = torch.empty(info.shape, dtype=info.dtype)
+    if not info.nbytes:
+        return t
+    buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    f.seek(info.offset)
+    done = 0
+    while done < info.nbytes:  # one read() returns at most ~2 GiB on Linux
+        n = f.readinto(buf[done:])
+        if not n:
+            raise CheckpointError(f"{info.file.name}: tensor {info.name!r} ends past the end of the file "
+                                  f"(the file changed or was truncated while loading)")
+        done += n
+    return t
 
 
 SCAN_CHUNK = 1 << 24  # elements per isfinite call: its bool temporary stays at 16 MB (a 12B embedding: 671 MB)
