@@ -127,3 +127,13 @@ def test_a_tied_embedding_is_read_whole(tmp_path):
             self.head.weight = self.emb.weight
 
     assert row_tables(Tied()) == {"other.weight"}
+
+
+def test_a_mapped_tensor_is_copy_on_write(tmp_path):
+    t = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    save_file({"a": torch.ones(3), "w": t}, str(tmp_path / "model.safetensors"))
+    before = (tmp_path / "model.safetensors").read_bytes()
+    got = ckfiles.CheckpointFiles(tmp_path).load_all(mapped={"w"})
+    assert torch.equal(got["w"], t) and torch.equal(got["a"], torch.ones(3))
+    got["w"][5] = -1.0  # a private copy of the page: the file keeps its bytes
+    assert (tmp_path / "model.safetensors").read_bytes() == before

@@ -9,14 +9,16 @@ Where loaded tensors live (docs/checkpoints.md, "Memory on a CPU"): `load_all` r
 process's own (anonymous) memory with a plain file read, so the weights a forward pass reads on every token
 cannot be dropped by the kernel under memory pressure and faulted back from disk a page at a time (a
 memory-mapped 12B model decoded at disk speed on a loaded machine). Names passed as `mapped` are instead
-views of the file's memory map (safetensors' own, copy-on-write): the loader uses this for embedding tables,
-of which a forward reads a few rows, so only those rows' pages ever become resident. Both give the same bytes.
+views of a copy-on-write memory map of their byte range, advised for random access: the loader uses this for
+embedding tables, of which a forward reads a few rows, so a token's row costs a page or two read from disk,
+never the whole table in memory nor the kernel's multi-megabyte read-around. Both give the same bytes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import sys
@@ -182,22 +184,31 @@ class CheckpointFiles:
         for name in wanted:
             by_file.setdefault(self.infos[name].file, []).append(name)
         for path, names_in_file in by_file.items():
-            to_map = [n for n in names_in_file if n in mapped or not READ_INTO_MEMORY]
-            if to_map:
+            if not READ_INTO_MEMORY:
                 with safe_open(str(path), framework="pt") as f:
-                    for name in to_map:
-                        out[name] = f.get_tensor(name)
-            to_read = sorted((self.infos[n] for n in names_in_file if n not in out), key=lambda i: i.offset)
-            if to_read:
-                with open(path, "rb", buffering=0) as f:
-                    for info in to_read:
-                        out[info.name] = _read_tensor(f, info)
+                    out.update((name, f.get_tensor(name)) for name in names_in_file)
+                continue
+            with open(path, "rb", buffering=0) as f:
+                for info in sorted((self.infos[n] for n in names_in_file), key=lambda i: i.offset):
+                    out[info.name] = (_map_tensor if info.name in mapped else _read_tensor)(f, info)
         return out
 
 
-# safetensors stores little-endian bytes; a plain read gives host-order tensors only on little-endian hosts
-# (elsewhere the safetensors library's own path, which converts, is used for every tensor)
+# safetensors stores little-endian bytes; our reads and maps give host-order tensors only on little-endian
+# hosts (elsewhere the safetensors library's own path, which converts, is used for every tensor)
 READ_INTO_MEMORY = sys.byteorder == "little"
+
+
+def _map_tensor(f, info: TensorInfo) -> torch.Tensor:
+    """One tensor as a view of a private (copy-on-write) map of its bytes in the open file `f`."""
+    if not info.nbytes:
+        return torch.empty(info.shape, dtype=info.dtype)
+    start = info.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(f.fileno(), info.offset + info.nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+    if hasattr(mmap, "MADV_RANDOM"):  # no read-around: a row read from disk is a page or two, not megabytes
+        m.madvise(mmap.MADV_RANDOM)
+    flat = torch.frombuffer(m, dtype=torch.uint8, count=info.nbytes, offset=info.offset - start)  # keeps m alive
+    return flat.view(info.dtype).reshape(info.shape)
 
 
 def _read_tensor(f, info: TensorInfo) -> torch.Tensor:
