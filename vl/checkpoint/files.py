@@ -2,8 +2,8 @@
 
 Rules (docs/reliability_policy.md §2): pickle files (`.bin`, `.pt`, `.pth`, `.ckpt`, `.pkl`) are refused and
 never opened; each safetensors header is validated by our own pre-check (length against the file size, a
-size cap, duplicate names, dtype/shape/offset consistency, no gaps or overlaps) before the safetensors
-library maps the file; a sharded index must agree with its shards.
+size cap, duplicate names, dtype/shape/offset consistency, no gaps or overlaps) before any tensor is read at
+those offsets; a sharded index must agree with its shards.
 
 Where loaded tensors live (docs/checkpoints.md, "Memory on a CPU"): `load_all` reads each tensor into the
 process's own (anonymous) memory with a plain file read, so the weights a forward pass reads on every token
