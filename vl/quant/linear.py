@@ -46,6 +46,7 @@ from vl.quant.fp8 import (
     cast_to_fp8,
     dequantize_fp8,
     fake_quantize_fp8_activation,
+    has_e4m3_nan,
 )
 from vl.quant.nvfp4 import dequantize_nvfp4, fake_quantize_nvfp4_activation
 
@@ -284,7 +285,7 @@ class FP8Linear(QuantizedLinear):
     def _fused_layer(self, kern):
         w = self.weight
         if not (w.dtype == torch.float8_e4m3fn and w.device.type == "cpu" and w.is_contiguous()
-                and not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any())):  # NaN codes: the reference path
+                and not has_e4m3_nan(w)):  # NaN codes: the reference path
             return None
         return kern.fp8_layer(w, self.weight_scale.float().contiguous(), self.granularity or "tensor")
 
