@@ -137,3 +137,21 @@ def test_a_mapped_tensor_is_copy_on_write(tmp_path):
     assert torch.equal(got["w"], t) and torch.equal(got["a"], torch.ones(3))
     got["w"][5] = -1.0  # a private copy of the page: the file keeps its bytes
     assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+def test_a_misaligned_tensor_asked_mapped_is_read(tmp_path):
+    """The format allows a float32 tensor at an odd offset; it cannot be a view of the map, so it is read."""
+    import json
+    import struct
+
+    w = torch.arange(6, dtype=torch.float32)
+    header = {"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+              "w": {"dtype": "F32", "shape": [6], "data_offsets": [1, 25]}}
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + b"\x07" + w.numpy().tobytes())
+    files = ckfiles.CheckpointFiles(tmp_path)
+    got = files.load_all(mapped={"w"})
+    assert torch.equal(got["w"], w) and int(got["b"]) == 7
+    if sys.platform.startswith("linux"):
+        assert not mapping_of(got["w"]).endswith(".safetensors")

@@ -201,8 +201,8 @@ READ_INTO_MEMORY = sys.byteorder == "little"
 
 def _map_tensor(f, info: TensorInfo) -> torch.Tensor:
     """One tensor as a view of a private (copy-on-write) map of its bytes in the open file `f`."""
-    if not info.nbytes:
-        return torch.empty(info.shape, dtype=info.dtype)
+    if not info.nbytes or info.offset % info.dtype.itemsize:  # a misaligned tensor (legal in the format) is read
+        return _read_tensor(f, info)
     start = info.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
     if hasattr(os, "posix_fadvise"):
         # cached pages of the range are dropped first: the kernel maps a cached large folio (up to MiBs) whole on
