@@ -2,12 +2,14 @@
 temporary folder is removed (the 12B figures themselves are measured by `vl bench`, not asserted here)."""
 
 import json
+import sys
 
 import pytest
 import torch
 
 from vl import bench_geometry
 from vl.config import nano_12b_lm
+from vl.errors import ConfigError
 
 
 def small():
@@ -38,4 +40,18 @@ def test_run_reports_every_figure_and_cleans_up(tmp_path):
     for key in ("load_s", "peak_rss_bytes", "prefill_tok_s", "decode_tok_s", "copy_GBps", "decode_vs_copy"):
         assert r[key] > 0
     assert list(tmp_path.iterdir()) == []  # the streamed checkpoint is gone
-    assert "peak RSS" in bench_geometry.format_result(r)
+    text = bench_geometry.format_result(r)
+    assert "peak RSS" in text
+    if sys.platform.startswith("linux"):  # where the weights lived, from /proc
+        assert r["after_load"]["RssAnon"] > 0 and r["decode_major_faults"] >= 0
+        assert "file-backed" in text and "major page faults" in text
+
+
+def test_layers_keep_the_released_widths():
+    full = nano_12b_lm()
+    cfg = bench_geometry.geometry_config("nano-12b-v2-vl", 9)
+    assert cfg.pattern == full.pattern[:9] == "M-M-M-M*-" and cfg.hidden_size == full.hidden_size
+    assert bench_geometry.geometry_config("nano-12b-v2-vl") == full
+    for bad in (0, 63):
+        with pytest.raises(ConfigError, match="layers"):
+            bench_geometry.geometry_config("nano-12b-v2-vl", bad)

@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "--prefill length, decode after the first --decode-ctx, decode vs a copy kernel's bandwidth")
     p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="checkpoint format for --geometry")
     p.add_argument("--keep", action="store_true", help="--geometry: keep the written checkpoint in --work-dir")
+    p.add_argument("--layers", type=int, default=None, help="--geometry: only the first N layers of the released "
+                   "pattern, at the released widths (a quick run; not the released model's figures)")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.threads:
@@ -356,12 +358,15 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     if a.quick:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
         a.decode = a.decode or "eager"
+    if a.layers is not None and not a.geometry:
+        p.error("--layers applies to --geometry runs")
     if a.geometry:
         if a.geometry not in bench_geometry.GEOMETRIES:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
         r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
                                decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
-                               repeats=a.repeats, keep=a.keep, log=lambda m: print(m, file=sys.stderr, flush=True))
+                               repeats=a.repeats, keep=a.keep, layers=a.layers,
+                               log=lambda m: print(m, file=sys.stderr, flush=True))
         print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
         print(bench_geometry.format_result(r))
         if a.json:

@@ -17,6 +17,7 @@ not depend on the values; no NaN code is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,8 +32,9 @@ import psutil
 import torch
 
 import vl
-from vl.bench_timing import PeakRSS, our_decode_s, our_prefill
+from vl.bench_timing import PeakRSS, memory_counters, our_decode_s, our_prefill
 from vl.config import lm_config_to_hf, nano_12b_lm
+from vl.errors import ConfigError
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant.export import exclude_patterns, make_hf_quant_config, quantizable_linear_names, write_hf_quant_config
 from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
@@ -102,17 +104,20 @@ def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None
         for idx, (key, dtype, shape, kind) in enumerate(entries):
             if progress:
                 progress(idx, len(entries), key)
-            if kind == "dense":
+            if kind == "dense" and ("norm" in key or key.endswith((".D", "A_log", "dt_bias"))):  # small vectors
                 t = torch.empty(shape, dtype=dtype)
-                if "norm" in key or key.endswith(".D"):
-                    t.fill_(1.0)
-                elif key.endswith("A_log"):
+                if key.endswith("A_log"):
                     t.copy_(torch.log(torch.linspace(1, 16, shape[0])))
-                elif key.endswith("dt_bias"):
-                    t.fill_(-4.0)
                 else:
-                    t.copy_(torch.randn(shape, generator=g) * STD)
+                    t.fill_(-4.0 if key.endswith("dt_bias") else 1.0)
                 f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+            elif kind == "dense":  # N(0, STD) in row blocks: the 12B embedding alone is 2.7 GB of float32
+                cols = shape[-1] if shape else 1
+                n_rows = math.prod(shape) // cols if cols else 0
+                step = max(1, ROW_BLOCK_ELEMS // max(cols, 1))
+                for r0 in range(0, n_rows, step):
+                    block = (torch.randn(min(step, n_rows - r0), cols, generator=g) * STD).to(dtype)
+                    f.write(block.view(torch.uint8).numpy().tobytes())
             elif kind in ("fp8", "nvfp4"):
                 o, i = shape[0], shape[1] * (2 if kind == "nvfp4" else 1)
                 rows = max(16, ROW_BLOCK_ELEMS // i // 16 * 16)
@@ -170,9 +175,22 @@ def decode_bytes(model) -> int:
     return resident_weight_bytes(model) - emb.numel() * emb.element_size()
 
 
+def geometry_config(geometry: str, layers: int | None = None):
+    """The released config of `geometry`, or its first `layers` layers at the same widths (quick runs)."""
+    cfg = GEOMETRIES[geometry]()
+    if layers is not None:
+        if not 0 < layers <= cfg.num_hidden_layers:
+            raise ConfigError(f"layers={layers}: expected 1..{cfg.num_hidden_layers} for {geometry}")
+        cfg = dataclasses.replace(cfg, pattern=cfg.pattern[:layers])
+    return cfg
+
+
 def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_ctx: int = 128, new_tokens: int = 8,
-        repeats: int = 1, keep: bool = False, log=print) -> dict:
-    cfg = GEOMETRIES[geometry]() if isinstance(geometry, str) else geometry
+        repeats: int = 1, keep: bool = False, layers: int | None = None, log=print) -> dict:
+    """Write, load and time a random checkpoint of `geometry` (a name of GEOMETRIES, or an LMConfig)."""
+    cfg = geometry_config(geometry, layers) if isinstance(geometry, str) else geometry
+    if isinstance(geometry, str) and layers is not None:
+        geometry = f"{geometry} (first {layers} of {GEOMETRIES[geometry]().num_hidden_layers} layers)"
     geometry = geometry if isinstance(geometry, str) else "custom"
     tmp = tempfile.mkdtemp(prefix=f"vl-geometry-{fmt}-", dir=work_dir)
     result = dict(geometry=geometry, format=fmt, threads=torch.get_num_threads())
@@ -197,6 +215,7 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             result["load_s"] = time.perf_counter() - t0
             result["quant_mode"] = model.quantization.mode if model.quantization else None
             result["resident_weight_bytes"] = decode_bytes(model) + model.backbone.embeddings.weight.nbytes
+            result["after_load"] = memory_counters()
             gen = torch.Generator().manual_seed(0)
             ids = torch.randint(3, cfg.vocab_size, (1, prefill), generator=gen)
             times = []
@@ -207,8 +226,14 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             result["prefill_tok_s"] = prefill / statistics.median(times)
             log(f"[vl bench] prefill @{prefill}: {result['prefill_tok_s']:.1f} tok/s")
             ctx = ids[:, :decode_ctx]
+            our_decode_s(model, ctx[:, :1], 1)  # untimed: each layer binds its decode kernel once (FP8: a NaN scan)
+            before = memory_counters()
             dec = [our_decode_s(model, ctx, new_tokens) for _ in range(repeats)]
             result["decode_s_per_tok"] = statistics.median(dec)
+            result["after_decode"] = after = memory_counters()
+            if before and after:  # pages the timed runs (context prefill + decode) read back from storage
+                result["decode_major_faults"] = after["majflt"] - before["majflt"]
+                result["decode_disk_read_bytes"] = after["read_bytes"] - before["read_bytes"]
         result["peak_rss_bytes"] = peak.peak + peak.base
         result["decode_tok_s"] = 1 / result["decode_s_per_tok"]
         result["decode_read_bytes"] = decode_bytes(model)
@@ -237,7 +262,21 @@ def format_result(r: dict) -> str:
         f"{r['resident_weight_bytes'] / gib:.2f} GiB)",
         f"  prefill @{r['prefill']:<5}        {r['prefill_tok_s']:8.2f} tok/s",
         f"  decode after {r['decode_ctx']:<5}    {r['decode_tok_s']:8.3f} tok/s   ({r['new_tokens']} tokens, median of "
-        f"{r['repeats']})",
+        f"{r['repeats']}, after an untimed warm-up step)",
         f"  decode reads          {r['decode_GBps']:8.2f} GB/s   = {r['decode_vs_copy']:.0%} of the copy kernel's "
         f"{r['copy_GBps']:.1f} GB/s (read + write, same process)",
-    ])
+    ] + _memory_lines(r))
+
+
+def _memory_lines(r: dict) -> list[str]:
+    """Where the weights lived: anonymous vs file-backed resident bytes, and what the timed decode read from disk."""
+    gib, out = 2**30, []
+    for label, key in (("after load", "after_load"), ("after decode", "after_decode")):
+        c = r.get(key) or {}
+        if "RssAnon" in c:
+            out.append(f"  resident {label:<13}{c['RssAnon'] / gib:8.2f} GiB anonymous + {c['RssFile'] / gib:.2f} GiB "
+                       "file-backed")
+    if "decode_major_faults" in r:
+        out.append(f"  decode from disk      {r['decode_disk_read_bytes'] / 1e6:8.1f} MB read, {r['decode_major_faults']} "
+                   "major page faults (timed runs)")
+    return out

@@ -48,6 +48,25 @@ class PeakRSS:
         self.thread.join()
 
 
+def memory_counters() -> dict[str, int]:
+    """This process's resident anonymous and file-backed bytes (`RssAnon`, `RssFile`), major page faults and
+    bytes read from storage so far (Linux /proc; {} elsewhere). Weights paged in from a file show as RssFile,
+    and a decode that reads them back from disk as major faults and read bytes."""
+    out = {}
+    try:
+        for line in open("/proc/self/status"):
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) * 1024
+        out["majflt"] = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[9])
+        for line in open("/proc/self/io"):
+            if line.startswith("read_bytes:"):
+                out["read_bytes"] = int(line.split(":")[1])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
 def cpu_isa() -> str:
     """The vector ISA speed figures depend on: torch's CPU capability and the AVX512 / AMX flags of this CPU."""
     flags = set()

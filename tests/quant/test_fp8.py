@@ -11,6 +11,7 @@ from vl.quant.fp8 import (
     dequantize_fp8,
     fake_quantize_fp8_activation,
     fp8_scale_granularity,
+    has_e4m3_nan,
     quantize_fp8_activation,
     quantize_fp8_blockwise,
     quantize_fp8_per_channel,
@@ -184,3 +185,18 @@ def test_bad_scale_shape_is_a_named_format_error():
         fp8_scale_granularity((16, 32), (3,))
     with pytest.raises(QuantFormatError, match="float8"):
         dequantize_fp8(torch.zeros(2, 2), torch.tensor(1.0))
+
+
+def test_nan_code_scan_finds_every_nan_code_across_pieces(monkeypatch):
+    import vl.quant.fp8 as fp8
+
+    monkeypatch.setattr(fp8, "NAN_SCAN_CHUNK", 1000)  # many pieces, the last one short
+    codes = torch.arange(256, dtype=torch.uint8)
+    clean = codes[(codes & 0x7F) != 0x7F].repeat(40)[:10_007]  # every finite code, no NaN
+    assert not has_e4m3_nan(clean.view(torch.float8_e4m3fn))
+    for pos in (0, 999, 1000, 5_500, 10_006):
+        for code in (0x7F, 0xFF):
+            w = clean.clone()
+            w[pos] = code
+            assert has_e4m3_nan(w.view(torch.float8_e4m3fn).reshape(-1, 1)), (pos, code)
+            assert bool(torch.isnan(w.view(torch.float8_e4m3fn).float()).any())  # what the scan stands for

@@ -290,3 +290,27 @@ def test_row_chunked_prefill_equals_the_dequantize_mode(algo, bias, monkeypatch)
         got, want = fast(x), ref(x)
     assert calls == [(0, 128), (128, 256), (256, 384)]
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
+def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
+    """A row block expanded 128 rows at a time (DEQUANT_BLOCK_ELEMS) is the one-shot expansion, and a many-row
+    forward through it gives bit-for-bit the same output."""
+    import vl.quant.linear as ql
+
+    src = nn.Sequential(nn.Linear(128, 384, bias=True))
+    sd, _ = export_quantized(src, algo, {"0": 1.0}, exclude_lm_head=False)
+    q = nn.Sequential(nn.Linear(128, 384, bias=True))
+    swap_quantized_linears(q, sd, "weight-only", compute_dtype=torch.bfloat16)
+    x = torch.randn(2, 40, 128).bfloat16()
+    with torch.no_grad():
+        want, whole = q(x), q[0].dequantized_rows(0, 384, torch.bfloat16)
+    monkeypatch.setattr(ql, "DEQUANT_BLOCK_ELEMS", 128 * 128)  # 3 pieces of 128 rows
+    calls = []
+    orig = type(q[0]).dequantized_rows
+    monkeypatch.setattr(type(q[0]), "dequantized_rows", lambda self, *a: calls.append(a[:2]) or orig(self, *a))
+    with torch.no_grad():
+        got = q(x)
+    assert calls == [(0, 128), (128, 256), (256, 384)]
+    assert torch.equal(got, want)
+    assert torch.equal(q[0]._dequantized_block(0, 384, torch.bfloat16), whole)

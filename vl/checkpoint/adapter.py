@@ -84,11 +84,23 @@ def check_plan(plan: Plan, files: CheckpointFiles, expected: dict, storage_dtype
         raise CheckpointError(f"{what} at {files.directory} does not match the model:\n  {head}{more}")
 
 
-def materialize(plan: Plan, files: CheckpointFiles, names=None) -> dict[str, torch.Tensor]:
-    """Read the planned tensors (each checkpoint tensor once) into native names."""
+def row_tables(model: nn.Module) -> set[str]:
+    """Native names of the model's embedding tables that nothing else uses (a tied LM head reads the whole
+    table every token): a forward reads only the rows of its token ids, so the loader leaves them mapped."""
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    return {f"{name}.weight" if name else "weight" for name, m in model.named_modules()
+            if isinstance(m, nn.Embedding) and uses.get(id(m.weight)) == 1}
+
+
+def materialize(plan: Plan, files: CheckpointFiles, names=None, mapped=frozenset()) -> dict[str, torch.Tensor]:
+    """Read the planned tensors (each checkpoint tensor once) into native names; the natives in `mapped` stay
+    views of the file's memory map (vl/checkpoint/files.py)."""
     names = plan.sources.keys() if names is None else names
     wanted = [s for n in names for s in plan.sources[n]]
-    raw = files.load_all(wanted)
+    raw = files.load_all(wanted, mapped={s for n in mapped if n in plan.sources and n not in plan.stacked
+                                         for s in plan.sources[n]})
     out = {}
     for native in names:
         srcs = plan.sources[native]

@@ -88,7 +88,7 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   quantized=qload.checked_here() if qload else frozenset(), what=f"{kind} checkpoint")
-    tensors = ad.materialize(plan, files)
+    tensors = ad.materialize(plan, files, mapped=ad.row_tables(model))  # the rest in process memory
     if scan_nan:
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":

@@ -143,6 +143,17 @@ def dequantize_fp8(w8: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dt
     return out.to(dtype)
 
 
+NAN_SCAN_CHUNK = 1 << 20  # codes per step of `has_e4m3_nan`: its temporary stays 1 MiB, in cache
+
+
+def has_e4m3_nan(w8: torch.Tensor) -> bool:
+    """Whether an E4M3 tensor holds a NaN code (0x7F / 0xFF: all exponent and mantissa bits set). One pass at
+    ~13 GB/s on one core, in cache-sized pieces; `((w & 0x7F) == 0x7F).any()` on the whole tensor ran at
+    0.4 GB/s (a 12B model's first decode step spent ~20 s in it)."""
+    flat = w8.reshape(-1).view(torch.uint8)
+    return any(int((flat[i:i + NAN_SCAN_CHUNK] & 0x7F).amax()) == 0x7F for i in range(0, flat.numel(), NAN_SCAN_CHUNK))
+
+
 def quantize_fp8_activation(
     x: torch.Tensor, input_scale: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn
 ) -> torch.Tensor:

@@ -46,13 +46,17 @@ from vl.quant.fp8 import (
     cast_to_fp8,
     dequantize_fp8,
     fake_quantize_fp8_activation,
+    has_e4m3_nan,
 )
 from vl.quant.nvfp4 import dequantize_nvfp4, fake_quantize_nvfp4_activation
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "weight-only", "native", "dequantize")
-DEQUANT_CHUNK_ROWS = 2048  # bounds the float32 temporaries of a per-forward dequantize (multiple of 128)
+DEQUANT_CHUNK_ROWS = 2048  # weight rows multiplied per GEMM call in a many-row forward (multiple of 128)
+# weight elements expanded at a time inside such a row block: the formats' float32 / int32 temporaries stay
+# ~16 MiB each instead of growing with the row block (a 12B down_proj's 2048 rows: 0.5 GB of them at once)
+DEQUANT_BLOCK_ELEMS = 4 * 1024 * 1024
 _NOTICED: set[tuple] = set()
 
 
@@ -127,6 +131,18 @@ class QuantizedLinear(nn.Module, abc.ABC):
         """Output rows r0:r1 of the weight expanded to `dtype`, exactly as the checkpoint's packed values and
         scales give them (r0 a multiple of DEQUANT_CHUNK_ROWS or 0, so a block-scaled row block is whole)."""
 
+    def _dequantized_block(self, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
+        """`dequantized_rows(r0, r1, dtype)`, expanded a multiple of 128 rows at a time into one tensor of
+        `dtype`: the same values (each weight is expanded on its own), with bounded temporaries."""
+        step = max(FP8_BLOCK, DEQUANT_BLOCK_ELEMS // max(self.in_features, 1) // FP8_BLOCK * FP8_BLOCK)
+        if r1 - r0 <= step:
+            return self.dequantized_rows(r0, r1, dtype)
+        out = torch.empty(r1 - r0, self.in_features, dtype=dtype, device=self.weight.device)
+        for s in range(r0, r1, step):
+            e = min(s + step, r1)
+            out[s - r0:e - r0] = self.dequantized_rows(s, e, dtype)
+        return out
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight expanded to `dtype`, exactly as the checkpoint's packed values and scales give it."""
         return _by_row_chunks(lambda r0, r1: self.dequantized_rows(r0, r1, dtype), self.out_features,
@@ -181,13 +197,13 @@ class QuantizedLinear(nn.Module, abc.ABC):
                     return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         b = self.bias.to(x.dtype) if self.bias is not None else None
         if self.out_features <= DEQUANT_CHUNK_ROWS:
-            return F.linear(x, self.dequantized_rows(0, self.out_features, x.dtype), b)
+            return F.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
         # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
         y = x.new_empty(*x.shape[:-1], self.out_features)
         for r0 in range(0, self.out_features, DEQUANT_CHUNK_ROWS):
             r1 = min(r0 + DEQUANT_CHUNK_ROWS, self.out_features)
-            y[..., r0:r1] = F.linear(x, self.dequantized_rows(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
+            y[..., r0:r1] = F.linear(x, self._dequantized_block(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
         return y
 
     def forward(self, x):  # (..., in) -> (..., out)
@@ -284,7 +300,7 @@ class FP8Linear(QuantizedLinear):
         w = self.weight
         memo = self.__dict__.get("_nan_memo")
         if memo is None or memo[0] is not w or memo[1] != w._version:
-            memo = self.__dict__["_nan_memo"] = (w, w._version, not bool(((w.view(torch.uint8) & 0x7F) == 0x7F).any()))
+            memo = self.__dict__["_nan_memo"] = (w, w._version, not has_e4m3_nan(w))
         return memo[2]
 
     def _fused_layer(self, kern):
