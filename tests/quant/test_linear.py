@@ -314,3 +314,13 @@ def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
     assert calls == [(0, 128), (128, 256), (256, 384)]
     assert torch.equal(got, want)
     assert torch.equal(q[0]._dequantized_block(0, 384, torch.bfloat16), whole)
+
+
+def test_resident_bytes_count_each_tensors_own_range_and_shared_views_once():
+    store = torch.zeros(10_000)  # one storage under two small weights, as in the huge-page arena
+    m = torch.nn.Module()
+    m.a = torch.nn.Parameter(store[:1000].view(10, 100))
+    m.b = torch.nn.Parameter(store[5000:5500])
+    m.register_buffer("tied", store[:1000].view(10, 100))  # the same bytes as `a`
+    m.register_buffer("col", store[2000:3000].view(100, 10)[:, 0])  # strided: spans 991 floats
+    assert resident_weight_bytes(m) == (1000 + 500 + 991) * 4

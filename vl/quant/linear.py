@@ -520,15 +520,19 @@ def dequantize_state_dict(
 
 
 def resident_weight_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's parameters and buffers, each storage counted once."""
-    seen, total = set(), 0
+    """Bytes spanned by the model's parameters and buffers, where views overlap (tied or shared weights) counted
+    once. A tensor counts its own byte range, not its whole storage: the huge-page arena (vl/runtime/hugepages.py)
+    is one storage under many small weights."""
+    spans: dict[torch.device, list[tuple[int, int]]] = {}
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.device.type == "meta":
+        if t.device.type == "meta" or t.numel() == 0:
             continue
-        st = t.untyped_storage()
-        key = (st.data_ptr(), t.device)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.nbytes()
+        extent = (sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+        spans.setdefault(t.device, []).append((t.data_ptr(), t.data_ptr() + extent))
+    total = 0
+    for ranges in spans.values():
+        end = 0
+        for lo, hi in sorted(ranges):
+            total += max(0, hi - max(lo, end))
+            end = max(end, hi)
     return total
