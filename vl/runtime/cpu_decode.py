@@ -22,6 +22,7 @@ import ctypes
 import functools
 import logging
 import math
+import operator
 import os
 import platform
 from pathlib import Path
@@ -177,6 +178,9 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float().contiguous()
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 class Plan:
     """The model as the kernel reads it: pointers to the weight matrices (used in place) and float32 copies of the
     small vectors (norm weights, conv taps, dt bias, A = -exp(A_log), D), rebuilt when a parameter changes."""
@@ -216,7 +220,7 @@ class Plan:
                 L.w_in, L.w_out = mat(mix.in_proj), mat(mix.out_proj)
                 L.d_inner, L.conv_dim, L.n_heads, L.head_dim = mix.d_inner, mix.conv_dim, mix.n_heads, mix.head_dim
                 L.n_groups, L.d_state, L.conv_k = mix.n_groups, mix.d_state, mix.conv1d.weight.shape[-1]
-                L.conv_w = ptr(_f32(mix.conv1d.weight[:, 0]))
+                L.conv_w = ptr(_f32(mix.conv1d.weight[:, 0].t()))  # tap-major
                 L.conv_b = ptr(_f32(mix.conv1d.bias)) if mix.conv1d.bias is not None else None
                 L.dt_bias = ptr(_f32(mix.dt_bias))
                 L.A = ptr((-torch.exp(mix.A_log.detach().float())).contiguous())  # as the module computes it
@@ -240,7 +244,7 @@ class Plan:
         self.embed_rows = lm.backbone.embeddings.weight.shape[0]
 
     def _stamp(self):
-        return [(p.data_ptr(), p._version) for p in self.params]
+        return list(map(torch.Tensor.data_ptr, self.params)), list(map(_VERSION, self.params))
 
     def unchanged(self) -> bool:
         """No parameter got new storage or an in-place change (checked every step: ~100 attribute reads)."""
@@ -313,11 +317,11 @@ def step_fn(lm):
         _log_once(reason)
         return None
     _plan(lm)  # built (or checked against swapped modules) once per batch
-    modules = list(lm.modules())
+    hooks = _hook_dicts(lm)
 
     def step(tok, cache, pos):
         if (tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled()
-                and not _hooked(modules)):
+                and not _hooked(hooks)):
             logits = run_step(lm, lib, tok, cache)
             if logits is not None:
                 return logits
@@ -326,12 +330,17 @@ def step_fn(lm):
     return step
 
 
-def _hooked(modules) -> bool:
+def _hook_dicts(lm) -> list[dict]:
+    """Every module's forward (pre-)hook dict: `register_forward_hook` adds to these same dicts in place."""
+    return [d for m in lm.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
+
+
+def _hooked(hooks: list[dict]) -> bool:
     """Whether a forward hook is registered on the model or globally: the fused step would skip it (a probe, a
-    step counter, a slowed step in a test), so the modules run that step instead."""
+    step counter, a slowed step in a test), so the modules run that step instead. One C-level pass over the
+    hook dicts (~5 us for the 180m model, where a Python loop over its modules took ~140 us per token)."""
     glob = nn.modules.module
-    return bool(glob._global_forward_hooks or glob._global_forward_pre_hooks) or any(
-        m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return bool(glob._global_forward_hooks or glob._global_forward_pre_hooks) or any(hooks)
 
 
 @functools.cache

@@ -43,7 +43,7 @@ struct VlLayer {
   VlMat w_out;            // mamba out_proj | o_proj | down_proj: (D, k_out)
   // Mamba-2
   int d_inner, conv_dim, n_heads, head_dim, n_groups, d_state, conv_k;
-  const float* conv_w;    // (conv_dim, conv_k) float32 copy of the model-dtype weight (exact)
+  const float* conv_w;    // (conv_k, conv_dim) float32 copy of the model-dtype weight (exact), tap-major
   const float* conv_b;    // (conv_dim) or null
   const float* dt_bias;   // (n_heads)
   const float* A;         // (n_heads) -exp(A_log), computed by torch
@@ -159,6 +159,42 @@ struct Act {  // M rows of K model-dtype values, as float32 and (bf16 models) as
 };
 
 static inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+#ifdef VL_AVX512
+// exp over 16 lanes: Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial for expf (within ~1 ulp of
+// std::exp over the float range, the same +-inf / 0 / NaN at the ends); the power of two goes in with VSCALEFPS,
+// which rounds subnormal results correctly. Used for SiLU, whose result the model rounds to its dtype anyway.
+static inline __m512 exp_v(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));  // NaN passes (2nd operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 silu_v(__m512 v) {
+  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), exp_v(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+}
+
+static inline __m512 rnd_v(__m512 v, int bf16) {  // Round over 16 lanes: f2b's rounding, NaN kept NaN
+  if (!bf16) return v;
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __m512i r = _mm512_and_si512(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                           _mm512_set1_epi32(0x7FFF))), top);
+  const __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), top);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, q));
+}
+#endif
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }  // torch's threshold 20
 
 // out = round(rmsnorm(h') * w) with h' = round(h) for a block's norm (Block casts h to the norm's dtype first) and
@@ -196,7 +232,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
                         int nthreads) {
   const Round rnd{m.bf16};
   static thread_local Act xn, yn;
-  static thread_local std::vector<float> zx, out;
+  static thread_local std::vector<float> zx, out, win;
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   zx.resize((size_t)B * L.w_in.N);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, zx.data(), nthreads);
@@ -207,23 +243,43 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
     float* z = zx.data() + (size_t)b * L.w_in.N;
     float* xbc = z + L.d_inner;
     const float* dtr = xbc + L.conv_dim;
-    // conv over the window [state, x]: products and their sum rounded as the reference's model-dtype ops
+    // conv over the window [state, x]: products and their sum rounded as the reference's model-dtype ops. The
+    // window is read into tap-major rows first (and the state rolled), so that the arithmetic runs 16 channels
+    // at a time against the tap-major weights (conv_w is (conv_k, conv_dim)); each channel's operations and
+    // their order are the scalar loop's.
+    win.resize((size_t)km1 * L.conv_dim);
     for (int c = 0; c < L.conv_dim; ++c) {
-      const float* wc = L.conv_w + (size_t)c * L.conv_k;
-      float acc = 0.f;
       if (m.bf16) {
         uint16_t* st = (uint16_t*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
-        for (int j = 0; j < km1; ++j) acc += rnd(bf16_to_float(st[j]) * wc[j]);
-        acc += rnd(xbc[c] * wc[km1]);
+        for (int j = 0; j < km1; ++j) win[(size_t)j * L.conv_dim + c] = bf16_to_float(st[j]);
         for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
         if (km1 > 0) st[km1 - 1] = f2b(xbc[c]);
       } else {
         float* st = (float*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
-        for (int j = 0; j < km1; ++j) acc += st[j] * wc[j];
-        acc += xbc[c] * wc[km1];
+        for (int j = 0; j < km1; ++j) win[(size_t)j * L.conv_dim + c] = st[j];
         for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
         if (km1 > 0) st[km1 - 1] = xbc[c];
       }
+    }
+    const float* wt = L.conv_w;
+    int c = 0;
+#ifdef VL_AVX512
+    for (; c + 16 <= L.conv_dim; c += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int j = 0; j < km1; ++j)
+        acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(_mm512_loadu_ps(win.data() + (size_t)j * L.conv_dim + c),
+                                                     _mm512_loadu_ps(wt + (size_t)j * L.conv_dim + c)), m.bf16));
+      acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(_mm512_loadu_ps(xbc + c),
+                                                   _mm512_loadu_ps(wt + (size_t)km1 * L.conv_dim + c)), m.bf16));
+      acc = rnd_v(acc, m.bf16);
+      if (L.conv_b) acc = rnd_v(_mm512_add_ps(acc, _mm512_loadu_ps(L.conv_b + c)), m.bf16);
+      _mm512_storeu_ps(xbc + c, rnd_v(silu_v(acc), m.bf16));
+    }
+#endif
+    for (; c < L.conv_dim; ++c) {
+      float acc = 0.f;
+      for (int j = 0; j < km1; ++j) acc += rnd(win[(size_t)j * L.conv_dim + c] * wt[(size_t)j * L.conv_dim + c]);
+      acc += rnd(xbc[c] * wt[(size_t)km1 * L.conv_dim + c]);
       acc = rnd(acc);
       if (L.conv_b) acc = rnd(acc + L.conv_b[c]);
       xbc[c] = rnd(silu(acc));
@@ -270,11 +326,14 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
     for (int g = 0; g < L.n_groups; ++g) {
       float* yg = y + (size_t)g * gs;
       const float* zg = z + (size_t)g * gs;
+      int i = 0;
+#ifdef VL_AVX512
+      for (; i + 16 <= gs; i += 16)
+        _mm512_storeu_ps(yg + i, _mm512_mul_ps(silu_v(_mm512_loadu_ps(zg + i)), _mm512_loadu_ps(yg + i)));
+#endif
+      for (; i < gs; ++i) yg[i] = silu(zg[i]) * yg[i];
       double ss = 0.0;
-      for (int i = 0; i < gs; ++i) {
-        yg[i] = silu(zg[i]) * yg[i];
-        ss += (double)yg[i] * yg[i];
-      }
+      for (i = 0; i < gs; ++i) ss += (double)yg[i] * yg[i];
       const float r = 1.f / std::sqrt((float)(ss / gs) + m.eps);
       const float* gw = L.gnorm_w + (size_t)g * gs;
       for (int i = 0; i < gs; ++i) yg[i] = rnd(yg[i] * r * gw[i]);
