@@ -307,6 +307,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
         __m512 va = _mm512_setzero_ps();
         const __m512 vdA = _mm512_set1_ps(dA), vx = _mm512_set1_ps(xdt);
         for (; n + 16 <= L.d_state; n += 16) {
+          _mm_prefetch((const char*)(s + n) + PREFETCH_BYTES, _MM_HINT_T0);  // the state streams as the weights do
           __m512 sv = _mm512_mul_ps(_mm512_loadu_ps(s + n), vdA);
           sv = _mm512_add_ps(sv, _mm512_mul_ps(vx, _mm512_loadu_ps(Bg + n)));
           _mm512_storeu_ps(s + n, sv);
@@ -344,6 +345,39 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
   gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_rows(out.data(), (size_t)B * m.D, rnd);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+}
+
+// One cached key or value row (model dtype, at element offset `at`) against float32 vectors, 16 lanes at a time.
+static inline float dot_row(const float* q, const void* cache, size_t at, int hd, int bf16) {
+  int d = 0;
+  float dot = 0.f;
+#ifdef VL_AVX512
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= hd; d += 16) {
+    const __m512 kv = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                 _mm256_loadu_si256((const __m256i*)((const uint16_t*)cache + at + d))), 16))
+                           : _mm512_loadu_ps((const float*)cache + at + d);
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
+  }
+  dot = _mm512_reduce_add_ps(acc);
+#endif
+  for (; d < hd; ++d)
+    dot += q[d] * (bf16 ? bf16_to_float(((const uint16_t*)cache)[at + d]) : ((const float*)cache)[at + d]);
+  return dot;
+}
+
+static inline void axpy_row(float p, const void* cache, size_t at, float* o, int hd, int bf16) {  // o += p * row
+  int d = 0;
+#ifdef VL_AVX512
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; d + 16 <= hd; d += 16) {
+    const __m512 vv = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                 _mm256_loadu_si256((const __m256i*)((const uint16_t*)cache + at + d))), 16))
+                           : _mm512_loadu_ps((const float*)cache + at + d);
+    _mm512_storeu_ps(o + d, _mm512_fmadd_ps(pv, vv, _mm512_loadu_ps(o + d)));
+  }
+#endif
+  for (; d < hd; ++d) o[d] += p * (bf16 ? bf16_to_float(((const uint16_t*)cache)[at + d]) : ((const float*)cache)[at + d]);
 }
 
 // Attention without positional encoding, one query per row over keys [0, pos]; padded batches mask keys whose
@@ -396,15 +430,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
       float mx = -INFINITY;
       for (int j = 0; j <= pos; ++j) {
         if (vrow && !vrow[j] && j != pos) { s[j] = -INFINITY; continue; }
-        float dot = 0.f;
-        if (m.bf16) {
-          const uint16_t* kr = (const uint16_t*)kc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) dot += qv[d] * bf16_to_float(kr[d]);
-        } else {
-          const float* kr = (const float*)kc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) dot += qv[d] * kr[d];
-        }
-        s[j] = dot * scale;
+        s[j] = dot_row(qv, kc, base + (size_t)j * hd, hd, m.bf16) * scale;
         mx = s[j] > mx ? s[j] : mx;
       }
       float tot = 0.f;
@@ -416,14 +442,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
       for (int d = 0; d < hd; ++d) o[d] = 0.f;
       for (int j = 0; j <= pos; ++j) {
         if (s[j] == 0.f) continue;
-        const float p = s[j] / tot;
-        if (m.bf16) {
-          const uint16_t* vr = (const uint16_t*)vc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) o[d] += p * bf16_to_float(vr[d]);
-        } else {
-          const float* vr = (const float*)vc + base + (size_t)j * hd;
-          for (int d = 0; d < hd; ++d) o[d] += p * vr[d];
-        }
+        axpy_row(s[j] / tot, vc, base + (size_t)j * hd, o, hd, m.bf16);
       }
       for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
     }
