@@ -81,6 +81,91 @@ struct Round {  // the model dtype's rounding of a float32 value (identity for f
   inline float operator()(float f) const { return bf16 ? bf16_to_float(f2b(f)) : f; }
 };
 
+#ifdef VL_AVX512
+// exp over 16 lanes: Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial for expf (within ~1 ulp of
+// std::exp over the float range, the same +-inf / 0 / NaN at the ends); the power of two goes in with VSCALEFPS,
+// which rounds subnormal results correctly. Used for SiLU, whose result the model rounds to its dtype anyway.
+static inline __m512 exp_v(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));  // NaN passes (2nd operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 silu_v(__m512 v) {
+  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), exp_v(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+}
+
+static inline __m512 rnd_v(__m512 v, int bf16) {  // Round over 16 lanes: f2b's rounding, NaN kept NaN
+  if (!bf16) return v;
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+  const __m512i r = _mm512_and_si512(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                           _mm512_set1_epi32(0x7FFF))), top);
+  const __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), top);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, q));
+}
+#endif
+
+// Elementwise passes over n floats, 16 lanes at a time where AVX512 is there (the same per-element operations).
+static inline void round_n(float* y, size_t n, int bf16) {  // y = Round(y)
+  if (!bf16) return;
+  size_t i = 0;
+#ifdef VL_AVX512
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, rnd_v(_mm512_loadu_ps(y + i), 1));
+#endif
+  for (; i < n; ++i) y[i] = bf16_to_float(f2b(y[i]));
+}
+
+static inline void to_bf16_n(const float* f, uint16_t* b, size_t n) {  // f already holds bf16 values: exact
+  size_t i = 0;
+#ifdef VL_AVX512
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i*)(b + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(
+                                               _mm512_loadu_ps(f + i)), 16)));
+#endif
+  for (; i < n; ++i) b[i] = f2b(f[i]);
+}
+
+static inline double sumsq_n(const float* v, int n) {  // sum of squares in float64
+  int i = 0;
+  double ss = 0.0;
+#ifdef VL_AVX512
+  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  for (; i + 16 <= n; i += 16) {
+    const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(v + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(v + i + 8));
+    a0 = _mm512_fmadd_pd(lo, lo, a0);
+    a1 = _mm512_fmadd_pd(hi, hi, a1);
+  }
+  ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+#endif
+  for (; i < n; ++i) ss += (double)v[i] * v[i];
+  return ss;
+}
+
+static inline void scale_round_n(float* o, float r, const float* w, int n, int bf16) {  // o = Round(o * r * w)
+  int i = 0;
+#ifdef VL_AVX512
+  const __m512 rv = _mm512_set1_ps(r);
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(o + i, rnd_v(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(o + i), rv), _mm512_loadu_ps(w + i)), bf16));
+#endif
+  for (; i < n; ++i) {
+    const float v = o[i] * r * w[i];
+    o[i] = bf16 ? bf16_to_float(f2b(v)) : v;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // GEMV: y (M, N) float32 = x (M, K) W^T. x holds model-dtype values as float32, and xb the same as bf16 for bf16
 // models (exact). Dense rows go four at a time in contiguous per-thread slices of whole cache lines; a group of 2
@@ -153,48 +238,12 @@ struct Act {  // M rows of K model-dtype values, as float32 and (bf16 models) as
     if (bf16 && b.size() < n) b.resize(n);
   }
   void sync_bf16(size_t n, int bf16) {  // after f holds rounded values: the bf16 copy, exact
-    if (!bf16) return;
-    for (size_t i = 0; i < n; ++i) b[i] = f2b(f[i]);
+    if (bf16) to_bf16_n(f.data(), b.data(), n);
   }
 };
 
 static inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
-#ifdef VL_AVX512
-// exp over 16 lanes: Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial for expf (within ~1 ulp of
-// std::exp over the float range, the same +-inf / 0 / NaN at the ends); the power of two goes in with VSCALEFPS,
-// which rounds subnormal results correctly. Used for SiLU, whose result the model rounds to its dtype anyway.
-static inline __m512 exp_v(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.f), x));  // NaN passes (2nd operand)
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 silu_v(__m512 v) {
-  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), exp_v(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-}
-
-static inline __m512 rnd_v(__m512 v, int bf16) {  // Round over 16 lanes: f2b's rounding, NaN kept NaN
-  if (!bf16) return v;
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-  const __m512i r = _mm512_and_si512(
-      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                           _mm512_set1_epi32(0x7FFF))), top);
-  const __m512i q = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), top);
-  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, q));
-}
-#endif
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }  // torch's threshold 20
 
 // out = round(rmsnorm(h') * w) with h' = round(h) for a block's norm (Block casts h to the norm's dtype first) and
@@ -205,25 +254,23 @@ static void rms_rows(const float* h, int B, int D, const float* w, float eps, Ro
   for (int b = 0; b < B; ++b) {
     const float* hr = h + (size_t)b * D;
     float* o = out.f.data() + (size_t)b * D;
-    double ss = 0.0;
-    for (int i = 0; i < D; ++i) {
-      const float v = round_in ? rnd(hr[i]) : hr[i];
-      o[i] = v;
-      ss += (double)v * v;
-    }
-    const float r = 1.f / std::sqrt((float)(ss / D) + eps);
-    for (int i = 0; i < D; ++i) o[i] = rnd(o[i] * r * w[i]);
+    std::memcpy(o, hr, sizeof(float) * D);
+    if (round_in) round_n(o, D, rnd.bf16);
+    const float r = 1.f / std::sqrt((float)(sumsq_n(o, D) / D) + eps);
+    scale_round_n(o, r, w, D, rnd.bf16);
   }
   out.sync_bf16((size_t)B * D, rnd.bf16);
 }
 
-static void round_rows(float* y, size_t n, Round rnd) {
-  if (rnd.bf16)
-    for (size_t i = 0; i < n; ++i) y[i] = rnd(y[i]);
-}
+static void round_rows(float* y, size_t n, Round rnd) { round_n(y, n, rnd.bf16); }
 
 static void residual_add(float* h, const float* y, size_t n, Round res) {
-  for (size_t i = 0; i < n; ++i) h[i] = res(h[i] + y[i]);
+  size_t i = 0;
+#ifdef VL_AVX512
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(h + i, rnd_v(_mm512_add_ps(_mm512_loadu_ps(h + i), _mm512_loadu_ps(y + i)), res.bf16));
+#endif
+  for (; i < n; ++i) h[i] = res(h[i] + y[i]);
 }
 
 // Mamba-2 mixer, one token: conv window roll + SiLU, dt softplus, S <- exp(dt A) S + dt x B^T, y = S C + D x,
@@ -333,11 +380,8 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
         _mm512_storeu_ps(yg + i, _mm512_mul_ps(silu_v(_mm512_loadu_ps(zg + i)), _mm512_loadu_ps(yg + i)));
 #endif
       for (; i < gs; ++i) yg[i] = silu(zg[i]) * yg[i];
-      double ss = 0.0;
-      for (i = 0; i < gs; ++i) ss += (double)yg[i] * yg[i];
-      const float r = 1.f / std::sqrt((float)(ss / gs) + m.eps);
-      const float* gw = L.gnorm_w + (size_t)g * gs;
-      for (int i = 0; i < gs; ++i) yg[i] = rnd(yg[i] * r * gw[i]);
+      const float r = 1.f / std::sqrt((float)(sumsq_n(yg, gs) / gs) + m.eps);
+      scale_round_n(yg, r, L.gnorm_w + (size_t)g * gs, gs, m.bf16);
     }
   }
   yn.sync_bf16((size_t)B * L.d_inner, m.bf16);
@@ -462,7 +506,14 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   a.resize((size_t)B * L.w_in.N, m.bf16);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, a.f.data(), nthreads);
-  for (size_t i = 0; i < (size_t)B * L.w_in.N; ++i) {
+  size_t i = 0;
+#ifdef VL_AVX512
+  for (; i + 16 <= (size_t)B * L.w_in.N; i += 16) {  // max(u, 0) takes the 0 for a NaN, as the scalar line does
+    const __m512 r = _mm512_max_ps(rnd_v(_mm512_loadu_ps(a.f.data() + i), m.bf16), _mm512_setzero_ps());
+    _mm512_storeu_ps(a.f.data() + i, rnd_v(_mm512_mul_ps(r, r), m.bf16));
+  }
+#endif
+  for (; i < (size_t)B * L.w_in.N; ++i) {
     const float u = rnd(a.f[i]);
     const float r = u > 0.f ? u : 0.f;
     a.f[i] = rnd(r * r);
