@@ -114,3 +114,22 @@ def test_a_refusing_kernel_leaves_every_tensor_where_it_was(monkeypatch):
     old = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
     assert hugepages.advise(model) == 0
     assert all(p.data_ptr() == old[n][0] and torch.equal(p, old[n][1]) for n, p in model.named_parameters())
+
+
+def test_file_mapped_weights_are_left_alone(monkeypatch, tmp_path):
+    """A tensor over a file map (the loader's mapped embedding) gets no huge-page advice: khugepaged would read the
+    whole file range in, where decode reads a few rows."""
+    import mmap
+
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    path = tmp_path / "w.bin"
+    path.write_bytes(bytes(16 << 20))
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 16 << 20, access=mmap.ACCESS_COPY)
+    holder = torch.nn.Module()
+    holder.register_buffer("mapped", torch.frombuffer(m, dtype=torch.float32))
+    holder.register_buffer("own", torch.zeros(4 << 20))
+    seen = []
+    monkeypatch.setattr(hugepages, "advise_range", lambda addr, n: seen.append(addr) or 0)
+    hugepages.advise(holder)
+    assert seen == [holder.own.data_ptr()]

@@ -15,8 +15,8 @@ does not ask. `advise(model)` asks, for every CPU storage the model holds:
   parameters and buffers are re-pointed at their copies (shared and tied tensors stay shared). The extra memory
   is those small tensors' bytes, for the duration of the copy.
 The values never change, so nothing can change numerically. Where the kernel refuses (THP `never`, an older kernel,
-a file mapping it cannot collapse, a non-Linux OS) the pages stay as they are; one log line says how much was
-done. `VL_HUGEPAGES=0` turns it off.
+a non-Linux OS) the pages stay as they are; one log line says how much was done. Memory torch does not own (the
+loader's memory-mapped embedding tables) is never advised. `VL_HUGEPAGES=0` turns it off.
 """
 
 from __future__ import annotations
@@ -70,7 +70,11 @@ def advise(model: nn.Module) -> int:
         return 0
     storages = {}
     for t in [*model.parameters(), *model.buffers()]:
-        if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= MIN_BYTES:
+        # memory torch does not own (a file map: the loader's mapped embedding, a numpy buffer) is left alone:
+        # MADV_HUGEPAGE on a file map lets khugepaged read the whole file range in (1.2 GiB for a 12B embedding
+        # that decode reads a few rows of)
+        if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= MIN_BYTES \
+                and t.untyped_storage().resizable():
             storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
     try:
         done = sum(advise_range(ptr, st.nbytes()) for ptr, st in storages.items() if st.nbytes() >= IN_PLACE_BYTES)
