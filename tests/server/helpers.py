@@ -96,3 +96,15 @@ def png_bytes(colour="red", size=(96, 64)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, colour).save(buf, "PNG")
     return buf.getvalue()
+
+
+@contextmanager
+def paced(engine, step_s: float = 0.001):
+    """Every forward of `engine`'s LM takes at least `step_s` (a forward hook, which also sends the decode steps
+    through the modules): a test whose long answer must outlast a second or two then holds on any machine,
+    however fast its decode step (the demo model's fused step decodes 4000 tokens in about a second here)."""
+    hook = engine.lm.register_forward_hook(lambda *_: time.sleep(step_s))
+    try:
+        yield
+    finally:
+        hook.remove()

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from helpers import DEMO, in_process_server
+from helpers import DEMO, in_process_server, paced
 
 pytestmark = pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model is not shipped here")
 
@@ -48,7 +48,8 @@ def ask(base, text, max_tokens):
 def test_a_request_slow_to_prepare_pauses_neither_the_batch_nor_a_quick_request(slow_engine):
     refs = {t: slow_engine.chat([{"role": "user", "content": t}], max_new_tokens=5, thinking=False).answer
             for t in ("slow one", "quick one")}
-    with in_process_server(slow_engine, max_batch=8, batch_window_s=0, prepare_workers=2) as (base, sched):
+    with paced(slow_engine), in_process_server(slow_engine, max_batch=8, batch_window_s=0, prepare_workers=2) as (
+            base, sched):
         body = {"model": "vl", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4000,
                 "temperature": 0, "stream": True, "chat_template_kwargs": {"enable_thinking": False}}
         got, arrivals = {}, []
