@@ -143,8 +143,9 @@ def test_fused_step_with_the_gemv_pass_and_the_180m_widths(lib):
     compare_steps(lm, lib, torch.randint(3, 1000, (1, 5)), steps=3, truth=truth)
 
 
-def test_the_eager_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, monkeypatch):
-    lm = model(odd_config(), torch.float32, seed=2)
+def assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch):
+    """`generate_ids` in the default eager mode runs every decode step through the fused step, and its greedy
+    tokens equal those of the modules (VL_CPU_DECODE=off) on a padded batch."""
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (6, 10)])
     with cpu_decode.override("off"):
         want = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
@@ -155,6 +156,10 @@ def test_the_eager_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, mo
         got = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
     assert len(calls) == 7  # every step after the first token, which comes from the prefill
     assert torch.equal(got, want)
+
+
+def test_the_eager_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, monkeypatch):
+    assert_eager_uses_the_step_with_the_modules_tokens(model(odd_config(), torch.float32, seed=2), lib, monkeypatch)
 
 
 def test_changed_weights_are_seen(lib):

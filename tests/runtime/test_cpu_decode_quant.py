@@ -7,13 +7,14 @@ switched off)."""
 import pytest
 import torch
 
-from test_cpu_decode import compare_steps, lib, model  # noqa: F401 -- `lib` is the fixture of both builds
+from test_cpu_decode import (  # noqa: F401 -- `lib` is the fixture of both builds
+    assert_eager_uses_the_step_with_the_modules_tokens, compare_steps, lib, model)
 from vl.config import LMConfig
 from vl.quant import cpu_gemv
 from vl.quant.export import exclude_patterns, quantizable_linear_names, quantize_state_dict
 from vl.quant.linear import QuantizedLinear, swap_quantized_linears
 from vl.runtime import cpu_decode
-from vl.runtime.generate import generate_ids, left_pad
+from vl.runtime.generate import left_pad
 
 # widths that NVFP4 allows (in_features % 16 == 0) but the vector loops do not divide (64-column groups: tails)
 SMALL = dict(vocab_size=301, hidden_size=48, pattern="M*-M-*M", num_attention_heads=4, num_key_value_heads=2,
@@ -71,16 +72,7 @@ def test_the_eager_mode_decodes_packed_weights_with_the_modules_tokens(lib, monk
     lm, _ = quantized("W4A16_NVFP4", torch.float32, seed=2)
     if cpu_gemv.kernel() is None:
         pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
-    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (6, 10)])
-    with cpu_decode.override("off"):
-        want = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
-    calls = []
-    real = cpu_decode.run_step
-    monkeypatch.setattr(cpu_decode, "run_step", lambda *a: calls.append(1) or real(*a))
-    with cpu_decode.override(lib.isa if lib.isa == "portable" else "auto"):
-        got = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=8)
-    assert len(calls) == 7
-    assert torch.equal(got, want)
+    assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch)
 
 
 def test_what_keeps_a_packed_model_on_the_modules(lib, monkeypatch):

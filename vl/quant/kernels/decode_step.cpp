@@ -124,7 +124,7 @@ static inline void round_n(float* y, size_t n, int bf16) {  // y = Round(y)
 #ifdef VL_AVX512
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, rnd_v(_mm512_loadu_ps(y + i), 1));
 #endif
-  for (; i < n; ++i) y[i] = bf16_to_float(f2b(y[i]));
+  for (; i < n; ++i) y[i] = Round{1}(y[i]);
 }
 
 static inline void to_bf16_n(const float* f, uint16_t* b, size_t n) {  // f already holds bf16 values: exact
@@ -160,10 +160,7 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(o + i, rnd_v(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(o + i), rv), _mm512_loadu_ps(w + i)), bf16));
 #endif
-  for (; i < n; ++i) {
-    const float v = o[i] * r * w[i];
-    o[i] = bf16 ? bf16_to_float(f2b(v)) : v;
-  }
+  for (; i < n; ++i) o[i] = Round{bf16}(o[i] * r * w[i]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -262,8 +259,6 @@ static void rms_rows(const float* h, int B, int D, const float* w, float eps, Ro
   out.sync_bf16((size_t)B * D, rnd.bf16);
 }
 
-static void round_rows(float* y, size_t n, Round rnd) { round_n(y, n, rnd.bf16); }
-
 static void residual_add(float* h, const float* y, size_t n, Round res) {
   size_t i = 0;
 #ifdef VL_AVX512
@@ -283,7 +278,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   zx.resize((size_t)B * L.w_in.N);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, zx.data(), nthreads);
-  round_rows(zx.data(), (size_t)B * L.w_in.N, rnd);
+  round_n(zx.data(), (size_t)B * L.w_in.N, rnd.bf16);
   yn.resize((size_t)B * L.d_inner, m.bf16);
   const int km1 = L.conv_k - 1, gs = L.d_inner / L.n_groups, hpg = L.n_heads / L.n_groups;
   for (int b = 0; b < B; ++b) {
@@ -387,7 +382,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
   yn.sync_bf16((size_t)B * L.d_inner, m.bf16);
   out.resize((size_t)B * m.D);
   gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_rows(out.data(), (size_t)B * m.D, rnd);
+  round_n(out.data(), (size_t)B * m.D, rnd.bf16);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
@@ -398,9 +393,7 @@ static inline float dot_row(const float* q, const void* cache, size_t at, int hd
 #ifdef VL_AVX512
   __m512 acc = _mm512_setzero_ps();
   for (; d + 16 <= hd; d += 16) {
-    const __m512 kv = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                 _mm256_loadu_si256((const __m256i*)((const uint16_t*)cache + at + d))), 16))
-                           : _mm512_loadu_ps((const float*)cache + at + d);
+    const __m512 kv = bf16 ? load_bf16x16((const uint16_t*)cache + at + d) : _mm512_loadu_ps((const float*)cache + at + d);
     acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
   }
   dot = _mm512_reduce_add_ps(acc);
@@ -415,9 +408,7 @@ static inline void axpy_row(float p, const void* cache, size_t at, float* o, int
 #ifdef VL_AVX512
   const __m512 pv = _mm512_set1_ps(p);
   for (; d + 16 <= hd; d += 16) {
-    const __m512 vv = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                                 _mm256_loadu_si256((const __m256i*)((const uint16_t*)cache + at + d))), 16))
-                           : _mm512_loadu_ps((const float*)cache + at + d);
+    const __m512 vv = bf16 ? load_bf16x16((const uint16_t*)cache + at + d) : _mm512_loadu_ps((const float*)cache + at + d);
     _mm512_storeu_ps(o + d, _mm512_fmadd_ps(pv, vv, _mm512_loadu_ps(o + d)));
   }
 #endif
@@ -440,9 +431,9 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   gemv(xn.f.data(), xb, B, L.w_in, m.bf16, q.data(), nthreads);
   gemv(xn.f.data(), xb, B, L.w_k, m.bf16, k.data(), nthreads);
   gemv(xn.f.data(), xb, B, L.w_v, m.bf16, v.data(), nthreads);
-  round_rows(q.data(), q.size(), rnd);
-  round_rows(k.data(), k.size(), rnd);
-  round_rows(v.data(), v.size(), rnd);
+  round_n(q.data(), q.size(), rnd.bf16);
+  round_n(k.data(), k.size(), rnd.bf16);
+  round_n(v.data(), v.size(), rnd.bf16);
   ao.resize((size_t)B * L.w_in.N, m.bf16);
   sc.resize((size_t)nq * (pos + 1));
   float* const qd = q.data();  // thread_local buffers: the OpenMP workers below use the caller's, by pointer
@@ -494,7 +485,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   ao.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);
   gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_rows(out.data(), (size_t)B * m.D, rnd);
+  round_n(out.data(), (size_t)B * m.D, rnd.bf16);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
@@ -521,7 +512,7 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   a.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);
   gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_rows(out.data(), (size_t)B * m.D, rnd);
+  round_n(out.data(), (size_t)B * m.D, rnd.bf16);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
@@ -552,7 +543,7 @@ void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* ca
   const Round rnd{m->bf16};
   rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);
   gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->lm_head, m->bf16, logits, nthreads);
-  round_rows(logits, (size_t)B * m->vocab, rnd);
+  round_n(logits, (size_t)B * m->vocab, rnd.bf16);
 }
 
 }  // extern "C"

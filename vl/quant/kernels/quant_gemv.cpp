@@ -65,6 +65,10 @@ static float* bf16_rows_to_float(const uint16_t* x, int M, int K) {
 }
 
 #ifdef VL_AVX512
+static inline __m512 load_bf16x16(const uint16_t* p) {  // 16 bf16 values -> float32, exact
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
 static inline __m512 round_bf16_v(__m512 v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -150,6 +154,23 @@ static inline bool bf16_weights_normal(float least) { return !(std::fabs(least) 
 // x position of lane j of the two unpacked halves of a 64-byte block (see above)
 static inline int unpack_pos(int j) { return j < 32 ? (j / 8) * 16 + j % 8 : ((j - 32) / 8) * 16 + 8 + (j - 32) % 8; }
 
+// Activation rows (M, K) bf16 in the order a table kernel reads them: out[i0 + j] = x[i0 + pos[j]] within each
+// 64-column block (two permutes per block); the columns past the last full 64 stay in place.
+static void reorder_rows64(const uint16_t* x, int M, int K, const uint16_t (&pos)[64], uint16_t* xp) {
+  const __m512i p0 = _mm512_loadu_si512(pos), p1 = _mm512_loadu_si512(pos + 32);
+  for (int m = 0; m < M; ++m) {
+    const uint16_t* xr = x + (size_t)m * K;
+    uint16_t* out = xp + (size_t)m * K;
+    int i = 0;
+    for (; i + 64 <= K; i += 64) {
+      const __m512i a = _mm512_loadu_si512(xr + i), b = _mm512_loadu_si512(xr + i + 32);
+      _mm512_storeu_si512(out + i, _mm512_permutex2var_epi16(a, p0, b));
+      _mm512_storeu_si512(out + i + 32, _mm512_permutex2var_epi16(a, p1, b));
+    }
+    for (; i < K; ++i) out[i] = xr[i];
+  }
+}
+
 template <int M>
 static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const uint8_t* w, int N, const float* scale,
                            int kind, const Table* shared, float* y, int r0, int r1) {
@@ -210,7 +231,7 @@ static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const u
 // (nvfp4_table below, built once per call: 8 KiB, shared by the threads). Per 64 weights (4 blocks, 32 packed
 // bytes) the four blocks' 16-entry rows form a 64-entry table in two registers, and two VPERMT2W look up the
 // low nibbles (even elements) and the high nibbles (odd elements); VDPBF16PS multiplies them with the
-// activations, which the caller has put in that order once per call (per 64 columns: the 32 even, then the
+// activations, which the caller has put in that order once per call (reorder_rows64) (per 64 columns: the 32 even, then the
 // 32 odd ones). The bf16 products are exact in float32; only the order of the float32 additions differs.
 template <int M>
 static void nvfp4_rows_bf16(const uint16_t* x, const uint16_t* xp, int K, const uint8_t* w, const uint8_t* bs,
@@ -278,24 +299,6 @@ static void nvfp4_bf16_table(float gs, uint16_t* tab) {
   }
 }
 
-// Activation rows in the order nvfp4_rows_bf16 reads them: per 64 columns the even ones, then the odd ones;
-// the columns past the last full 64 stay in place.
-static void nvfp4_bf16_order(const uint16_t* x, int M, int K, uint16_t* xp) {
-  const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
-                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
-  for (int m = 0; m < M; ++m) {
-    const uint16_t* xr = x + (size_t)m * K;
-    uint16_t* out = xp + (size_t)m * K;
-    int i = 0;
-    for (; i + 64 <= K; i += 64) {
-      const __m512i a = _mm512_loadu_si512(xr + i), b = _mm512_loadu_si512(xr + i + 32);
-      _mm512_storeu_si512(out + i, _mm512_permutex2var_epi16(a, even, b));
-      _mm512_storeu_si512(out + i + 32, _mm512_permutex2var_epi16(a, odd, b));
-    }
-    for (; i < K; ++i) out[i] = xr[i];
-  }
-}
 #endif
 
 // x: (M, K) float32; w: (N, K) E4M3 bytes; scale: see kind; y: (M, N) float32.
@@ -474,10 +477,7 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
 #else
     for (; i + 32 <= K; i += 32) {
       if (!(i & 63)) prefetch2(wr + i);  // 64 bytes per step here: one prefetch pair per 128 bytes
-      const __m512 wa = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i))), 16));
-      const __m512 wb = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(wr + i + 16))), 16));
+      const __m512 wa = load_bf16x16(wr + i), wb = load_bf16x16(wr + i + 16);
       for (int m = 0; m < M; ++m) {
         acc[m][0] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(x + (size_t)m * K + i), acc[m][0]);
         acc[m][1] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + (size_t)m * K + i + 16), acc[m][1]);
@@ -527,18 +527,10 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
       x_bf16 = 0;
       round16 = 1;
     } else {  // activations in the unpack order of each 64-column block
-      const uint16_t* xb = (const uint16_t*)x;
       xp = new uint16_t[(size_t)M * K];
-      alignas(64) uint16_t pos[64];
+      uint16_t pos[64];
       for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)unpack_pos(j);
-      const __m512i p0 = _mm512_load_si512(pos), p1 = _mm512_load_si512(pos + 32);
-      for (int m = 0; m < M; ++m)
-        for (int i0 = 0; i0 + 64 <= K; i0 += 64) {
-          const uint16_t* xr = xb + (size_t)m * K + i0;
-          const __m512i a = _mm512_loadu_si512(xr), b = _mm512_loadu_si512(xr + 32);
-          _mm512_storeu_si512(xp + (size_t)m * K + i0, _mm512_permutex2var_epi16(a, p0, b));
-          _mm512_storeu_si512(xp + (size_t)m * K + i0 + 32, _mm512_permutex2var_epi16(a, p1, b));
-        }
+      reorder_rows64((const uint16_t*)x, M, K, pos, xp);
       if (kind == 0) make_table(scale[0], shared);  // one table for the whole layer
     }
   }
@@ -579,7 +571,9 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
     tab = (uint16_t*)std::aligned_alloc(64, 256 * 16 * sizeof(uint16_t) + (((size_t)M * K * 2 + 63) & ~(size_t)63));
     xp = tab + 256 * 16;
     nvfp4_bf16_table(gs, tab);
-    nvfp4_bf16_order((const uint16_t*)x, M, K, xp);
+    uint16_t pos[64];  // per 64 columns: the 32 even ones, then the 32 odd ones (low, then high nibbles)
+    for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
+    reorder_rows64((const uint16_t*)x, M, K, pos, xp);
   }
 #endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
