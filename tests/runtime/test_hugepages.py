@@ -1,6 +1,7 @@
 """vl/runtime/hugepages.py: large CPU weights moved onto 2 MiB pages in place -- same pointers, same bytes, same
 outputs -- where the kernel allows it; nothing happens with VL_HUGEPAGES=0 or for small tensors."""
 
+import gc
 import platform
 
 import pytest
@@ -133,3 +134,20 @@ def test_file_mapped_weights_are_left_alone(monkeypatch, tmp_path):
     monkeypatch.setattr(hugepages, "advise_range", lambda addr, n: seen.append(addr) or 0)
     hugepages.advise(holder)
     assert seen == [holder.own.data_ptr()]
+
+
+def test_a_freed_arena_is_forgotten(monkeypatch):
+    """Memory of a freed model's arena that a new model's weights reuse is moved like any other: the record of
+    arenas holds their storages weakly (a stale address range left a later model's small tensors unmoved)."""
+    if _thp_mode() in ("never", "absent"):
+        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    model = lm()
+    if hugepages.advise(model) == 0 or not len(hugepages._ARENAS):
+        pytest.skip("the kernel gave no arena huge pages here")
+    arena = next(iter(hugepages._ARENAS))
+    start, end = arena.data_ptr(), arena.data_ptr() + arena.nbytes()
+    assert hugepages._in_huge(start)
+    del model, arena
+    gc.collect()
+    assert not hugepages._in_huge(start) and not hugepages._in_huge(end - 1)

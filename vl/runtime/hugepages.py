@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 import platform
+import weakref
 
 import torch
 from torch import nn
@@ -91,11 +92,13 @@ def advise(model: nn.Module) -> int:
     return done + moved
 
 
-_ARENAS: list[tuple[int, int]] = []  # (start, end) of the arenas this process made: their tensors are not moved again
+# The arenas' storages, while any tensor still uses them: their tensors are not moved again. Weak, so that an arena
+# freed with its model is forgotten; a later allocation at the same addresses is a new storage to move.
+_ARENAS: weakref.WeakSet = weakref.WeakSet()
 
 
 def _in_huge(ptr: int) -> bool:
-    return any(a <= ptr < b for a, b in _ARENAS)
+    return any(st.data_ptr() <= ptr < st.data_ptr() + st.nbytes() for st in list(_ARENAS))
 
 
 def _move_to_arena(model: nn.Module, small: dict) -> int:
@@ -136,7 +139,7 @@ def _move_to_arena(model: nn.Module, small: dict) -> int:
             for name, b in module._buffers.items():
                 if b is not None and (q := moved(b)) is not None:
                     module._buffers[name] = q
-    _ARENAS.append((raw.data_ptr(), raw.data_ptr() + raw.numel()))  # the storage the moved tensors share
+    _ARENAS.add(storage)  # the storage the moved tensors share
     return size
 
 
