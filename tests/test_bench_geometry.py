@@ -42,6 +42,9 @@ def test_run_reports_every_figure_and_cleans_up(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the streamed checkpoint is gone
     text = bench_geometry.format_result(r)
     assert "peak RSS" in text
+    phases = r["peak_rss_by_phase"]  # where the peak was reached
+    assert list(phases) == ["load", "prefill", "decode"] and max(phases.values()) <= r["peak_rss_bytes"]
+    assert "peak RSS by phase     load" in text
     if sys.platform.startswith("linux"):  # where the weights lived, from /proc
         assert r["after_load"]["RssAnon"] > 0 and r["decode_major_faults"] >= 0
         assert "file-backed" in text and "major page faults" in text

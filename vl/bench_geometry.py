@@ -216,6 +216,7 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             result["quant_mode"] = model.quantization.mode if model.quantization else None
             result["resident_weight_bytes"] = decode_bytes(model) + model.backbone.embeddings.weight.nbytes
             result["after_load"] = memory_counters()
+            peak.mark("load")
             gen = torch.Generator().manual_seed(0)
             ids = torch.randint(3, cfg.vocab_size, (1, prefill), generator=gen)
             times = []
@@ -224,6 +225,7 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
                 our_prefill(model, ids)
                 times.append(time.perf_counter() - t0)
             result["prefill_tok_s"] = prefill / statistics.median(times)
+            peak.mark("prefill")
             log(f"[vl bench] prefill @{prefill}: {result['prefill_tok_s']:.1f} tok/s")
             ctx = ids[:, :decode_ctx]
             our_decode_s(model, ctx[:, :1], 1)  # untimed: each layer binds its decode kernel once (FP8: a NaN scan)
@@ -234,7 +236,9 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             if before and after:  # pages the timed runs (context prefill + decode) read back from storage
                 result["decode_major_faults"] = after["majflt"] - before["majflt"]
                 result["decode_disk_read_bytes"] = after["read_bytes"] - before["read_bytes"]
+            peak.mark("decode")
         result["peak_rss_bytes"] = peak.peak + peak.base
+        result["peak_rss_by_phase"] = peak.phases
         result["decode_tok_s"] = 1 / result["decode_s_per_tok"]
         result["decode_read_bytes"] = decode_bytes(model)
         result["decode_GBps"] = result["decode_read_bytes"] / result["decode_s_per_tok"] / 1e9
@@ -260,6 +264,8 @@ def format_result(r: dict) -> str:
         f"  load time             {r['load_s']:8.1f} s",
         f"  peak RSS              {r['peak_rss_bytes'] / gib:8.2f} GiB   (resident weights "
         f"{r['resident_weight_bytes'] / gib:.2f} GiB)",
+        "  peak RSS by phase     " + ", ".join(f"{k} {v / gib:.2f}" for k, v in r.get("peak_rss_by_phase", {}).items())
+        + " GiB",
         f"  prefill @{r['prefill']:<5}        {r['prefill_tok_s']:8.2f} tok/s",
         f"  decode after {r['decode_ctx']:<5}    {r['decode_tok_s']:8.3f} tok/s   ({r['new_tokens']} tokens, median of "
         f"{r['repeats']}, after an untimed warm-up step)",

@@ -28,16 +28,25 @@ class PeakRSS:
             self.base, self.peak = torch.cuda.memory_allocated(), 0
             return self
 
-        self.proc, self.stop, self.peak = psutil.Process(), False, 0
+        self.proc, self.stop, self.peak, self._since = psutil.Process(), False, 0, 0
         self.base = self.proc.memory_info().rss
+        self.phases: dict[str, int] = {}  # name -> peak resident bytes (absolute) within that phase, see mark
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         return self
 
     def _run(self):
         while not self.stop:
-            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            rss = self.proc.memory_info().rss - self.base
+            self.peak, self._since = max(self.peak, rss), max(self._since, rss)
             time.sleep(0.002)
+
+    def mark(self, phase: str):
+        """CPU: record the peak resident bytes since the previous mark (or the start) as `phase`."""
+        rss = self.proc.memory_info().rss - self.base
+        self.peak = max(self.peak, rss)
+        self.phases[phase] = self.base + max(self._since, rss)
+        self._since = rss
 
     def __exit__(self, *exc):
         if self.device.type == "cuda":

@@ -66,6 +66,10 @@ class Mamba2Mixer(nn.Module):
                                         state.ssm if state is not None else None)
             if state is not None:
                 state.ssm.copy_(final)
-        y = torch.addcmul(y, x.float(), self.D.float()[:, None])  # the D skip; (b, t, h, p)
-        y = self.norm(y.reshape(b, t, self.d_inner), z)
-        return self.out_proj(y.to(h.dtype))
+        if y.dtype == torch.float32 and not torch.is_grad_enabled():  # the D skip; (b, t, h, p)
+            y.addcmul_(x, self.D.float()[:, None])  # in place: x widened on the fly, no fp32 copy of it
+        else:
+            y = torch.addcmul(y, x.float(), self.D.float()[:, None])
+        y = self.norm(y.reshape(b, t, self.d_inner), z, out_dtype=h.dtype)
+        del z, x, B, C, xbc, zxbcdt  # on a long prefill: the projection's output is not needed past the norm
+        return self.out_proj(y)
