@@ -4,7 +4,7 @@ the model code, in gpt-fast's `_load_model` order: build and assign, then the CP
 from __future__ import annotations
 
 from vl.checkpoint.load import load_model
-from vl.runtime import cpu_decode, hugepages
+from vl.runtime import cpu_decode, heap, hugepages
 from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
 from vl.runtime.placement import place
 
@@ -24,4 +24,5 @@ def runtime_passes(model, device_map=None, max_memory=None):
         model = place(model, device_map, max_memory=max_memory)
     hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
+    heap.trim()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
     return model
