@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ui.heap import trim_heap
+from vl.runtime.heap import trim_heap
 from vl.runtime.engine import ChatResult, Engine, Stats
 from vl.runtime.outcome import finish_label, finish_note
 
@@ -68,7 +68,7 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
     Errors from the processor or the engine propagate (the caller turns them into messages). When the
     consumer stops iterating (Gradio cancel, client gone) `finally` closes the engine stream, which ends the
     generation at its next token and releases the engine's lock for the next request. Either way the freed
-    heap pages go back to the OS (`ui.heap.trim_heap`), so RSS stays flat over many requests.
+    heap pages go back to the OS (`vl.runtime.heap.trim_heap`), so RSS stays flat over many requests.
     """
     t0 = time.perf_counter()
     it = None
@@ -94,7 +94,7 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
     finally:
         if it is not None:
             it.close()
-        trim_heap()  # the request's buffers are free now; give their pages back (ui/heap.py says why)
+        trim_heap()  # the request's buffers are free now; give their pages back (vl/runtime/heap.py says why)
 
 
 def gradio_progress(progress):

@@ -24,5 +24,5 @@ def runtime_passes(model, device_map=None, max_memory=None):
         model = place(model, device_map, max_memory=max_memory)
     hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
-    heap.trim()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
+    heap.trim_heap()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
     return model
