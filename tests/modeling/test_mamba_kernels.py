@@ -74,68 +74,44 @@ def test_chunked_scan_without_autograd_equals_the_recurrence(t, chunk, with_stat
     torch.testing.assert_close(f1, f0, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("block", [1, 3])
 @pytest.mark.parametrize("with_state", [False, True])
-@pytest.mark.parametrize("grad", [False, True])
-def test_long_scans_run_a_block_of_groups_at_a_time_with_the_same_numbers(monkeypatch, block, with_state, grad):
-    """Above BLOCK_ELEMENTS the scan runs `block` whole groups per pass (12B prefill: ~0.4 GB of fp32 copies
-    less); each group's outputs, final state and gradients equal the all-groups-at-once scan's."""
-    from vl.modeling import ssd_ref
-
-    x, dt, A, B, C, s0 = _ssd_inputs(70, h=12, g=4, seed=3)  # 3 heads per group; 4 groups = blocks 3 + 1
-    inputs = [x, dt, B, C] + ([s0] if with_state else [])
-
-    def run():
-        leaves = [v.clone().requires_grad_(grad) for v in inputs]
-        with torch.set_grad_enabled(grad):
-            y, final = ssd_chunked(leaves[0], leaves[1], A, *leaves[2:4], 32, *leaves[4:])
-        if not grad:
-            return y, final, []
-        (y.square().sum() + final.sin().sum()).backward()
-        return y.detach(), final.detach(), [v.grad for v in leaves]
-
-    whole = run()
-    calls = []
-    inner = ssd_ref._ssd_chunked_groups
-    monkeypatch.setattr(ssd_ref, "_ssd_chunked_groups", lambda *a: calls.append(a[0].shape[2]) or inner(*a))
-    monkeypatch.setattr(ssd_ref, "BLOCK_ELEMENTS", 2 * 70 * 3 * 8 * block)  # b·t·r·p per group, times block
-    blocked = run()
-    assert calls == ([3 * block] * (4 // block) + ([3 * (4 % block)] if 4 % block else []))
-    torch.testing.assert_close(blocked[0], whole[0], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(blocked[1], whole[1], rtol=1e-6, atol=1e-6)
-    for a, b in zip(blocked[2], whole[2]):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-
-
-def test_mixer_prefill_without_autograd_equals_the_autograd_path():
-    """The no-autograd prefill works in place (D skip, gate, norm), scans a block of groups at a time and
-    normalises a block of rows at a time; its output and final states equal the recording path's, and its
-    input is left untouched."""
+def test_mixer_prefill_in_group_blocks_equals_the_autograd_path(monkeypatch, with_state):
+    """A long prefill without autograd runs scan, D skip and gated norm a block of whole groups at a time
+    (one group, then 3 + 1 groups here); its output and final states equal the recording path's and the
+    all-at-once no-grad path's, and its input is left untouched."""
     from vl.config import LMConfig
-    from vl.modeling import ssd_ref
-    from vl.modeling.mamba2 import Mamba2Mixer
-    from vl.modeling.norms import GatedRMSNorm
+    from vl.modeling import mamba2
     from vl.runtime.cache import HybridCache
 
     torch.manual_seed(0)
     cfg = LMConfig(vocab_size=64, hidden_size=64, pattern="M", mamba_num_heads=8, mamba_head_dim=16, n_groups=4,
                    ssm_state_size=16, chunk_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                    intermediate_size=64)
-    mixer = Mamba2Mixer(cfg)
+    mixer = mamba2.Mamba2Mixer(cfg)
     with torch.no_grad():
         mixer.D.normal_()
         mixer.dt_bias.normal_()
+        mixer.norm.weight.normal_()
     h = torch.randn(2, 40, 64)
     kept = h.clone()
+    scans = []
+    real_scan = mamba2.kernels.ssd_scan
+    monkeypatch.setattr(mamba2.kernels, "ssd_scan", lambda x, *a: scans.append(x.shape[2]) or real_scan(x, *a))
+    per_group = 2 * 40 * 2 * 16  # b * t * heads per group * head dim
     outs = []
-    for grad, block in ((True, None), (False, None), (False, 2 * 40 * 2 * 16)):
-        cache = HybridCache(cfg, 2, 41)
-        with pytest.MonkeyPatch.context() as mp, torch.set_grad_enabled(grad):
-            if block:
-                mp.setattr(ssd_ref, "BLOCK_ELEMENTS", block)  # one group at a time
-                mp.setattr(GatedRMSNorm, "BLOCK_ELEMENTS", 3 * 128)  # 3 of the 80 rows at a time
-            out = mixer(h, cache.layers[0])
-        outs.append((out.detach(), cache.layers[0].ssm.clone(), cache.layers[0].conv.clone()))
+    for grad, block, want in ((True, 1 << 22, [8]), (False, 1 << 22, [8]), (False, per_group, [2] * 4),
+                              (False, 3 * per_group, [6, 2])):
+        monkeypatch.setattr(mamba2, "BLOCK_ELEMENTS", block)
+        cache = HybridCache(cfg, 2, 41) if with_state else None
+        if cache is not None:  # a carried state from earlier tokens
+            gen = torch.Generator().manual_seed(1)
+            cache.layers[0].ssm.normal_(generator=gen)
+            cache.layers[0].conv.normal_(generator=gen)
+        scans.clear()
+        with torch.set_grad_enabled(grad):
+            out = mixer(h, cache.layers[0] if cache is not None else None)
+        assert scans == want
+        outs.append([out.detach()] + ([cache.layers[0].ssm.clone(), cache.layers[0].conv.clone()] if cache else []))
         assert torch.equal(h, kept)
     for got in outs[1:]:
         for a, b in zip(got, outs[0]):

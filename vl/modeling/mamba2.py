@@ -18,7 +18,11 @@ from torch import nn
 
 from vl.config import LMConfig
 from vl.modeling import kernels
-from vl.modeling.norms import GatedRMSNorm
+from vl.modeling.norms import GatedRMSNorm, gated_rms_norm
+
+# Above this many elements of x (16 MiB in fp32) a prefill without autograd runs a block of groups at a time
+# (`Mamba2Mixer._prefill_in_group_blocks`).
+BLOCK_ELEMENTS = 1 << 22
 
 
 class Mamba2Mixer(nn.Module):
@@ -61,15 +65,37 @@ class Mamba2Mixer(nn.Module):
 
         if state is not None and t == 1:
             y = kernels.ssd_step(state.ssm, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])[:, None]
+        elif not torch.is_grad_enabled() and not kernels.use_fast(x) and x.numel() > BLOCK_ELEMENTS:
+            y = self._prefill_in_group_blocks(x, dt, A, B, C, z, state, h.dtype)
+            del z, x, B, C, xbc, zxbcdt  # the projection's output is not needed past the norm
+            return self.out_proj(y)
         else:
             y, final = kernels.ssd_scan(x, dt, A, B, C, self.chunk_size,
                                         state.ssm if state is not None else None)
             if state is not None:
                 state.ssm.copy_(final)
-        if y.dtype == torch.float32 and not torch.is_grad_enabled():  # the D skip; (b, t, h, p)
-            y.addcmul_(x, self.D.float()[:, None])  # in place: x widened on the fly, no fp32 copy of it
-        else:
-            y = torch.addcmul(y, x.float(), self.D.float()[:, None])
-        y = self.norm(y.reshape(b, t, self.d_inner), z, out_dtype=h.dtype)
-        del z, x, B, C, xbc, zxbcdt  # on a long prefill: the projection's output is not needed past the norm
-        return self.out_proj(y)
+        y = torch.addcmul(y, x.float(), self.D.float()[:, None])  # the D skip; (b, t, h, p)
+        y = self.norm(y.reshape(b, t, self.d_inner), z)
+        return self.out_proj(y.to(h.dtype))
+
+    def _prefill_in_group_blocks(self, x, dt, A, B, C, z, state, dtype):
+        """A long prefill without autograd on the reference scan, a block of whole groups at a time: scan, D
+        skip and gated norm (whose groups are the scan's), written into one output in the model's dtype. The
+        same numbers as the path above; what changes is memory: the 12B model's 2k-token prefill made ~0.5 GB
+        of fp32 copies of all 128 heads at once, one group of 16 heads makes ~70 MB (docs/quant_cpu_kernels.md)."""
+        b, t, h, p = x.shape
+        r = h // self.n_groups
+        step = max(1, BLOCK_ELEMENTS // (b * t * r * p))
+        out = torch.empty(b, t, self.d_inner, dtype=dtype, device=x.device)
+        for g0 in range(0, self.n_groups, step):
+            g1 = min(self.n_groups, g0 + step)
+            heads, chans = slice(g0 * r, g1 * r), slice(g0 * r * p, g1 * r * p)
+            ssm = state.ssm[:, heads] if state is not None else None
+            y, final = kernels.ssd_scan(x[:, :, heads], dt[:, :, heads], A[heads], B[:, :, g0:g1], C[:, :, g0:g1],
+                                        self.chunk_size, ssm)
+            if ssm is not None:
+                ssm.copy_(final)
+            y.addcmul_(x[:, :, heads], self.D.float()[heads, None])  # in place; x widened on the fly
+            out[..., chans] = gated_rms_norm(y.view(b, t, -1), z[..., chans], self.norm.weight[chans], g1 - g0,
+                                             self.norm.eps)
+        return out

@@ -31,48 +31,12 @@ def _decay_matrix(acs: torch.Tensor) -> torch.Tensor:
     return diff.clamp_(min=-80.0).masked_fill_(upper, -torch.inf).exp_()
 
 
-# Above this many elements of x per call (16 MiB in fp32) the scan runs a block of whole groups at a time:
-# groups share nothing, and each fp32 copy the scan makes (x·dt in two layouts, the within-chunk output, its
-# reordering) is then a block's size instead of the whole prompt's. A 2k-token prefill of the 12B model
-# (128 heads x 80, 8 groups) made ~0.4 GB of such copies at once; one group at a time makes ~50 MB.
-BLOCK_ELEMENTS = 1 << 22
-
-
 def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
     """Chunked SSD scan.
 
     x (b, t, h, p), dt (b, t, h) already softplus-ed and clamped, A (h,) negative, B and C (b, t, g, n),
-    initial_state (b, h, p, n) or None. Returns y (b, t, h, p) fp32 without the D skip, and the final state.
-    Long inputs are scanned a block of groups at a time (see BLOCK_ELEMENTS); each group's numbers are the
-    same either way.
+    initial_state (b, h, p, n) or None. Returns y (b, t, h, p) without the D skip, and the final state.
     """
-    b, t, h, p = x.shape
-    g = B.shape[2]
-    r = h // g
-    step = max(1, BLOCK_ELEMENTS // max(1, b * t * r * p))
-    if step >= g:
-        return _ssd_chunked_groups(x, dt, A, B, C, chunk_size, initial_state)
-    grad = torch.is_grad_enabled() and any(v is not None and v.requires_grad
-                                           for v in (x, dt, A, B, C, initial_state))
-    ys, states = [], []
-    y_all = None if grad else x.new_empty(b, t, h, p, dtype=torch.float32)
-    for g0 in range(0, g, step):
-        g1 = min(g, g0 + step)
-        heads = slice(g0 * r, g1 * r)
-        y, state = _ssd_chunked_groups(
-            x[:, :, heads], dt[:, :, heads], A[heads], B[:, :, g0:g1], C[:, :, g0:g1], chunk_size,
-            None if initial_state is None else initial_state[:, heads])
-        if grad:
-            ys.append(y)
-        else:
-            y_all[:, :, heads] = y
-            del y
-        states.append(state)
-    return (torch.cat(ys, dim=2) if grad else y_all), torch.cat(states, dim=1)
-
-
-def _ssd_chunked_groups(x, dt, A, B, C, chunk_size: int, initial_state=None):
-    """`ssd_chunked` over all the groups of its inputs at once."""
     b, t, h, p = x.shape
     g, n = B.shape[2], B.shape[3]
     r = h // g
