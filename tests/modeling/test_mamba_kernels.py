@@ -1,5 +1,6 @@
 """The Mamba-2 reference kernels against their plain definitions: the chunked SSD scan against the one-step
-recurrence (values and gradients, inputs left untouched), the shifted-add causal conv against `conv1d`."""
+recurrence (values and gradients, inputs left untouched), the shifted-add causal conv against `conv1d`, the
+mixer's long no-grad prefill against its autograd path; and the MLP's ReLU²."""
 
 import pytest
 import torch
@@ -209,3 +210,21 @@ def test_gated_rms_norm_values_and_gradients_equal_its_definition():
     g_got = torch.autograd.grad(got.sin().sum(), [y, z, norm.weight])
     for a, b in zip(g_got, g_want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_relu2_equals_its_definition_in_place_or_not(grad):
+    """ReLU² squares in place without autograd (its input is the fresh up-projection output) and out of place
+    when a backward needs the rectified values."""
+    from vl.modeling.mlp import activation
+
+    x = torch.randn(4, 64)
+    want = torch.relu(x) ** 2
+    leaf = x.clone().requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        fresh = leaf * 1.0  # the activation's input is always a fresh tensor
+        got = activation("relu2")(fresh)
+    assert torch.equal(got.detach(), want)
+    if grad:
+        got.sum().backward()
+        assert torch.equal(leaf.grad, 2 * torch.relu(x))

@@ -292,6 +292,29 @@ def test_row_chunked_prefill_equals_the_dequantize_mode(algo, bias, monkeypatch)
     assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_wide_inputs_take_fewer_weight_rows_per_block(monkeypatch):
+    """A row block holds at most DEQUANT_CHUNK_ELEMS weights, in multiples of 128 rows: a 12B down_proj (20480
+    inputs) multiplies 384 rows at a time (15 MiB of bf16) instead of 2048 (80 MiB), a 5120-wide layer 1536."""
+    import vl.quant.linear as ql
+
+    assert ql.row_block(20480) == 384 and ql.row_block(5120) == 1536 and ql.row_block(1024) == 2048
+    assert ql.row_block(10**7) == 128  # never below one scale block
+    src = nn.Sequential(nn.Linear(128, 384))
+    sd, _ = export_quantized(src, "FP8_PB_WO", {"0": 1.0}, exclude_lm_head=False)
+    fast, ref = nn.Sequential(nn.Linear(128, 384)), nn.Sequential(nn.Linear(128, 384))
+    swap_quantized_linears(fast, sd, "weight-only", compute_dtype=torch.float32)
+    swap_quantized_linears(ref, sd, "dequantize", compute_dtype=torch.float32)
+    monkeypatch.setattr(ql, "DEQUANT_CHUNK_ELEMS", 256 * 128 + 5)  # 256 rows of 128 inputs per block
+    calls = []
+    orig = type(fast[0]).dequantized_rows
+    monkeypatch.setattr(type(fast[0]), "dequantized_rows", lambda self, *a: calls.append(a[:2]) or orig(self, *a))
+    x = torch.randn(2, 40, 128)
+    with torch.no_grad():
+        got, want = fast(x), ref(x)
+    assert calls == [(0, 256), (256, 384)]
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("algo", ["NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
 def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
     """A row block expanded 128 rows at a time (DEQUANT_BLOCK_ELEMS) is the one-shot expansion, and a many-row

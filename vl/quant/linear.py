@@ -53,7 +53,9 @@ from vl.quant.nvfp4 import dequantize_nvfp4, fake_quantize_nvfp4_activation
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "weight-only", "native", "dequantize")
-DEQUANT_CHUNK_ROWS = 2048  # weight rows multiplied per GEMM call in a many-row forward (multiple of 128)
+DEQUANT_CHUNK_ROWS = 2048  # weight rows multiplied per GEMM call in a many-row forward (multiple of 128) ...
+DEQUANT_CHUNK_ELEMS = 8 * 1024 * 1024  # ... and fewer for wide inputs: a row block holds at most this many weights
+# (a 12B down_proj's 2048 x 20480 block was 80 MiB of bf16; 384 rows are 15 MiB)
 # weight elements expanded at a time inside such a row block: the formats' float32 / int32 temporaries stay
 # ~16 MiB each instead of growing with the row block (a 12B down_proj's 2048 rows: 0.5 GB of them at once)
 DEQUANT_BLOCK_ELEMS = 4 * 1024 * 1024
@@ -129,7 +131,7 @@ class QuantizedLinear(nn.Module, abc.ABC):
     @abc.abstractmethod
     def dequantized_rows(self, r0: int, r1: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Output rows r0:r1 of the weight expanded to `dtype`, exactly as the checkpoint's packed values and
-        scales give them (r0 a multiple of DEQUANT_CHUNK_ROWS or 0, so a block-scaled row block is whole)."""
+        scales give them (r0 a multiple of 128 or 0, so a block-scaled row block is whole)."""
 
     def _dequantized_block(self, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
         """`dequantized_rows(r0, r1, dtype)`, expanded a multiple of 128 rows at a time into one tensor of
@@ -196,13 +198,14 @@ class QuantizedLinear(nn.Module, abc.ABC):
                         y = y + self.bias.float()
                     return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         b = self.bias.to(x.dtype) if self.bias is not None else None
-        if self.out_features <= DEQUANT_CHUNK_ROWS:
+        step = row_block(self.in_features)
+        if self.out_features <= step:
             return F.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
         # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
         y = x.new_empty(*x.shape[:-1], self.out_features)
-        for r0 in range(0, self.out_features, DEQUANT_CHUNK_ROWS):
-            r1 = min(r0 + DEQUANT_CHUNK_ROWS, self.out_features)
+        for r0 in range(0, self.out_features, step):
+            r1 = min(r0 + step, self.out_features)
             y[..., r0:r1] = F.linear(x, self._dequantized_block(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
         return y
 
@@ -253,13 +256,20 @@ class QuantizedLinear(nn.Module, abc.ABC):
                 f"fmt={self.fmt}{extra}, mode={self.mode}, emulate_activations={self.emulate_activations}")
 
 
+def row_block(in_features: int) -> int:
+    """Weight rows per block in a many-row forward: DEQUANT_CHUNK_ROWS, fewer for wide inputs (at most
+    DEQUANT_CHUNK_ELEMS weights), a multiple of 128 (a 128 x 128 scale block is never split)."""
+    return max(FP8_BLOCK, min(DEQUANT_CHUNK_ROWS, DEQUANT_CHUNK_ELEMS // max(in_features, 1) // FP8_BLOCK * FP8_BLOCK))
+
+
 def _by_row_chunks(rows, out_f: int, in_f: int, dtype, device) -> torch.Tensor:
     """Dequantize row blocks into one output (rows are independent, so the result equals one big call)."""
-    if out_f <= DEQUANT_CHUNK_ROWS:
+    step = row_block(in_f)
+    if out_f <= step:
         return rows(0, out_f)
     out = torch.empty(out_f, in_f, dtype=dtype, device=device)
-    for r0 in range(0, out_f, DEQUANT_CHUNK_ROWS):
-        r1 = min(r0 + DEQUANT_CHUNK_ROWS, out_f)
+    for r0 in range(0, out_f, step):
+        r1 = min(r0 + step, out_f)
         out[r0:r1] = rows(r0, r1)
     return out
 
