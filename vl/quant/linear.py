@@ -29,8 +29,8 @@ from typing import Mapping
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from vl import cpu_gemm
 from vl.errors import CheckpointError, ConfigError
 from vl.quant import cpu_gemv
 from vl.quant.config import (
@@ -200,13 +200,14 @@ class QuantizedLinear(nn.Module, abc.ABC):
         b = self.bias.to(x.dtype) if self.bias is not None else None
         step = row_block(self.in_features)
         if self.out_features <= step:
-            return F.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
+            return cpu_gemm.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
         # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
         y = x.new_empty(*x.shape[:-1], self.out_features)
         for r0 in range(0, self.out_features, step):
             r1 = min(r0 + step, self.out_features)
-            y[..., r0:r1] = F.linear(x, self._dequantized_block(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
+            y[..., r0:r1] = cpu_gemm.linear(x, self._dequantized_block(r0, r1, x.dtype),
+                                            b[r0:r1] if b is not None else None)
         return y
 
     def forward(self, x):  # (..., in) -> (..., out)

@@ -18,6 +18,7 @@ import types
 import torch
 from torch import nn
 
+from vl import cpu_gemm
 from vl.quant import cpu_gemv
 
 MIN_ROWS = 8  # below this many rows the per-call weight upcast costs more than the 16-bit GEMM it replaces
@@ -42,7 +43,7 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     parts = []
     for s in range(0, weight.shape[0], step):
         b = bias[s:s + step].float() if bias is not None else None
-        parts.append(nn.functional.linear(xf, weight[s:s + step].float(), b).to(x.dtype))
+        parts.append(cpu_gemm.linear(xf, weight[s:s + step].float(), b).to(x.dtype))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
@@ -61,6 +62,26 @@ def upcast_16bit_matmuls(model: nn.Module) -> int:
         if (type(module) is nn.Linear and w is not None and w.device.type == "cpu"
                 and w.dtype in (torch.bfloat16, torch.float16) and not native_16bit(w.dtype)):
             module.forward = types.MethodType(_forward, module)
+            n += 1
+    return n
+
+
+def _fp32_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return cpu_gemm.linear(x, self.weight, self.bias)
+
+
+def onednn_fp32_matmuls(model: nn.Module) -> int:
+    """Route the model's fp32 CPU `nn.Linear`s through `vl.cpu_gemm.linear` where that picks oneDNN (x86 CPUs not
+    made by Intel, on which torch's MKL runs fp32 GEMMs at half oneDNN's speed): many-row products only, the
+    rest stay `F.linear`. Returns how many layers were routed (0 where `cpu_gemm.use_onednn()` is False)."""
+    if not cpu_gemm.use_onednn():
+        return 0
+    n = 0
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if (type(module) is nn.Linear and w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+                and "forward" not in vars(module)):
+            module.forward = types.MethodType(_fp32_forward, module)
             n += 1
     return n
 

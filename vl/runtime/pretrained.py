@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vl.checkpoint.load import load_model
 from vl.runtime import cpu_decode, heap, hugepages
-from vl.runtime.cpu_matmul import gemv_decode_linears, upcast_16bit_matmuls
+from vl.runtime.cpu_matmul import gemv_decode_linears, onednn_fp32_matmuls, upcast_16bit_matmuls
 from vl.runtime.placement import place
 
 
@@ -19,6 +19,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
 def runtime_passes(model, device_map=None, max_memory=None):
     """The passes every loaded model gets (also applied by `vl bench` to the models it builds in memory)."""
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
+    onednn_fp32_matmuls(model)  # many-row fp32 products through oneDNN where MKL is slow (vl/cpu_gemm.py)
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)

@@ -1,0 +1,71 @@
+"""fp32 matrix products with many rows on the CPU: oneDNN where torch's default BLAS (MKL) runs a slow path.
+
+torch's x86 wheels multiply fp32 matrices with MKL, and MKL picks its AVX-512 kernels only on Intel CPUs: on
+this project's AMD EPYC runner (Zen 5, AVX-512, 1 thread, torch 2.14) `F.linear` reached 84-93 GFLOP/s on
+prefill shapes (2048 x 1024 @ 1024 x 3072 and the like), where oneDNN, the library torch already ships for its
+16-bit GEMMs, reached 156-219 GFLOP/s on the same products (docs/cpu_decode.md, "fp32 GEMM"). Below ~32 rows
+oneDNN's per-call overhead can lose on small layers, and decode (a few rows) takes the GEMV kernels anyway.
+
+`linear(x, w, b)` is `F.linear` through oneDNN (`torch.ops.mkldnn._linear_pointwise`, the op torch's own
+compiler emits for CPU linears) when all of these hold, else plain `F.linear`:
+- the CPU is an x86 one whose vendor is not Intel and torch uses MKL (`auto`), or `VL_CPU_GEMM=onednn`;
+  `VL_CPU_GEMM=blas` turns it off;
+- fp32 operands on the CPU, at least MIN_ROWS rows, nothing recording gradients (the op has no backward).
+Same float32 products; sums in oneDNN's order instead of MKL's (fp32 accumulation-order differences).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+MIN_ROWS = 32
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()  # Windows: "... AuthenticAMD" / "... GenuineIntel"
+
+
+@functools.cache
+def use_onednn() -> bool:
+    """Whether many-row fp32 products go through oneDNN in this process (see the module docstring)."""
+    choice = os.environ.get("VL_CPU_GEMM", "auto").strip().lower()
+    if choice not in ("auto", "onednn", "blas"):
+        log.warning("vl: VL_CPU_GEMM=%r is not one of auto, onednn, blas; using auto", choice)
+        choice = "auto"
+    if choice == "blas":
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if choice == "onednn":
+        return True
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    vendor = _cpu_vendor()
+    return x86 and torch.backends.mkl.is_available() and "GenuineIntel" not in vendor and bool(vendor)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, through oneDNN where `use_onednn()` and the operands qualify."""
+    k = weight.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (rows >= MIN_ROWS and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and weight.device.type == "cpu" and (bias is None or bias.dtype == torch.float32)
+            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
+            and not torch.compiler.is_compiling() and use_onednn()):
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, k), weight, bias, "none", [], "")
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
