@@ -3,14 +3,19 @@
 torch's x86 wheels multiply fp32 matrices with MKL, and MKL picks its AVX-512 kernels only on Intel CPUs: on
 this project's AMD EPYC runner (Zen 5, AVX-512, 1 thread, torch 2.14) `F.linear` reached 84-93 GFLOP/s on
 prefill shapes (2048 x 1024 @ 1024 x 3072 and the like), where oneDNN, the library torch already ships for its
-16-bit GEMMs, reached 156-219 GFLOP/s on the same products (docs/cpu_decode.md, "fp32 GEMM"). Below ~32 rows
-oneDNN's per-call overhead can lose on small layers, and decode (a few rows) takes the GEMV kernels anyway.
+16-bit GEMMs, reached 156-219 GFLOP/s on the same products (docs/benchmarks.md, "fp32 GEMM").
+
+Batch invariance: a row's result must not depend on the other rows of the call (tiles encoded together equal
+tiles encoded alone; batched prefill equals single runs). oneDNN's fp32 GEMM gives a row the same bits for every
+row count from 2 up (measured over 2-300 rows on five layer shapes, tests/test_cpu_gemm.py), but a one-row call
+takes a GEMV path with other sums, as does switching library at some row count. So every fp32 product goes
+through oneDNN once it is chosen, and a one-row product is computed as two copies of the row.
 
 `linear(x, w, b)` is `F.linear` through oneDNN (`torch.ops.mkldnn._linear_pointwise`, the op torch's own
 compiler emits for CPU linears) when all of these hold, else plain `F.linear`:
 - the CPU is an x86 one whose vendor is not Intel and torch uses MKL (`auto`), or `VL_CPU_GEMM=onednn`;
   `VL_CPU_GEMM=blas` turns it off;
-- fp32 operands on the CPU, at least MIN_ROWS rows, nothing recording gradients (the op has no backward).
+- fp32 operands on the CPU, nothing recording gradients (the op has no backward), not while compiling.
 Same float32 products; sums in oneDNN's order instead of MKL's (fp32 accumulation-order differences).
 """
 
@@ -25,8 +30,6 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
-
-MIN_ROWS = 32
 
 
 def _cpu_vendor() -> str:
@@ -62,10 +65,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear(x, weight, bias)`, through oneDNN where `use_onednn()` and the operands qualify."""
     k = weight.shape[-1]
     rows = x.numel() // k if k else 0
-    if (rows >= MIN_ROWS and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+    if (rows and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
             and weight.device.type == "cpu" and (bias is None or bias.dtype == torch.float32)
             and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
             and not torch.compiler.is_compiling() and use_onednn()):
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, k), weight, bias, "none", [], "")
+        x2 = x.reshape(rows, k)
+        if rows == 1:  # the many-row kernel's sums, not the GEMV path's (see "Batch invariance" above)
+            x2 = torch.cat([x2, x2])
+        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")[:rows]
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)

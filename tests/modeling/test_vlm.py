@@ -218,7 +218,9 @@ def test_document_pruning_spans_all_pages_and_leaves_videos_alone(saved):
     assert vision.keep[8:12].all(), "page A's thumbnail was pruned"
     removed = int((~vision.keep).sum())
     assert 0 < removed == expected.info["tokens_removed"] and vision.info == [expected.info]
-    assert not vision.keep[20:].all(), "the blank single-tile page B kept everything: no document-wide budget"
+    # one budget for the document: page A's 8 blank tokens and page B's 4 are all candidates for its 6 drops
+    # (which of the tied blank tokens go depends on the last bits of their scores, so that is not asserted)
+    assert expected.info["candidates"] == 12 and removed == int(0.5 * 12)
 
     embeds, _, _ = model.prepare_inputs(ids, tiles, media, video_pruning_rate=0.0, token_pruning_rate=0.5)
     out = model.language_model(inputs_embeds=embeds).logits
