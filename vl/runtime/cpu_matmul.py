@@ -72,8 +72,9 @@ def _fp32_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def onednn_fp32_matmuls(model: nn.Module) -> int:
     """Route the model's fp32 CPU `nn.Linear`s through `vl.cpu_gemm.linear` where that picks oneDNN (x86 CPUs not
-    made by Intel, on which torch's MKL runs fp32 GEMMs at half oneDNN's speed): many-row products only, the
-    rest stay `F.linear`. Returns how many layers were routed (0 where `cpu_gemm.use_onednn()` is False)."""
+    made by Intel, on which torch's MKL runs fp32 GEMMs at half oneDNN's speed); decode-sized products still take
+    the GEMV pass applied after this one. Returns how many layers were routed (0 where `cpu_gemm.use_onednn()` is
+    False)."""
     if not cpu_gemm.use_onednn():
         return 0
     n = 0

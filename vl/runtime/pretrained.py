@@ -19,7 +19,7 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
 def runtime_passes(model, device_map=None, max_memory=None):
     """The passes every loaded model gets (also applied by `vl bench` to the models it builds in memory)."""
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
-    onednn_fp32_matmuls(model)  # many-row fp32 products through oneDNN where MKL is slow (vl/cpu_gemm.py)
+    onednn_fp32_matmuls(model)  # fp32 products through oneDNN where MKL is slow (vl/cpu_gemm.py)
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)
