@@ -353,7 +353,9 @@ def test_browser_model_picker_switches_models(picker_served, examples, browser, 
         assert box["x"] >= 0 and box["x"] + box["width"] <= width, box  # fits a narrow screen
         assert picker.input_value() == "alpha" and not page.locator("#demo-warning").is_visible()
 
-        picker_served.load_delay_s = 1.0  # a model that takes a second to load: its step can be seen
+        # a model that takes 3 s to load, so its step can be seen: with 1 s, one CI run on a loaded 2-core machine
+        # never caught the step in the page text (each poll reads the whole page's text)
+        picker_served.load_delay_s = 3.0
         try:
             pick("beta")
             _wait_until(lambda: "[2/2] loading the model" in page.locator("body").inner_text(),
