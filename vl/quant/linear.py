@@ -53,9 +53,10 @@ from vl.quant.nvfp4 import dequantize_nvfp4, fake_quantize_nvfp4_activation
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "weight-only", "native", "dequantize")
-DEQUANT_CHUNK_ROWS = 2048  # weight rows multiplied per GEMM call in a many-row forward (multiple of 128) ...
-DEQUANT_CHUNK_ELEMS = 8 * 1024 * 1024  # ... and fewer for wide inputs: a row block holds at most this many weights
-# (a 12B down_proj's 2048 x 20480 block was 80 MiB of bf16; 384 rows are 15 MiB)
+# weight rows multiplied per GEMM call in a many-row forward (multiple of 128), fewer for wide inputs: a row block
+# holds at most DEQUANT_CHUNK_ELEMS weights (a 12B down_proj's 2048 x 20480 block was 80 MiB of bf16; 384 rows: 15)
+DEQUANT_CHUNK_ROWS = 2048
+DEQUANT_CHUNK_ELEMS = 8 * 1024 * 1024
 # weight elements expanded at a time inside such a row block: the formats' float32 / int32 temporaries stay
 # ~16 MiB each instead of growing with the row block (a 12B down_proj's 2048 rows: 0.5 GB of them at once)
 DEQUANT_BLOCK_ELEMS = 4 * 1024 * 1024
@@ -198,14 +199,13 @@ class QuantizedLinear(nn.Module, abc.ABC):
                         y = y + self.bias.float()
                     return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         b = self.bias.to(x.dtype) if self.bias is not None else None
-        step = row_block(self.in_features)
-        if self.out_features <= step:
+        blocks = row_blocks(self.out_features, self.in_features)
+        if len(blocks) == 1:
             return cpu_gemm.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
         # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
         y = x.new_empty(*x.shape[:-1], self.out_features)
-        for r0 in range(0, self.out_features, step):
-            r1 = min(r0 + step, self.out_features)
+        for r0, r1 in blocks:
             y[..., r0:r1] = cpu_gemm.linear(x, self._dequantized_block(r0, r1, x.dtype),
                                             b[r0:r1] if b is not None else None)
         return y
@@ -263,14 +263,19 @@ def row_block(in_features: int) -> int:
     return max(FP8_BLOCK, min(DEQUANT_CHUNK_ROWS, DEQUANT_CHUNK_ELEMS // max(in_features, 1) // FP8_BLOCK * FP8_BLOCK))
 
 
+def row_blocks(out_f: int, in_f: int) -> list[tuple[int, int]]:
+    """The (r0, r1) row blocks of a layer's weight that a many-row forward takes one at a time (`row_block` rows)."""
+    step = row_block(in_f)
+    return [(r0, min(r0 + step, out_f)) for r0 in range(0, max(out_f, 1), step)]
+
+
 def _by_row_chunks(rows, out_f: int, in_f: int, dtype, device) -> torch.Tensor:
     """Dequantize row blocks into one output (rows are independent, so the result equals one big call)."""
-    step = row_block(in_f)
-    if out_f <= step:
+    blocks = row_blocks(out_f, in_f)
+    if len(blocks) == 1:
         return rows(0, out_f)
     out = torch.empty(out_f, in_f, dtype=dtype, device=device)
-    for r0 in range(0, out_f, step):
-        r1 = min(r0 + step, out_f)
+    for r0, r1 in blocks:
         out[r0:r1] = rows(r0, r1)
     return out
 

@@ -53,14 +53,20 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return nn.functional.linear(x, self.weight, self.bias)
 
 
+def _cpu_linears(model: nn.Module):
+    """The model's plain `nn.Linear`s (subclasses such as the quantized ones excluded) with weights on the CPU:
+    what the passes below route."""
+    for module in model.modules():
+        if type(module) is nn.Linear and module.weight is not None and module.weight.device.type == "cpu":
+            yield module
+
+
 def upcast_16bit_matmuls(model: nn.Module) -> int:
     """Route the model's 16-bit CPU `nn.Linear`s through `linear_fp32` where this CPU lacks native 16-bit
     GEMM. Returns how many layers were routed (0 on fp32 models, GPUs, and CPUs with AVX512-BF16/AMX)."""
     n = 0
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        if (type(module) is nn.Linear and w is not None and w.device.type == "cpu"
-                and w.dtype in (torch.bfloat16, torch.float16) and not native_16bit(w.dtype)):
+    for module in _cpu_linears(model):
+        if module.weight.dtype in (torch.bfloat16, torch.float16) and not native_16bit(module.weight.dtype):
             module.forward = types.MethodType(_forward, module)
             n += 1
     return n
@@ -78,10 +84,8 @@ def onednn_fp32_matmuls(model: nn.Module) -> int:
     if not cpu_gemm.use_onednn():
         return 0
     n = 0
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        if (type(module) is nn.Linear and w is not None and w.device.type == "cpu" and w.dtype == torch.float32
-                and "forward" not in vars(module)):
+    for module in _cpu_linears(model):
+        if module.weight.dtype == torch.float32 and "forward" not in vars(module):
             module.forward = types.MethodType(_fp32_forward, module)
             n += 1
     return n
@@ -112,10 +116,9 @@ def gemv_decode_linears(model: nn.Module) -> int:
     if kern is None or not (kern.dense_bf16 or kern.dense_fp32):
         return 0
     n = 0
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        if (type(module) is nn.Linear and w is not None and w.device.type == "cpu"
-                and (w.dtype == torch.bfloat16 and kern.dense_bf16 or w.dtype == torch.float32 and kern.dense_fp32)
+    for module in _cpu_linears(model):
+        w = module.weight
+        if ((w.dtype == torch.bfloat16 and kern.dense_bf16 or w.dtype == torch.float32 and kern.dense_fp32)
                 and not hasattr(module, "_vl_dense_forward")):
             module._vl_dense_forward = module.forward  # the plain (or 16-bit-upcast) forward, for the other cases
             module.forward = types.MethodType(_gemv_forward, module)
