@@ -299,11 +299,12 @@ def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
 def _step(engine, batch: DecodeBatch, rows: dict):
     """One decode step: events of every row, and the results of the rows that ended."""
     out = batch.step() or {}
+    states = batch.states()  # rows that end below leave `rows` at once: later lookups never need them
     for i, tok in out.items():
         row = rows[i]
         if row.request.on_token is not None:
             row.request.on_token(tok)
-        for kind, text in row.push(tok, batch.ended(i) == "stop", batch.stop):
+        for kind, text in row.push(tok, states[i] == "stop", batch.stop):
             yield i, (kind, text)
         if row.done:
             batch.finish(i)
@@ -316,7 +317,7 @@ def _step(engine, batch: DecodeBatch, rows: dict):
             row.finish, row.done = "cancelled", True
         elif row.deadline is not None and time.perf_counter() > row.deadline:
             row.finish, row.done = "timeout", True
-        elif batch.ended(i) is not None or i not in batch.live():
+        elif states.get(i, "gone") is not None:
             row.done = True
         if row.done:
             batch.finish(i)

@@ -150,6 +150,10 @@ class DecodeBatch:
                 return s.ended
         return None
 
+    def states(self) -> dict:
+        """`{key: ended}` for every row in the batch (None: still running), in one pass."""
+        return {s.key: s.ended for s in self._all()}
+
     # --- one step ----------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> dict | None:
