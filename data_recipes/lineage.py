@@ -77,7 +77,7 @@ def record(run_dir) -> dict:
 
 def loss_rows(run_dirs) -> list[dict]:
     """The log rows of consecutive runs as one curve: steps numbered on from the run before."""
-    from data_recipes.train import read_log
+    from data_recipes.train_log import read_log
 
     rows, offset = [], 0
     for run in run_dirs:

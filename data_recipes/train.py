@@ -12,11 +12,12 @@ processor and chat.py (data_recipes/formatting.py), packs them into forward pass
 budget (packing.py) and accumulates gradients over those passes (`accelerator.no_sync` on all but the last)
 before one clipped AdamW step. The loss is next-token cross entropy summed over assistant tokens and divided
 by the step's assistant-token count, so every supervised token weighs the same however the step was packed.
-A background thread renders and formats the next step's samples while the current step trains (`Prefetch`:
-the same examples in the same order, so the same losses; 1.54 -> 1.34 s a step on the demo recipe).
-A stage may add tower-only samples a step (`Stage.probe_samples`, from `Recipe.probe_sources`): one more
-forward pass through the tower and projector alone, whose probe loss trains them without an LM forward
-(`probe_pass_loss`); which samples is a pure function of (seed, step), so resume and prefetch keep them.
+A background thread renders and formats the next step's samples while the current step trains (`Prefetch` of
+data_recipes/train_data.py: the same examples in the same order, so the same losses; 1.54 -> 1.34 s a step on the
+demo recipe). A stage may add tower-only samples a step (`Stage.probe_samples`, from `Recipe.probe_sources`): one
+more forward pass through the tower and projector alone, whose probe loss trains them without an LM forward
+(`probe_pass_loss` of train_loss.py); which samples is a pure function of (seed, step), so resume and prefetch
+keep them. The run's log and loss curve: train_log.py.
 
 Mixed precision: `--mixed-precision auto` is bf16 autocast on CUDA and off on CPU. CPUs without bf16
 instructions (AVX512-BF16/AMX; the 2-core build machine has neither) emulate it, which is slower than fp32.
@@ -45,15 +46,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from data_recipes.formatting import IGNORE, choose_thinking, format_example, tokenizer_corpus
-from data_recipes.packing import Batch, collate, efficiency, pack
+from data_recipes.packing import collate
 from data_recipes.registry import RECIPES, Recipe, get_recipe
-from data_recipes.samplers import MixtureSampler, make_sampler
-from data_recipes.synthetic import generate
-from data_recipes.vision_targets import ProbeHeads, position_loss, probe_loss, tile_targets
+from data_recipes.train_data import Prefetch, SampleStream, load_or_train_tokenizer, step_batches, training_processor
+from data_recipes.train_log import plot_loss, read_log
+from data_recipes.train_loss import batch_loss, probe_pass_loss
+from data_recipes.vision_targets import ProbeHeads
 from vl.errors import ConfigError
 
 CHECKPOINT = "checkpoint"
@@ -117,176 +117,6 @@ def count_parameters(model) -> dict[str, int]:
     return out
 
 
-def training_processor(tokenizer, config):
-    """The inference `Processor` with its default limits and timestamp convention."""
-    from vl.processing.processor import Processor
-
-    return Processor(tokenizer, config)
-
-
-def load_or_train_tokenizer(recipe: Recipe, directory: Path):
-    """The recipe's BPE, trained once on rendered train-split conversations and kept in `directory`."""
-    from transformers import AutoTokenizer
-
-    from data_recipes.tokenizer import train_tokenizer
-
-    if recipe.init_from:
-        return AutoTokenizer.from_pretrained(recipe.init_from)
-    if (directory / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(directory))
-    samples = [generate(s.family, "train", i, seed=recipe.data_seed, tile_size=recipe.model.tile_size,
-                        **dict(s.options))
-               for s in recipe.sources for i in range(recipe.tokenizer_samples_per_family)]
-    return train_tokenizer(tokenizer_corpus(samples), recipe.model.vocab_size, directory)
-
-
-# --- data -------------------------------------------------------------------------------------------
-class SampleStream:
-    """The recipe's mixture of synthetic sources as a resumable stream of formatted examples."""
-
-    def __init__(self, recipe: Recipe, processor):
-        self.recipe, self.processor = recipe, processor
-        samplers = [make_sampler(recipe.sampler, s.pool, recipe.seed * 1000 + k, recipe.rs2_fraction)
-                    for k, s in enumerate(recipe.sources)]
-        self.mixture = MixtureSampler(samplers, [s.weight for s in recipe.sources], seed=recipe.seed)
-
-    def _example(self, source, index: int, tower_only: bool = False):
-        """One train-split sample, formatted (/think by the recipe's share, or never for a tower-only one),
-        with its per-tile probe targets."""
-        sample = generate(source.family, "train", index, seed=self.recipe.data_seed,
-                          tile_size=self.recipe.model.tile_size, **dict(source.options))
-        thinking = not tower_only and choose_thinking(sample.id, self.recipe.think_fraction, self.recipe.seed)
-        example = format_example(sample, self.processor, thinking=thinking)
-        example.meta["tile_targets"] = tile_targets(sample, self.recipe.model.tile_size)
-        return example
-
-    def next_examples(self, k: int):
-        """The next `k` examples of the mixture, formatted, with their per-tile probe targets."""
-        return [self._example(self.recipe.sources[source_id], index) for source_id, index in self.mixture.take(k)]
-
-    def probe_examples(self, step: int, k: int):
-        """Step `step`'s `k` tower-only examples: sources by `probe_sources` weight and train-split indices in
-        [0, pool), drawn from a generator keyed by (seed, step), so a resumed run redraws the same ones."""
-        if k == 0:
-            return []
-        sources = self.recipe.probe_sources
-        rng = np.random.default_rng((self.recipe.seed, 0x9E0BE, step))
-        weights = np.array([s.weight for s in sources], dtype=np.float64)
-        picks = rng.choice(len(sources), size=k, p=weights / weights.sum())
-        return [self._example(sources[j], int(rng.integers(sources[j].pool)), tower_only=True) for j in picks]
-
-    def step_examples(self, step: int):
-        """Optimizer step `step`'s (mixture examples, tower-only probe examples)."""
-        stage, _ = self.recipe.stage_at(step)
-        return (self.next_examples(stage.samples_per_step or self.recipe.samples_per_step),
-                self.probe_examples(step, stage.probe_samples))
-
-
-class Prefetch:
-    """Builds the next step's examples on one background thread while the current step trains.
-
-    Rendering a step's pages and clips is Python and PIL on one core (~0.3 s a step on the demo recipe) while
-    the other core waits; overlapped, it comes off the step time. The examples and their order are those of
-    `SampleStream.step_examples` called step after step (nothing in them depends on timing), so a run with and
-    without prefetch computes the same losses. `get` returns (mixture examples, tower-only probe examples,
-    samples consumed by the mixture after them)."""
-
-    def __init__(self, data: SampleStream, enabled: bool = True):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.data = data
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if enabled else None
-        self.pending: tuple[int, object] | None = None
-
-    def _build(self, step: int):
-        examples, probe_examples = self.data.step_examples(step)
-        return examples, probe_examples, self.data.mixture.consumed
-
-    def get(self, step: int, next_step: int | None):
-        """Step `step`'s examples; starts building `next_step`'s (None: there is no next step)."""
-        if self.pending is not None:
-            want, future = self.pending
-            if want != step:  # callers always ask for the step they announced; anything else is a bug here
-                raise RuntimeError(f"prefetched step {want}, asked for step {step}")
-            out = future.result()
-        else:
-            out = self._build(step)
-        self.pending = None
-        if self.pool is not None and next_step is not None:
-            self.pending = (next_step, self.pool.submit(self._build, next_step))
-        return out
-
-    def close(self):
-        """Waits for a build in flight (its samples are not counted: the checkpoint holds the consumed count of
-        the last trained step) and stops the thread."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-        self.pending = None
-
-
-def step_batches(examples, recipe: Recipe, pad_id: int) -> tuple[list[Batch], float]:
-    lengths = [len(e) for e in examples]
-    groups = pack(lengths, recipe.packing.max_tokens, recipe.packing.max_seq_len)
-    return [collate([examples[i] for i in g], pad_id) for g in groups], efficiency(lengths, groups)
-
-
-def token_loss_sum(model, batch: Batch, tile_vectors=None, video_pruning_rate: float = 0.0) -> torch.Tensor:
-    """Summed next-token cross entropy over the batch's assistant tokens (tiles encoded here unless given).
-
-    With `video_pruning_rate` > 0 the clips' tokens are EVS-pruned as at inference (`NemotronVL.reduce`) and
-    each row keeps only its surviving positions, labels alongside, right-padded again (a causal LM: pads
-    after a row's last token change nothing before it)."""
-    if not video_pruning_rate:
-        embeds, _, _ = model.prepare_inputs(batch.input_ids, batch.pixel_values, batch.media,
-                                            tile_vectors=tile_vectors, video_pruning_rate=0.0)
-        labels = batch.labels
-    else:
-        from vl.modeling.vlm import VisionInputs, compact_rows
-
-        if tile_vectors is None:
-            tile_vectors = model.encode_tiles(batch.pixel_values)
-        vision = model.reduce(tile_vectors, batch.media, video_pruning_rate)
-        full, _ = model.merge(batch.input_ids, VisionInputs(vision.vectors))
-        keep = model.kept_positions(batch.input_ids, vision) & batch.real_positions
-        embeds, _ = compact_rows(full, keep)
-        labels, _ = compact_rows(batch.labels, keep, fill=IGNORE)
-    logits = model.language_model(inputs_embeds=embeds).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE, reduction="sum")
-
-
-def batch_loss(model, probe, batch: Batch, stage, n_target: int, n_tiles: int, video_pruning_rate: float = 0.0):
-    """The stage's loss for one forward pass, scaled so the passes of a step add up to the step's mean:
-    LM loss per assistant token of the step, plus aux_weight x probe loss weighted by this pass's tile share.
-    `video_pruning_rate` prunes the clips' tokens for the LM only (`Stage.video_pruning_rates`)."""
-    lm = aux = None
-    vectors = model.encode_tiles(batch.pixel_values) if batch.pixel_values is not None else None
-    total = 0.0
-    if stage.objective == "vlm":
-        lm = token_loss_sum(model, batch, vectors, video_pruning_rate) / max(n_target, 1)
-        total = total + lm
-    weight = stage.probe_weight
-    if weight > 0 and vectors is not None and batch.tile_targets is not None:
-        aux, stats = probe_loss(probe, vectors, batch.tile_targets)
-        aux = aux * vectors.shape[0] / max(n_tiles, 1)
-        total = total + weight * aux
-    else:
-        stats = {}
-    if stage.position_weight > 0 and vectors is not None:
-        pos, pos_stats = position_loss(probe, vectors)
-        pos = pos * vectors.shape[0] / max(n_tiles, 1)
-        total = total + stage.position_weight * pos
-        aux = pos if aux is None else aux + pos
-        stats = stats | pos_stats
-    return total, lm, aux, stats
-
-
-def probe_pass_loss(model, probe, batch: Batch, stage):
-    """The tower-only examples' probe loss at the stage's probe weight (aux_weight; 1 for "vision")."""
-    aux, stats = probe_loss(probe, model.encode_tiles(batch.pixel_values), batch.tile_targets)
-    return stage.probe_weight * aux, aux, stats
-
-
 # --- state ------------------------------------------------------------------------------------------
 @dataclass
 class TrainerState:
@@ -322,41 +152,6 @@ def param_groups(model, weight_decay: float):
         skip = p.ndim < 2 or any(k in name for k in ("pos_embed", "cls_token", "embeddings"))
         (no_decay if skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def read_log(path: str | os.PathLike, upto_step: int | None = None) -> list[dict]:
-    """The rows of a run's log.jsonl (none when it does not exist yet), up to `upto_step` when given."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if upto_step is None or r["step"] <= upto_step]
-
-
-def plot_loss(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not rows:
-        return
-    steps = [r["step"] for r in rows]
-    loss = [r["loss"] for r in rows]
-    k = max(1, len(loss) // 50)
-    smooth = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, loss, lw=0.6, alpha=0.35, label="per step")
-    ax.plot(steps, smooth, lw=1.6, label=f"moving mean ({k} steps)")
-    ax.set_yscale("log")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats / assistant token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def export_model(model, tokenizer, directory: Path, dtype: torch.dtype = torch.float32) -> Path:

@@ -185,7 +185,7 @@ def ship(run_dir, result: dict, dest, *, n_per_family: int, quant: dict | None =
     rendered again from the shipped files) and a model card written from them."""
     import shutil
 
-    from data_recipes.train import plot_loss
+    from data_recipes.train_log import plot_loss
 
     run, dest = Path(run_dir), Path(dest)
     history = lineage.record(run)  # read first: `dest` may be the model the oldest fine-tune started from
@@ -238,7 +238,7 @@ def repro_summary(result: dict, run_dir, second_dir) -> dict:
     A second run stopped early (its summary.json says `finished: false`, e.g. `vl train-demo --max-minutes`, or
     its chain ends sooner) has no trained model to evaluate: then only the losses of the steps it ran are compared
     (`partial`)."""
-    from data_recipes.train import read_log
+    from data_recipes.train_log import read_log
 
     (chain, fine_tunes), (second_chain, _) = _local_runs(run_dir), _local_runs(second_dir)
     chains = [chain, second_chain]

@@ -10,7 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from data_recipes.registry import get_recipe
-from data_recipes.train import Prefetch, init_weights, main, read_log, train
+from data_recipes.train import init_weights, main, train
+from data_recipes.train_data import Prefetch
+from data_recipes.train_log import read_log
 from vl.errors import ConfigError
 
 STEPS = 6
@@ -88,7 +90,8 @@ def test_tower_only_examples_train_the_tower_and_never_the_lm(straight):
     from transformers import AutoTokenizer
 
     from data_recipes.packing import collate
-    from data_recipes.train import SampleStream, probe_pass_loss, training_processor
+    from data_recipes.train_data import SampleStream, training_processor
+    from data_recipes.train_loss import probe_pass_loss
     from data_recipes.vision_targets import ProbeHeads
     from vl.modeling.vlm import NemotronVL
 
@@ -144,12 +147,12 @@ def test_a_stage_with_a_position_weight_adds_the_loss_and_trains_the_tower_with_
     import dataclasses
 
     from data_recipes.packing import collate
-    from data_recipes.train import batch_loss
+    from data_recipes.train_loss import batch_loss
     from data_recipes.vision_targets import ProbeHeads
 
     from transformers import AutoTokenizer
 
-    from data_recipes.train import SampleStream, training_processor
+    from data_recipes.train_data import SampleStream, training_processor
     from vl.modeling.vlm import NemotronVL
 
     out, _ = straight
@@ -178,7 +181,7 @@ def test_a_stage_with_a_position_weight_adds_the_loss_and_trains_the_tower_with_
 def _smoke_parts(out):
     from transformers import AutoTokenizer
 
-    from data_recipes.train import SampleStream, training_processor
+    from data_recipes.train_data import SampleStream, training_processor
     from vl.modeling.vlm import NemotronVL
 
     recipe = get_recipe("smoke", total_steps=STEPS)
@@ -197,7 +200,7 @@ def test_the_lm_loss_on_evs_pruned_clips_is_the_inference_forward_on_them(straig
     placeholders as inference does; the labels are the row's own answer tokens (they all follow the media)."""
     from data_recipes.formatting import IGNORE
     from data_recipes.packing import collate
-    from data_recipes.train import token_loss_sum
+    from data_recipes.train_loss import token_loss_sum
 
     out, _ = straight
     recipe, stream, model = _smoke_parts(out)
