@@ -52,3 +52,10 @@ def test_a_tokenizer_that_cleans_up_spaces_keeps_decode():
     assert dec._decode.func == tok.decode
     ids = tok("a , b .")["input_ids"]
     assert _streamed(dec, ids)[0] == tok.decode(ids)
+
+
+def test_a_decode_replaced_on_the_instance_is_the_one_called():
+    tok = build_tokenizer(CORPUS, vocab_size=400)
+    tok.decode = lambda ids, skip_special_tokens=False: "".join(f"[{i}]" for i in ids)
+    dec = IncrementalDecoder(tok)
+    assert dec.push(5) == "[5]" and dec.push(7) == "[7]"

@@ -44,8 +44,9 @@ class IncrementalDecoder:
 def _decoder(tokenizer, skip: bool):
     """`ids -> text` as `tokenizer.decode(ids, skip_special_tokens=skip)` returns it."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and _stock_decode(type(tokenizer)) and not getattr(
-            tokenizer, "clean_up_tokenization_spaces", True):
+    own = vars(tokenizer) if hasattr(tokenizer, "__dict__") else {}
+    if backend is not None and _stock_decode(type(tokenizer)) and not ({"decode", "_decode"} & own.keys()) \
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return functools.partial(backend.decode, skip_special_tokens=skip)
     return functools.partial(tokenizer.decode, skip_special_tokens=skip)
 
