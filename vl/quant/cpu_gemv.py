@@ -65,9 +65,11 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def _flags(portable: bool, opt: str = "-O3") -> list[str]:
-    # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine
-    flags = [opt, "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+def _flags(portable: bool) -> list[str]:
+    # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine. -O3, not
+    # -O2: at -O2 g++ 12 keeps the row kernels' per-row accumulator arrays (acc[M][...]) in memory for M > 1, and
+    # products of 4 or 8 rows ran 1.6-2.5x slower (docs/cpu_decode.md, "Build time").
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
     return flags + (["-DVL_PORTABLE"] if portable else [])
 
 
@@ -82,15 +84,14 @@ def _source_text(source: Path) -> str:
     return "\0".join(parts)
 
 
-def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Path:
+def build(portable: bool = False, source: Path = SOURCE) -> Path:
     """Compile a kernel source (this module's, or another plain C++ kernel of the package such as
-    `kernels/decode_step.cpp`, whose hot loops are intrinsics and which builds with `opt="-O2"` in less than half
-    the time) into the cache (or find it there); -> path of the shared library. Raises on failure."""
+    `kernels/decode_step.cpp`) into the cache (or find it there); -> path of the shared library. Raises on failure."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable, opt)), version, _cpu_flags(),
+    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable)), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
     if out.exists():
@@ -99,7 +100,7 @@ def build(portable: bool = False, source: Path = SOURCE, opt: str = "-O3") -> Pa
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *_flags(portable, opt), "-o", tmp, str(source)], capture_output=True, text=True,
+        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(source)], capture_output=True, text=True,
                            timeout=BUILD_TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")

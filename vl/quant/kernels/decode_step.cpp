@@ -13,7 +13,7 @@
 // and the modules compute the same weights and the same float32 sums).
 //
 // Built at first use by vl/runtime/cpu_decode.py through the build cache of vl/quant/cpu_gemv.py
-// (g++ -O2 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+// (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
