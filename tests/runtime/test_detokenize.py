@@ -1,5 +1,6 @@
 """The incremental detokenizer: its text equals the tokenizer's own `decode`, whichever call it makes."""
 
+import functools
 import random
 from pathlib import Path
 
@@ -13,6 +14,7 @@ DEMO = Path(__file__).resolve().parents[2] / "vl" / "demo"
 CORPUS = ["Total due: 1 234,50 € — naïve café, 東京 and 🙂 in one line.", "<think>so</think> The answer is 42."] * 8
 
 
+@functools.cache
 def _tokenizers():
     demo = AutoTokenizer.from_pretrained(str(DEMO))
     trained = build_tokenizer(CORPUS, vocab_size=400)  # byte-level: multi-byte characters span several ids
@@ -30,19 +32,20 @@ def _streamed(decoder: IncrementalDecoder, ids: list[int]) -> tuple[str, list[st
 def test_backend_calls_give_the_text_decode_gives(name, skip):
     tok = _tokenizers()[name]
     assert tok.clean_up_tokenization_spaces is False
-    fast = IncrementalDecoder(tok, skip_special_tokens=skip)
-    assert fast._decode.func == tok._tokenizer.decode  # the backend is called directly here
-    wrapped = IncrementalDecoder(tok, skip_special_tokens=skip)
-    wrapped._decode = lambda ids: tok.decode(ids, skip_special_tokens=skip)
+    assert IncrementalDecoder(tok, skip)._decode.func == tok._tokenizer.decode  # the backend is called directly
+
+    def wrapped():
+        dec = IncrementalDecoder(tok, skip)
+        dec._decode = lambda ids: tok.decode(ids, skip_special_tokens=skip)
+        return dec
+
     rng = random.Random(0)
     samples = [tok(CORPUS[0] + CORPUS[1])["input_ids"]] + [
         [rng.randrange(len(tok)) for _ in range(60)] for _ in range(20)]
     for ids in samples:
-        text, pieces = _streamed(fast, ids)
-        assert (text, pieces) == _streamed(wrapped, ids)
+        text, pieces = _streamed(IncrementalDecoder(tok, skip), ids)
+        assert (text, pieces) == _streamed(wrapped(), ids)
         assert text == tok.decode(ids, skip_special_tokens=skip)
-        fast.ids, fast.prefix, fast.read = [], 0, 0
-        wrapped.ids, wrapped.prefix, wrapped.read = [], 0, 0
 
 
 def test_a_tokenizer_that_cleans_up_spaces_keeps_decode():

@@ -18,7 +18,6 @@ import functools
 
 class IncrementalDecoder:
     def __init__(self, tokenizer, skip_special_tokens: bool = False):
-        self.tokenizer, self.skip = tokenizer, skip_special_tokens
         self._decode = _decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = []
         self.prefix = self.read = 0
