@@ -1,6 +1,7 @@
 """`vl bench --geometry`: the streamed random checkpoint loads as a user's FP8 / NVFP4 checkpoint, runs, and the
 temporary folder is removed (the 12B figures themselves are measured by `vl bench`, not asserted here)."""
 
+import dataclasses
 import json
 import sys
 
@@ -48,6 +49,18 @@ def test_run_reports_every_figure_and_cleans_up(tmp_path):
     if sys.platform.startswith("linux"):  # where the weights lived, from /proc
         assert r["after_load"]["RssAnon"] > 0 and r["decode_major_faults"] >= 0
         assert "file-backed" in text and "major page faults" in text
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_decode_bytes_reads_the_output_head_whole_and_one_embedding_row(tie):
+    from vl.modeling.nemotron_h import NemotronHForCausalLM
+    from vl.quant.linear import resident_weight_bytes
+
+    model = NemotronHForCausalLM(dataclasses.replace(small(), tie_word_embeddings=tie))
+    emb = model.backbone.embeddings.weight.nbytes
+    assert (model.lm_head.weight.data_ptr() == model.backbone.embeddings.weight.data_ptr()) == tie
+    # untied: the table is not read (one row), the head is; tied: the one table is the head, read whole
+    assert bench_geometry.decode_bytes(model) == resident_weight_bytes(model) - (0 if tie else emb)
 
 
 def test_layers_keep_the_released_widths():

@@ -12,7 +12,10 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
     metrics = {r.get("metric") for r in rows}
     assert "prefill tok/s @256" in metrics and "decode tok/s after 64" in metrics
     assert all(r["ours"] > 0 and r["transformers"] > 0 for r in rows if "ours" in r)
-    assert "ratio" in capsys.readouterr().out
+    decode = next(r for r in rows if r.get("metric") == "decode tok/s after 64")
+    assert decode["ours_weight_GBps"] > 0 and decode["copy_GBps"] > 0  # bandwidth, against a copy in the same rounds
+    out = capsys.readouterr().out
+    assert "ratio" in out and "of copy" in out
 
 
 def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):

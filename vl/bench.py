@@ -7,8 +7,8 @@ runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits bo
 - decode tokens/s after a context of n tokens: k / (time from the first generated token to the (k+1)-th), read
   from timestamps taken as each token arrives (our `generate_steps` events; a streamer on transformers'
   `generate`), greedy: the prefill never enters the figure, so no noisy subtraction of two timings;
-- roofline: every weight matrix of the model multiplied once by one token, back to back (the bandwidth-bound
-  floor of a decode step) against the measured time per token;
+- decode bandwidth (CPU): the bytes a decode step reads (every weight once, one embedding row) per second, against
+  what torch's copy of a 256 MiB buffer reaches (read + write), timed in the same rotation;
 - cache bytes: our hybrid cache at 32k tokens against the KV cache of an equal-size all-attention model;
 - `--formats fp8,nvfp4`: the same weights quantized as `vl quantize` writes them and loaded as a user loads them
   (auto: weight-only on the CPU, decode through the fused kernels of docs/quant_cpu_kernels.md), in the same
@@ -115,23 +115,11 @@ def hf_decode_s(model, ids, n) -> float:
     return (s.puts[-1] - s.puts[1]) / n
 
 
-@torch.no_grad()
-def weight_matmuls(model):
-    """Every weight matrix once against one token: the floor of a bandwidth-bound decode step."""
-    mats = [p for n, p in model.named_parameters() if p.dim() == 2 and "embeddings" not in n]
-    experts = [p for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in n]
-    xs = {}
-    device = mats[0].device
-
-    def run():
-        for w in mats:
-            x = xs.setdefault((w.shape[1], w.dtype), torch.randn(1, w.shape[1], dtype=w.dtype, device=device))
-            torch.nn.functional.linear(x, w)
-        for w in experts:  # a routed token touches k experts; all of them bound the floor from above
-            for e in w:
-                x = xs.setdefault((e.shape[1], e.dtype), torch.randn(1, e.shape[1], dtype=e.dtype, device=device))
-                torch.nn.functional.linear(x, e)
-    return run
+def copy_s_per_byte(nbytes: int = 256 << 20):
+    """A timing fn for `interleaved`: seconds per byte read + written by torch's copy of an `nbytes` buffer (best
+    of 3), the memory-bandwidth reference a decode step's weight read is set against (as in
+    vl/bench_geometry.py)."""
+    return lambda: 1.0 / bench_geometry.copy_bandwidth(nbytes, repeats=3)
 
 
 @torch.no_grad()
@@ -211,10 +199,12 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             p_ = statistics.median(times[label])
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
                              ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, spread=_spread(times[label])))
-    floor = weight_matmuls(ours)
+    on_cpu = torch.device(device).type == "cpu"
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
-        fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens), "floor": floor}
+        fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens)}
+        if on_cpu:
+            fns["copy"] = copy_s_per_byte()
         for mode in decode_modes:
             fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)
             if mode == "modules":  # the eager step through the modules: what the fused CPU step replaces
@@ -226,16 +216,15 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                                                                   threads=threads)
         times = interleaved(fns, repeats)
         h = statistics.median(times["hf"])
-        fl = statistics.median(times["floor"])
+        copy_GBps = 1e-9 / statistics.median(times["copy"]) if on_cpu else None
         for mode in decode_modes:
             o = statistics.median(times[mode])
             label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
             row = dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
-                       ours=1 / o, transformers=1 / h, ratio=h / o, roofline_tok_s=1 / fl,
-                       ours_vs_roofline=o / fl, transformers_vs_roofline=h / fl, spread=_spread(times[mode]))
-            if torch.device(device).type == "cuda":  # achieved weight bandwidth: every weight read once per token
-                weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
-                row["ours_weight_GBps"] = weight_bytes / o / 1e9
+                       ours=1 / o, transformers=1 / h, ratio=h / o, spread=_spread(times[mode]),
+                       ours_weight_GBps=bench_geometry.decode_bytes(ours) / o / 1e9)
+            if copy_GBps:
+                row["copy_GBps"] = copy_GBps
             rows.append(row)
         base = statistics.median(times[decode_modes[0]])
         for fmt, qm in quant.items():
@@ -246,7 +235,9 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                              format=fmt, ours=1 / q, transformers=1 / h, ratio=h / q, vs_ours=base / q,
                              ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
                              dense_resident_bytes=resident_weight_bytes(ours), packed_bytes=packed,
-                             packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt])))
+                             packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt]),
+                             ours_weight_GBps=bench_geometry.decode_bytes(qm) / q / 1e9,
+                             **({"copy_GBps": copy_GBps} if copy_GBps else {})))
         for label in peers:
             p_ = statistics.median(times[label])
             for mode in decode_modes:
@@ -275,6 +266,14 @@ def _spread(seconds: list[float]) -> float:
     return (max(seconds) - min(seconds)) / statistics.median(seconds) if seconds else float("nan")
 
 
+def _bandwidth(r: dict) -> str:
+    """A decode row's weight read rate, and its share of the copy kernel's rate where one was measured."""
+    out = f"{r['ours_weight_GBps']:.1f} GB/s"
+    if "copy_GBps" in r:
+        out += f" = {r['ours_weight_GBps'] / r['copy_GBps']:.0%} of copy ({r['copy_GBps']:.1f} GB/s r+w)"
+    return out
+
+
 def format_table(rows: list[dict]) -> str:
     head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
     lines = [head, "-" * len(head)]
@@ -289,11 +288,10 @@ def format_table(rows: list[dict]) -> str:
                 note += (f"; weights {r['resident_bytes'] / 2**20:.0f} MiB vs {r['dense_resident_bytes'] / 2**20:.0f} "
                          f"MiB, packed Linears {r['packed_bytes'] / 2**20:.0f} MiB = "
                          f"{r['packed_bytes'] / r['packed_as_bf16_bytes']:.3f} of their BF16")
-        elif "roofline_tok_s" in r:
-            note = (f"roofline {r['roofline_tok_s']:.1f} tok/s; ours {r['ours_vs_roofline']:.2f}x, "
-                    f"transformers {r['transformers_vs_roofline']:.2f}x of it")
             if "ours_weight_GBps" in r:
-                note += f"; ours reads weights at {r['ours_weight_GBps']:.0f} GB/s"
+                note += "; reads " + _bandwidth(r)
+        elif "ours_weight_GBps" in r:
+            note = "ours reads weights at " + _bandwidth(r)
         elif "ours_peak_rss" in r:
             note = f"peak RSS +{r['ours_peak_rss'] / 2**20:.0f} MiB vs +{r['transformers_peak_rss'] / 2**20:.0f} MiB"
             if "ours_ssd_share" in r:

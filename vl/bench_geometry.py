@@ -170,9 +170,12 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def decode_bytes(model) -> int:
-    """Bytes one decode step reads: every parameter and buffer except the embedding table (one row is read)."""
+    """Bytes one decode step reads: every parameter and buffer except the embedding table (one row is read),
+    unless the output head shares it (tied embeddings), which reads it whole."""
     emb = model.backbone.embeddings.weight
-    return resident_weight_bytes(model) - emb.numel() * emb.element_size()
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    tied = head is not None and head.data_ptr() == emb.data_ptr()
+    return resident_weight_bytes(model) - (0 if tied else emb.numel() * emb.element_size())
 
 
 def geometry_config(geometry: str, layers: int | None = None):
