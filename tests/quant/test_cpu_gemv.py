@@ -84,6 +84,30 @@ def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
 
 
 @pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_one_thread_and_several_give_the_same_bits(kernels, build, act):
+    """Output rows are split between OpenMP threads, each row computed whole by one thread; one thread runs a plain
+    loop. Either way the same bits, for every format."""
+    k = _which(kernels, build)
+    w = torch.randn(70, 256) * 0.05
+    w8, s = quantize_fp8_per_tensor(w)
+    packed, bs, gs = quantize_nvfp4(w)
+    x = torch.randn(3, 256)
+    x = x.bfloat16() if act == "bf16" else x
+    dense_w = w.to(x.dtype)
+    threads, got = torch.get_num_threads(), []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            got.append([k.fp8(x, w8, s.contiguous(), "tensor", act == "bf16"),
+                        k.nvfp4(x, packed, bs, float(gs), act == "bf16"), k.dense(x, dense_w)])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("act", ["fp32", "bf16"])
 def test_tiny_scales_whose_weights_are_float32_subnormal(kernels, build, fmt, act):

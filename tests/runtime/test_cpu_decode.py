@@ -237,3 +237,31 @@ def test_a_forward_hook_sends_the_step_through_the_modules(lib, monkeypatch):
         handle.remove()
     assert not fused and len(seen) == 8  # the prefill and every decode step went through the hooked modules
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_thread_and_several_give_the_same_bits(lib, dtype):
+    """The step splits output rows and heads between OpenMP threads, each computed whole by one thread, and runs a
+    plain loop for one thread: from one prefilled cache, logits and caches are bit for bit the same at 1 and 3
+    threads (the prefill runs once: torch's own products need not give the same bits at another thread count)."""
+    import copy
+
+    lm, _ = models(odd_config(), dtype, seed=2)
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2)])
+    prefilled = HybridCache(lm.config, 3, 16, dtype=dtype)
+    with torch.no_grad():
+        lm(ids, cache=prefilled, attention_mask=mask, logits_to_keep=1)
+    out = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            cache = copy.deepcopy(prefilled)
+            logits = [cpu_decode.run_step(lm, lib, ids[:, -1:] + i, cache) for i in range(3)]
+            out.append(logits + [t for layer in cache.layers if layer is not None for t in vars(layer).values()
+                                 if isinstance(t, torch.Tensor)])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(out[0]) == len(out[1]) > 3
+    for a, b in zip(*out):
+        assert torch.equal(a, b)

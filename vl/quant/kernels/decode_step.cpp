@@ -206,10 +206,9 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
     }
     float* yt = pad ? py.data() : ym;
     const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int t = 0; t < nthreads; ++t) {
+    parallel_for(nthreads, nthreads, [&](int t) {
       const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
-      if (r0 >= r1) continue;
+      if (r0 >= r1) return;
       if (bf16) {
         if (mm == 1)
           dense_bf16_rows<1>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
@@ -220,7 +219,7 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
       } else {
         dense_f32_rows<4>(xm, K, (const float*)W.w, N, yt, r0, r1);
       }
-    }
+    });
     if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
 }
@@ -331,8 +330,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
     const float* Cm = Bm + (size_t)L.n_groups * L.d_state;   // (G, N)
     float* y = yn.f.data() + (size_t)b * L.d_inner;
     float* S = ssm + (size_t)b * L.n_heads * L.head_dim * L.d_state;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int hh = 0; hh < L.n_heads; ++hh) {
+    parallel_for(L.n_heads, nthreads, [&](int hh) {
       float dt = softplus(dtr[hh] + L.dt_bias[hh]);
       if (L.dt_clamp) dt = dt < L.dt_lo ? L.dt_lo : (dt > L.dt_hi ? L.dt_hi : dt);
       const float dA = std::exp(dt * L.A[hh]);
@@ -364,7 +362,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
         }
         y[hh * L.head_dim + p] = acc + xv * L.Dskip[hh];
       }
-    }
+    });
     // gated RMSNorm (norm after the gate), per group of d_inner / n_groups channels
     for (int g = 0; g < L.n_groups; ++g) {
       float* yg = y + (size_t)g * gs;
@@ -456,8 +454,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
       }
     }
     const uint8_t* vrow = valid ? valid + (size_t)b * max_len : nullptr;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int qh = 0; qh < nq; ++qh) {
+    parallel_for(nq, nthreads, [&](int qh) {
       const int kh = qh / rep;
       const float* qv = qd + (size_t)b * L.w_in.N + (size_t)qh * hd;
       float* s = scd + (size_t)qh * (pos + 1);
@@ -480,7 +477,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
         axpy_row(s[j] / tot, vc, base + (size_t)j * hd, o, hd, m.bf16);
       }
       for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
-    }
+    });
   }
   ao.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);

@@ -85,6 +85,19 @@ static inline __m512 e4m3x16(const uint8_t* p) {  // 16 E4M3 bytes -> 16 floats 
 #endif
 
 static constexpr int PREFETCH_BYTES = 4096;
+
+// body(i) for i in [0, n) on `nthreads` OpenMP threads; with one thread a plain loop: an OpenMP region that its
+// `if` clause serializes still costs a team set-up per call in libgomp (~0.4 us alone, and a decode step makes
+// dozens of such calls).
+template <class F>
+static inline void parallel_for(int n, int nthreads, F&& body) {
+  if (nthreads <= 1) {
+    for (int i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int i = 0; i < n; ++i) body(i);
+}
 #ifdef VL_AVX512
 static inline void prefetch2(const void* p) {
   _mm_prefetch((const char*)p + PREFETCH_BYTES, _MM_HINT_T0);
@@ -536,17 +549,16 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
     }
   }
 #endif
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-  for (int c = 0; c < chunks; ++c) {
+  parallel_for(chunks, nthreads, [&](int c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
 #ifdef VL_FP8_TABLE
     if (x_bf16) {
       VL_DISPATCH(fp8_rows_table, (const uint16_t*)x, xp, K, w, N, scale, kind, &shared, y, r0, r1)
-      continue;
+      return;
     }
 #endif
     VL_DISPATCH(fp8_rows, (const float*)x, K, w, N, scale, kind, round16, y, r0, r1)
-  }
+  });
 #ifdef VL_FP8_TABLE
   delete[] xp;
   delete[] xf;
@@ -577,17 +589,16 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
     reorder_rows64((const uint16_t*)x, M, K, pos, xp);
   }
 #endif
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-  for (int c = 0; c < chunks; ++c) {
+  parallel_for(chunks, nthreads, [&](int c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
 #ifdef VL_FP8_TABLE
     if (x_bf16) {
       VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, xp, K, w, bs, tab, N, y, r0, r1)
-      continue;
+      return;
     }
 #endif
     VL_DISPATCH(nvfp4_rows, (const float*)x, K, w, bs, gs, N, round16, y, r0, r1)
-  }
+  });
 #ifdef VL_FP8_TABLE
   std::free(tab);
   delete[] xf;
@@ -610,15 +621,14 @@ void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, 
 #if !(defined(VL_AVX512) && defined(__AVX512BF16__))
   if (bf16) xf = bf16_rows_to_float((const uint16_t*)x, M, K);
 #endif
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-  for (int c = 0; c < chunks; ++c) {
+  parallel_for(chunks, nthreads, [&](int c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
     if (bf16) {
       VL_DISPATCH(dense_bf16_rows, xf, (const uint16_t*)x, K, (const uint16_t*)w, N, y, r0, r1)
     } else {
       VL_DISPATCH(dense_f32_rows, (const float*)x, K, (const float*)w, N, y, r0, r1)
     }
-  }
+  });
   delete[] xf;
 }
 
