@@ -27,6 +27,12 @@ def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):
     assert "eager decode (the default): " in capsys.readouterr().out
 
 
+def test_a_missing_work_dir_is_made(tmp_path):
+    work = tmp_path / "new" / "work"
+    assert main(["--quick", "--configs", "tiny", "--dtypes", "fp32", "--work-dir", str(work)]) == 0
+    assert work.is_dir()
+
+
 def test_hybrid_cache_is_a_fraction_of_an_all_attention_cache():
     r = cache_bytes(CONFIGS["180m"](), 32768)
     assert r["ratio"] <= 0.2  # the hybrid cache at 32k is at most 1/5 of an all-attention model's

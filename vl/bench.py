@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "convert_hf_to_gguf.py and time its llama-bench in the same rounds")
     p.add_argument("--llama-cpp-python", default=None, help="Python that runs the converter (default: this one; "
                    "it needs torch, numpy, safetensors and transformers)")
-    p.add_argument("--work-dir", default=None, help="where GGUF files are written (default: a temporary folder, "
-                   "removed at the end)")
+    p.add_argument("--work-dir", default=None, help="where GGUF files (--llama-cpp) and the --geometry checkpoint "
+                   "are written, made if missing (default: a temporary folder, removed at the end)")
     p.add_argument("--geometry", default=None, help="instead of the tables: a released-size model with random "
                    "weights streamed to disk in --format (nano-12b-v2-vl): load time, peak RSS, prefill at the first "
                    "--prefill length, decode after the first --decode-ctx, decode vs a copy kernel's bandwidth")
@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "pattern, at the released widths (a quick run; not the released model's figures)")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
+    if a.work_dir is not None:  # a folder the user named: made, as for any output path
+        Path(a.work_dir).mkdir(parents=True, exist_ok=True)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.quick:

@@ -220,19 +220,22 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             result["resident_weight_bytes"] = decode_bytes(model) + model.backbone.embeddings.weight.nbytes
             result["after_load"] = memory_counters()
             peak.mark("load")
+            log(f"[vl bench] loaded in {result['load_s']:.0f} s; prefill @{prefill}, {repeats} run(s)")
             gen = torch.Generator().manual_seed(0)
             ids = torch.randint(3, cfg.vocab_size, (1, prefill), generator=gen)
             times = []
-            for _ in range(repeats):
+            for k in range(repeats):
                 t0 = time.perf_counter()
                 our_prefill(model, ids)
                 times.append(time.perf_counter() - t0)
+                log(f"[vl bench] prefill run {k + 1}/{repeats}: {prefill / times[-1]:.1f} tok/s")
             result["prefill_tok_s"] = prefill / statistics.median(times)
             peak.mark("prefill")
             log(f"[vl bench] prefill @{prefill}: {result['prefill_tok_s']:.1f} tok/s")
             ctx = ids[:, :decode_ctx]
             our_decode_s(model, ctx[:, :1], 1)  # untimed: each layer binds its decode kernel once (FP8: a NaN scan)
             before = memory_counters()
+            log(f"[vl bench] decode: {new_tokens} tokens after {decode_ctx}, {repeats} run(s)")
             dec = [our_decode_s(model, ctx, new_tokens) for _ in range(repeats)]
             result["decode_s_per_tok"] = statistics.median(dec)
             result["after_decode"] = after = memory_counters()
