@@ -200,6 +200,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
                              ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, spread=_spread(times[label])))
     on_cpu = torch.device(device).type == "cpu"
+    read_bytes = {m: bench_geometry.decode_bytes(m) for m in (ours, *quant.values())}  # per token, once
     for ctx in decode_ctx:
         ids = torch.randint(3, cfg.vocab_size, (1, ctx), generator=gen).to(device)
         fns = {"hf": lambda: hf_decode_s(hf, ids, new_tokens)}
@@ -220,12 +221,9 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         for mode in decode_modes:
             o = statistics.median(times[mode])
             label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
-            row = dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
-                       ours=1 / o, transformers=1 / h, ratio=h / o, spread=_spread(times[mode]),
-                       ours_weight_GBps=bench_geometry.decode_bytes(ours) / o / 1e9)
-            if copy_GBps:
-                row["copy_GBps"] = copy_GBps
-            rows.append(row)
+            rows.append(dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
+                             ours=1 / o, transformers=1 / h, ratio=h / o, spread=_spread(times[mode]),
+                             ours_weight_GBps=read_bytes[ours] / o / 1e9, copy_GBps=copy_GBps))
         base = statistics.median(times[decode_modes[0]])
         for fmt, qm in quant.items():
             q = statistics.median(times[fmt])
@@ -236,8 +234,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                              ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
                              dense_resident_bytes=resident_weight_bytes(ours), packed_bytes=packed,
                              packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt]),
-                             ours_weight_GBps=bench_geometry.decode_bytes(qm) / q / 1e9,
-                             **({"copy_GBps": copy_GBps} if copy_GBps else {})))
+                             ours_weight_GBps=read_bytes[qm] / q / 1e9, copy_GBps=copy_GBps))
         for label in peers:
             p_ = statistics.median(times[label])
             for mode in decode_modes:
@@ -269,7 +266,7 @@ def _spread(seconds: list[float]) -> float:
 def _bandwidth(r: dict) -> str:
     """A decode row's weight read rate, and its share of the copy kernel's rate where one was measured."""
     out = f"{r['ours_weight_GBps']:.1f} GB/s"
-    if "copy_GBps" in r:
+    if r.get("copy_GBps"):  # None where no copy was timed (CUDA)
         out += f" = {r['ours_weight_GBps'] / r['copy_GBps']:.0%} of copy ({r['copy_GBps']:.1f} GB/s r+w)"
     return out
 

@@ -3,6 +3,8 @@ modules' own one-token forward: logits and every cache tensor after several step
 shapes (vector tails everywhere), padded batches, and both builds (AVX512 where the CPU has it, the portable loops
 everywhere). Also: the eager decode mode picks it, and everything it does not cover falls back to the modules."""
 
+import copy
+
 import pytest
 import torch
 
@@ -244,8 +246,6 @@ def test_one_thread_and_several_give_the_same_bits(lib, dtype):
     """The step splits output rows and heads between OpenMP threads, each computed whole by one thread, and runs a
     plain loop for one thread: from one prefilled cache, logits and caches are bit for bit the same at 1 and 3
     threads (the prefill runs once: torch's own products need not give the same bits at another thread count)."""
-    import copy
-
     lm, _ = models(odd_config(), dtype, seed=2)
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2)])
     prefilled = HybridCache(lm.config, 3, 16, dtype=dtype)

@@ -68,7 +68,7 @@ def _compiler() -> str | None:
 def _flags(portable: bool) -> list[str]:
     # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine. -O3, not
     # -O2: at -O2 g++ 12 keeps the row kernels' per-row accumulator arrays (acc[M][...]) in memory for M > 1, and
-    # products of 4 or 8 rows ran 1.6-2.5x slower (docs/cpu_decode.md, "Build time").
+    # batched decode ran 1.5-2.2x slower (docs/cpu_decode.md, "Build time").
     flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
     return flags + (["-DVL_PORTABLE"] if portable else [])
 
