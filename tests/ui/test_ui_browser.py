@@ -6,7 +6,8 @@ browser for the module. Three apps serve the pages:
 - the app in-process over the shipped demo model (`demo_served`), as `vl app` starts by default: the header says
   what the demo model cannot read, documents show blank-tile skipping and redundant-token pruning (before ->
   after, kept tokens drawn per tile), galleries show every picture whole, a chat error is an assistant message
-  and the chat stays usable; the screenshots in docs/screenshots/ are taken here, so they stay current;
+  and the chat stays usable; the screenshots in docs/screenshots/ are taken here (written there only with
+  `VL_UPDATE_SCREENSHOTS=1`, so that a test run leaves the checkout as it was; else into a temporary folder);
 - the app in-process over a tiny random model that never stops on its own (`endless_served`): Stop ends the
   work, says "stopped", releases the engine, and is inactive whenever nothing runs.
 """
@@ -14,7 +15,9 @@ browser for the module. Three apps serve the pages:
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +33,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "vl" / "demo"
-SHOTS = REPO / "docs" / "screenshots"
+SHOTS = (REPO / "docs" / "screenshots" if os.environ.get("VL_UPDATE_SCREENSHOTS") == "1"
+         else Path(tempfile.gettempdir()) / "vl-test-screenshots")
 WIDTHS = {"desktop": 1400, "narrow": 400}
 
 
@@ -144,7 +148,7 @@ def _assert_whole(page, gallery: str) -> int:
 
 
 def _shot(page, name: str) -> None:
-    """A small PNG of the whole page into docs/screenshots (a 64-colour palette: UI pictures compress well)."""
+    """A small PNG of the whole page into SHOTS (a 64-colour palette: UI pictures compress well)."""
     from PIL import Image
 
     SHOTS.mkdir(parents=True, exist_ok=True)
