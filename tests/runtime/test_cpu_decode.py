@@ -128,7 +128,7 @@ def test_fused_step_equals_the_modules(lib, dtype, changes):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype):
     lm, truth = models(odd_config(), dtype, seed=1)
-    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # GEMV row groups 4 + 3
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # one GEMV group, 7 padded to 8
     compare_steps(lm, lib, ids, mask, truth=truth)
 
 
@@ -265,3 +265,46 @@ def test_one_thread_and_several_give_the_same_bits(lib, dtype):
     assert len(out[0]) == len(out[1]) > 3
     for a, b in zip(*out):
         assert torch.equal(a, b)
+
+
+def _row(cache: HybridCache, i: int) -> HybridCache:
+    """Row i of a cache as a one-row cache (the same tensors' values, copied)."""
+    one = copy.deepcopy(cache)
+    one.batch_size, one.valid = 1, cache.valid[i:i + 1].clone()
+    for layer in one.layers:
+        for name, t in vars(layer).items() if layer is not None else ():
+            if isinstance(t, torch.Tensor):
+                setattr(layer, name, t[i:i + 1].clone())
+    return one
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype):
+    """Dense rows go through the weights 1, 4 or 8 at a time (2-3 padded to 4, 5-7 to 8, more in groups of 8):
+    each row keeps its own accumulators in the same order, so from the same cache a row's logits and cache are
+    bit for bit those of the row decoded alone, whatever the batch size and its row's place in the group."""
+    lm, _ = models(odd_config(), dtype, seed=3)
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7)])
+    prefilled = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
+    with torch.no_grad():
+        lm(ids, cache=prefilled, attention_mask=mask, logits_to_keep=1)
+    tok = ids[:, -1:]
+    alone = []
+    for i in range(ids.shape[0]):
+        cache = _row(prefilled, i)
+        alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), cache))
+    for b in (2, 3, 4, 5, 7, 8, 9, 13):
+        cache = copy.deepcopy(prefilled)
+        for layer in cache.layers:  # the first b rows
+            for name, t in vars(layer).items() if layer is not None else ():
+                if isinstance(t, torch.Tensor):
+                    setattr(layer, name, t[:b].clone())
+        cache.batch_size, cache.valid = b, cache.valid[:b].clone()
+        logits = cpu_decode.run_step(lm, lib, tok[:b], cache)
+        for i in range(b):
+            want_logits, want_cache = alone[i]
+            assert torch.equal(logits[i:i + 1], want_logits), (b, i)
+            for mine, one in zip(cache.layers, want_cache.layers):
+                for name, t in vars(mine).items() if mine is not None else ():
+                    if isinstance(t, torch.Tensor):
+                        assert torch.equal(t[i:i + 1], getattr(one, name)), (b, i, name)

@@ -165,10 +165,27 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 
 // ---------------------------------------------------------------------------------------------------------------
 // GEMV: y (M, N) float32 = x (M, K) W^T. x holds model-dtype values as float32, and xb the same as bf16 for bf16
-// models (exact). Dense rows go four at a time in contiguous per-thread slices of whole cache lines; a group of 2
-// or 3 is padded to 4 with zero rows (the weights are read once either way, and two instantiations instead of four
-// halve the compile time). Packed rows go through quant_gemv.cpp's entry points, as the quantized Linears call
-// them: with a bf16 model each weight is rounded to bf16 as the modules' weight-only path rounds it.
+// models (exact). Dense rows go up to eight at a time in contiguous per-thread slices of whole cache lines, so a
+// batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7x a
+// step of 4 on the 180m config, docs/cpu_decode.md); a group of 2-3 is padded to 4 and of 5-7 to 8 with zero rows
+// (three instantiations, not eight: compile time). Each row keeps its own accumulators in the same order
+// whatever the group size, so a row's result does not depend on the others. Packed rows go through
+// quant_gemv.cpp's entry points four at a time, as the quantized Linears call them: with a bf16 model each
+// weight is rounded to bf16 as the modules' weight-only path rounds it.
+template <int G>
+static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat& W, int bf16, float* yt, int nthreads) {
+  const int N = W.N;
+  const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
+  parallel_for(nthreads, nthreads, [&](int t) {
+    const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+    if (r0 >= r1) return;
+    if (bf16)
+      dense_bf16_rows<G>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
+    else
+      dense_f32_rows<G>(xm, K, (const float*)W.w, N, yt, r0, r1);
+  });
+}
+
 static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
   const int K = W.K, N = W.N;
   if (W.fmt != 0) {
@@ -187,39 +204,31 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
   }
   static thread_local std::vector<float> px, py;
   static thread_local std::vector<uint16_t> pxb;
-  for (int m0 = 0; m0 < M; m0 += 4) {
-    const int mm = M - m0 < 4 ? M - m0 : 4;
+  for (int m0 = 0; m0 < M; m0 += 8) {
+    const int mm = M - m0 < 8 ? M - m0 : 8;
+    const int g = mm == 1 ? 1 : mm <= 4 ? 4 : 8;  // the instantiation that takes these rows
     const float* xm = x + (size_t)m0 * K;
     const uint16_t* xbm = xb ? xb + (size_t)m0 * K : nullptr;
     float* ym = y + (size_t)m0 * N;
-    const bool pad = mm == 2 || mm == 3;
+    const bool pad = mm != g;
     if (pad) {
-      px.assign((size_t)4 * K, 0.f);
+      px.assign((size_t)g * K, 0.f);
       std::memcpy(px.data(), xm, sizeof(float) * mm * K);
       xm = px.data();
       if (xbm) {
-        pxb.assign((size_t)4 * K, 0);
+        pxb.assign((size_t)g * K, 0);
         std::memcpy(pxb.data(), xbm, sizeof(uint16_t) * mm * K);
         xbm = pxb.data();
       }
-      py.resize((size_t)4 * N);
+      py.resize((size_t)g * N);
     }
     float* yt = pad ? py.data() : ym;
-    const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
-    parallel_for(nthreads, nthreads, [&](int t) {
-      const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
-      if (r0 >= r1) return;
-      if (bf16) {
-        if (mm == 1)
-          dense_bf16_rows<1>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
-        else
-          dense_bf16_rows<4>(xm, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
-      } else if (mm == 1) {
-        dense_f32_rows<1>(xm, K, (const float*)W.w, N, yt, r0, r1);
-      } else {
-        dense_f32_rows<4>(xm, K, (const float*)W.w, N, yt, r0, r1);
-      }
-    });
+    if (g == 1)
+      dense_group<1>(xm, xbm, K, W, bf16, yt, nthreads);
+    else if (g == 4)
+      dense_group<4>(xm, xbm, K, W, bf16, yt, nthreads);
+    else
+      dense_group<8>(xm, xbm, K, W, bf16, yt, nthreads);
     if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
 }
