@@ -166,7 +166,7 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 // ---------------------------------------------------------------------------------------------------------------
 // GEMV: y (M, N) float32 = x (M, K) W^T. x holds model-dtype values as float32, and xb the same as bf16 for bf16
 // models (exact). Dense rows go up to eight at a time in contiguous per-thread slices of whole cache lines, so a
-// batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7x a
+// batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7-2x a
 // step of 4 on the 180m config, docs/cpu_decode.md); a group of 2-3 is padded to 4 and of 5-7 to 8 with zero rows
 // (three instantiations, not eight: compile time). Each row keeps its own accumulators in the same order
 // whatever the group size, so a row's result does not depend on the others. Packed rows go through
