@@ -258,8 +258,7 @@ def test_one_thread_and_several_give_the_same_bits(lib, dtype):
             torch.set_num_threads(n)
             cache = copy.deepcopy(prefilled)
             logits = [cpu_decode.run_step(lm, lib, ids[:, -1:] + i, cache) for i in range(3)]
-            out.append(logits + [t for layer in cache.layers if layer is not None for t in vars(layer).values()
-                                 if isinstance(t, torch.Tensor)])
+            out.append(logits + list(cache.tensors()))
     finally:
         torch.set_num_threads(threads)
     assert len(out[0]) == len(out[1]) > 3
@@ -267,15 +266,15 @@ def test_one_thread_and_several_give_the_same_bits(lib, dtype):
         assert torch.equal(a, b)
 
 
-def _row(cache: HybridCache, i: int) -> HybridCache:
-    """Row i of a cache as a one-row cache (the same tensors' values, copied)."""
-    one = copy.deepcopy(cache)
-    one.batch_size, one.valid = 1, cache.valid[i:i + 1].clone()
-    for layer in one.layers:
+def _rows(cache: HybridCache, rows: slice) -> HybridCache:
+    """Some rows of a cache as a cache of their own (the values copied)."""
+    out = copy.deepcopy(cache)
+    out.valid = cache.valid[rows].clone()
+    out.batch_size = out.valid.shape[0]
+    for layer in out.layers:
         for name, t in vars(layer).items() if layer is not None else ():
-            if isinstance(t, torch.Tensor):
-                setattr(layer, name, t[i:i + 1].clone())
-    return one
+            setattr(layer, name, t[rows].clone())
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -291,20 +290,13 @@ def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype):
     tok = ids[:, -1:]
     alone = []
     for i in range(ids.shape[0]):
-        cache = _row(prefilled, i)
-        alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), cache))
+        cache = _rows(prefilled, slice(i, i + 1))
+        alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), list(cache.tensors())))
     for b in (2, 3, 4, 5, 7, 8, 9, 13):
-        cache = copy.deepcopy(prefilled)
-        for layer in cache.layers:  # the first b rows
-            for name, t in vars(layer).items() if layer is not None else ():
-                if isinstance(t, torch.Tensor):
-                    setattr(layer, name, t[:b].clone())
-        cache.batch_size, cache.valid = b, cache.valid[:b].clone()
+        cache = _rows(prefilled, slice(0, b))
         logits = cpu_decode.run_step(lm, lib, tok[:b], cache)
         for i in range(b):
-            want_logits, want_cache = alone[i]
+            want_logits, want_tensors = alone[i]
             assert torch.equal(logits[i:i + 1], want_logits), (b, i)
-            for mine, one in zip(cache.layers, want_cache.layers):
-                for name, t in vars(mine).items() if mine is not None else ():
-                    if isinstance(t, torch.Tensor):
-                        assert torch.equal(t[i:i + 1], getattr(one, name)), (b, i, name)
+            for k, (mine, one) in enumerate(zip(cache.tensors(), want_tensors)):
+                assert torch.equal(mine[i:i + 1], one), (b, i, k)
