@@ -74,7 +74,7 @@ class Mamba2Mixer(nn.Module):
                                         state.ssm if state is not None else None)
             if state is not None:
                 state.ssm.copy_(final)
-        y = torch.addcmul(y, x.float(), self.D.float()[:, None])  # the D skip; (b, t, h, p)
+        y = torch.addcmul(y, x, self.D.float()[:, None])  # the D skip, x widened on the fly; (b, t, h, p)
         y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y.to(h.dtype))
 

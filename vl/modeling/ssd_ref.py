@@ -41,7 +41,7 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
     g, n = B.shape[2], B.shape[3]
     r = h // g
     pad = (-t) % chunk_size
-    x, dt, B, C = (v.float() for v in (x, dt, B, C))
+    dt = dt.float()  # x, B and C stay in their dtype until their first fp32 use (bf16 x fp32 promotes exactly)
     if pad:  # zero dt on padded steps: no decay, no input, so the final state is unaffected
         x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
         dt = torch.nn.functional.pad(dt, (0, 0, 0, pad))
@@ -51,8 +51,9 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
 
     a = (dt * A.float()).view(b, c, l, g, r).permute(0, 1, 3, 4, 2)  # (b, c, g, r, l)
     acs = torch.cumsum(a, dim=-1)  # (b, c, g, r, l)
-    Bc = B.view(b, c, l, g, n).transpose(2, 3).contiguous()  # (b, c, g, l, n)
-    Cc = C.view(b, c, l, g, n).transpose(2, 3).contiguous()  # (b, c, g, l, n)
+    f32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)  # widen and lay out in one pass
+    Bc = B.view(b, c, l, g, n).transpose(2, 3).to(**f32)  # (b, c, g, l, n)
+    Cc = C.view(b, c, l, g, n).transpose(2, 3).to(**f32)  # (b, c, g, l, n)
     # x·dt in the two layouts the products want: per group (l, r·p) blocks for the state products, per head
     # (l, p) blocks for the within-chunk product
     xdt = (x * dt[..., None]).view(b, c, l, g, r, p).transpose(2, 3).contiguous()  # (b, c, g, l, r, p)
