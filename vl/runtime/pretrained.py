@@ -26,4 +26,5 @@ def runtime_passes(model, device_map=None, max_memory=None):
     hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     heap.trim_heap()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
+    heap.keep_freed_memory()  # from now on a prefill's freed temporaries stay for the next layer (same file)
     return model
