@@ -22,18 +22,20 @@ smaller part is memory still in use, not yet traced to its owner.
 On a C library without `malloc_trim` (musl, macOS) this does nothing and says so (`trim_heap` returns
 None): those allocators have no arena retention of this kind to undo.
 
-Between trims the opposite is wanted: a CPU prefill allocates and frees the same large temporaries layer after
-layer (projection outputs, the SSD scan's fp32 blocks: 4-33 MB each for the 180m config at 2k tokens), and glibc's
-defaults hand them back to the OS as soon as they are freed (blocks above its dynamic mmap threshold are mapped
-and unmapped per allocation; the top of the heap is trimmed once more than twice that threshold is free), so each
-new temporary starts on fresh pages, each a page fault that the kernel must also zero. Measured on this
-project's 2-core runner (AMD EPYC VM, 1 thread): one 2048-token bf16 prefill of the 180m config took 260-285
-thousand page faults, ~2.3 us each (a fresh 16 MB copy 9-12 ms, 3 ms into memory already touched), about a tenth
-of the prefill. `keep_freed_memory()` sets glibc's mmap threshold to its maximum (32 MiB) and its automatic trim
-threshold to 1 GiB, so freed temporaries stay in the heap for the next layer: the same prefill then took under
-a thousand faults. This is what PyTorch's CPU performance-tuning guide gets from jemalloc or TCMalloc ("reusing
-memory as much as possible"), without swapping the process's allocator. `trim_heap()` still releases it all,
-after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
+Between trims the opposite is wanted: a CPU prefill allocates and frees the same large temporaries layer after layer
+(projection outputs, the SSD scan's fp32 blocks: 4-33 MB each for the 180m config at 2k tokens), and glibc's
+defaults hand them back to the OS as soon as they are freed (blocks above its dynamic mmap threshold are mapped and
+unmapped per allocation; the top of the heap is trimmed once more than twice that threshold is free), so each new
+temporary starts on fresh pages, each a page fault that the kernel must also zero. How many depends on what the
+process allocated before (glibc's threshold is history). Measured on this project's 2-core runner (AMD EPYC VM, 1
+thread): a 2048-token prefill of the 180m config in the process `vl bench` builds took 180-390 thousand faults per
+call (bf16 before the SSD scan change of 3 Dec, fp32 after it), ~2.3 us each (a fresh 16 MB copy 9-12 ms, 3 ms into
+memory already touched), 3-15% of the prefill (docs/benchmarks.md, "Prefill temporaries"). `keep_freed_memory()`
+sets glibc's mmap threshold to its maximum (32 MiB) and its automatic trim threshold to 1 GiB, so freed temporaries
+stay in the heap for the next layer: the same prefills then took under 5200 faults, mostly none. This is what
+PyTorch's CPU performance-tuning guide gets from jemalloc or TCMalloc ("reusing memory as much as possible"),
+without swapping the process's allocator. `trim_heap()` still releases it all, after a load and after each app
+request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
 """
 
 from __future__ import annotations
