@@ -66,14 +66,17 @@ def _glibc(name: str, argtypes: tuple):
     return fn
 
 
-def _malloc_trim():
-    return _glibc("malloc_trim", (ctypes.c_size_t,))
+def linux_switch(var: str) -> bool:
+    """Whether a Linux-only memory setting is on: always off elsewhere; `VAR=0|off|no` turns it off (this file's
+    `VL_HEAP_KEEP`, vl/runtime/hugepages.py's `VL_HUGEPAGES`). No torch import here: the app's heap test measures a
+    bare process."""
+    return platform.system() == "Linux" and os.environ.get(var, "1").strip().lower() not in ("0", "off", "no")
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
     """Keep freed heap memory in the process for reuse (module docstring); once per process. -> True when set."""
-    if platform.system() != "Linux" or os.environ.get("VL_HEAP_KEEP", "1").strip().lower() in ("0", "off", "no"):
+    if not linux_switch("VL_HEAP_KEEP"):
         return False
     fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
     if fn is None:
@@ -90,7 +93,7 @@ def trim_heap() -> bool | None:
     Returns True when glibc released memory, False when there was none to release, None when the C
     library has no `malloc_trim` (nothing is done then).
     """
-    fn = _malloc_trim()
+    fn = _glibc("malloc_trim", (ctypes.c_size_t,))
     if fn is None:
         return None
     return bool(fn(0))

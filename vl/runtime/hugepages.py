@@ -25,12 +25,12 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
-import platform
 import weakref
 
 import torch
 from torch import nn
+
+from vl.runtime.heap import linux_switch
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _libc():
 
 
 def enabled() -> bool:
-    return platform.system() == "Linux" and os.environ.get("VL_HUGEPAGES", "1").strip() not in ("0", "off", "no")
+    return linux_switch("VL_HUGEPAGES")
 
 
 def advise_range(addr: int, nbytes: int) -> int:
