@@ -181,24 +181,24 @@ class DecodeBatch:
                 logits[i:i + 1] = apply_repetition_penalty(logits[i:i + 1], seen, self.params.repetition_penalty)
         logits = self._mask_early_stops(logits)
         nxt = sample(logits, self.params, None, self.gen).cpu()
-        out = {}
+        toks = nxt.tolist()  # one conversion, not one tensor index per row
+        out, forced_any = {}, False
         for i, s in enumerate(self.seqs):
             if s.ended is not None:  # a masked row (fixed-shape batches only): fed, never reported
                 continue
-            tok = int(nxt[i])
+            tok = toks[i]
             if s.controller is not None:
                 forced = s.controller.next_forced(s.history)
-                if forced is not None:
-                    tok = forced
+                if forced is not None and forced != tok:
+                    tok, toks[i], forced_any = forced, forced, True
                 s.controller.observe(tok)
             s.history.append(tok)
-            nxt[i] = tok
             out[s.key] = tok
             if tok in (self.stop if s.stops is None else s.stops):
                 s.ended = "stop"
             elif not s.remaining():
                 s.ended = "length"
-        self.feed = nxt
+        self.feed = torch.tensor(toks, dtype=nxt.dtype) if forced_any else nxt
         return out
 
     def _mask_early_stops(self, logits):
