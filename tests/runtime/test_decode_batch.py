@@ -152,3 +152,38 @@ def test_repack_right_aligns_rows_and_drops_shared_padding(lm):
     assert torch.equal(out.layers[kv].k[1, :, 3:6], b.layers[kv].k[0, :, :3])
     m = next(i for i, c in enumerate(cfg.pattern) if c == "M")
     assert torch.equal(out.layers[m].ssm[0], a.layers[m].ssm[0]) and torch.equal(out.layers[m].conv[1], b.layers[m].conv[0])
+
+
+class _ForceAt:
+    """A controller (the reasoning budget's interface) that forces token `tok` as the row's `at`-th new token."""
+
+    def __init__(self, at: int, tok: int):
+        self.at, self.tok, self.seen = at, tok, []
+
+    def next_forced(self, history):
+        return self.tok if len(history) == self.at else None
+
+    def observe(self, token_id):
+        self.seen.append(token_id)
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_a_forced_token_is_what_the_row_is_fed_next(lm, decode):
+    """A token forced by a controller (the reasoning budget closing the think block) is reported, recorded and fed
+    to the model at the next step, so the row continues exactly as a run whose prompt ended with that token; the
+    other row of the batch is untouched."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randint(3, 128, (7,), generator=g), torch.randint(3, 128, (7,), generator=g)
+    free = single(lm, a, 3, decode)
+    forced = next(t for t in range(3, 128) if t != free[2])  # differs from what the model would pick
+    control = _ForceAt(2, forced)
+    batch = DecodeBatch(lm, decode=decode)
+    batch.join(["a", "b"], [8, 8], input_ids=torch.stack([a, b]), controllers=[control, None])
+    got = {"a": [], "b": []}
+    while (out := batch.step()) is not None:
+        for k, tok in out.items():
+            got[k].append(tok)
+    assert got["a"][:3] == free[:2] + [forced] and control.seen == got["a"]
+    resumed = torch.cat([a, torch.tensor(got["a"][:3])])
+    assert got["a"][3:] == single(lm, resumed, 5, decode)
+    assert got["b"] == single(lm, b, 8, decode)

@@ -264,7 +264,8 @@ static void nvfp4_rows_bf16(const uint16_t* x, const uint16_t* xp, int K, const 
       const __m512i ilo = _mm512_ternarylogic_epi32(w16, low4, blk, 0xEA);  // (w & 0x0F) | blk
       const __m512i ihi = _mm512_or_si512(_mm512_srli_epi16(w16, 4), blk);
       // table row s starts at byte 32 * s; one byte load and one shift per block (fewer scalar operations than
-      // one 4-byte load split by shifts and masks: 3-7% faster on a Zen 5 core, same bits)
+      // one 4-byte load split by shifts and masks: 5-8% faster where the loop is compute-bound, 2% slower on one
+      // thread reading from memory, on a Zen 5 core; same bits; docs/quant_cpu_kernels.md)
       const uint8_t* s = sr + g * 4;
       auto row = [&](int j) { return _mm256_load_si256((const __m256i*)((const char*)tab + ((size_t)s[j] << 5))); };
       const __m512i ta = _mm512_inserti64x4(_mm512_castsi256_si512(row(0)), row(1), 1);
