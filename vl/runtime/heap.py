@@ -55,12 +55,20 @@ TRIM_THRESHOLD = 1 << 30
 
 
 @functools.cache
+def libc():
+    """The process's C library through ctypes, loaded once for the memory passes (this file's malloc calls,
+    vl/runtime/hugepages.py's `madvise`); None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+@functools.cache
 def _glibc(name: str, argtypes: tuple):
     """A glibc malloc function (`malloc_trim`, `mallopt`), or None where the C library has no such function."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = getattr(libc, name)
-    except (OSError, AttributeError):
+    fn = getattr(libc(), name, None)
+    if fn is None:
         return None
     fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
     return fn

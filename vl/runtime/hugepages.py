@@ -22,7 +22,6 @@ loader's memory-mapped embedding tables) is never advised. `VL_HUGEPAGES=0` turn
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import weakref
@@ -30,7 +29,7 @@ import weakref
 import torch
 from torch import nn
 
-from vl.runtime.heap import linux_switch
+from vl.runtime.heap import libc, linux_switch
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
 @functools.cache
 def _libc():
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib = libc()  # one load of the C library for the memory passes (vl/runtime/heap.py)
     lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.madvise.restype = ctypes.c_int
     return lib
