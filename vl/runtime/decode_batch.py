@@ -182,7 +182,7 @@ class DecodeBatch:
         logits = self._mask_early_stops(logits)
         nxt = sample(logits, self.params, None, self.gen).cpu()
         toks = nxt.tolist()  # one conversion, not one tensor index per row
-        out, forced_any = {}, False
+        out = {}
         for i, s in enumerate(self.seqs):
             if s.ended is not None:  # a masked row (fixed-shape batches only): fed, never reported
                 continue
@@ -190,7 +190,7 @@ class DecodeBatch:
             if s.controller is not None:
                 forced = s.controller.next_forced(s.history)
                 if forced is not None and forced != tok:
-                    tok, toks[i], forced_any = forced, forced, True
+                    tok = nxt[i] = forced  # the forced token is what the row is fed next
                 s.controller.observe(tok)
             s.history.append(tok)
             out[s.key] = tok
@@ -198,7 +198,7 @@ class DecodeBatch:
                 s.ended = "stop"
             elif not s.remaining():
                 s.ended = "length"
-        self.feed = torch.tensor(toks, dtype=nxt.dtype) if forced_any else nxt
+        self.feed = nxt
         return out
 
     def _mask_early_stops(self, logits):
