@@ -17,7 +17,7 @@ import torch
 
 from vl.config import bench_180m_lm
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.quant import cpu_gemv
+from vl import native
 from vl.quant.bench import quantized_copy
 from vl.runtime import cpu_decode
 from vl.runtime.cache import HybridCache
@@ -29,8 +29,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args()
     torch.set_num_threads(1)
-    flags = cpu_gemv._flags
-    cpu_gemv._flags = lambda portable: [f"-{args.opt}"] + flags(portable)[1:]
+    flags = native._flags
+    native._flags = lambda portable: [f"-{args.opt}"] + flags(portable)[1:]
     cpu_decode._load.cache_clear()
     lib = cpu_decode.library()
     if lib is None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vl import cpu_gemm
+from vl import cpu_gemm, native
 from vl.quant import cpu_gemv
 from vl.quant.fp8 import quantize_fp8_blockwise, quantize_fp8_per_channel, quantize_fp8_per_tensor
 from vl.quant.linear import resident_weight_bytes, swap_quantized_linears
@@ -29,7 +29,7 @@ def kernels(tmp_path_factory):
         mp.setenv("VL_KERNEL_CACHE", str(cache))
         for name, portable in (("native", False), ("portable", True)):
             try:
-                out[name] = cpu_gemv.Kernel(cpu_gemv.build(portable=portable))
+                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, portable=portable))
             except Exception as e:  # noqa: BLE001
                 pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
     return out

@@ -1,8 +1,9 @@
 """Fast-path selection for the Mamba-2 mixer (in the manner of nanochat's `flash_attention.py`).
 
-One API, two implementations: the pure-PyTorch reference (`ssd_ref`, the CPU default and the test oracle)
-and the mamba-ssm / causal-conv1d CUDA kernels, used only on CUDA tensors when those packages import.
-Tests force either with `override("ref" | "fast")`.
+One API over the implementations: the pure-PyTorch reference (`ssd_ref`, the test oracle, and what runs whenever
+an autograd graph is recorded), the C++ chunked scan for CPU prefill (`ssd_cpu`, the CPU default without
+autograd), and the mamba-ssm / causal-conv1d CUDA kernels, used only on CUDA tensors when those packages import.
+Tests force the reference or the CUDA kernels with `override("ref" | "fast")`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import logging
 
 import torch
 
-from vl.modeling import ssd_ref
+from vl.modeling import ssd_cpu, ssd_ref
 
 log = logging.getLogger(__name__)
 _override: str | None = None
 # The chunked scan is exact for any chunk length; the config's `chunk_size` is the kernels' tiling. On the
-# reference path shorter chunks are cheaper (the within-chunk work grows with the chunk length, the carried
-# state does not): 32 measured fastest on CPU at 2k tokens (vl bench / notes in the README).
+# CPU paths shorter chunks are cheaper (the within-chunk work grows with the chunk length, the carried state's does
+# not): 32 measured fastest at 2k tokens for the reference (vl bench) and, with 16 about as fast, for the C++ scan
+# (docs/benchmarks.md, "SSD scan in C++").
 REF_CHUNK = 32
 
 
@@ -137,7 +139,17 @@ def ssd_scan(x, dt, A, B, C, chunk_size, initial_state=None):
             initial_states=initial_state, return_final_states=True,
         )
         return y.float(), final.float()
-    return ssd_ref.ssd_chunked(x, dt, A, B, C, min(chunk_size, REF_CHUNK), initial_state)
+    chunk = min(chunk_size, REF_CHUNK)
+    if _override != "ref" and _no_graph(x, dt, A, B, C, initial_state) and ssd_cpu.applies(x, B, C):
+        lib = ssd_cpu.library()
+        if lib is not None:
+            return ssd_cpu.ssd_chunked(x, dt, A, B, C, chunk, initial_state, lib)
+    return ssd_ref.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
+
+
+def _no_graph(*tensors) -> bool:
+    """No autograd graph is recorded through these tensors (the C++ scan has no backward)."""
+    return not torch.is_grad_enabled() or not any(v is not None and v.requires_grad for v in tensors)
 
 
 def ssd_step(state, x, dt, A, B, C):

@@ -8,9 +8,8 @@ activations are bf16, as the reference's `dequantized_weight(bf16)` is); only th
 additions differs. torch 2.14's CPU offers no usable alternative (docs/quant_cpu_kernels.md).
 
 The kernel is plain C++ with no torch headers, so it compiles in ~2 s: at first use (`vl.load_pretrained`
-of a quantized checkpoint triggers it) it is built with the system's C++ compiler into a persistent cache
-(`$VL_KERNEL_CACHE`, default `~/.cache/vl/kernels`), keyed by the source, flags, compiler and CPU, and loaded
-with ctypes. Where it cannot be built or loaded, one log line says why and the reference path runs.
+of a quantized checkpoint triggers it) it is built into the per-CPU cache of vl/native.py and loaded with
+ctypes. Where it cannot be built or loaded, one log line says why and the reference path runs.
 `VL_QUANT_KERNEL` = auto (default) | portable (the plain C++ path, no AVX512 intrinsics) | off (reference).
 Same pattern as nanochat `flash_attention.py`: one API, the fast or the reference path at run time, tests
 can force either.
@@ -20,17 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from vl.native import build
 from vl.quant.fp8 import dequantize_fp8
 from vl.quant.nvfp4 import dequantize_nvfp4
 
@@ -40,77 +36,6 @@ SOURCE = Path(__file__).with_name("kernels") / "quant_gemv.cpp"
 MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
 KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
 SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
-BUILD_TIMEOUT_S = 120
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("VL_KERNEL_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "vl" / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-
-
-def _flags(portable: bool) -> list[str]:
-    # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine. -O3, not
-    # -O2: at -O2 g++ 12 keeps the row kernels' per-row accumulator arrays (acc[M][...]) in memory for M > 1, and
-    # batched decode ran 1.5-2.2x slower (docs/cpu_decode.md, "Build time").
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-    return flags + (["-DVL_PORTABLE"] if portable else [])
-
-
-def _source_text(source: Path) -> str:
-    """The source and, recursively, the package files it includes with `#include "..."` (part of the cache key)."""
-    text = source.read_text()
-    parts = [text]
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith('#include "'):
-            parts.append(_source_text(source.with_name(line.split('"')[1])))
-    return "\0".join(parts)
-
-
-def build(portable: bool = False, source: Path = SOURCE) -> Path:
-    """Compile a kernel source (this module's, or another plain C++ kernel of the package such as
-    `kernels/decode_step.cpp`) into the cache (or find it there); -> path of the shared library. Raises on failure."""
-    cxx = _compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable)), version, _cpu_flags(),
-                                    platform.machine()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
-    os.close(fd)
-    try:
-        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(source)], capture_output=True, text=True,
-                           timeout=BUILD_TIMEOUT_S)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
-
-
 class Kernel:
     """The loaded library: `fp8(...)` and `nvfp4(...)` on float32 rows."""
 
@@ -201,7 +126,7 @@ def _load(mode: str) -> tuple[Kernel | None, str]:
     if platform.system() != "Linux" and mode == "auto":  # the build flags and loader are tested on Linux only
         return None, f"fused CPU kernel is built on Linux only (this is {platform.system()})"
     try:
-        return Kernel(build(portable=mode == "portable")), "ok"
+        return Kernel(build(SOURCE, portable=mode == "portable")), "ok"
     except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference path, say why
         return None, f"{type(e).__name__}: {e}"
 

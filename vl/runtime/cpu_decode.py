@@ -11,7 +11,7 @@ the two (tests/runtime/test_cpu_decode.py).
 One API, the fast or the reference path at run time (nanochat `flash_attention.py`): `step_fn(lm)` returns the
 fused step where it applies and None otherwise, saying why once in the log. `VL_CPU_DECODE` = auto (default) |
 portable (the plain C++ loops, no AVX512 intrinsics) | off (the modules); tests force a mode with `override`.
-The library is built by `vl/quant/cpu_gemv.py`'s compile cache (g++ -O3 at first use, ~4 s, then loaded from
+The library is built by the compile cache of vl/native.py (g++ -O3 at first use, ~4 s, then loaded from
 `$VL_KERNEL_CACHE`).
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vl import native
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant import cpu_gemv
 from vl.quant.linear import QuantizedLinear
@@ -100,7 +101,7 @@ def _load(mode: str) -> tuple[Library | None, str]:
     if platform.system() != "Linux":
         return None, f"the fused decode step is built on Linux only (this is {platform.system()})"
     try:
-        lib = Library(cpu_gemv.build(portable=mode == "portable", source=SOURCE))
+        lib = Library(native.build(SOURCE, portable=mode == "portable"))
     except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the modules, say why
         return None, f"{type(e).__name__}: {e}"
     if mode == "auto" and lib.isa != "avx512":  # the portable loops lose to torch's GEMV: keep the modules

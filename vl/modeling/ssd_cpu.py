@@ -1,0 +1,118 @@
+"""The chunked SSD scan on the CPU in C++ (`ssd_scan.cpp`): the prefill's fast path, `ssd_ref.ssd_chunked` its twin.
+
+The reference scan spends most of its time around the arithmetic: two small batched products per 32-token chunk
+in a sequential loop, float32 copies of x, B and C in two layouts, full-size decay tensors. The C++ scan does the
+same operations chunk by chunk with each group's state in cache, split over (batch row, group) across the OpenMP
+threads torch uses. Numbers: the same as the reference up to the order of float32 additions (tests/modeling/
+test_ssd_cpu.py); speed: docs/benchmarks.md, "SSD scan in C++".
+
+It runs where `vl.modeling.kernels.ssd_scan` sends it: CPU tensors in bfloat16 or float32 with no autograd graph
+being recorded. `VL_SSD_KERNEL` = auto (default: the AVX512 build, else the reference) | portable (the plain C++
+loops, any CPU) | off (the reference). Built at first use by the compile cache of vl/native.py (~3 s); where it
+cannot be built, one log line says why and the reference runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from vl import native
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ssd_scan.cpp")
+DTYPES = (torch.bfloat16, torch.float32)
+_i, _l, _p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+
+
+class Library:
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        lib.vl_ssd_scan.argtypes = [_i] * 8 + [_p, _l, _l, _l, _p, _l, _l, _l, _p, _p, _p, _l, _l, _l, _p, _p, _p, _i]
+        lib.vl_ssd_scan.restype = None
+        lib.vl_ssd_isa.restype = _i
+        self.lib, self.path = lib, path
+        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_ssd_isa(), "unknown")
+
+
+def _mode() -> str:
+    mode = os.environ.get("VL_SSD_KERNEL", "auto").strip().lower() or "auto"
+    return mode if mode in ("auto", "portable", "off") else "auto"
+
+
+@functools.cache
+def _load(mode: str) -> tuple[Library | None, str]:
+    if mode == "off":
+        return None, "VL_SSD_KERNEL=off"
+    if platform.system() != "Linux":
+        return None, f"the C++ scan is built on Linux only (this is {platform.system()})"
+    try:
+        lib = Library(native.build(SOURCE, portable=mode == "portable"))
+    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference, say why
+        return None, f"{type(e).__name__}: {e}"
+    if mode == "auto" and lib.isa != "avx512":  # measured only against AVX512 builds: keep the reference elsewhere
+        return None, "this CPU lacks AVX512 (VL_SSD_KERNEL=portable forces the plain C++ loops)"
+    return lib, "ok"
+
+
+def library() -> Library | None:
+    lib, why = _load(_mode())
+    if lib is None:
+        _say_once(why)
+    return lib
+
+
+@functools.cache
+def _say_once(why: str) -> None:
+    log.info("vl.modeling: the CPU prefill's SSD scan runs the torch reference (%s)", why)
+
+
+def status() -> str:
+    """One line for logs and `vl bench`: which scan a CPU prefill uses here."""
+    lib, why = _load(_mode())
+    return f"C++ {lib.isa} scan ({lib.path.name})" if lib is not None else f"torch reference ({why})"
+
+
+def applies(x: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> bool:
+    """Whether these inputs can take the C++ scan (the caller checks autograd): CPU, bfloat16 or float32 alike."""
+    return (x.device.type == "cpu" and x.dtype in DTYPES and B.dtype == x.dtype and C.dtype == x.dtype
+            and x.shape[1] > 0)
+
+
+def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, lib: Library | None = None):
+    """`ssd_ref.ssd_chunked` in C++: the same arguments and results (y float32 (b, t, h, p) without the D skip, the
+    final state float32 (b, h, p, n)). x, B and C may be strided views (the projection's output split), each with
+    its last dimension contiguous; anything else is copied once here."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError(f"the C++ SSD scan is unavailable: {status()}")
+    b, t, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    if h % g or C.shape != B.shape or B.shape[:2] != (b, t) or dt.shape != (b, t, h) or A.shape != (h,):
+        raise ValueError(f"SSD scan shapes do not agree: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, "
+                         f"B {tuple(B.shape)}, C {tuple(C.shape)}")
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    if B.stride(3) != 1 or C.stride() != B.stride():
+        B, C = B.contiguous(), C.contiguous()
+    dt = dt.float()
+    A = A.float().contiguous()
+    init = None
+    if initial_state is not None:
+        init = initial_state.float().contiguous()
+        if init.shape != (b, h, p, n):
+            raise ValueError(f"initial state {tuple(init.shape)} for x {tuple(x.shape)} and state size {n}")
+    y = torch.empty(b, t, h, p, dtype=torch.float32)
+    final = torch.empty(b, h, p, n, dtype=torch.float32)
+    lib.lib.vl_ssd_scan(b, t, h, p, g, n, int(chunk_size), int(x.dtype == torch.bfloat16),
+                        x.data_ptr(), *x.stride()[:3], dt.data_ptr(), *dt.stride(), A.data_ptr(),
+                        B.data_ptr(), C.data_ptr(), *B.stride()[:3], None if init is None else init.data_ptr(),
+                        y.data_ptr(), final.data_ptr(), torch.get_num_threads())
+    return y, final

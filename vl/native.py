@@ -1,0 +1,89 @@
+"""The package's plain C++ kernels, compiled at first use into a per-CPU cache and loaded with ctypes.
+
+The kernels (vl/quant/kernels/quant_gemv.cpp and decode_step.cpp: weight-only GEMV and the fused CPU decode step;
+vl/modeling/ssd_scan.cpp: the CPU prefill's SSD scan) include no torch headers, so each compiles in a few seconds
+with the system's C++ compiler. The result is cached in `$VL_KERNEL_CACHE` (default `~/.cache/vl/kernels`) under a
+key of the source (with the package files it includes), the flags, the compiler's version and the CPU's flags, so a
+library is never loaded on a machine it was not built for. The modules that load a kernel decide what to do when
+the build fails (each logs why once and runs its torch reference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+BUILD_TIMEOUT_S = 120
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("VL_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vl" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def _flags(portable: bool) -> list[str]:
+    # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine. -O3, not
+    # -O2: at -O2 g++ 12 keeps the row kernels' per-row accumulator arrays (acc[M][...]) in memory for M > 1, and
+    # batched decode ran 1.5-2.2x slower (docs/cpu_decode.md, "Build time").
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+    return flags + (["-DVL_PORTABLE"] if portable else [])
+
+
+def _source_text(source: Path) -> str:
+    """The source and, recursively, the package files it includes with `#include "..."` (part of the cache key)."""
+    text = source.read_text()
+    parts = [text]
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith('#include "'):
+            parts.append(_source_text(source.with_name(line.split('"')[1])))
+    return "\0".join(parts)
+
+
+def build(source: Path, portable: bool = False) -> Path:
+    """Compile one of the package's kernel sources into the cache (or find it there); -> path of the shared
+    library. `portable`: the plain C++ loops (-DVL_PORTABLE) instead of the AVX512 ones. Raises on failure."""
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable)), version, _cpu_flags(),
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
+    os.close(fd)
+    try:
+        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(source)], capture_output=True, text=True,
+                           timeout=BUILD_TIMEOUT_S)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
