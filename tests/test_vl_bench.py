@@ -24,7 +24,9 @@ def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):
                  str(out)]) == 0
     metrics = {r.get("metric") for r in json.loads(out.read_text())}
     assert {"decode tok/s after 64", "decode tok/s after 64 (modules)"} <= metrics
-    assert "eager decode (the default): " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "eager decode (the default): " in printed
+    assert "prefill SSD scan: " in printed  # which scan the prefill rows ran (C++ or the reference)
 
 
 def test_a_missing_work_dir_is_made(tmp_path):

@@ -202,3 +202,18 @@ def test_a_chunked_prefill_through_the_scan_matches_the_reference(lib, dtype):
     assert (got - want).abs().max().item() <= tol * scale
     for s, w in zip(states, want_states):
         assert (s - w).abs().max().item() <= tol * max(w.abs().max().item(), 1.0)
+
+
+def test_loading_a_cpu_model_builds_the_scan_before_the_first_prefill(monkeypatch, tmp_path):
+    """`runtime_passes` (what `vl.load_pretrained` ends with) builds the C++ scan for a CPU model with Mamba layers,
+    so the first request does not wait for the compiler."""
+    from vl.runtime.pretrained import runtime_passes
+
+    monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path))
+    cfg = LMConfig(vocab_size=64, hidden_size=32, pattern="M-", num_attention_heads=2, num_key_value_heads=1,
+                   head_dim=16, intermediate_size=32, mamba_num_heads=4, mamba_head_dim=8, n_groups=1,
+                   ssm_state_size=16, chunk_size=16)
+    with _mode(monkeypatch, "portable"):
+        assert ssd_cpu._load.cache_info().currsize == 0
+        runtime_passes(NemotronHForCausalLM(cfg).eval())
+        assert ssd_cpu._load.cache_info().currsize == 1 and list(tmp_path.glob("ssd_scan-portable-*.so"))

@@ -93,7 +93,7 @@ def causal_conv(x, weight, bias, conv_state=None):
         conv_state.copy_(torch.cat([hist, x[:, -(k - 1):]], dim=1)[:, -(k - 1):].transpose(1, 2))
     # (k, c): each tap's weights contiguous, so the products vectorize (4x faster than strided columns)
     taps, bias_x = weight.t().contiguous(), None if bias is None else bias.to(x.dtype)
-    if not (torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in (x, weight, bias))):
+    if _no_graph(x, weight, bias):
         return _conv_in_place(x, taps, bias_x, hist)
     out = _shifted_conv(x, taps, bias_x)
     if hist is not None:  # the first k-1 outputs again, over the real history instead of zeros
