@@ -8,8 +8,9 @@ test_ssd_cpu.py); speed: docs/benchmarks.md, "SSD scan in C++".
 
 It runs where `vl.modeling.kernels.ssd_scan` sends it: CPU tensors in bfloat16 or float32 with no autograd graph
 being recorded. `VL_SSD_KERNEL` = auto (default: the AVX512 build, else the reference) | portable (the plain C++
-loops, any CPU) | off (the reference). Built at first use by the compile cache of vl/native.py (~3 s); where it
-cannot be built, one log line says why and the reference runs.
+loops, any CPU) | off (the reference). Built by the compile cache of vl/native.py (~3 s, once per machine) when a
+CPU model with Mamba layers is loaded (`runtime_passes`), or at first use; where it cannot be built, one log line
+says why and the reference runs.
 """
 
 from __future__ import annotations
