@@ -4,8 +4,9 @@ The kernels (vl/quant/kernels/quant_gemv.cpp and decode_step.cpp: weight-only GE
 vl/modeling/ssd_scan.cpp: the CPU prefill's SSD scan) include no torch headers, so each compiles in a few seconds
 with the system's C++ compiler. The result is cached in `$VL_KERNEL_CACHE` (default `~/.cache/vl/kernels`) under a
 key of the source (with the package files it includes), the flags, the compiler's version and the CPU's flags, so a
-library is never loaded on a machine it was not built for. The modules that load a kernel decide what to do when
-the build fails (each logs why once and runs its torch reference).
+library is never loaded on a machine it was not built for. `load` is the one way a module gets its kernel: a mode
+(auto | portable | off, from the module's environment variable) in, the library or the reason there is none out;
+the module logs the reason once and runs its torch reference.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 BUILD_TIMEOUT_S = 120
+MODES = ("auto", "portable", "off")
 
 
 def _cache_dir() -> Path:
@@ -58,7 +61,7 @@ def _source_text(source: Path) -> str:
     for line in text.splitlines():
         line = line.strip()
         if line.startswith('#include "'):
-            parts.append(_source_text(source.with_name(line.split('"')[1])))
+            parts.append(_source_text(source.parent / line.split('"')[1]))
     return "\0".join(parts)
 
 
@@ -87,3 +90,29 @@ def build(source: Path, portable: bool = False) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def mode(var: str) -> str:
+    """A kernel's mode from its environment variable: auto (the default), portable (the plain C++ loops) or off;
+    anything else reads as auto."""
+    got = os.environ.get(var, "auto").strip().lower() or "auto"
+    return got if got in MODES else "auto"
+
+
+def load(source: Path, mode: str, var: str, what: str, wrap: Callable[[Path], object], *,
+         linux_only_in_auto: bool = False, avx512_in_auto: bool = True) -> tuple[object | None, str]:
+    """Build (or find) `source` for `mode` and wrap the library (`wrap(path)`, which has an `isa` attribute) ->
+    (library, "ok") or (None, why). `var` names the mode's environment variable and `what` the kernel, in the
+    reasons. Not on Linux: none (in auto mode only, with `linux_only_in_auto`). `avx512_in_auto`: in auto mode a
+    build without AVX512 is not used (its plain loops were not measured faster than torch there)."""
+    if mode == "off":
+        return None, f"{var}=off"
+    if platform.system() != "Linux" and (mode == "auto" or not linux_only_in_auto):  # built and tested on Linux only
+        return None, f"{what} is built on Linux only (this is {platform.system()})"
+    try:
+        lib = wrap(build(source, portable=mode == "portable"))
+    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference, say why
+        return None, f"{type(e).__name__}: {e}"
+    if avx512_in_auto and mode == "auto" and getattr(lib, "isa", None) != "avx512":
+        return None, f"this CPU lacks AVX512 ({var}=portable forces the plain C++ loops)"
+    return lib, "ok"

@@ -59,10 +59,14 @@ def timed_source(tmp: Path) -> Path:
         if anchor not in text:
             raise SystemExit(f"decode_step.cpp changed: cannot place a counter at {anchor[:60]!r}")
         text = text.replace(anchor, new, 1)
+    kernels = tmp / "quant" / "kernels"  # the package's layout, for the relative includes
+    (tmp / "modeling").mkdir(parents=True, exist_ok=True)
+    kernels.mkdir(parents=True, exist_ok=True)
     for f in KERNELS.glob("*.cpp"):
-        shutil.copy(f, tmp / f.name)
-    (tmp / "decode_step.cpp").write_text(text)
-    return tmp / "decode_step.cpp"
+        shutil.copy(f, kernels / f.name)
+    shutil.copy(KERNELS.parent.parent / "modeling" / "simd_exp.h", tmp / "modeling" / "simd_exp.h")
+    (kernels / "decode_step.cpp").write_text(text)
+    return kernels / "decode_step.cpp"
 
 
 def main():

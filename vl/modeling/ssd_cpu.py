@@ -18,8 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import platform
 from pathlib import Path
 
 import torch
@@ -43,28 +41,13 @@ class Library:
         self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_ssd_isa(), "unknown")
 
 
-def _mode() -> str:
-    mode = os.environ.get("VL_SSD_KERNEL", "auto").strip().lower() or "auto"
-    return mode if mode in ("auto", "portable", "off") else "auto"
-
-
 @functools.cache
 def _load(mode: str) -> tuple[Library | None, str]:
-    if mode == "off":
-        return None, "VL_SSD_KERNEL=off"
-    if platform.system() != "Linux":
-        return None, f"the C++ scan is built on Linux only (this is {platform.system()})"
-    try:
-        lib = Library(native.build(SOURCE, portable=mode == "portable"))
-    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference, say why
-        return None, f"{type(e).__name__}: {e}"
-    if mode == "auto" and lib.isa != "avx512":  # measured only against AVX512 builds: keep the reference elsewhere
-        return None, "this CPU lacks AVX512 (VL_SSD_KERNEL=portable forces the plain C++ loops)"
-    return lib, "ok"
+    return native.load(SOURCE, mode, "VL_SSD_KERNEL", "the C++ scan", Library)
 
 
 def library() -> Library | None:
-    lib, why = _load(_mode())
+    lib, why = _load(native.mode("VL_SSD_KERNEL"))
     if lib is None:
         _say_once(why)
     return lib
@@ -77,7 +60,7 @@ def _say_once(why: str) -> None:
 
 def status() -> str:
     """One line for logs and `vl bench`: which scan a CPU prefill uses here."""
-    lib, why = _load(_mode())
+    lib, why = _load(native.mode("VL_SSD_KERNEL"))
     return f"C++ {lib.isa} scan ({lib.path.name})" if lib is not None else f"torch reference ({why})"
 
 

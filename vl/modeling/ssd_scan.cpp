@@ -24,6 +24,8 @@
 #if defined(__AVX512F__) && !defined(VL_PORTABLE)
 #define VL_AVX512 1
 #include <immintrin.h>
+
+#include "simd_exp.h"  // vl_exp16
 #endif
 
 namespace {
@@ -53,24 +55,6 @@ inline void load_row(const void* src, int bf16, int n, float* dst) {
 
 #ifdef VL_AVX512
 inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << std::max(n, 0)) - 1); }
-
-// exp over 16 lanes: exp(x) = 2^k exp(f), x = k ln2 + f, |f| <= ln2/2 (ln2 in two parts), exp(f) by its degree-7
-// minimax polynomial (Cephes expf's coefficients), 2^k applied by vscalefps. Within ~1 ulp of expf on [-80, 0], the
-// range the clamped decay exponents take.
-inline __m512 exp16(__m512 x) {
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  f = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), f);
-  __m512 q = _mm512_set1_ps(1.9875691500e-4f);
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.3981999507e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(8.3334519073e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(4.1665795894e-2f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.6666665459e-1f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.0000001201e-1f));
-  q = _mm512_fmadd_ps(_mm512_mul_ps(q, f), f, f);
-  return _mm512_scalef_ps(_mm512_add_ps(q, _mm512_set1_ps(1.0f)), k);
-}
 
 // R rows x NV vectors of 16 columns (the last NV-th masked by `last`) of Y (+ init) = A @ Bm, A[i][k] at
 // A[i * lda + k * aks]. The loops over R and NV are unrolled so the accumulators stay in registers (without the
@@ -164,7 +148,7 @@ void decayed_scores(const float* acs, const float* sc, int Lk, int L, float* M) 
     for (; j <= i; j += 16) {
       const __mmask16 m = lanes(i + 1 - j);
       const __m512 d = _mm512_max_ps(_mm512_sub_ps(ai, _mm512_maskz_loadu_ps(m, acs + j)), _mm512_set1_ps(-80.f));
-      _mm512_mask_storeu_ps(M + (size_t)i * L + j, m, _mm512_mul_ps(exp16(d), _mm512_maskz_loadu_ps(m, sc + (size_t)i * L + j)));
+      _mm512_mask_storeu_ps(M + (size_t)i * L + j, m, _mm512_mul_ps(vl_exp16(d), _mm512_maskz_loadu_ps(m, sc + (size_t)i * L + j)));
     }
     j = i + 1;
 #else

@@ -20,13 +20,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
-import platform
 from pathlib import Path
 
 import torch
 
-from vl.native import build
+from vl import native
 from vl.quant.fp8 import dequantize_fp8
 from vl.quant.nvfp4 import dequantize_nvfp4
 
@@ -115,20 +113,13 @@ class Kernel:
 
 
 def _mode() -> str:
-    mode = os.environ.get("VL_QUANT_KERNEL", "auto").strip().lower() or "auto"
-    return mode if mode in ("auto", "portable", "off") else "auto"
+    return native.mode("VL_QUANT_KERNEL")
 
 
 @functools.cache
 def _load(mode: str) -> tuple[Kernel | None, str]:
-    if mode == "off":
-        return None, "VL_QUANT_KERNEL=off"
-    if platform.system() != "Linux" and mode == "auto":  # the build flags and loader are tested on Linux only
-        return None, f"fused CPU kernel is built on Linux only (this is {platform.system()})"
-    try:
-        return Kernel(build(SOURCE, portable=mode == "portable")), "ok"
-    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the reference path, say why
-        return None, f"{type(e).__name__}: {e}"
+    return native.load(SOURCE, mode, "VL_QUANT_KERNEL", "the fused CPU kernel", Kernel, linux_only_in_auto=True,
+                       avx512_in_auto=False)
 
 
 def kernel() -> Kernel | None:

@@ -23,8 +23,6 @@ import functools
 import logging
 import math
 import operator
-import os
-import platform
 from pathlib import Path
 
 import torch
@@ -67,8 +65,7 @@ class _Model(ctypes.Structure):  # mirrors `struct VlModel`
 def _mode() -> str:
     if _override is not None:
         return _override
-    mode = os.environ.get("VL_CPU_DECODE", "auto").strip().lower() or "auto"
-    return mode if mode in ("auto", "portable", "off") else "auto"
+    return native.mode("VL_CPU_DECODE")
 
 
 @contextlib.contextmanager
@@ -96,17 +93,8 @@ class Library:
 
 @functools.cache
 def _load(mode: str) -> tuple[Library | None, str]:
-    if mode == "off":
-        return None, "VL_CPU_DECODE=off"
-    if platform.system() != "Linux":
-        return None, f"the fused decode step is built on Linux only (this is {platform.system()})"
-    try:
-        lib = Library(native.build(SOURCE, portable=mode == "portable"))
-    except Exception as e:  # noqa: BLE001 -- any build/load failure means: run the modules, say why
-        return None, f"{type(e).__name__}: {e}"
-    if mode == "auto" and lib.isa != "avx512":  # the portable loops lose to torch's GEMV: keep the modules
-        return None, "this CPU lacks AVX512 (VL_CPU_DECODE=portable forces the plain C++ loops)"
-    return lib, "ok"
+    # auto keeps the modules without AVX512: the portable loops lose to torch's GEMV
+    return native.load(SOURCE, mode, "VL_CPU_DECODE", "the fused decode step", Library)
 
 
 def library() -> Library | None:
