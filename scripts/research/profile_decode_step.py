@@ -2,7 +2,7 @@
 
 Builds a timed copy of `vl/quant/kernels/decode_step.cpp` (wall-clock counters around every weight product, each
 layer kind and the Mamba-2 conv / state / gated-norm parts) in a temporary directory, then decodes 32 tokens
-after a 128-token prompt with the 180m `vl bench` config in bf16 and as weight-only FP8 / NVFP4 copies, 1 thread,
+after a 128-token prompt with the 180m `vl bench` config in bf16 and as weight-only FP8 / NVFP4 copies, 1 thread (`--threads`),
 and prints ms per token for each part and for the Python side (wall time per token minus the C++ step).
 The product's library is untouched; the counters cost ~1 us per step.
 
@@ -41,8 +41,8 @@ EDITS = [  # (anchor, replacement): counters PROF[0..2] GEMV by format, [3..5] l
     ('      mlp_layer(*m, L, B, h.data(), nthreads);\n  }',
      '      mlp_layer(*m, L, B, h.data(), nthreads);\n    PROF[3 + L.kind] += now_s() - t0;\n  }'),
     ('  h.resize((size_t)B * m->D);\n', '  double T0 = now_s();\n  h.resize((size_t)B * m->D);\n'),
-    ('  round_n(logits, (size_t)B * m->vocab, rnd.bf16);\n}',
-     '  round_n(logits, (size_t)B * m->vocab, rnd.bf16);\n  PROF[6] += now_s() - T0; PROF[7] += 1;\n}'),
+    ('  round_n(logits, (size_t)B * m->vocab, rnd.bf16);\n  return 0;',
+     '  round_n(logits, (size_t)B * m->vocab, rnd.bf16);\n  PROF[6] += now_s() - T0; PROF[7] += 1;\n  return 0;'),
     ('  for (int b = 0; b < B; ++b) {\n    float* z = zx.data()',
      '  double tc = now_s();\n  for (int b = 0; b < B; ++b) {\n    float* z = zx.data()'),
     ('    const float* xs = xbc;', '    PROF[8] += now_s() - tc; tc = now_s();\n    const float* xs = xbc;'),
@@ -73,8 +73,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="180m", choices=sorted(CONFIGS))
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         cpu_decode.SOURCE = timed_source(Path(tmp))
         cpu_decode._load.cache_clear()
@@ -89,7 +90,7 @@ def main():
         models = {"bf16": ours, **{f: quantized_copy(ours, f, calib) for f in ("fp8", "nvfp4")}}
         ids = torch.randint(3, cfg.vocab_size, (1, 128), generator=torch.Generator().manual_seed(2))
         buf = (ctypes.c_double * 12)()
-        print(f"{args.config}, 1 thread, {args.tokens} tokens after 128, ms per token ({time.strftime('%F %T %Z')})")
+        print(f"{args.config}, {args.threads} thread(s), {args.tokens} tokens after 128, ms per token ({time.strftime('%F %T %Z')})")
         print("model   tok/s   step  python | GEMV dense  fp8  nvfp4 | other C++: conv  state  gnorm  rest")
         for name, m in models.items():
             read(buf)

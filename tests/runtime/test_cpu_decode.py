@@ -175,13 +175,61 @@ def test_changed_weights_are_seen(lib):
 
 
 def test_an_id_outside_the_vocabulary_is_never_read(lib):
+    """The kernel checks every row's id before anything else: a bad id in any row leaves the whole cache (its
+    tensors and `valid`) as it was, and the caller runs the modules, which raise."""
     lm = model(odd_config(), torch.float32)
-    cache = HybridCache(lm.config, 1, 8)
+    cache = HybridCache(lm.config, 2, 8)
     with torch.no_grad():
-        lm(torch.randint(3, 301, (1, 4)), cache=cache)
-        for bad in (301, -1):
-            assert cpu_decode.run_step(lm, lib, torch.tensor([[bad]]), cache) is None  # the modules raise
+        lm(torch.randint(3, 301, (2, 4)), cache=cache)
+        cache.valid[:, 4] = False  # a column a reused cache may hold: the step would mark it
+        before = [t.clone() for t in cache.tensors()] + [cache.valid.clone()]
+        for bad in ([[301], [5]], [[5], [-1]]):
+            assert cpu_decode.run_step(lm, lib, torch.tensor(bad), cache) is None  # the modules raise
         assert cache.length == 4
+        assert all(torch.equal(a, b) for a, b in zip(before, [*cache.tensors(), cache.valid]))
+
+
+def test_the_step_marks_its_column_and_follows_replaced_cache_tensors(lib):
+    """The step writes `valid` at the new position itself (as `HybridCache.mark` does), and the cache pointers it
+    remembers per cache are re-read when a tensor of the cache is replaced."""
+    lm = model(odd_config(), torch.float32)
+    ids = torch.randint(3, 301, (1, 4))
+    caches = [HybridCache(lm.config, 1, 8) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            lm(ids, cache=c)
+            c.valid[:, 4:] = False
+        tok = torch.tensor([[7]])
+        want = lm(tok, cache=caches[0]).logits[:, -1]
+        got = cpu_decode.run_step(lm, lib, tok, caches[1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert caches[1].valid[0, :5].all() and not caches[1].valid[0, 5:].any()
+        for c in caches:  # the same states in new tensors
+            c.layers[0].ssm = c.layers[0].ssm.clone()
+            c.layers[1].k = c.layers[1].k.clone()
+        want = lm(tok, cache=caches[0]).logits[:, -1]
+        got = cpu_decode.run_step(lm, lib, tok, caches[1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for a, b in zip(caches[0].tensors(), caches[1].tensors()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_weights_changed_between_batches_are_seen(lib, monkeypatch):
+    """`step_fn` checks the weights once per batch (not per token): a change between two generations is used by
+    the second, through the fused step."""
+    lm = model(odd_config(), torch.float32, seed=3)
+    ids = torch.randint(3, 301, (1, 6))
+    calls = []
+    real = cpu_decode.run_step
+    monkeypatch.setattr(cpu_decode, "run_step", lambda *a: calls.append(1) or real(*a))
+    with cpu_decode.override(lib.isa if lib.isa == "portable" else "auto"):
+        first = generate_ids(lm, ids, max_new_tokens=6)
+        with torch.no_grad():
+            lm.lm_head.weight.mul_(-1.0)  # every greedy choice changes
+        second = generate_ids(lm, ids, max_new_tokens=6)
+    with cpu_decode.override("off"):
+        want = generate_ids(lm, ids, max_new_tokens=6)
+    assert len(calls) == 10 and torch.equal(second, want) and not torch.equal(first, second)
 
 
 def test_a_full_cache_raises_as_the_modules_do(lib):

@@ -60,16 +60,20 @@ class HybridCache:
     def mark(self, pos: int, t: int, mask):
         """Record which of the new positions [pos, pos+t) are real; return the key mask for attention
         over [0, pos+t), or None when nothing so far is padding."""
-        if pos + t > self.max_len:
-            raise ContextLengthError(
-                f"the cache holds {self.max_len} tokens but position {pos + t} was requested; "
-                f"allocate a larger cache (prompt + max_new_tokens)")
+        self.check_room(pos, t)
         if mask is not None:
             self.valid[:, pos:pos + t] = mask
             self.padded = self.padded or not bool(mask.all())
         else:
             self.valid[:, pos:pos + t] = True
         return self.valid[:, :pos + t] if self.padded else None
+
+    def check_room(self, pos: int, t: int) -> None:
+        """Raise ContextLengthError unless positions [pos, pos+t) fit in the cache."""
+        if pos + t > self.max_len:
+            raise ContextLengthError(
+                f"the cache holds {self.max_len} tokens but position {pos + t} was requested; "
+                f"allocate a larger cache (prompt + max_new_tokens)")
 
     def real_lengths(self) -> torch.Tensor:
         """(b,) tokens each row holds: `valid` is False on a row's left padding and True from its first token."""

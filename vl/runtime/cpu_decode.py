@@ -59,7 +59,8 @@ class _Layer(ctypes.Structure):  # mirrors `struct VlLayer`
 
 class _Model(ctypes.Structure):  # mirrors `struct VlModel`
     _fields_ = [("bf16", _i), ("res_f32", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
-                ("embed", _p), ("norm_f", _p), ("lm_head", _Mat), ("layers", ctypes.POINTER(_Layer))]
+                ("embed", _p), ("embed_rows", _i), ("norm_f", _p), ("lm_head", _Mat),
+                ("layers", ctypes.POINTER(_Layer))]
 
 
 def _mode() -> str:
@@ -84,8 +85,8 @@ def override(mode: str | None):
 class Library:
     def __init__(self, path: Path):
         lib = ctypes.CDLL(str(path))
-        lib.vl_decode_step.argtypes = [ctypes.POINTER(_Model), _i, _p, _p, _i, _i, _p, _p, _i]
-        lib.vl_decode_step.restype = None
+        lib.vl_decode_step.argtypes = [ctypes.POINTER(_Model), _i, _p, _p, _i, _i, _p, _i, _p, _i]
+        lib.vl_decode_step.restype = _i
         lib.vl_gemv_isa.restype = _i
         self.lib, self.path = lib, path
         self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
@@ -227,10 +228,10 @@ class Plan:
                             res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
                             D=cfg.hidden_size, vocab=lm.lm_head.out_features, n_layers=len(layers),
                             eps=cfg.layer_norm_epsilon, embed=ptr(lm.backbone.embeddings.weight),
+                            embed_rows=lm.backbone.embeddings.weight.shape[0],
                             norm_f=ptr(_f32(lm.backbone.norm_f.weight)), lm_head=mat(lm.lm_head),
                             layers=layers)
         self.layers, self.keep, self.vocab = layers, keep, self.model.vocab
-        self.embed_rows = lm.backbone.embeddings.weight.shape[0]
 
     def _stamp(self):
         return list(map(torch.Tensor.data_ptr, self.params)), list(map(_VERSION, self.params))
@@ -259,34 +260,48 @@ def _plan(lm, full_check: bool = True) -> Plan:
     return plan
 
 
-def run_step(lm, lib: Library, tok: torch.Tensor, cache) -> torch.Tensor | None:
+def run_step(lm, lib: Library, tok: torch.Tensor, cache, plan: Plan | None = None) -> torch.Tensor | None:
     """One token per row: tok (b, 1) ids -> logits (b, vocab) float32, the cache advanced by one position, as
-    `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read."""
-    plan = _plan(lm, full_check=False)
+    `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read or an id
+    outside the embedding table (the modules raise their IndexError). `plan`: the one `step_fn` checked at the
+    start of its batch; without it the model's parameters are checked for changes first (~200 tensors: after a
+    step has streamed the weights through the caches, that check alone cost ~0.2 ms of cache misses)."""
+    plan = plan or _plan(lm, full_check=False)
+    ptrs = _cache_pointers(cache, plan.dtype)
+    if ptrs is None:
+        return None  # a cache this step does not read: the caller runs the modules
     b = tok.shape[0]
-    ids = tok.reshape(b).to(torch.int64)
-    rows = ids.tolist()
-    if min(rows) < 0 or max(rows) >= plan.embed_rows:
-        return None  # the modules raise their IndexError; the kernel must never read outside the table
+    ids = tok if tok.dtype is torch.int64 and tok.is_contiguous() else tok.to(torch.int64).contiguous()  # (b, 1)
+    pos = cache.length
+    cache.check_room(pos, 1)
+    logits = torch.empty(b, plan.vocab, dtype=torch.float32)
+    if lib.lib.vl_decode_step(ctypes.byref(plan.model), b, ids.data_ptr(), ptrs, pos, cache.max_len,
+                              cache.valid.data_ptr(), int(cache.padded), logits.data_ptr(), torch.get_num_threads()):
+        return None  # an id outside the table: the kernel read and wrote nothing
+    cache.length = pos + 1
+    return logits
+
+
+def _cache_pointers(cache, dtype):
+    """The cache tensors' addresses as the step takes them (two per layer, then `valid`), or None for a cache it
+    does not read; checked once per cache and remembered on it while its tensors stay the same objects."""
+    tensors = list(cache.tensors())  # valid, then each layer's two
+    memo = getattr(cache, "_vl_step_pointers", None)
+    if memo is not None and len(memo[0]) == len(tensors) and all(map(operator.is_, memo[0], tensors)):
+        return memo[1]
     ptrs = (ctypes.c_void_p * (2 * len(cache.layers)))()
     for i, layer in enumerate(cache.layers):
         if layer is None:
             continue
         a, c = (layer.k, layer.v) if hasattr(layer, "k") else (layer.conv, layer.ssm)
-        if not (a.is_contiguous() and c.is_contiguous() and a.device.type == "cpu") or a.dtype != plan.dtype \
+        if not (a.is_contiguous() and c.is_contiguous() and a.device.type == "cpu") or a.dtype != dtype \
                 or (not hasattr(layer, "k") and c.dtype != torch.float32):
-            return None  # a cache this step does not read: the caller runs the modules
+            return None
         ptrs[2 * i], ptrs[2 * i + 1] = a.data_ptr(), c.data_ptr()
-    pos = cache.length
-    key_valid = cache.mark(pos, 1, None)  # bounds check and bookkeeping, as the model's forward does
-    ids = ids.contiguous()
-    valid = cache.valid.contiguous() if key_valid is not None else None
-    logits = torch.empty(b, plan.vocab, dtype=torch.float32)
-    lib.lib.vl_decode_step(ctypes.byref(plan.model), b, ids.data_ptr(), ptrs, pos, cache.max_len,
-                           valid.data_ptr() if valid is not None else None, logits.data_ptr(),
-                           torch.get_num_threads())
-    cache.length = pos + 1
-    return logits
+    if not (cache.valid.is_contiguous() and cache.valid.dtype == torch.bool and cache.valid.device.type == "cpu"):
+        return None
+    cache._vl_step_pointers = (tensors, ptrs)
+    return ptrs
 
 
 def prepare(lm) -> bool:
@@ -305,13 +320,14 @@ def step_fn(lm):
     if reason is not None:
         _log_once(reason)
         return None
-    _plan(lm)  # built (or checked against swapped modules) once per batch
+    plan = _plan(lm)  # built (or checked against swapped modules) once per batch: weights changed in place while
+    # a batch runs are seen from the next batch on
     hooks = _hook_dicts(lm)
 
     def step(tok, cache, pos):
-        if (tok.shape[0] <= MAX_ROWS and tok.device.type == "cpu" and not torch.is_grad_enabled()
+        if (tok.shape[0] <= MAX_ROWS and tok.is_cpu and not torch.is_grad_enabled()
                 and not _hooked(hooks)):
-            logits = run_step(lm, lib, tok, cache)
+            logits = run_step(lm, lib, tok, cache, plan)
             if logits is not None:
                 return logits
         return lm(input_ids=tok, cache=cache).logits[:, -1]

@@ -166,7 +166,8 @@ class DecodeBatch:
             if self.elastic:
                 self._leave()
             if self.seqs:
-                logits = self.step_fn(self.feed.to(self.cache.valid.device)[:, None], self.cache, self.pos)
+                feed = self.feed if self.feed.is_cpu and self.cache.valid.is_cpu else self.feed.to(self.cache.valid.device)
+                logits = self.step_fn(feed[:, None], self.cache, self.pos)
                 if self.static:
                     self.pos.add_(1)
                     self.cache.length += 1  # the fixed-shape step does not count positions
@@ -180,7 +181,9 @@ class DecodeBatch:
                 seen = torch.tensor([s.context + s.history], dtype=torch.long, device=logits.device)
                 logits[i:i + 1] = apply_repetition_penalty(logits[i:i + 1], seen, self.params.repetition_penalty)
         logits = self._mask_early_stops(logits)
-        nxt = sample(logits, self.params, None, self.gen).cpu()
+        nxt = sample(logits, self.params, None, self.gen)
+        if not nxt.is_cpu:
+            nxt = nxt.cpu()
         toks = nxt.tolist()  # one conversion, not one tensor index per row
         out = {}
         for i, s in enumerate(self.seqs):

@@ -73,7 +73,8 @@ def top_p_filter(logits, p: float):
 
 def sample(logits, params: SamplingParams, seen_ids=None, generator: torch.Generator | None = None):
     """logits (b, v) fp32 -> next ids (b,)."""
-    logits = logits.float()
+    if logits.dtype is not torch.float32:
+        logits = logits.float()
     if seen_ids is not None:
         logits = apply_repetition_penalty(logits, seen_ids, params.repetition_penalty)
     if params.greedy:

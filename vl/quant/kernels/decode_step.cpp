@@ -12,8 +12,8 @@
 // weight-only quantized Linears of vl/quant/linear.py call one layer at a time (the same kernels, so the fused step
 // and the modules compute the same weights and the same float32 sums).
 //
-// Built at first use by vl/runtime/cpu_decode.py through the build cache of vl/quant/cpu_gemv.py
-// (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+// Built at load by vl/runtime/cpu_decode.py through the build cache of vl/native.py (g++ -O3 -march=native
+// -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -60,7 +60,8 @@ struct VlModel {
   int res_f32;    // residual stream kept in float32 (residual_in_fp32) while the model is bf16
   int D, vocab, n_layers;
   float eps;
-  const void* embed;      // (vocab, D) model dtype
+  const void* embed;      // (embed_rows, D) model dtype
+  int embed_rows;
   const float* norm_f;    // (D)
   VlMat lm_head;          // (vocab, D)
   const VlLayer* layers;
@@ -259,13 +260,105 @@ static void residual_add(float* h, const float* y, size_t n, Round res) {
   for (; i < n; ++i) h[i] = res(h[i] + y[i]);
 }
 
+#ifdef VL_AVX512
+// 16 channels' conv state (16 x 3 values, channel-major, the model dtype) as three float32 vectors, exact.
+static inline void load_state48(const void* st, int bf16, __m512 f[3]) {
+  for (int v = 0; v < 3; ++v)
+    f[v] = bf16 ? load_bf16x16((const uint16_t*)st + 16 * v) : _mm512_loadu_ps((const float*)st + 16 * v);
+}
+
+static inline void store_state48(void* st, int bf16, const __m512 f[3]) {  // f holds model-dtype values: exact
+  for (int v = 0; v < 3; ++v) {
+    if (bf16)
+      _mm256_storeu_si256((__m256i*)((uint16_t*)st + 16 * v),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f[v]), 16)));
+    else
+      _mm512_storeu_ps((float*)st + 16 * v, f[v]);
+  }
+}
+#endif
+
+// The depthwise causal conv for one row and one token, then SiLU: window [state, x] per channel, the products and
+// their running sum rounded to the model dtype as the reference's ops are; the state (conv_dim, k-1) rolls by one
+// and takes x. xbc (conv_dim) holds x on entry and the activation on exit. Where k = 4 (every released model) the
+// AVX512 path takes 16 channels at a time: their 48 state values are loaded once, the taps picked out and the
+// rolled state built by lane permutations, so each channel gets exactly the scalar loop's operations.
+static void conv_row(const VlLayer& L, int bf16, void* state, float* xbc) {
+  const Round rnd{bf16};
+  const int km1 = L.conv_k - 1, cd = L.conv_dim;
+  const float* wt = L.conv_w;  // (conv_k, conv_dim) tap-major
+  int c = 0;
+#ifdef VL_AVX512
+  if (km1 == 3) {
+    const __m512i step1 = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    __m512i lo[3], hi[3];  // tap j of channel i is flat value 3i + j: from (f0, f1) below 32, (f1, f2) above
+    __mmask16 above[3];
+    for (int j = 0; j < 3; ++j) {
+      alignas(64) int a[16], b[16];
+      above[j] = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int f = 3 * i + j;
+        a[i] = f & 31;
+        b[i] = (f - 16) & 31;
+        if (f >= 32) above[j] |= (__mmask16)(1u << i);
+      }
+      lo[j] = _mm512_load_si512(a);
+      hi[j] = _mm512_load_si512(b);
+    }
+    // In the rolled state, flat value k is the old k + 1, except every third (k % 3 == 2): the new x values,
+    // 5 + 5 + 6 of them across the three vectors.
+    const __mmask16 fresh[3] = {0x4924, 0x2492, 0x9249};
+    const int first[3] = {0, 5, 10};
+    for (; c + 16 <= cd; c += 16) {
+      void* st = bf16 ? (void*)((uint16_t*)state + (size_t)3 * c) : (void*)((float*)state + (size_t)3 * c);
+      __m512 f[3], r[3];
+      load_state48(st, bf16, f);
+      __m512 acc = _mm512_setzero_ps();
+      for (int j = 0; j < 3; ++j) {
+        const __m512 tap = _mm512_mask_blend_ps(above[j], _mm512_permutex2var_ps(f[0], lo[j], f[1]),
+                                                _mm512_permutex2var_ps(f[1], hi[j], f[2]));
+        acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(tap, _mm512_loadu_ps(wt + (size_t)j * cd + c)), bf16));
+      }
+      r[0] = _mm512_permutex2var_ps(f[0], step1, f[1]);
+      r[1] = _mm512_permutex2var_ps(f[1], step1, f[2]);
+      r[2] = _mm512_permutex2var_ps(f[2], step1, f[2]);
+      for (int v = 0; v < 3; ++v) r[v] = _mm512_mask_expandloadu_ps(r[v], fresh[v], xbc + c + first[v]);
+      store_state48(st, bf16, r);
+      acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(_mm512_loadu_ps(xbc + c), _mm512_loadu_ps(wt + (size_t)3 * cd + c)),
+                                     bf16));
+      acc = rnd_v(acc, bf16);
+      if (L.conv_b) acc = rnd_v(_mm512_add_ps(acc, _mm512_loadu_ps(L.conv_b + c)), bf16);
+      _mm512_storeu_ps(xbc + c, rnd_v(silu_v(acc), bf16));
+    }
+  }
+#endif
+  for (; c < cd; ++c) {
+    float acc = 0.f;
+    if (bf16) {
+      uint16_t* st = (uint16_t*)state + (size_t)c * km1;
+      for (int j = 0; j < km1; ++j) acc += rnd(bf16_to_float(st[j]) * wt[(size_t)j * cd + c]);
+      for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
+      if (km1 > 0) st[km1 - 1] = f2b(xbc[c]);
+    } else {
+      float* st = (float*)state + (size_t)c * km1;
+      for (int j = 0; j < km1; ++j) acc += rnd(st[j] * wt[(size_t)j * cd + c]);
+      for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
+      if (km1 > 0) st[km1 - 1] = xbc[c];
+    }
+    acc += rnd(xbc[c] * wt[(size_t)km1 * cd + c]);
+    acc = rnd(acc);
+    if (L.conv_b) acc = rnd(acc + L.conv_b[c]);
+    xbc[c] = rnd(silu(acc));
+  }
+}
+
 // Mamba-2 mixer, one token: conv window roll + SiLU, dt softplus, S <- exp(dt A) S + dt x B^T, y = S C + D x,
 // y * silu(z) normalised per group, out_proj. conv_state (B, conv_dim, k-1) model dtype; ssm (B, H, P, N) float32.
 static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, void* conv_state, float* ssm,
                         int nthreads) {
   const Round rnd{m.bf16};
   static thread_local Act xn, yn;
-  static thread_local std::vector<float> zx, out, win;
+  static thread_local std::vector<float> zx, out;
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   zx.resize((size_t)B * L.w_in.N);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, zx.data(), nthreads);
@@ -276,47 +369,7 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
     float* z = zx.data() + (size_t)b * L.w_in.N;
     float* xbc = z + L.d_inner;
     const float* dtr = xbc + L.conv_dim;
-    // conv over the window [state, x]: products and their sum rounded as the reference's model-dtype ops. The
-    // window is read into tap-major rows first (and the state rolled), so that the arithmetic runs 16 channels
-    // at a time against the tap-major weights (conv_w is (conv_k, conv_dim)); each channel's operations and
-    // their order are the scalar loop's.
-    win.resize((size_t)km1 * L.conv_dim);
-    for (int c = 0; c < L.conv_dim; ++c) {
-      if (m.bf16) {
-        uint16_t* st = (uint16_t*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
-        for (int j = 0; j < km1; ++j) win[(size_t)j * L.conv_dim + c] = bf16_to_float(st[j]);
-        for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
-        if (km1 > 0) st[km1 - 1] = f2b(xbc[c]);
-      } else {
-        float* st = (float*)conv_state + ((size_t)b * L.conv_dim + c) * km1;
-        for (int j = 0; j < km1; ++j) win[(size_t)j * L.conv_dim + c] = st[j];
-        for (int j = 0; j + 1 < km1; ++j) st[j] = st[j + 1];
-        if (km1 > 0) st[km1 - 1] = xbc[c];
-      }
-    }
-    const float* wt = L.conv_w;
-    int c = 0;
-#ifdef VL_AVX512
-    for (; c + 16 <= L.conv_dim; c += 16) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int j = 0; j < km1; ++j)
-        acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(_mm512_loadu_ps(win.data() + (size_t)j * L.conv_dim + c),
-                                                     _mm512_loadu_ps(wt + (size_t)j * L.conv_dim + c)), m.bf16));
-      acc = _mm512_add_ps(acc, rnd_v(_mm512_mul_ps(_mm512_loadu_ps(xbc + c),
-                                                   _mm512_loadu_ps(wt + (size_t)km1 * L.conv_dim + c)), m.bf16));
-      acc = rnd_v(acc, m.bf16);
-      if (L.conv_b) acc = rnd_v(_mm512_add_ps(acc, _mm512_loadu_ps(L.conv_b + c)), m.bf16);
-      _mm512_storeu_ps(xbc + c, rnd_v(silu_v(acc), m.bf16));
-    }
-#endif
-    for (; c < L.conv_dim; ++c) {
-      float acc = 0.f;
-      for (int j = 0; j < km1; ++j) acc += rnd(win[(size_t)j * L.conv_dim + c] * wt[(size_t)j * L.conv_dim + c]);
-      acc += rnd(xbc[c] * wt[(size_t)km1 * L.conv_dim + c]);
-      acc = rnd(acc);
-      if (L.conv_b) acc = rnd(acc + L.conv_b[c]);
-      xbc[c] = rnd(silu(acc));
-    }
+    conv_row(L, m.bf16, (char*)conv_state + (size_t)b * L.conv_dim * km1 * (m.bf16 ? 2 : 4), xbc);
     const float* xs = xbc;                                   // (H, P)
     const float* Bm = xbc + L.d_inner;                       // (G, N)
     const float* Cm = Bm + (size_t)L.n_groups * L.d_state;   // (G, N)
@@ -508,10 +561,16 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
 extern "C" {
 
 // ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
-// pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes or null (no padding);
+// pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes: the step marks
+// column `pos` real in every row, and with `padded` masks the keys whose byte is 0 (left padding);
 // logits (B, vocab) float32 out, holding model-dtype values (the reference's lm_head output, widened).
-void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* caches, int pos, int max_len,
-                    const uint8_t* valid, float* logits, int nthreads) {
+// -> 0, or 1 when an id is outside the embedding table: then nothing is read past the table or written.
+int vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* caches, int pos, int max_len,
+                   uint8_t* valid, int padded, float* logits, int nthreads) {
+  for (int b = 0; b < B; ++b)
+    if (ids[b] < 0 || ids[b] >= m->embed_rows) return 1;
+  for (int b = 0; b < B; ++b) valid[(size_t)b * max_len + pos] = 1;
+  const uint8_t* mask = padded ? valid : nullptr;
   static thread_local std::vector<float> h;
   static thread_local Act xn;
   h.resize((size_t)B * m->D);
@@ -525,7 +584,7 @@ void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* ca
     if (L.kind == 0)
       mamba_layer(*m, L, B, h.data(), caches[2 * l], (float*)caches[2 * l + 1], nthreads);
     else if (L.kind == 1)
-      attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, valid, nthreads);
+      attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, mask, nthreads);
     else
       mlp_layer(*m, L, B, h.data(), nthreads);
   }
@@ -533,6 +592,7 @@ void vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* ca
   rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);
   gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->lm_head, m->bf16, logits, nthreads);
   round_n(logits, (size_t)B * m->vocab, rnd.bf16);
+  return 0;
 }
 
 }  // extern "C"
