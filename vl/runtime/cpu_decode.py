@@ -283,8 +283,8 @@ def run_step(lm, lib: Library, tok: torch.Tensor, cache, plan: Plan | None = Non
 
 
 def _cache_pointers(cache, dtype):
-    """The cache tensors' addresses as the step takes them (two per layer, then `valid`), or None for a cache it
-    does not read; checked once per cache and remembered on it while its tensors stay the same objects."""
+    """The layers' cache addresses as the step takes them (two per layer), or None for a cache it does not read;
+    checked once per cache and remembered on it while its tensors (and `valid`) stay the same objects."""
     tensors = list(cache.tensors())  # valid, then each layer's two
     memo = getattr(cache, "_vl_step_pointers", None)
     if memo is not None and len(memo[0]) == len(tensors) and all(map(operator.is_, memo[0], tensors)):
