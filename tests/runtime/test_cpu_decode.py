@@ -176,14 +176,15 @@ def test_changed_weights_are_seen(lib):
 
 def test_an_id_outside_the_vocabulary_is_never_read(lib):
     """The kernel checks every row's id before anything else: a bad id in any row leaves the whole cache (its
-    tensors and `valid`) as it was, and the caller runs the modules, which raise."""
+    tensors and `valid`) as it was, and the caller runs the modules, which raise; so do more rows than the cache
+    holds, or more than one id per row (the kernel would write past the cache)."""
     lm = model(odd_config(), torch.float32)
     cache = HybridCache(lm.config, 2, 8)
     with torch.no_grad():
         lm(torch.randint(3, 301, (2, 4)), cache=cache)
         cache.valid[:, 4] = False  # a column a reused cache may hold: the step would mark it
         before = [t.clone() for t in cache.tensors()] + [cache.valid.clone()]
-        for bad in ([[301], [5]], [[5], [-1]]):
+        for bad in ([[301], [5]], [[5], [-1]], [[5], [6], [7]], [[5, 6], [7, 8]]):  # ids; rows or columns too many
             assert cpu_decode.run_step(lm, lib, torch.tensor(bad), cache) is None  # the modules raise
         assert cache.length == 4
         assert all(torch.equal(a, b) for a, b in zip(before, [*cache.tensors(), cache.valid]))

@@ -271,6 +271,8 @@ def run_step(lm, lib: Library, tok: torch.Tensor, cache, plan: Plan | None = Non
     if ptrs is None:
         return None  # a cache this step does not read: the caller runs the modules
     b = tok.shape[0]
+    if b != cache.batch_size or tok.numel() != b:
+        return None  # rows the cache does not hold: the modules raise their shape error
     ids = tok if tok.dtype is torch.int64 and tok.is_contiguous() else tok.to(torch.int64).contiguous()  # (b, 1)
     pos = cache.length
     cache.check_room(pos, 1)
