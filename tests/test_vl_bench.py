@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from vl.bench import cache_bytes, CONFIGS, main
 
 
@@ -71,3 +73,21 @@ def test_llama_cpp_runner_reads_llama_bench_json(tmp_path):
     args = (tmp_path / "build" / "bin" / "args").read_text().split()
     assert args[args.index("-d") + 1] == "128" and args[args.index("-t") + 1] == "2"
     assert args[args.index("-p") + 1] == "0" and args[args.index("-n") + 1] == "16"
+
+
+def test_interleaved_rounds_rotate_and_paired_ratios_are_per_round():
+    from vl.bench import format_table, interleaved, paired
+
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k) or 1.0) for k in "abc"}
+    interleaved(fns, 3)
+    assert calls[3:] == list("abc" "bca" "cab")  # after the warm-up, each round starts one fn later
+    # a machine twice as slow in round 2: per-round ratios stay 2, the ratio of medians does not see the pairing
+    slow, fast = [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]
+    assert paired(slow, fast) == (2.0, 2.0, 2.0)
+    assert paired([3.0, 1.0], [1.0, 1.0]) == (2.0, 1.0, 3.0)
+    with pytest.raises(ValueError):
+        paired([1.0], [1.0, 2.0])
+    row = dict(config="180m", dtype="bf16", metric="decode tok/s after 128", ours=100.0, peer="llama.cpp bf16",
+               peer_tok_s=90.0, ratio=1.11, paired=(1.12, 0.98, 1.3), spread=0.05)
+    assert "paired 1.12x (0.98-1.30)" in format_table([row])

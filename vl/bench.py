@@ -1,7 +1,9 @@
 """`vl bench`: speed and memory of our runtime against transformers, measured in one process.
 
 Every figure is a ratio against a named reference run in the same process on the same weights, with the
-runs interleaved (ours, theirs, ours, theirs, ...) so that machine noise hits both; we report the median.
+runs interleaved (ours, theirs, ours, theirs, ...; each round starts one run later than the last) so that
+machine noise hits both; we report the medians, and for llama.cpp and the FP8 / NVFP4 rows also the "paired" ratio:
+the median of each round's own ratio, which drifts in the machine's speed between rounds do not enter.
 - prefill tokens/s: ours = chunked prefill into the static cache (what the engine does); transformers =
   `model(input_ids, use_cache=True, logits_to_keep=1)` (what its `generate` does for the prompt);
 - decode tokens/s after a context of n tokens: k / (time from the first generated token to the (k+1)-th), read
@@ -59,12 +61,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each fn, runs interleaved; a fn that returns a float reports its own timing."""
+    """Seconds per call of each fn, runs interleaved; a fn that returns a float reports its own timing. Each round
+    starts one fn later than the one before (a rotation), so that no fn always runs right after the same other."""
     out = {k: [] for k in fns}
     for f in fns.values():  # warm-up
         f()
-    for _ in range(repeats):
-        for k, f in fns.items():
+    items = list(fns.items())
+    for r in range(repeats):
+        for k, f in items[r % len(items):] + items[:r % len(items)]:
             _sync()
             t0 = time.perf_counter()
             own = f()
@@ -198,7 +202,8 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         for label in peers:
             p_ = statistics.median(times[label])
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
-                             ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, spread=_spread(times[label])))
+                             ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, paired=paired(times[label], times["ours"]),
+                             spread=_spread(times[label])))
     on_cpu = torch.device(device).type == "cpu"
     read_bytes = {m: bench_geometry.decode_bytes(m) for m in (ours, *quant.values())}  # per token, once
     for ctx in decode_ctx:
@@ -231,7 +236,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             as_bf16 = sum(2 * m.in_features * m.out_features for m in qm.modules() if isinstance(m, QuantizedLinear))
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx} ({fmt})",
                              format=fmt, ours=1 / q, transformers=1 / h, ratio=h / q, vs_ours=base / q,
-                             ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
+                             vs_ours_paired=paired(times[decode_modes[0]], times[fmt]), ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
                              dense_resident_bytes=resident_weight_bytes(ours), packed_bytes=packed,
                              packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt]),
                              ours_weight_GBps=read_bytes[qm] / q / 1e9, copy_GBps=copy_GBps))
@@ -241,12 +246,13 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                 ref = statistics.median(times[mode])
                 rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label, ours_mode=mode,
                                  metric=f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})"),
-                                 ours=1 / ref, peer_tok_s=1 / p_, ratio=p_ / ref, spread=_spread(times[label])))
+                                 ours=1 / ref, peer_tok_s=1 / p_, ratio=p_ / ref,
+                                 paired=paired(times[label], times[mode]), spread=_spread(times[label])))
             for fmt in quant:
                 q = statistics.median(times[fmt])
                 rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label,
                                  metric=f"decode tok/s after {ctx} ({fmt})", ours=1 / q, peer_tok_s=1 / p_,
-                                 ratio=p_ / q, spread=_spread(times[fmt])))
+                                 ratio=p_ / q, paired=paired(times[label], times[fmt]), spread=_spread(times[fmt])))
     return rows
 
 
@@ -256,6 +262,15 @@ GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
 def _modules_decode_s(model, ids, n) -> float:
     with cpu_decode.override("off"):
         return our_decode_s(model, ids, n, "eager")
+
+
+def paired(slow: list[float], fast: list[float]) -> tuple[float, float, float]:
+    """Round by round ratios slow[i] / fast[i] of two fns timed in the same `interleaved` rounds -> (median, min,
+    max). Where the machine's speed drifts between rounds (shared cloud cores: up to 1.5x within minutes), each
+    round's ratio compares two timings taken seconds apart; the ratio of the two medians may pair a fast moment of
+    one with a slow moment of the other."""
+    ratios = [s / f for s, f in zip(slow, fast, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def _spread(seconds: list[float]) -> float:
@@ -271,6 +286,10 @@ def _bandwidth(r: dict) -> str:
     return out
 
 
+def _paired_text(p) -> str:
+    return f"{p[0]:.2f}x ({p[1]:.2f}-{p[2]:.2f})"
+
+
 def format_table(rows: list[dict]) -> str:
     head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'transformers':>13} {'ratio':>7}  notes"
     lines = [head, "-" * len(head)]
@@ -281,6 +300,8 @@ def format_table(rows: list[dict]) -> str:
         note = ""
         if "format" in r:
             note = f"{r['vs_ours']:.2f}x our {r['dtype']} ({r.get('ours_mode', 'eager')})"
+            if "vs_ours_paired" in r:
+                note += " [paired " + _paired_text(r["vs_ours_paired"]) + "]"
             if "resident_bytes" in r:
                 note += (f"; weights {r['resident_bytes'] / 2**20:.0f} MiB vs {r['dense_resident_bytes'] / 2**20:.0f} "
                          f"MiB, packed Linears {r['packed_bytes'] / 2**20:.0f} MiB = "
@@ -304,11 +325,12 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['ratio']:>6.2f}x  {note}")
     if peer_rows:
         head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<16} {'peer tok/s':>10} {'ratio':>7}"
-        lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours):", head,
-                  "-" * len(head)]
+        lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours; ratio: of the "
+                  "medians; paired: the median of the rounds' own ratios, with their range):", head, "-" * len(head)]
         for r in peer_rows:
+            pair = f"; paired {_paired_text(r['paired'])}" if "paired" in r else ""
             lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<16} "
-                         f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}")
+                         f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}{pair}")
     return "\n".join(lines)
 
 
