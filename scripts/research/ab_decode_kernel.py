@@ -56,7 +56,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--formats", default="bf16", help="comma list of bf16, fp8, nvfp4")
+    ap.add_argument("--formats", default="bf16", help="comma list of bf16, fp32, fp8, nvfp4 (fp8 / nvfp4: weight-only "
+                    "copies of the bf16 model)")
     ap.add_argument("--variant", action="append", default=[], help="NAME:FILE:OLD=>NEW[|OLD=>NEW...]")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -69,7 +70,8 @@ def main():
         bf16, _ = build_pair(cfg, torch.bfloat16)
         calib = torch.randint(3, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1))
         formats = args.formats.split(",")
-        models = {f: bf16 if f == "bf16" else quantized_copy(bf16, f, calib) for f in formats}
+        models = {f: bf16 if f == "bf16" else build_pair(cfg, torch.float32)[0] if f == "fp32"
+                  else quantized_copy(bf16, f, calib) for f in formats}
         ids = torch.randint(3, cfg.vocab_size, (1, 128), generator=torch.Generator().manual_seed(2))
         tok_s = {(m, n): [] for m in models for n in libs}
         real_load = cpu_decode._load
