@@ -236,7 +236,8 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             as_bf16 = sum(2 * m.in_features * m.out_features for m in qm.modules() if isinstance(m, QuantizedLinear))
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx} ({fmt})",
                              format=fmt, ours=1 / q, transformers=1 / h, ratio=h / q, vs_ours=base / q,
-                             vs_ours_paired=paired(times[decode_modes[0]], times[fmt]), ours_mode=decode_modes[0], resident_bytes=resident_weight_bytes(qm),
+                             vs_ours_paired=paired(times[decode_modes[0]], times[fmt]), ours_mode=decode_modes[0],
+                             resident_bytes=resident_weight_bytes(qm),
                              dense_resident_bytes=resident_weight_bytes(ours), packed_bytes=packed,
                              packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt]),
                              ours_weight_GBps=read_bytes[qm] / q / 1e9, copy_GBps=copy_GBps))
@@ -325,8 +326,9 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['ratio']:>6.2f}x  {note}")
     if peer_rows:
         head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<16} {'peer tok/s':>10} {'ratio':>7}"
-        lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours; ratio: of the "
-                  "medians; paired: the median of the rounds' own ratios, with their range):", head, "-" * len(head)]
+        lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours; ratio: of "
+                  "the medians; paired: the median of the rounds' own ratios, with their range):", head,
+                  "-" * len(head)]
         for r in peer_rows:
             pair = f"; paired {_paired_text(r['paired'])}" if "paired" in r else ""
             lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<16} "

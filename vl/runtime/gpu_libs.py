@@ -3,9 +3,10 @@
 The CUDA builds of torch (the only ones with a matching torchvision on some machines) link cuBLAS, cuDNN, NVRTC,
 nvJitLink, NCCL and their kin, and the dynamic loader maps them at `import torch` whether or not a GPU exists.
 Relocating them and running their initialisers touches pages, and the kernel's fault-around maps more of each file
-where it is already in the page cache, so a CPU process carries them: 220 MiB of resident memory on this project's
-runner after `import torch, vl` (torch 2.14.1+cu130; 641 -> 417 MiB RSS with this pass), about a fortieth of the
-~9 GB budget of a 12B NVFP4 model on a 24 GB machine (docs/quant_cpu_kernels.md).
+where it is already in the page cache, so a CPU process carries them: 140-220 MiB of resident memory on this
+project's runner after `import torch, vl` (torch 2.14.1+cu130; 559-641 -> 417 MiB RSS with this pass), a fortieth to
+a sixtieth of the ~9 GB budget of a 12B NVFP4 model on a 24 GB machine (docs/quant_cpu_kernels.md, "GPU libraries
+in a CPU process").
 
 `page_out()` asks the kernel to reclaim those mappings (`madvise(MADV_PAGEOUT)`, Linux >= 5.4) when torch sees no
 CUDA device. Nothing is lost: clean file pages are read back from the library file if anything touches them again,
