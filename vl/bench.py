@@ -442,7 +442,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         print(format_table(rows))
     if a.quant or a.quant_only:
         qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False, calib_source=calib_source)
-        print("\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py):")
+        compute = next((r["dtype"] for r in qrows if r.get("kind") == "speed" and "dtype" in r), "float32")
+        print(f"\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py; every row computes in {compute}, the "
+              f"bf16 row is the BF16 checkpoint run in {compute}):")
         print(quant_bench.format_table(qrows))
         rows += [dict(section="quant", **r) for r in qrows]
     if a.json:
