@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import statistics
 import tempfile
 import time
@@ -30,16 +29,11 @@ from vl.bench_timing import our_decode_s
 from vl.quant.bench import quantized_copy
 from vl.runtime import cpu_decode
 
-KERNELS = Path(cpu_decode.SOURCE).parent
+from profile_decode_step import kernel_tree  # this folder (sys.path[0] when run as a script)
 
 
 def build_variant(tmp: Path, fname: str, edits: str) -> cpu_decode.Library:
-    kernels = tmp / "quant" / "kernels"
-    (tmp / "modeling").mkdir(parents=True)
-    kernels.mkdir(parents=True)
-    for f in KERNELS.glob("*.cpp"):
-        shutil.copy(f, kernels / f.name)
-    shutil.copy(KERNELS.parent.parent / "modeling" / "simd_exp.h", tmp / "modeling" / "simd_exp.h")
+    kernels = kernel_tree(tmp)
     if edits:
         path = kernels / fname
         text = path.read_text()

@@ -59,14 +59,21 @@ def timed_source(tmp: Path) -> Path:
         if anchor not in text:
             raise SystemExit(f"decode_step.cpp changed: cannot place a counter at {anchor[:60]!r}")
         text = text.replace(anchor, new, 1)
-    kernels = tmp / "quant" / "kernels"  # the package's layout, for the relative includes
+    kernels = kernel_tree(tmp)
+    (kernels / "decode_step.cpp").write_text(text)
+    return kernels / "decode_step.cpp"
+
+
+def kernel_tree(tmp: Path) -> Path:
+    """A copy of the decode step's C++ sources under `tmp` in the package's layout (the relative includes need it)
+    -> its quant/kernels folder; also used by ab_decode_kernel.py."""
+    kernels = tmp / "quant" / "kernels"
     (tmp / "modeling").mkdir(parents=True, exist_ok=True)
     kernels.mkdir(parents=True, exist_ok=True)
     for f in KERNELS.glob("*.cpp"):
         shutil.copy(f, kernels / f.name)
     shutil.copy(KERNELS.parent.parent / "modeling" / "simd_exp.h", tmp / "modeling" / "simd_exp.h")
-    (kernels / "decode_step.cpp").write_text(text)
-    return kernels / "decode_step.cpp"
+    return kernels
 
 
 def main():

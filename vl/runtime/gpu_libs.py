@@ -17,12 +17,10 @@ dropped, so without swap they simply stay. Where the kernel refuses (an older ke
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import re
 
-from vl.runtime.heap import libc, linux_switch
+from vl.runtime.heap import linux_switch, madvise_libc
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +48,6 @@ def _rss_kib() -> int | None:
         return None
 
 
-@functools.cache
-def _madvise():
-    lib = libc()
-    if lib is None:
-        return None
-    fn = lib.madvise
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def page_out() -> int | None:
     """Reclaim the GPU libraries' pages where no CUDA device is visible -> KiB of RSS given back (None: not done)."""
     if not linux_switch("VL_GPU_LIBS_PAGEOUT"):
@@ -69,16 +56,16 @@ def page_out() -> int | None:
 
     if torch.cuda.is_available():
         return None
-    madvise = _madvise()
+    lib = madvise_libc()
     try:
         with open("/proc/self/maps") as f:
             maps = gpu_mappings(f.read())
     except OSError:
         return None
-    if madvise is None or not maps:
+    if lib is None or not maps:
         return None
     before = _rss_kib()
-    refused = sum(madvise(start, end - start, MADV_PAGEOUT) != 0 for start, end, _ in maps)
+    refused = sum(lib.madvise(start, end - start, MADV_PAGEOUT) != 0 for start, end, _ in maps)
     after = _rss_kib()
     freed = max(0, before - after) if before is not None and after is not None else 0
     if refused == len(maps):

@@ -74,6 +74,17 @@ def _glibc(name: str, argtypes: tuple):
     return fn
 
 
+@functools.cache
+def madvise_libc():
+    """`libc()` once, with `madvise(addr, length, advice) -> int` typed for ctypes: the page passes' one handle
+    (vl/runtime/hugepages.py, vl/runtime/gpu_libs.py); None where the C library cannot be loaded."""
+    lib = libc()
+    if lib is not None:
+        lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.madvise.restype = ctypes.c_int
+    return lib
+
+
 def linux_switch(var: str) -> bool:
     """Whether a Linux-only memory setting is on: always off elsewhere; `VAR=0|off|no` turns it off (this file's
     `VL_HEAP_KEEP`, vl/runtime/hugepages.py's `VL_HUGEPAGES`). No torch import here: the app's heap test measures a

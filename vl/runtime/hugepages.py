@@ -21,15 +21,13 @@ loader's memory-mapped embedding tables) is never advised. `VL_HUGEPAGES=0` turn
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import weakref
 
 import torch
 from torch import nn
 
-from vl.runtime.heap import libc, linux_switch
+from vl.runtime.heap import linux_switch, madvise_libc
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +38,7 @@ ALIGN = 64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
 
-@functools.cache
-def _libc():
-    lib = libc()  # one load of the C library for the memory passes (vl/runtime/heap.py)
-    lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    lib.madvise.restype = ctypes.c_int
-    return lib
+_libc = madvise_libc  # the C library with madvise typed (vl/runtime/heap.py); a name tests can replace
 
 
 def enabled() -> bool:
