@@ -73,6 +73,11 @@ def test_llama_cpp_runner_reads_llama_bench_json(tmp_path):
     args = (tmp_path / "build" / "bin" / "args").read_text().split()
     assert args[args.index("-d") + 1] == "128" and args[args.index("-t") + 1] == "2"
     assert args[args.index("-p") + 1] == "0" and args[args.index("-n") + 1] == "16"
+    assert "--repack" not in args  # llama-bench's default: its extra buffers (AMX int8 where the CPU has it)
+    with pytest.raises(RuntimeError, match="no run with n_prompt=64"):  # the stand-in answers only the gen run
+        lc.tokens_per_s(tmp_path / "m.gguf", prompt=64, threads=1, repack=False)
+    args = (tmp_path / "build" / "bin" / "args").read_text().split()
+    assert args[args.index("--repack") + 1] == "0"
 
 
 def test_interleaved_rounds_rotate_and_paired_ratios_are_per_round():
@@ -91,3 +96,26 @@ def test_interleaved_rounds_rotate_and_paired_ratios_are_per_round():
     row = dict(config="180m", dtype="bf16", metric="decode tok/s after 128", ours=100.0, peer="llama.cpp bf16",
                peer_tok_s=90.0, ratio=1.11, paired=(1.12, 0.98, 1.3), spread=0.05)
     assert "paired 1.12x (0.98-1.30)" in format_table([row])
+
+
+def test_a_peer_that_crashes_is_left_out_and_named(tmp_path):
+    """llama.cpp's AMX prompt kernels die with SIGILL on some VMs: that peer's row says so, the rest is measured."""
+    from vl.bench import format_table, interleaved
+    from vl.bench_llama_cpp import LlamaCpp
+
+    (tmp_path / "build" / "bin").mkdir(parents=True)
+    fake = tmp_path / "build" / "bin" / "llama-bench"
+    fake.write_text("#!/bin/sh\nkill -ILL $$\n")
+    fake.chmod(0o755)
+    (tmp_path / "convert_hf_to_gguf.py").write_text("")
+    lc = LlamaCpp(tmp_path)
+    failed = {}
+    times = interleaved({"ours": lambda: 0.5, "llama.cpp q8_0 AMX": lambda: lc.tokens_per_s(tmp_path / "m.gguf",
+                                                                                             prompt=64)}, 2, failed)
+    assert times == {"ours": [0.5, 0.5]}
+    assert "killed by SIGILL" in failed["llama.cpp q8_0 AMX"] and "m.gguf -p 64" in failed["llama.cpp q8_0 AMX"]
+    with pytest.raises(RuntimeError):  # without `failed` the error is the caller's
+        interleaved({"x": lambda: lc.tokens_per_s(tmp_path / "m.gguf", prompt=64)}, 1)
+    row = dict(config="180m", dtype="bf16", metric="prefill tok/s @2048", peer="llama.cpp q8_0 AMX", ours=900.0,
+               peer_error=failed["llama.cpp q8_0 AMX"])
+    assert "not measured: llama-bench m.gguf -p 64" in format_table([row])

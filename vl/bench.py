@@ -37,7 +37,7 @@ import torch
 
 from vl import bench_geometry
 from vl.bench_llama_cpp import LlamaCpp
-from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
+from vl.bench_timing import PeakRSS, _sync, cpu_flags, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling import kernels, ssd_cpu
 from vl.modeling.nemotron_h import NemotronHForCausalLM
@@ -60,12 +60,21 @@ CONFIGS = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:
+def interleaved(fns: dict, repeats: int, failed: dict | None = None) -> dict[str, list[float]]:
     """Seconds per call of each fn, runs interleaved; a fn that returns a float reports its own timing. Each round
-    starts one fn later than the one before (a rotation), so that no fn always runs right after the same other."""
+    starts one fn later than the one before (a rotation), so that no fn always runs right after the same other.
+    `failed`: a dict that collects {key: error} of the fns whose warm-up call raised RuntimeError (an external peer
+    that crashed); those are left out of the rounds. Without it any error propagates."""
     out = {k: [] for k in fns}
-    for f in fns.values():  # warm-up
-        f()
+    for k, f in list(fns.items()):  # warm-up
+        try:
+            f()
+        except RuntimeError as e:
+            if failed is None:
+                raise
+            failed[k] = str(e)
+            fns = {j: g for j, g in fns.items() if j != k}
+            del out[k]
     items = list(fns.items())
     for r in range(repeats):
         for k, f in items[r % len(items):] + items[:r % len(items)]:
@@ -165,11 +174,18 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         calib = torch.randint(3, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)).to(device)
         for fmt in formats:
             quant[fmt] = quantized_copy(ours, fmt, calib)
-    peers = {}  # label -> gguf kind: llama.cpp at this dtype, and its q8_0 next to our fp8 (bf16 pass only)
+    # label -> (gguf kind, repack): llama.cpp at this dtype, and its q8_0 next to our fp8 (bf16 pass only); on a
+    # CPU with AMX-INT8 llama-bench's default runs q8_0 through its AMX kernels, so its plain kernels (what a build
+    # without AMX runs) get their own row
+    peers = {}
     if llama is not None and gguf:
-        peers = {f"llama.cpp {GGUF_NAMES[dtype_name]}": dtype_name}
+        peers = {f"llama.cpp {GGUF_NAMES[dtype_name]}": (dtype_name, True)}
         if dtype_name == "bf16" and "q8_0" in gguf:
-            peers["llama.cpp q8_0"] = "q8_0"
+            if "amx_int8" in cpu_flags():
+                peers["llama.cpp q8_0 AMX"] = ("q8_0", True)
+                peers["llama.cpp q8_0 -repack0"] = ("q8_0", False)
+            else:
+                peers["llama.cpp q8_0"] = ("q8_0", True)
     threads = torch.get_num_threads()
     for t in prefill:
         ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen).to(device)
@@ -182,9 +198,11 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             fns["ssd_ours"], fns["ssd_hf"] = ssd_scan_fns(cfg, t, device)
         for fmt, qm in quant.items():
             fns[fmt] = lambda qm=qm: our_prefill(qm, ids)
-        for label, kind in peers.items():
-            fns[label] = lambda kind=kind: t / llama.tokens_per_s(gguf[kind], prompt=t, threads=threads)
-        times = interleaved(fns, repeats)
+        for label, (kind, repack) in peers.items():
+            fns[label] = lambda kind=kind, repack=repack: t / llama.tokens_per_s(gguf[kind], prompt=t, threads=threads,
+                                                                                 repack=repack)
+        failed = {}
+        times = interleaved(fns, repeats, failed)
         o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
         row = dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
                    ours=t / o, transformers=t / h, ratio=h / o,
@@ -200,6 +218,10 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                              format=fmt, ours=t / q, transformers=t / h, ratio=h / q, vs_ours=o / q,
                              spread=_spread(times[fmt])))
         for label in peers:
+            if label in failed:
+                rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}",
+                                 peer=label, ours=t / o, peer_error=failed[label]))
+                continue
             p_ = statistics.median(times[label])
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
                              ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, paired=paired(times[label], times["ours"]),
@@ -217,10 +239,11 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                 fns[mode] = lambda: _modules_decode_s(ours, ids, new_tokens)
         for fmt, qm in quant.items():
             fns[fmt] = lambda qm=qm: our_decode_s(qm, ids, new_tokens, "eager")
-        for label, kind in peers.items():
-            fns[label] = lambda kind=kind: 1 / llama.tokens_per_s(gguf[kind], gen=new_tokens, depth=ctx,
-                                                                  threads=threads)
-        times = interleaved(fns, repeats)
+        for label, (kind, repack) in peers.items():
+            fns[label] = lambda kind=kind, repack=repack: 1 / llama.tokens_per_s(gguf[kind], gen=new_tokens, depth=ctx,
+                                                                                 threads=threads, repack=repack)
+        failed = {}
+        times = interleaved(fns, repeats, failed)
         h = statistics.median(times["hf"])
         copy_GBps = 1e-9 / statistics.median(times["copy"]) if on_cpu else None
         for mode in decode_modes:
@@ -242,6 +265,11 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                              packed_as_bf16_bytes=as_bf16, spread=_spread(times[fmt]),
                              ours_weight_GBps=read_bytes[qm] / q / 1e9, copy_GBps=copy_GBps))
         for label in peers:
+            if label in failed:
+                rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"decode tok/s after {ctx}",
+                                 peer=label, ours=1 / statistics.median(times[decode_modes[0]]),
+                                 peer_error=failed[label]))
+                continue
             p_ = statistics.median(times[label])
             for mode in decode_modes:
                 ref = statistics.median(times[mode])
@@ -325,13 +353,17 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
                      f"{r['ratio']:>6.2f}x  {note}")
     if peer_rows:
-        head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<16} {'peer tok/s':>10} {'ratio':>7}"
+        head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<23} {'peer tok/s':>10} {'ratio':>7}"
         lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours; ratio: of "
                   "the medians; paired: the median of the rounds' own ratios, with their range):", head,
                   "-" * len(head)]
         for r in peer_rows:
+            if "peer_error" in r:
+                lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<23} "
+                             f"{'-':>10} {'-':>7}  not measured: {r['peer_error'].splitlines()[0][:160]}")
+                continue
             pair = f"; paired {_paired_text(r['paired'])}" if "paired" in r else ""
-            lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<16} "
+            lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<23} "
                          f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}{pair}")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -99,15 +100,21 @@ class LlamaCpp:
         shutil.rmtree(hf_dir, ignore_errors=True)
         return out
 
-    def tokens_per_s(self, gguf: Path, *, prompt: int = 0, gen: int = 0, depth: int = 0, threads: int = 1) -> float:
-        """One `llama-bench` repetition: prompt tokens/s (gen=0) or generated tokens/s after `depth` tokens."""
+    def tokens_per_s(self, gguf: Path, *, prompt: int = 0, gen: int = 0, depth: int = 0, threads: int = 1,
+                     repack: bool = True) -> float:
+        """One `llama-bench` repetition: prompt tokens/s (gen=0) or generated tokens/s after `depth` tokens.
+        `repack=False` passes `--repack 0`: no extra weight buffers (its AMX int8 kernels, repacked layouts), so
+        the weights run through its plain CPU kernels, as a build without AMX runs them."""
         cmd = [str(self.bench), "-m", str(gguf), "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", "1",
                "-o", "json"]
         if depth:
             cmd += ["-d", str(depth)]
+        if not repack:
+            cmd += ["--repack", "0"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if r.returncode != 0:
-            raise RuntimeError(f"llama-bench failed (exit {r.returncode}): {r.stderr.strip()[-800:]}")
+            how = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit {r.returncode}")
+            raise RuntimeError(f"llama-bench {Path(gguf).name} {' '.join(cmd[3:])} failed ({how}) {r.stderr.strip()[-800:]}".rstrip())
         runs = json.loads(r.stdout)
         want = [x for x in runs if int(x.get("n_prompt", 0)) == prompt and int(x.get("n_gen", 0)) == gen]
         if not want:

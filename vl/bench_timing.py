@@ -76,16 +76,20 @@ def memory_counters() -> dict[str, int]:
     return out
 
 
-def cpu_isa() -> str:
-    """The vector ISA speed figures depend on: torch's CPU capability and the AVX512 / AMX flags of this CPU."""
-    flags = set()
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("flags"):
-                flags = {f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx"))}
-                break
+                return set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    return set()
+
+
+def cpu_isa() -> str:
+    """The vector ISA speed figures depend on: torch's CPU capability and the AVX512 / AMX flags of this CPU."""
+    flags = {f for f in cpu_flags() if f.startswith(("avx512", "amx"))}
     return f"torch {torch.backends.cpu.get_cpu_capability()}; " + (" ".join(sorted(flags)) or "no AVX512/AMX")
 
 
