@@ -252,3 +252,51 @@ def test_a_layer_rebinds_its_kernel_call_when_its_tensors_change_in_place(kernel
         fp8["proj"].weight.view(torch.uint8)[3, 5] = 0x7F  # a NaN code written after the first call
         y = fp8["proj"](torch.randn(1, 32))
     assert torch.isnan(y[0, 3]) and not torch.isnan(y[0, :3]).any()
+
+
+def _relu2_rows(m, k, seed=0):
+    """Activation rows as a ReLU^2 down_proj sees them: about half exact zeros, one row all zero, one column
+    non-zero in only one row (so the batch's union of non-zero inputs differs from each row's own)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).relu().square()
+    if m > 2:
+        x[1] = 0
+        x[:, -1] = 0
+        x[2, -1] = 0.75
+    return x
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("shape", [(37, 200), (1024, 96), (40, 52), (16, 3), (130, 7)])  # (N, K): tails, N < 16
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposed_sparse_gemv_equals_the_product(kernels, build, shape, rows, dtype):
+    """`dense_t` (a weight stored (K, N), rows of zero inputs skipped) against the float64 product of the same
+    values: float32 accumulation-order noise only; every row equals that row computed alone, bit for bit."""
+    k = _which(kernels, build)
+    n, kin = shape
+    w = (torch.randn(n, kin, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype)
+    x = _relu2_rows(rows, kin).to(dtype).float()  # model-dtype values, as float32 (what the step passes)
+    got = k.dense_t(x, w.t().contiguous())
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    _close(got, x.double() @ w.double().t())
+    for r in range(rows):
+        assert torch.equal(k.dense_t(x[r:r + 1].contiguous(), w.t().contiguous()), got[r:r + 1])
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+def test_transposed_sparse_gemv_same_bits_on_any_thread_count_and_all_zero_input(kernels, build):
+    """The columns are split between threads, each output summed whole by one: the same bits on 1 and 3 threads.
+    An all-zero input reads no weight row and gives exact zeros."""
+    k = _which(kernels, build)
+    wt = (torch.randn(300, 1040) * 0.05).bfloat16()
+    x = _relu2_rows(4, 300, seed=2).bfloat16().float()
+    threads, got = torch.get_num_threads(), []
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            got.append(k.dense_t(x, wt))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got[0], got[1])
+    assert torch.equal(k.dense_t(torch.zeros(2, 300), wt), torch.zeros(2, 1040))

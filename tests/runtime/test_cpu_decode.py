@@ -13,7 +13,7 @@ from vl.errors import ContextLengthError
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime import cpu_decode
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import gemv_decode_linears
+from vl.runtime.cpu_matmul import gemv_decode_linears, transpose_relu2_down_proj, transposed
 from vl.runtime.generate import generate_ids, left_pad
 
 
@@ -112,6 +112,20 @@ def models(cfg, dtype, seed=0, std=0.3):
     return lm, (model(cfg, torch.float32, seed, std) if dtype == torch.bfloat16 else None)
 
 
+def down_by_rows(lm, on: bool = True):
+    """The MLPs' down_proj weights stored (K, N), as `transpose_relu2_down_proj` leaves them on an AVX512 CPU (laid
+    out here directly so that the portable build's loops are tested on any CPU); the step reads them through the
+    kernel that skips zero inputs."""
+    if on:
+        with torch.no_grad():
+            for block in lm.backbone.layers:
+                if block.kind == "-":
+                    w = block.mixer.down_proj.weight
+                    w.data = w.t().contiguous().t()
+                    assert transposed(block.mixer.down_proj.weight)
+    return lm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("changes", [
     {},
@@ -126,8 +140,10 @@ def test_fused_step_equals_the_modules(lib, dtype, changes):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype):
+@pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
+def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype, rows):
     lm, truth = models(odd_config(), dtype, seed=1)
+    down_by_rows(lm, rows != "plain")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # one GEMV group, 7 padded to 8
     compare_steps(lm, lib, ids, mask, truth=truth)
 
@@ -142,6 +158,7 @@ def test_fused_step_with_the_gemv_pass_and_the_180m_widths(lib):
     cfg = bench_180m_lm(pattern="M*-", vocab_size=1000, mamba_num_heads=16, intermediate_size=1024)
     lm, truth = models(cfg, torch.bfloat16, std=0.02)
     gemv_decode_linears(lm)  # as vl.load_pretrained does: the plan reads the weights under the routed forward
+    assert transpose_relu2_down_proj(lm) == 1  # and this CPU has AVX512 (the portable build skipped above)
     compare_steps(lm, lib, torch.randint(3, 1000, (1, 5)), steps=3, truth=truth)
 
 
@@ -291,11 +308,12 @@ def test_a_forward_hook_sends_the_step_through_the_modules(lib, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_thread_and_several_give_the_same_bits(lib, dtype):
+@pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
+def test_one_thread_and_several_give_the_same_bits(lib, dtype, rows):
     """The step splits output rows and heads between OpenMP threads, each computed whole by one thread, and runs a
     plain loop for one thread: from one prefilled cache, logits and caches are bit for bit the same at 1 and 3
     threads (the prefill runs once: torch's own products need not give the same bits at another thread count)."""
-    lm, _ = models(odd_config(), dtype, seed=2)
+    lm = down_by_rows(models(odd_config(), dtype, seed=2)[0], rows != "plain")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2)])
     prefilled = HybridCache(lm.config, 3, 16, dtype=dtype)
     with torch.no_grad():
@@ -327,11 +345,12 @@ def _rows(cache: HybridCache, rows: slice) -> HybridCache:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype):
+@pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
+def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype, rows):
     """Dense rows go through the weights 1, 4 or 8 at a time (2-3 padded to 4, 5-7 to 8, more in groups of 8):
     each row keeps its own accumulators in the same order, so from the same cache a row's logits and cache are
     bit for bit those of the row decoded alone, whatever the batch size and its row's place in the group."""
-    lm, _ = models(odd_config(), dtype, seed=3)
+    lm = down_by_rows(models(odd_config(), dtype, seed=3)[0], rows != "plain")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7)])
     prefilled = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
     with torch.no_grad():

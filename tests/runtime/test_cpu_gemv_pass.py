@@ -86,3 +86,55 @@ def test_cached_decode_with_the_pass_equals_without(kern, dtype):
             la = base(ids[:, t:t + 1], cache=caches[0]).logits.float()
             lb = fast(ids[:, t:t + 1], cache=caches[1]).logits.float()
             torch.testing.assert_close(lb, la, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu2_down_proj_stored_by_rows(kern, dtype, monkeypatch, tmp_path):
+    """transpose_relu2_down_proj: only the ReLU^2 MLPs' plain down_proj weights are laid out (K, N), the module sees
+    the same (N, K) values; its forward (few rows: the skipping kernel; many rows: torch's GEMM on the transposed
+    operand) equals the untouched model's; a checkpoint saved from it holds the same tensors; applied once;
+    VL_SPARSE_DOWN=0 turns it off."""
+    if kern is None or kern.isa != "avx512":
+        pytest.skip("the pass needs the AVX512 build of the kernel; without it the weights stay as loaded")
+    from vl.bench import CONFIGS
+    from vl.checkpoint.files import CheckpointFiles, save_tensors
+    from vl.modeling.nemotron_h import NemotronHForCausalLM
+    from vl.runtime.cache import HybridCache
+
+    cfg = CONFIGS["tiny"]()
+    torch.manual_seed(0)
+    base = NemotronHForCausalLM(cfg).eval().to(dtype)
+    fast = NemotronHForCausalLM(cfg).eval().to(dtype)
+    fast.load_state_dict(base.state_dict())
+    monkeypatch.setenv("VL_SPARSE_DOWN", "0")
+    assert cpu_matmul.transpose_relu2_down_proj(fast) == 0
+    monkeypatch.delenv("VL_SPARSE_DOWN")
+    cpu_matmul.gemv_decode_linears(fast)
+    mlps = [b.mixer for b in fast.backbone.layers if b.kind == "-"]
+    assert cpu_matmul.transpose_relu2_down_proj(fast) == len(mlps) > 0
+    assert cpu_matmul.transpose_relu2_down_proj(fast) == 0  # done once
+    for name, p in fast.named_parameters():
+        assert cpu_matmul.transposed(p) == name.endswith("down_proj.weight"), name
+        assert torch.equal(p, base.get_parameter(name))
+    calls = []
+    orig = kern.dense_t
+    kern.dense_t = lambda *a: calls.append(1) or orig(*a)
+    ids = torch.randint(3, cfg.vocab_size, (1, 40))
+    caches = [HybridCache(cfg, 1, 48, dtype=dtype) for _ in range(2)]
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    try:
+        with torch.no_grad():
+            la = base(ids[:, :32], cache=caches[0]).logits
+            lb = fast(ids[:, :32], cache=caches[1]).logits  # 32 rows: torch's GEMM with the (K, N) operand
+            torch.testing.assert_close(lb.float(), la.float(), **tol)
+            assert not calls
+            for t in range(32, 40):  # one-token steps through the modules: the skipping kernel
+                la = base(ids[:, t:t + 1], cache=caches[0]).logits.float()
+                lb = fast(ids[:, t:t + 1], cache=caches[1]).logits.float()
+                torch.testing.assert_close(lb, la, **tol)
+    finally:
+        kern.dense_t = orig
+    assert len(calls) == 8 * len(mlps)
+    save_tensors(fast.state_dict(), tmp_path)  # the saver writes contiguous tensors
+    saved = CheckpointFiles(tmp_path).load_all()
+    assert all(torch.equal(saved[k], v) for k, v in base.state_dict().items())

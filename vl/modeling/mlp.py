@@ -27,6 +27,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, hidden, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(hidden, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = activation(cfg.mlp_hidden_act)
+        self.hidden_act = cfg.mlp_hidden_act
 
     def forward(self, x):
         return self.down_proj(self.act(self.up_proj(x)))

@@ -50,6 +50,8 @@ class Kernel:
         lib.vl_dense_gemv.argtypes = [p, i, i, p, i, i, p, i]
         lib.vl_dense_gemv.restype = None
         lib.vl_dense_bf16_native.restype = i
+        lib.vl_dense_t_gemv.argtypes = [p, i, i, p, i, i, p, i]
+        lib.vl_dense_t_gemv.restype = None
         self.dense_bf16 = bool(lib.vl_dense_bf16_native())
         self.lib, self.path = lib, path
         self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
@@ -109,6 +111,16 @@ class Kernel:
         for r in range(0, m, KERNEL_ROWS):
             self.lib.vl_dense_gemv(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, w.data_ptr(), n,
                                    int(w.dtype == torch.bfloat16), y[r].data_ptr(), threads)
+        return y
+
+    def dense_t(self, x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        """x (M, K) float32 contiguous, wt (K, N) bf16 or float32 contiguous (a weight stored transposed) -> (M, N)
+        float32 = x @ wt, reading only the rows of wt whose input is non-zero somewhere in x (ReLU^2 zeros)."""
+        m, k = x.shape
+        n = wt.shape[1]
+        y = torch.empty(m, n, dtype=torch.float32)
+        self.lib.vl_dense_t_gemv(x.data_ptr(), m, k, wt.data_ptr(), n, int(wt.dtype == torch.bfloat16),
+                                 y.data_ptr(), torch.get_num_threads())
         return y
 
 

@@ -32,6 +32,7 @@ from vl import native
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant import cpu_gemv
 from vl.quant.linear import QuantizedLinear
+from vl.runtime.cpu_matmul import transposed
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ SOURCE = Path(cpu_gemv.__file__).with_name("kernels") / "decode_step.cpp"
 MAX_ROWS = 64  # rows (batch) one fused step takes; larger batches keep the modules
 _KINDS = {"M": 0, "*": 1, "-": 2}
 _FORMATS = {"fp8": 1, "nvfp4": 2}  # VlMat.fmt; 0 = dense
+_DENSE_T = 3  # VlMat.fmt of a dense weight stored transposed: the kernel skips its zero inputs
 _override: str | None = None
 
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -192,6 +194,8 @@ class Plan:
         def mat(mod) -> _Mat:
             if type(mod) is nn.Linear:
                 n, k = mod.weight.shape
+                if transposed(mod.weight):  # laid out (K, N) by cpu_matmul.transpose_relu2_down_proj
+                    return _Mat(fmt=_DENSE_T, N=n, K=k, w=ptr(mod.weight.t()))
                 return _Mat(fmt=0, N=n, K=k, w=ptr(mod.weight))
             ops = mod.packed_operands()
             m = _Mat(fmt=_FORMATS[ops["fmt"]], N=mod.out_features, K=mod.in_features, w=ptr(ops["weight"]))

@@ -13,13 +13,18 @@ the faster read) keep the plain 16-bit product.
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import types
 
 import torch
 from torch import nn
 
 from vl import cpu_gemm
+from vl.modeling.mlp import MLP
 from vl.quant import cpu_gemv
+
+log = logging.getLogger(__name__)
 
 MIN_ROWS = 8  # below this many rows the per-call weight upcast costs more than the 16-bit GEMM it replaces
 BLOCK_ELEMS = 8 * 1024 * 1024  # fp32 weight elements upcast at a time (32 MiB)
@@ -96,10 +101,11 @@ def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // w.shape[1] if w.shape[1] else 0
     grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     if (0 < rows <= cpu_gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-            and not torch.compiler.is_compiling() and not grad and w.is_contiguous()):
+            and not torch.compiler.is_compiling() and not grad and (w.is_contiguous() or transposed(w))):
         kern = cpu_gemv.kernel()
         if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
-            y = kern.dense(x.reshape(rows, w.shape[1]).contiguous(), w)
+            x2 = x.reshape(rows, w.shape[1])
+            y = kern.dense_t(x2.float().contiguous(), w.t()) if transposed(w) else kern.dense(x2.contiguous(), w)
             if self.bias is not None:
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
@@ -123,4 +129,41 @@ def gemv_decode_linears(model: nn.Module) -> int:
             module._vl_dense_forward = module.forward  # the plain (or 16-bit-upcast) forward, for the other cases
             module.forward = types.MethodType(_gemv_forward, module)
             n += 1
+    return n
+
+
+def transposed(w: torch.Tensor) -> bool:
+    """A 2-D weight laid out (K, N) in memory: the transpose of a contiguous tensor, as
+    `transpose_relu2_down_proj` leaves a down_proj (the module still sees its (N, K) weight)."""
+    return w.dim() == 2 and w.shape[0] > 1 and w.shape[1] > 1 and not w.is_contiguous() and w.t().is_contiguous()
+
+
+def transpose_relu2_down_proj(model: nn.Module) -> int:
+    """Lay out the weights of the ReLU^2 MLPs' down_proj column by column ((K, N) in memory; the module still holds
+    an (N, K) weight, now a transposed view, and every product with it gives the same numbers up to float32
+    summation order). The input of that product is relu(up(x))^2: zero wherever up(x) <= 0, about half the
+    entries for random weights and more in trained models. Stored by rows of the input dimension, a decode
+    step skips the rows whose input is zero and reads that much less of the layer (vl_dense_t_gemv in
+    vl/quant/kernels/quant_gemv.cpp; the fused step and the modules' GEMV path both use it); prefill's GEMMs
+    take the transposed operand at the same speed. Plain bf16 / fp32 CPU Linears only (packed FP8 / NVFP4
+    weights stay as stored), where the AVX512 kernel builds, not under accelerate hooks; `VL_SPARSE_DOWN=0`
+    turns it off. Returns how many layers were laid out; a second call finds them done."""
+    if os.environ.get("VL_SPARSE_DOWN", "1") == "0":
+        return 0
+    kern = cpu_gemv.kernel()
+    if kern is None or kern.isa != "avx512":
+        return 0
+    n = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not (isinstance(module, MLP) and module.hidden_act == "relu2"):
+                continue
+            lin = module.down_proj
+            w = lin.weight
+            if (type(lin) is nn.Linear and w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float32)
+                    and w.is_contiguous() and min(w.shape) > 1 and not hasattr(lin, "_hf_hook")):
+                lin.weight.data = w.t().contiguous().t()
+                n += 1
+    if n:
+        log.info("vl: %d ReLU^2 down_proj weights stored by input row: decode skips the rows of zero inputs", n)
     return n

@@ -7,7 +7,8 @@ from vl.checkpoint.load import load_model
 from vl.modeling import ssd_cpu
 from vl.modeling.mamba2 import Mamba2Mixer
 from vl.runtime import cpu_decode, gpu_libs, heap, hugepages
-from vl.runtime.cpu_matmul import gemv_decode_linears, onednn_fp32_matmuls, upcast_16bit_matmuls
+from vl.runtime.cpu_matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
+                                   upcast_16bit_matmuls)
 from vl.runtime.placement import place
 
 
@@ -25,6 +26,7 @@ def runtime_passes(model, device_map=None, max_memory=None):
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)
+    transpose_relu2_down_proj(model)  # decode reads only the down_proj rows of non-zero ReLU^2 inputs (cpu_matmul.py)
     hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     if any(isinstance(m, Mamba2Mixer) and m.dt_bias.device.type == "cpu" for m in model.modules()):

@@ -26,7 +26,7 @@ extern "C" {
 // One layer. Field use depends on `kind`; the struct is mirrored by ctypes in vl/runtime/cpu_decode.py.
 // One weight matrix (N, K): y = x W^T. Mirrored by ctypes in vl/runtime/cpu_decode.py.
 struct VlMat {
-  int fmt;                     // 0 = dense in the model dtype, 1 = FP8 E4M3, 2 = NVFP4
+  int fmt;                     // 0 = dense in the model dtype, 1 = FP8 E4M3, 2 = NVFP4, 3 = dense stored (K, N)
   int N, K;
   const void* w;               // dense (N, K) | FP8 (N, K) bytes | NVFP4 (N, K/2) packed E2M1
   const float* scale;          // FP8 weight_scale as float32: one (kind 0), per row (1), per 128x128 block (2)
@@ -172,7 +172,11 @@ static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat
 
 static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
   const int K = W.K, N = W.N;
-  if (W.fmt != 0) {
+  if (W.fmt == 3) {  // dense, stored transposed (K, N): skips the zero inputs (a ReLU^2 down_proj)
+    vl_dense_t_gemv(x, M, K, W.w, N, bf16, y, nthreads);
+    return;
+  }
+  if (W.fmt == 1 || W.fmt == 2) {
     const int x_bf16 = bf16 && vl_gemv_bf16_dot();
     for (int m0 = 0; m0 < M; m0 += 4) {
       const int mm = M - m0 < 4 ? M - m0 : 4;

@@ -15,7 +15,9 @@
 //
 // Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
 // the plain C++ path (table lookups) that any CPU runs.
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <cmath>
@@ -635,6 +637,88 @@ void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, 
     }
   });
   delete[] xf;
+}
+
+// Dense, stored transposed: wt (K, N) row-major is the layer's (N, K) weight laid out column by column, bf16
+// (bf16=1) or float32; x (M, K) float32 holding model-dtype values; y (M, N) float32 = x @ wt, as
+// y[m, :] = sum over i, in increasing i, of x[m, i] * wt[i, :] (float32 products, exact for bf16 x bf16, and float32
+// sums). A row i of wt is read only where some x[m, i] != 0: the input of a ReLU^2 MLP's down_proj is mostly zeros
+// (about half for random weights, more in trained models), so decode reads that much less of the layer. A zero
+// term is exactly nothing in a finite sum, so only the order of the float32 additions differs from the row-major
+// product (a non-finite weight times a zero input would be NaN there and is skipped here). Threads split the
+// columns; each output is summed by one thread in the same order whatever the thread count, and a row whose
+// x[m, i] is 0 skips that term, so no row's result depends on the other rows. M: any.
+void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf16, float* y, int nthreads) {
+  static thread_local std::vector<int> nz;
+  nz.clear();
+  for (int i = 0; i < K; ++i)
+    for (int m = 0; m < M; ++m)
+      if (x[(size_t)m * K + i] != 0.f) {
+        nz.push_back(i);
+        break;
+      }
+  const int nnz = (int)nz.size();
+  const int* idx = nz.data();
+  const int parts = nthreads > 1 ? std::max(1, std::min(nthreads, N / 64)) : 1;
+  parallel_for(parts, parts, [&](int t) {
+    const int c0 = (int)((int64_t)N * t / parts) & ~15;
+    const int c1 = t + 1 == parts ? N : (int)((int64_t)N * (t + 1) / parts) & ~15;
+    for (int m = 0; m < M; ++m) std::memset(y + (size_t)m * N + c0, 0, sizeof(float) * (c1 - c0));
+    // Up to 4 non-zero rows at a time, their terms added to each output in increasing row order (the same fused
+    // multiply-adds as one row at a time; y stays in registers across the 4 and the 4 rows stream side by side).
+    for (int j = 0; j < nnz; j += 4) {
+      const int nr = nnz - j < 4 ? nnz - j : 4;
+      const char* rows[4];
+      for (int r = 0; r < 4; ++r) rows[r] = (const char*)wt + (size_t)idx[j + (r < nr ? r : 0)] * N * (bf16 ? 2 : 4);
+      const char* ahead[4];  // the next 4 rows, prefetched one line each per 64 bytes read from a current row
+      for (int r = 0; r < 4; ++r)
+        ahead[r] = (const char*)wt + (size_t)idx[j + 4 + r < nnz ? j + 4 + r : nnz - 1] * N * (bf16 ? 2 : 4);
+      for (int m = 0; m < M; ++m) {
+        float a[4] = {0.f, 0.f, 0.f, 0.f};  // a padding row repeats row 0 with a zero coefficient: an exact no-op
+        bool any = false;
+        for (int r = 0; r < nr; ++r) any |= (a[r] = x[(size_t)m * K + idx[j + r]]) != 0.f;
+        if (!any) continue;
+        float* ym = y + (size_t)m * N;
+        int c = c0;
+#ifdef VL_AVX512
+        const __m512 a0 = _mm512_set1_ps(a[0]), a1 = _mm512_set1_ps(a[1]), a2 = _mm512_set1_ps(a[2]),
+                     a3 = _mm512_set1_ps(a[3]);
+        if (bf16) {
+          const uint16_t *w0 = (const uint16_t*)rows[0], *w1 = (const uint16_t*)rows[1],
+                         *w2 = (const uint16_t*)rows[2], *w3 = (const uint16_t*)rows[3];
+          for (; c + 16 <= c1; c += 16) {
+            if (!(c & 31))
+              for (int r = 0; r < 4; ++r) _mm_prefetch(ahead[r] + 2 * c, _MM_HINT_T0);
+            __m512 v = _mm512_loadu_ps(ym + c);
+            v = _mm512_fmadd_ps(a0, load_bf16x16(w0 + c), v);
+            v = _mm512_fmadd_ps(a1, load_bf16x16(w1 + c), v);
+            v = _mm512_fmadd_ps(a2, load_bf16x16(w2 + c), v);
+            v = _mm512_fmadd_ps(a3, load_bf16x16(w3 + c), v);
+            _mm512_storeu_ps(ym + c, v);
+          }
+        } else {
+          const float *w0 = (const float*)rows[0], *w1 = (const float*)rows[1], *w2 = (const float*)rows[2],
+                      *w3 = (const float*)rows[3];
+          for (; c + 16 <= c1; c += 16) {
+            for (int r = 0; r < 4; ++r) _mm_prefetch(ahead[r] + 4 * c, _MM_HINT_T0);
+            __m512 v = _mm512_loadu_ps(ym + c);
+            v = _mm512_fmadd_ps(a0, _mm512_loadu_ps(w0 + c), v);
+            v = _mm512_fmadd_ps(a1, _mm512_loadu_ps(w1 + c), v);
+            v = _mm512_fmadd_ps(a2, _mm512_loadu_ps(w2 + c), v);
+            v = _mm512_fmadd_ps(a3, _mm512_loadu_ps(w3 + c), v);
+            _mm512_storeu_ps(ym + c, v);
+          }
+        }
+#endif
+        for (; c < c1; ++c) {
+          float v = ym[c];
+          for (int r = 0; r < 4; ++r)
+            v = std::fma(a[r], bf16 ? bf16_to_float(((const uint16_t*)rows[r])[c]) : ((const float*)rows[r])[c], v);
+          ym[c] = v;
+        }
+      }
+    }
+  });
 }
 
 }  // extern "C"
