@@ -100,3 +100,25 @@ def test_a_changed_packed_weight_is_seen(lib):
     with torch.no_grad():
         lm.backbone.layers[2].mixer.up_proj.weight.bitwise_xor_(0x11)  # in place: the plan must be rebuilt
     compare_steps(lm, lib, ids, steps=2)
+
+
+@pytest.mark.parametrize("algo", ["FP8", "W4A16_NVFP4"])
+def test_exporting_a_loaded_model_whose_down_proj_is_stored_by_rows(lib, algo):
+    """`vl quantize` and `vl bench --formats` quantize a model after the load passes, which may leave the ReLU^2
+    down_proj weights stored (K, N) (cpu_matmul.transpose_relu2_down_proj): the exported tensors are the same as
+    from the plain layout, contiguous, and the packed Linears stay on the fused step (not the slow reference)."""
+    from test_cpu_decode import down_by_rows
+
+    cfg = LMConfig(**ALGOS[algo][0])
+    plain = model(cfg, torch.float32, 0, std=0.3)
+    rows = down_by_rows(model(cfg, torch.float32, 0, std=0.3))
+    names = quantizable_linear_names(plain, exclude_patterns())
+    want = quantize_state_dict(plain.state_dict(), names, algo, {n: 4.0 for n in names})
+    got = quantize_state_dict(rows.state_dict(), names, algo, {n: 4.0 for n in names})
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(got[k].float(), want[k].float()), k
+        assert got[k].is_contiguous() or "down_proj.weight" not in k, k
+    swap_quantized_linears(rows, got, "weight-only", compute_dtype=torch.float32)
+    assert all(m.packed_operands() is not None for m in rows.modules() if isinstance(m, QuantizedLinear))
+    assert cpu_decode.unsupported(rows) is None
