@@ -114,7 +114,8 @@ class LlamaCpp:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if r.returncode != 0:
             how = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit {r.returncode}")
-            raise RuntimeError(f"llama-bench {Path(gguf).name} {' '.join(cmd[3:])} failed ({how}) {r.stderr.strip()[-800:]}".rstrip())
+            what = f"llama-bench {Path(gguf).name} {' '.join(cmd[3:])}"
+            raise RuntimeError(f"{what} failed ({how}) {r.stderr.strip()[-800:]}".rstrip())
         runs = json.loads(r.stdout)
         want = [x for x in runs if int(x.get("n_prompt", 0)) == prompt and int(x.get("n_gen", 0)) == gen]
         if not want:

@@ -66,8 +66,9 @@ def main() -> None:
         for name, m in order:
             t[name].append(our_decode_s(m, ids, 32, "eager"))
     ratios = sorted(x / y for x, y in zip(t["plain"], t["rows"]))
-    print(f"{a.dtype}, {a.threads} thread(s), {a.rounds} rounds: ms per token plain {1e3 * statistics.median(t['plain']):.2f}, "
-          f"rows {1e3 * statistics.median(t['rows']):.2f}; plain/rows per round: median {statistics.median(ratios):.3f} "
+    ms = {k: 1e3 * statistics.median(v) for k, v in t.items()}
+    print(f"{a.dtype}, {a.threads} thread(s), {a.rounds} rounds: ms per token plain {ms['plain']:.2f}, rows "
+          f"{ms['rows']:.2f}; plain/rows per round: median {statistics.median(ratios):.3f} "
           f"({ratios[0]:.3f}-{ratios[-1]:.3f})")
 
 
