@@ -673,49 +673,55 @@ void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf
       const char* ahead[4];  // the next 4 rows, prefetched one line each per 64 bytes read from a current row
       for (int r = 0; r < 4; ++r)
         ahead[r] = (const char*)wt + (size_t)idx[j + 4 + r < nnz ? j + 4 + r : nnz - 1] * N * (bf16 ? 2 : 4);
-      for (int m = 0; m < M; ++m) {
-        float a[4] = {0.f, 0.f, 0.f, 0.f};  // a padding row repeats row 0 with a zero coefficient: an exact no-op
+      for (int m0 = 0; m0 < M; m0 += 4) {  // up to 4 activation rows share each load of the 4 weight rows
+        const int mg = M - m0 < 4 ? M - m0 : 4;
+        float a[4][4] = {};  // a padding row repeats row 0 with a zero coefficient: an exact no-op
         bool any = false;
-        for (int r = 0; r < nr; ++r) any |= (a[r] = x[(size_t)m * K + idx[j + r]]) != 0.f;
+        for (int mm = 0; mm < mg; ++mm)
+          for (int r = 0; r < nr; ++r) any |= (a[mm][r] = x[(size_t)(m0 + mm) * K + idx[j + r]]) != 0.f;
         if (!any) continue;
-        float* ym = y + (size_t)m * N;
         int c = c0;
 #ifdef VL_AVX512
-        const __m512 a0 = _mm512_set1_ps(a[0]), a1 = _mm512_set1_ps(a[1]), a2 = _mm512_set1_ps(a[2]),
-                     a3 = _mm512_set1_ps(a[3]);
-        if (bf16) {
-          const uint16_t *w0 = (const uint16_t*)rows[0], *w1 = (const uint16_t*)rows[1],
-                         *w2 = (const uint16_t*)rows[2], *w3 = (const uint16_t*)rows[3];
-          for (; c + 16 <= c1; c += 16) {
-            if (!(c & 31))
+        __m512 av[4][4];
+        for (int mm = 0; mm < 4; ++mm)
+          for (int r = 0; r < 4; ++r) av[mm][r] = _mm512_set1_ps(a[mm][r]);
+        for (; c + 16 <= c1; c += 16) {
+          __m512 w[4];
+          if (bf16) {
+            if (m0 == 0 && !(c & 31))
               for (int r = 0; r < 4; ++r) _mm_prefetch(ahead[r] + 2 * c, _MM_HINT_T0);
-            __m512 v = _mm512_loadu_ps(ym + c);
-            v = _mm512_fmadd_ps(a0, load_bf16x16(w0 + c), v);
-            v = _mm512_fmadd_ps(a1, load_bf16x16(w1 + c), v);
-            v = _mm512_fmadd_ps(a2, load_bf16x16(w2 + c), v);
-            v = _mm512_fmadd_ps(a3, load_bf16x16(w3 + c), v);
-            _mm512_storeu_ps(ym + c, v);
+            for (int r = 0; r < 4; ++r) w[r] = load_bf16x16((const uint16_t*)rows[r] + c);
+          } else {
+            if (m0 == 0)
+              for (int r = 0; r < 4; ++r) _mm_prefetch(ahead[r] + 4 * c, _MM_HINT_T0);
+            for (int r = 0; r < 4; ++r) w[r] = _mm512_loadu_ps((const float*)rows[r] + c);
           }
-        } else {
-          const float *w0 = (const float*)rows[0], *w1 = (const float*)rows[1], *w2 = (const float*)rows[2],
-                      *w3 = (const float*)rows[3];
-          for (; c + 16 <= c1; c += 16) {
-            for (int r = 0; r < 4; ++r) _mm_prefetch(ahead[r] + 4 * c, _MM_HINT_T0);
-            __m512 v = _mm512_loadu_ps(ym + c);
-            v = _mm512_fmadd_ps(a0, _mm512_loadu_ps(w0 + c), v);
-            v = _mm512_fmadd_ps(a1, _mm512_loadu_ps(w1 + c), v);
-            v = _mm512_fmadd_ps(a2, _mm512_loadu_ps(w2 + c), v);
-            v = _mm512_fmadd_ps(a3, _mm512_loadu_ps(w3 + c), v);
-            _mm512_storeu_ps(ym + c, v);
+          if (mg == 4) {  // the coefficients in registers (the compiler keeps them there for a constant count)
+            for (int mm = 0; mm < 4; ++mm) {
+              float* ym = y + (size_t)(m0 + mm) * N + c;
+              __m512 v = _mm512_loadu_ps(ym);
+              for (int r = 0; r < 4; ++r) v = _mm512_fmadd_ps(av[mm][r], w[r], v);
+              _mm512_storeu_ps(ym, v);
+            }
+          } else {
+            for (int mm = 0; mm < mg; ++mm) {
+              float* ym = y + (size_t)(m0 + mm) * N + c;
+              __m512 v = _mm512_loadu_ps(ym);
+              for (int r = 0; r < 4; ++r) v = _mm512_fmadd_ps(_mm512_set1_ps(a[mm][r]), w[r], v);
+              _mm512_storeu_ps(ym, v);
+            }
           }
         }
 #endif
-        for (; c < c1; ++c) {
-          float v = ym[c];
-          for (int r = 0; r < 4; ++r)
-            v = std::fma(a[r], bf16 ? bf16_to_float(((const uint16_t*)rows[r])[c]) : ((const float*)rows[r])[c], v);
-          ym[c] = v;
-        }
+        for (; c < c1; ++c)
+          for (int mm = 0; mm < mg; ++mm) {
+            float* ym = y + (size_t)(m0 + mm) * N;
+            float v = ym[c];
+            for (int r = 0; r < 4; ++r)
+              v = std::fma(a[mm][r], bf16 ? bf16_to_float(((const uint16_t*)rows[r])[c]) : ((const float*)rows[r])[c],
+                           v);
+            ym[c] = v;
+          }
       }
     }
   });
