@@ -45,7 +45,7 @@ from vl.quant import bench as quant_bench
 from vl.quant import cpu_gemv
 from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
-from vl.runtime import cpu_decode
+from vl.runtime import cpu_decode, cpu_matmul
 from vl.runtime.cache import HybridCache
 from vl.runtime.pretrained import runtime_passes
 
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
     if not a.device.startswith("cuda"):
-        print(f"eager decode (the default): {cpu_decode.status()}")
+        print(f"eager decode (the default): {cpu_decode.status()}; ReLU^2 down_proj: {cpu_matmul.sparse_down_status()}")
         print(f"prefill SSD scan: {ssd_cpu.status()}")
     if formats:
         print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")

@@ -138,6 +138,22 @@ def transposed(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.shape[0] > 1 and w.shape[1] > 1 and not w.is_contiguous() and w.t().is_contiguous()
 
 
+def sparse_down_off() -> str | None:
+    """Why `transpose_relu2_down_proj` leaves the weights as stored on this machine (None: it lays them out)."""
+    if os.environ.get("VL_SPARSE_DOWN", "1") == "0":
+        return "VL_SPARSE_DOWN=0"
+    kern = cpu_gemv.kernel()
+    if kern is None or kern.isa != "avx512":
+        return f"no AVX512 build of the CPU kernel ({cpu_gemv.status()})"
+    return None
+
+
+def sparse_down_status() -> str:
+    """One line for `vl bench`'s header: how the ReLU^2 down_proj weights of CPU models are laid out."""
+    why = sparse_down_off()
+    return "as stored (" + why + ")" if why else "stored by input rows, zero inputs skipped in decode"
+
+
 def transpose_relu2_down_proj(model: nn.Module) -> int:
     """Lay out the weights of the ReLU^2 MLPs' down_proj column by column ((K, N) in memory; the module still holds
     an (N, K) weight, now a transposed view, and every product with it gives the same numbers up to float32
@@ -148,10 +164,7 @@ def transpose_relu2_down_proj(model: nn.Module) -> int:
     take the transposed operand at the same speed. Plain bf16 / fp32 CPU Linears only (packed FP8 / NVFP4
     weights stay as stored), where the AVX512 kernel builds, not under accelerate hooks; `VL_SPARSE_DOWN=0`
     turns it off. Returns how many layers were laid out; a second call finds them done."""
-    if os.environ.get("VL_SPARSE_DOWN", "1") == "0":
-        return 0
-    kern = cpu_gemv.kernel()
-    if kern is None or kern.isa != "avx512":
+    if sparse_down_off() is not None:
         return 0
     n = 0
     with torch.no_grad():
