@@ -37,10 +37,11 @@ import torch
 
 from vl import bench_geometry
 from vl.bench_llama_cpp import LlamaCpp
-from vl.bench_timing import PeakRSS, _sync, cpu_flags, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
+from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.modeling import kernels, ssd_cpu
 from vl.modeling.nemotron_h import NemotronHForCausalLM
+from vl.native import cpu_flags
 from vl.quant import bench as quant_bench
 from vl.quant import cpu_gemv
 from vl.quant.bench import quantized_copy

@@ -9,6 +9,7 @@ import time
 import psutil
 import torch
 
+from vl.native import cpu_flags
 from vl.runtime.cache import HybridCache
 from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams
@@ -74,17 +75,6 @@ def memory_counters() -> dict[str, int]:
     except (OSError, ValueError, IndexError):
         return {}
     return out
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_isa() -> str:

@@ -42,6 +42,12 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    line = _cpu_flags()
+    return set(line.split(":", 1)[1].split()) if line.startswith("flags") else set()
+
+
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 

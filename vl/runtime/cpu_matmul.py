@@ -100,12 +100,13 @@ def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // w.shape[1] if w.shape[1] else 0
     grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    by_rows = transposed(w)
     if (0 < rows <= cpu_gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
-            and not torch.compiler.is_compiling() and not grad and (w.is_contiguous() or transposed(w))):
+            and not torch.compiler.is_compiling() and not grad and (by_rows or w.is_contiguous())):
         kern = cpu_gemv.kernel()
         if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
             x2 = x.reshape(rows, w.shape[1])
-            y = kern.dense_t(x2.float().contiguous(), w.t()) if transposed(w) else kern.dense(x2.contiguous(), w)
+            y = kern.dense_t(x2.float().contiguous(), w.t()) if by_rows else kern.dense(x2.contiguous(), w)
             if self.bias is not None:
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
