@@ -9,9 +9,10 @@
 // with the same mantissa and an exponent 8 lower (bias 15 vs 7), so fp16->fp32 conversion then x256 is exact.
 // The x256 is folded into the scale (a power of two: no extra rounding). NaN codes (0x7F/0xFF) are NOT
 // decoded here; the caller sends layers holding them to the reference path.
-// NVFP4: 16 E2M1 codes of one block index a 16-entry table (LUT value x block scale x global scale, computed
-// in float32 exactly as the reference does) with one permute; with bf16 activations, one table of all 256 x 16
-// bf16 weight values per call, looked up four blocks at a time (nvfp4_rows_bf16).
+// NVFP4: a layer's weights are all among 256 x 16 values (E2M1 value x block scale x global scale, computed in
+// float32 exactly as the reference does), tabulated once per call; the 16 E2M1 codes of one block index their
+// scale's row with one permute (nvfp4_rows_perm, float32 FMAs), or, with bf16 activations on CPUs without AMX,
+// a table of bf16 values four blocks at a time (nvfp4_rows_bf16, VDPBF16PS).
 //
 // Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
 // the plain C++ path (table lookups) that any CPU runs.
@@ -133,6 +134,14 @@ int vl_gemv_isa() {  // 2 = AVX512 path, 0 = portable path
 
 #if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define VL_FP8_TABLE 1
+// NVFP4 with bf16 activations: VDPBF16PS on a table of bf16 weights (nvfp4_rows_bf16) where that instruction is
+// fast (the AMD Zen 4 / Zen 5 runners: 30-37 G weights/s per core), the float32 FMA loop (nvfp4_rows_perm) on Intel
+// cores with AMX, where one VDPBF16PS issued every ~2.2 cycles against two FMAs per cycle (a register-only loop of
+// 8 independent chains on the Intel runner, docs/quant_cpu_kernels.md). AMX-BF16 marks those cores at compile time
+// (-march=native), so the choice is fixed per build: the bits never depend on a run-time probe.
+#ifndef __AMX_BF16__
+#define VL_NVFP4_DOT 1
+#endif
 // bf16 activations: the reference's weight is bf16(float(w8) * s). With one scale per row (tensor, channel) or
 // per 128 x 128 block there are only 128 magnitudes per scale, and bf16(-v) = -bf16(v) (round to nearest even
 // is symmetric): so a 128-entry table of bf16 values per scale, looked up with two byte permutes (VPERMI2B
@@ -245,6 +254,7 @@ static void fp8_rows_table(const uint16_t* x, const uint16_t* xp, int K, const u
   delete[] blk;
 }
 
+#ifdef VL_NVFP4_DOT
 // NVFP4 with bf16 activations. A layer has one global scale, so every weight is one of 256 x 16 values:
 // tab[s * 16 + c] = bf16(E2M1[c] * (float(e4m3 s) * gs)), the reference's float32 product rounded as it rounds
 // (nvfp4_table below, built once per call: 8 KiB, shared by the threads). Per 64 weights (4 blocks, 32 packed
@@ -320,6 +330,7 @@ static void nvfp4_bf16_table(float gs, uint16_t* tab) {
   }
 }
 
+#endif  // VL_NVFP4_DOT
 #endif
 
 // x: (M, K) float32; w: (N, K) E4M3 bytes; scale: see kind; y: (M, N) float32.
@@ -377,49 +388,16 @@ static void fp8_rows(const float* x, int K, const uint8_t* w, int N, const float
 }
 
 // x: (M, K) float32; w: (N, K/2) packed E2M1 (element 2k low nibble); bs: (N, K/16) E4M3 bytes; gs: global
-// scale; y: (M, N) float32. K % 16 == 0.
+// scale; y: (M, N) float32. K % 16 == 0. The portable path (the AVX512 build uses nvfp4_rows_perm below).
 template <int M>
 static void nvfp4_rows(const float* x, int K, const uint8_t* w, const uint8_t* bs, float gs, int N, int round16,
                        float* y, int r0, int r1) {
   const int nb = K / 16;
-#ifdef VL_AVX512
-  const __m512 base = _mm512_loadu_ps(E2M1);
-  const __m512i shifts = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
-#endif
   for (int o = r0; o < r1; ++o) {
     const uint8_t* wr = w + (size_t)o * (K / 2);
     const uint8_t* sr = bs + (size_t)o * nb;
     float tot[M];
     for (int m = 0; m < M; ++m) tot[m] = 0.f;
-#ifdef VL_AVX512
-    __m512 acc[M][2];
-    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      __m512 lut0 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs));
-      __m512 lut1 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b + 1]] * gs));
-      if (round16) { lut0 = round_bf16_v(lut0); lut1 = round_bf16_v(lut1); }
-      __m128i raw = _mm_loadu_si128((const __m128i*)(wr + b * 8));  // 16 bytes = 2 blocks
-      __m512i c0 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(raw, raw)), shifts);
-      __m512i c1 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(raw, raw)), shifts);
-      __m512 w0 = _mm512_permutexvar_ps(c0, lut0);  // the permute reads the low 4 bits of each index
-      __m512 w1 = _mm512_permutexvar_ps(c1, lut1);
-      for (int m = 0; m < M; ++m) {
-        acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + b * 16), acc[m][0]);
-        acc[m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)m * K + b * 16 + 16), acc[m][1]);
-      }
-    }
-    for (; b < nb; ++b) {
-      __m512 lut0 = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[sr[b]] * gs));
-      if (round16) lut0 = round_bf16_v(lut0);
-      __m128i raw = _mm_loadl_epi64((const __m128i*)(wr + b * 8));
-      __m512i c0 = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(raw, raw)), shifts);
-      __m512 w0 = _mm512_permutexvar_ps(c0, lut0);
-      for (int m = 0; m < M; ++m)
-        acc[m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)m * K + b * 16), acc[m][0]);
-    }
-    for (int m = 0; m < M; ++m) tot[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
-#else
     for (int b = 0; b < nb; ++b) {
       const float s = FP8_LUT[sr[b]] * gs;
       float lut[16];
@@ -433,10 +411,85 @@ static void nvfp4_rows(const float* x, int K, const uint8_t* w, const uint8_t* b
         }
       }
     }
-#endif
     for (int m = 0; m < M; ++m) y[(size_t)m * N + o] = tot[m];
   }
 }
+
+#ifdef VL_AVX512
+// NVFP4 with float32 FMAs (float32 activations everywhere; bf16 activations on CPUs with AMX, see VL_NVFP4_DOT).
+// A layer has one global scale, so every weight is one of 256 x 16 float32 values: tab[s * 16 + c] = E2M1[c] *
+// (FP8_LUT[s] * gs), rounded to bf16 when the activations are bf16 (the reference's weights exactly; 16 KiB, built
+// once per call). One block of 16 weights is one VPERMPS with its scale's table row as the memory operand: the
+// block's 8 code bytes are broadcast to every 64-bit lane, so dword j holds bytes 4 (j % 2) .. 4 (j % 2) + 3, and
+// shifting it right by 4 (j / 2) puts the code of element 8 (j % 2) + j / 2 in the 4 low bits VPERMPS reads. The
+// caller puts the activations of every 16 columns in that order once per call (nvfp4_perm_rows). Two weight rows
+// share each activation load. bf16 x bf16 products are exact in float32 and float32 x float32 ones are what the
+// reference's GEMM rounds, so only the order of the float32 additions differs.
+// Against the VDPBF16PS loop on an Intel Xeon with AMX (one thread, 3072 x 1024 layers, one bf16 row): 23.5 vs
+// 18.5 G weights/s in L2, 19.9 vs 14.8 streaming 120 layers from memory; with float32 rows 23.5 vs 8.0 against the
+// per-block VMULPS + unpack loop it replaced (docs/quant_cpu_kernels.md).
+static inline int nvfp4_perm_pos(int j) { return 8 * (j % 2) + j / 2; }  // element read by lane j of a block
+
+static void nvfp4_f32_table(float gs, int round16, float* tab) {
+  const __m512 base = _mm512_loadu_ps(E2M1);
+  for (int s = 0; s < 256; ++s) {
+    __m512 v = _mm512_mul_ps(base, _mm512_set1_ps(FP8_LUT[s] * gs));
+    _mm512_store_ps(tab + s * 16, round16 ? round_bf16_v(v) : v);
+  }
+}
+
+// x (M, K) float32 (x_bf16 = 0) or bf16 (x_bf16 = 1) -> xq (M, K) float32 in lookup order per 16 columns
+static void nvfp4_perm_rows(const void* x, int x_bf16, int M, int K, float* xq) {
+  int pos[16];
+  for (int j = 0; j < 16; ++j) pos[j] = nvfp4_perm_pos(j);
+  const __m512i p = _mm512_loadu_si512(pos);
+  for (size_t i = 0; i < (size_t)M * K; i += 16) {
+    const __m512 v = x_bf16 ? load_bf16x16((const uint16_t*)x + i) : _mm512_loadu_ps((const float*)x + i);
+    _mm512_storeu_ps(xq + i, _mm512_permutexvar_ps(p, v));
+  }
+}
+
+template <int M, int R>
+static inline void nvfp4_perm_pass(const float* xq, int K, const uint8_t* w, const uint8_t* bs, const float* tab,
+                                   __m512i sh, int N, float* y, int o) {
+  const int nb = K / 16;
+  const uint8_t* wr = w + (size_t)o * (K / 2);
+  const uint8_t* sr = bs + (size_t)o * nb;
+  __m512 acc[M][R][2];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r][0] = acc[m][r][1] = _mm512_setzero_ps();
+  auto block = [&](int b, int a) __attribute__((always_inline)) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512i codes = _mm512_set1_epi64(*(const long long*)(wr + (size_t)r * (K / 2) + b * 8));
+      wv[r] = _mm512_permutexvar_ps(_mm512_srlv_epi32(codes, sh), _mm512_load_ps(tab + ((size_t)sr[r * nb + b] << 4)));
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = _mm512_loadu_ps(xq + (size_t)m * K + b * 16);
+      for (int r = 0; r < R; ++r) acc[m][r][a] = _mm512_fmadd_ps(wv[r], xv, acc[m][r][a]);
+    }
+  };
+  int b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(wr + (size_t)r * (K / 2) + b * 8) + PREFETCH_BYTES, _MM_HINT_T0);
+    block(b, 0);
+    block(b + 1, 1);
+  }
+  if (b < nb) block(b, 0);
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) y[(size_t)m * N + o + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r][0], acc[m][r][1]));
+}
+
+template <int M>
+static void nvfp4_rows_perm(const float* xq, int K, const uint8_t* w, const uint8_t* bs, const float* tab, int N,
+                            float* y, int r0, int r1) {
+  __m512i sh = _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
+  __asm__("" : "+v"(sh));  // keep the shift counts in a register (a memory operand costs a load per block)
+  int o = r0;
+  for (; o + 2 <= r1; o += 2) nvfp4_perm_pass<M, 2>(xq, K, w, bs, tab, sh, N, y, o);
+  if (o < r1) nvfp4_perm_pass<M, 1>(xq, K, w, bs, tab, sh, N, y, o);
+}
+#endif
 
 // Dense weights (plain bf16 / fp32 Linears, and every dense matrix of the fused decode step in decode_step.cpp,
 // which includes this file): torch's CPU GEMV reads bf16 weights at about half the speed it reads fp32 ones;
@@ -577,37 +630,41 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
                    int round16, int x_bf16, float* y, int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
-#ifdef VL_FP8_TABLE
-  uint16_t* tab = nullptr;
-  uint16_t* xp = nullptr;
-  float* xf = nullptr;
-  if (x_bf16 && !bf16_weights_normal(gs * (1.f / 1024))) {  // smallest |weight|: 0.5 x 2^-9 (E4M3) x gs
-    xf = bf16_rows_to_float((const uint16_t*)x, M, K);
-    x = xf;
-    x_bf16 = 0;
-    round16 = 1;
-  }
-  if (x_bf16) {  // the layer's 256 x 16 weight values and the activations in lookup order, once per call
-    tab = (uint16_t*)std::aligned_alloc(64, 256 * 16 * sizeof(uint16_t) + (((size_t)M * K * 2 + 63) & ~(size_t)63));
-    xp = tab + 256 * 16;
+#ifdef VL_NVFP4_DOT
+  if (x_bf16 && bf16_weights_normal(gs * (1.f / 1024))) {  // smallest |weight|: 0.5 x 2^-9 (E4M3) x gs
+    // the layer's 256 x 16 weight values and the activations in lookup order, once per call
+    uint16_t* tab = (uint16_t*)std::aligned_alloc(64, 256 * 16 * sizeof(uint16_t) + (((size_t)M * K * 2 + 63) & ~(size_t)63));
+    uint16_t* xp = tab + 256 * 16;
     nvfp4_bf16_table(gs, tab);
     uint16_t pos[64];  // per 64 columns: the 32 even ones, then the 32 odd ones (low, then high nibbles)
     for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
     reorder_rows64((const uint16_t*)x, M, K, pos, xp);
+    parallel_for(chunks, nthreads, [&](int c) {
+      const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, xp, K, w, bs, tab, N, y, r0, r1)
+    });
+    std::free(tab);
+    return;
   }
 #endif
+#ifdef VL_AVX512
+  // the layer's 256 x 16 float32 weight values (16 KiB) and the activations, widened, in lookup order
+  float* tab = (float*)std::aligned_alloc(64, 256 * 16 * sizeof(float) + (((size_t)M * K * 4 + 63) & ~(size_t)63));
+  float* xq = tab + 256 * 16;
+  nvfp4_f32_table(gs, round16 || x_bf16, tab);
+  nvfp4_perm_rows(x, x_bf16, M, K, xq);
   parallel_for(chunks, nthreads, [&](int c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
-#ifdef VL_FP8_TABLE
-    if (x_bf16) {
-      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, xp, K, w, bs, tab, N, y, r0, r1)
-      return;
-    }
-#endif
-    VL_DISPATCH(nvfp4_rows, (const float*)x, K, w, bs, gs, N, round16, y, r0, r1)
+    VL_DISPATCH(nvfp4_rows_perm, xq, K, w, bs, tab, N, y, r0, r1)
   });
-#ifdef VL_FP8_TABLE
   std::free(tab);
+#else
+  float* xf = x_bf16 ? bf16_rows_to_float((const uint16_t*)x, M, K) : nullptr;
+  const float* xv = x_bf16 ? xf : (const float*)x;
+  parallel_for(chunks, nthreads, [&](int c) {
+    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+    VL_DISPATCH(nvfp4_rows, xv, K, w, bs, gs, N, round16 || x_bf16, y, r0, r1)
+  });
   delete[] xf;
 #endif
 }
