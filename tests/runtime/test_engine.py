@@ -1,6 +1,8 @@
 """vl.Engine: chat vs token level, streaming, reasoning, batching, placement, errors."""
 
+import gc
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +115,12 @@ def test_device_map_auto_with_offload_gives_the_same_logits(tiny_dir):
         a = ref(inputs.input_ids, inputs.pixel_values).logits
         b = placed(inputs.input_ids, inputs.pixel_values).logits
     assert torch.equal(a, b)
+    # the offloaded copy lives in a folder of our own, removed with the model (not left in /tmp at every load)
+    folder = Path(placed.offload_dir)
+    assert folder.is_dir() and any(folder.iterdir())
+    del placed
+    gc.collect()
+    assert not folder.exists()
 
 
 # --- a scripted language model: deterministic reasoning/answer behaviour without trained weights ---------

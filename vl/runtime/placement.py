@@ -4,13 +4,16 @@
 `infer_auto_device_map` + `dispatch_model`: GPU(s) first, then CPU, then disk offload for models larger than
 memory), or an explicit {module_name: device} dict. `max_memory` is accelerate's {device: bytes | "10GiB"}.
 Weights are moved, never copied: an offloaded block's tensors live on the CPU or on disk and are brought to
-the execution device one block at a time by accelerate's hooks.
+the execution device one block at a time by accelerate's hooks. Disk offload without an `offload_dir` writes to
+a temporary folder that is deleted with the model (at exit at the latest).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
+import weakref
 
 import torch
 from torch import nn
@@ -55,11 +58,20 @@ def place(model: nn.Module, device_map, max_memory=None, offload_dir: str | None
         raise ConfigError(f"device_map must be None, 'cpu', 'cuda[:N]', 'auto' or a non-empty dict, got {device_map!r}")
     devices = set(device_map.values())
     main = next((d for d in device_map.values() if d not in ("cpu", "disk")), "cpu")
-    if "disk" in devices and offload_dir is None:
+    own_dir = "disk" in devices and offload_dir is None
+    if own_dir:  # a copy of the offloaded weights, ours to delete: with the model, or at exit at the latest
         offload_dir = tempfile.mkdtemp(prefix="vl-offload-")
     log.info("placing model: %s", {d: sum(1 for v in device_map.values() if v == d) for d in devices})
-    model = dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir,
-                           preload_module_classes=PRELOAD)
+    try:
+        model = dispatch_model(model, device_map=device_map, main_device=main, offload_dir=offload_dir,
+                               preload_module_classes=PRELOAD)
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(offload_dir, ignore_errors=True)
+        raise
+    if own_dir:
+        model.offload_dir = offload_dir
+        weakref.finalize(model, shutil.rmtree, offload_dir, ignore_errors=True)
     model.execution_device = torch.device(main if isinstance(main, str) else f"cuda:{main}")
     model.device_map = device_map
     return model
