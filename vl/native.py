@@ -52,12 +52,12 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
-def _flags(portable: bool) -> list[str]:
+def _flags(portable: bool, defines: tuple[str, ...] = ()) -> list[str]:
     # -march=native: the binary is cached per CPU (flags in the key), never shipped to another machine. -O3, not
     # -O2: at -O2 g++ 12 keeps the row kernels' per-row accumulator arrays (acc[M][...]) in memory for M > 1, and
     # batched decode ran 1.5-2.2x slower (docs/cpu_decode.md, "Build time").
     flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-    return flags + (["-DVL_PORTABLE"] if portable else [])
+    return flags + (["-DVL_PORTABLE"] if portable else []) + [f"-D{d}" for d in defines]
 
 
 def _source_text(source: Path) -> str:
@@ -71,14 +71,15 @@ def _source_text(source: Path) -> str:
     return "\0".join(parts)
 
 
-def build(source: Path, portable: bool = False) -> Path:
+def build(source: Path, portable: bool = False, defines: tuple[str, ...] = ()) -> Path:
     """Compile one of the package's kernel sources into the cache (or find it there); -> path of the shared
-    library. `portable`: the plain C++ loops (-DVL_PORTABLE) instead of the AVX512 ones. Raises on failure."""
+    library. `portable`: the plain C++ loops (-DVL_PORTABLE) instead of the AVX512 ones; `defines`: extra
+    `NAME=VALUE` macros (tests use them to build a loop the CPU would not pick by default). Raises on failure."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (g++, c++ or clang++ on PATH, or $CXX)")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable)), version, _cpu_flags(),
+    key = hashlib.sha256("\0".join([_source_text(source), " ".join(_flags(portable, defines)), version, _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"{source.stem}-{'portable-' if portable else ''}{key}.so"
     if out.exists():
@@ -87,7 +88,7 @@ def build(source: Path, portable: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # build aside, then rename: concurrent builders
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *_flags(portable), "-o", tmp, str(source)], capture_output=True, text=True,
+        r = subprocess.run([cxx, *_flags(portable, defines), "-o", tmp, str(source)], capture_output=True, text=True,
                            timeout=BUILD_TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed (exit {r.returncode}): {r.stderr.strip()[-600:]}")

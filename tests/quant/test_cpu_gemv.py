@@ -83,6 +83,44 @@ def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
     _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16"))
 
 
+@pytest.fixture(scope="module")
+def nvfp4_loops(tmp_path_factory):
+    """The native build twice, with each NVFP4 loop for bf16 activations forced (-DVL_NVFP4_FMA=1 | 0): a CPU
+    picks one of them at compile time (AMX or not), and both must hold wherever they run."""
+    cache = tmp_path_factory.mktemp("kernels_loops")
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VL_KERNEL_CACHE", str(cache))
+        for name, value in (("fma", 1), ("dot", 0)):
+            try:
+                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, defines=(f"VL_NVFP4_FMA={value}",)))
+            except Exception as e:  # noqa: BLE001
+                pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
+    return out
+
+
+@pytest.mark.parametrize("loop", ["fma", "dot"])
+@pytest.mark.parametrize("shape", [(37, 208), (130, 48), (19, 1024), (2, 16)])
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_both_nvfp4_bf16_loops_equal_the_reference(nvfp4_loops, loop, shape, rows):
+    k = nvfp4_loops[loop]
+    if k.isa != "avx512":
+        pytest.skip("this CPU has no AVX512 (F/BW/VL): only the portable NVFP4 loop exists here")
+    if loop == "dot" and not k.bf16_dot:
+        pytest.skip("the VDPBF16PS table loop needs AVX512-BF16 and AVX512-VBMI, which this CPU lacks")
+    assert k.nvfp4_loop == {"fma": "vpermps + fma", "dot": "vdpbf16ps table"}[loop]  # the define took effect
+    n, kin = shape
+    packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
+    bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
+    x = torch.randn(rows, kin).bfloat16()
+    x[0, :3] = torch.tensor([1e-39, -3e-40, 0.0]).bfloat16()  # subnormal activations: exact in the FMA loop
+    got = k.nvfp4(x, packed, bs, float(gs), True)
+    _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, True))
+    # float32 activations take the FMA loop in both builds
+    xf = torch.randn(rows, kin)
+    _close(k.nvfp4(xf, packed, bs, float(gs), False), cpu_gemv.nvfp4_gemv_ref(xf, packed, bs, gs, False))
+
+
 @pytest.mark.parametrize("build", ["native", "portable"])
 @pytest.mark.parametrize("act", ["fp32", "bf16"])
 def test_one_thread_and_several_give_the_same_bits(kernels, build, act):

@@ -55,6 +55,9 @@ class Kernel:
         self.dense_bf16 = bool(lib.vl_dense_bf16_native())
         self.lib, self.path = lib, path
         self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
+        lib.vl_nvfp4_loop.restype = i
+        # the NVFP4 loop bf16 activations take (docs/quant_cpu_kernels.md, "Why two loops for bf16 activations")
+        self.nvfp4_loop = {2: "vdpbf16ps table", 1: "vpermps + fma", 0: "portable"}[lib.vl_nvfp4_loop()]
         self.dense_fp32 = self.isa == "avx512"  # the portable fp32 loop is no faster than torch's
 
     def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
@@ -151,7 +154,8 @@ def _warn_once(why: str) -> None:
 def status() -> str:
     """One line for logs and `vl bench`: which path weight-only decode uses here."""
     k, why = _load(_mode())
-    return f"fused {k.isa} kernel ({k.path.name})" if k is not None else f"reference path ({why})"
+    return (f"fused {k.isa} kernel ({k.path.name}; NVFP4 with bf16 activations: {k.nvfp4_loop})" if k is not None
+            else f"reference path ({why})")
 
 
 # --- reference twins: what the kernel computes, in pure torch (tests compare the two) ---------------------------

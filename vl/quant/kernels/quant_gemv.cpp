@@ -138,8 +138,16 @@ int vl_gemv_isa() {  // 2 = AVX512 path, 0 = portable path
 // fast (the AMD Zen 4 / Zen 5 runners: 30-37 G weights/s per core), the float32 FMA loop (nvfp4_rows_perm) on Intel
 // cores with AMX, where one VDPBF16PS issued every ~2.2 cycles against two FMAs per cycle (a register-only loop of
 // 8 independent chains on the Intel runner, docs/quant_cpu_kernels.md). AMX-BF16 marks those cores at compile time
-// (-march=native), so the choice is fixed per build: the bits never depend on a run-time probe.
-#ifndef __AMX_BF16__
+// (-march=native), so the choice is fixed per build: the bits never depend on a run-time probe. -DVL_NVFP4_FMA=0|1
+// overrides it (the tests build both loops on any CPU that runs them).
+#ifndef VL_NVFP4_FMA
+#ifdef __AMX_BF16__
+#define VL_NVFP4_FMA 1
+#else
+#define VL_NVFP4_FMA 0
+#endif
+#endif
+#if !VL_NVFP4_FMA
 #define VL_NVFP4_DOT 1
 #endif
 // bf16 activations: the reference's weight is bf16(float(w8) * s). With one scale per row (tensor, channel) or
@@ -622,6 +630,18 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
 #ifdef VL_FP8_TABLE
   delete[] xp;
   delete[] xf;
+#endif
+}
+
+// The loop NVFP4 layers take with bf16 activations: 2 = VDPBF16PS on the bf16 table, 1 = VPERMPS + FMA (float32
+// activations always take it on AVX512), 0 = the portable loop.
+int vl_nvfp4_loop() {
+#if defined(VL_NVFP4_DOT)
+  return 2;
+#elif defined(VL_AVX512)
+  return 1;
+#else
+  return 0;
 #endif
 }
 
