@@ -365,6 +365,9 @@ static void fp8_rows(const float* x, int K, const uint8_t* w, int N, const float
 #ifdef VL_AVX512
       const __m512 s256 = _mm512_set1_ps(s * 256.f);
       for (; i + 32 <= c1; i += 32) {
+        // one line 4 KiB ahead per 64 bytes, into L2: without it the loop read 5.3 G weights/s from memory on one
+        // thread of the Intel runner, 10.4-11.4 with it (T0: 9.3-10.0; a C++ driver, 30 layers of 3072 x 1024)
+        if (!((i - c0) & 63)) _mm_prefetch((const char*)(wr + i) + PREFETCH_BYTES, _MM_HINT_T1);
         __m512 w0 = _mm512_mul_ps(e4m3x16(wr + i), s256);
         __m512 w1 = _mm512_mul_ps(e4m3x16(wr + i + 16), s256);
         if (round16) { w0 = round_bf16_v(w0); w1 = round_bf16_v(w1); }
@@ -479,7 +482,8 @@ static inline void nvfp4_perm_pass(const float* xq, int K, const uint8_t* w, con
   };
   int b = 0;
   for (; b + 2 <= nb; b += 2) {
-    for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(wr + (size_t)r * (K / 2) + b * 8) + PREFETCH_BYTES, _MM_HINT_T0);
+    if (!(b & 7))  // one line 4 KiB ahead per 64 bytes of each row (per 16 bytes: the same speed, 1.01-1.03x over 4 pairs)
+      for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(wr + (size_t)r * (K / 2) + b * 8) + PREFETCH_BYTES, _MM_HINT_T0);
     block(b, 0);
     block(b + 1, 1);
   }
