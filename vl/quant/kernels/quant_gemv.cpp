@@ -483,13 +483,15 @@ static inline void nvfp4_perm_pass(const float* xq, int K, const uint8_t* w, con
   int b = 0;
   for (; b + 2 <= nb; b += 2) {
     if (!(b & 7))  // one line 4 KiB ahead per 64 bytes of each row (per 16 bytes: 0.98-1.03x as fast, 4 pairs)
-      for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(wr + (size_t)r * (K / 2) + b * 8) + PREFETCH_BYTES, _MM_HINT_T0);
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch((const char*)(wr + (size_t)r * (K / 2) + b * 8) + PREFETCH_BYTES, _MM_HINT_T0);
     block(b, 0);
     block(b + 1, 1);
   }
   if (b < nb) block(b, 0);
   for (int m = 0; m < M; ++m)
-    for (int r = 0; r < R; ++r) y[(size_t)m * N + o + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r][0], acc[m][r][1]));
+    for (int r = 0; r < R; ++r)
+      y[(size_t)m * N + o + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r][0], acc[m][r][1]));
 }
 
 template <int M>
