@@ -306,7 +306,7 @@ def _relu2_rows(m, k, seed=0):
 
 @pytest.mark.parametrize("build", ["native", "portable"])
 @pytest.mark.parametrize("shape", [(37, 200), (1024, 96), (40, 52), (16, 3), (130, 7)])  # (N, K): tails, N < 16
-@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("rows", [1, 3, 6, 9])  # more than 4: the column-block loop (y in registers)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_transposed_sparse_gemv_equals_the_product(kernels, build, shape, rows, dtype):
     """`dense_t` (a weight stored (K, N), rows of zero inputs skipped) against the float64 product of the same
@@ -328,13 +328,14 @@ def test_transposed_sparse_gemv_same_bits_on_any_thread_count_and_all_zero_input
     An all-zero input reads no weight row and gives exact zeros."""
     k = _which(kernels, build)
     wt = (torch.randn(300, 1040) * 0.05).bfloat16()
-    x = _relu2_rows(4, 300, seed=2).bfloat16().float()
-    threads, got = torch.get_num_threads(), []
-    try:
-        for n in (1, 3):
-            torch.set_num_threads(n)
-            got.append(k.dense_t(x, wt))
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(got[0], got[1])
-    assert torch.equal(k.dense_t(torch.zeros(2, 300), wt), torch.zeros(2, 1040))
+    for rows in (4, 8):
+        x = _relu2_rows(rows, 300, seed=2).bfloat16().float()
+        threads, got = torch.get_num_threads(), []
+        try:
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                got.append(k.dense_t(x, wt))
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(got[0], got[1])
+        assert torch.equal(k.dense_t(torch.zeros(rows, 300), wt), torch.zeros(rows, 1040))
