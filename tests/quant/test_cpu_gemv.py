@@ -20,19 +20,25 @@ from vl.quant.nvfp4 import quantize_nvfp4
 FP8_QUANT = {"tensor": quantize_fp8_per_tensor, "channel": quantize_fp8_per_channel, "block": quantize_fp8_blockwise}
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """{'native': Kernel, 'portable': Kernel}, built once into a test cache; skips when no compiler works."""
-    cache = tmp_path_factory.mktemp("kernels")
+def _build(tmp_path_factory, folder: str, variants: dict) -> dict:
+    """{name: Kernel} of `native.build(SOURCE, **kwargs)` for each variant, into a fresh test cache; skips when no
+    compiler works."""
+    cache = tmp_path_factory.mktemp(folder)
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VL_KERNEL_CACHE", str(cache))
-        for name, portable in (("native", False), ("portable", True)):
+        for name, kwargs in variants.items():
             try:
-                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, portable=portable))
+                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, **kwargs))
             except Exception as e:  # noqa: BLE001
                 pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
     return out
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """{'native': Kernel, 'portable': Kernel}, built once into a test cache."""
+    return _build(tmp_path_factory, "kernels", {"native": {}, "portable": {"portable": True}})
 
 
 def _which(kernels, build):
@@ -87,16 +93,8 @@ def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
 def nvfp4_loops(tmp_path_factory):
     """The native build twice, with each NVFP4 loop for bf16 activations forced (-DVL_NVFP4_FMA=1 | 0): a CPU
     picks one of them at compile time (AMX or not), and both must hold wherever they run."""
-    cache = tmp_path_factory.mktemp("kernels_loops")
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VL_KERNEL_CACHE", str(cache))
-        for name, value in (("fma", 1), ("dot", 0)):
-            try:
-                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, defines=(f"VL_NVFP4_FMA={value}",)))
-            except Exception as e:  # noqa: BLE001
-                pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
-    return out
+    return _build(tmp_path_factory, "kernels_loops", {"fma": {"defines": ("VL_NVFP4_FMA=1",)},
+                                                      "dot": {"defines": ("VL_NVFP4_FMA=0",)}})
 
 
 @pytest.mark.parametrize("loop", ["fma", "dot"])

@@ -753,9 +753,11 @@ void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf
       const int nr = nnz - j < 4 ? nnz - j : 4;
       const char* rows[4];
       for (int r = 0; r < 4; ++r) rows[r] = (const char*)wt + (size_t)idx[j + (r < nr ? r : 0)] * N * (bf16 ? 2 : 4);
+#ifdef VL_AVX512
       const char* ahead[4];  // the next 4 rows, prefetched one line each per 64 bytes read from a current row
       for (int r = 0; r < 4; ++r)
         ahead[r] = (const char*)wt + (size_t)idx[j + 4 + r < nnz ? j + 4 + r : nnz - 1] * N * (bf16 ? 2 : 4);
+#endif
       for (int m0 = 0; m0 < M; m0 += 4) {  // up to 4 activation rows share each load of the 4 weight rows
         const int mg = M - m0 < 4 ? M - m0 : 4;
         float a[4][4] = {};  // a padding row repeats row 0 with a zero coefficient: an exact no-op
