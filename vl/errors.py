@@ -58,6 +58,13 @@ class NoVideoStreamError(MediaError):
     code = "no_video_stream"
 
 
+class EncryptedMediaError(MediaError):
+    """A DRM-encrypted video (MP4 Common Encryption `encv`/`enca`, Matroska ContentEncryption): without the key
+    a decoder returns garbage, so it is refused before decoding."""
+
+    code = "encrypted_media"
+
+
 class MediaNotFoundError(InputError):
     """A named media file does not exist (checked before the model loads, so the user waits for nothing)."""
 
@@ -99,6 +106,14 @@ class StoppedError(VLError):
 class DecodeTimeoutError(VLError):
     code = "decode_timeout"
     http_status = 504
+
+
+class DecoderResourceError(VLError):
+    """The decoder itself failed for want of a resource (a library that would not load, memory outside a cap):
+    ours, not the file's; the same file may decode on a retry."""
+
+    code = "decoder_resources"
+    http_status = 503
 
 
 # --- serving (vl/server, vl/remote.py) ---------------------------------------------------------------
