@@ -87,6 +87,12 @@ class ContextLengthError(InputError):
     code = "context_length"
 
 
+class NoVisionError(InputError):
+    """An image, video or PDF was sent to a model without a vision tower (ours, or a remote server's)."""
+
+    code = "no_vision"
+
+
 class GenerationOptionError(InputError):
     code = "bad_generation_option"
 
@@ -159,6 +165,14 @@ class ServerUnavailableError(VLError, ConnectionError):
 
     code = "unavailable"
     http_status = 503
+
+
+class ServerReplyError(VLError):
+    """A remote server answered with something that is not the OpenAI protocol (an HTML or JSON page where an
+    event stream belongs, a malformed event): a wrong URL or a proxy in the way; retrying gets the same."""
+
+    code = "bad_server_reply"
+    http_status = 502
 
 
 class QuantFormatError(CheckpointError):

@@ -5,9 +5,14 @@ our shape become an OpenAI Chat Completions request with every medium sent as a 
 `image_url`, videos as vLLM's `video_url`, PDFs as OpenAI's `file` part), the options become OpenAI fields
 plus vLLM's and our extensions (only those that differ from their defaults are sent, so a server that does
 not know an extension is not sent it needlessly), and the streamed reply becomes the same `Event`s and
-`ChatResult`. Transient failures (connection errors, 429, 502, 503) are retried with exponential backoff
-before any text arrived, as lmms-eval's OpenAI backend does. Statistics only a local engine knows (vision
-tokens when the server does not report them, memory, cache hits) are None, never made up.
+`ChatResult`. Transient failures (refused or reset connections, 429, 502, 503, a gateway's 504) are retried with
+exponential backoff before any text arrived, as lmms-eval's OpenAI backend does; a request the server has but
+does not answer (nothing within the read timeout) is not sent twice. A reply is an answer only when it is one:
+an event stream that ends with a `finish_reason` or `[DONE]`. A stream cut short, a broken connection or a
+stall is `ServerUnavailableError` (code `unavailable`: retry later); a page or JSON body where the event stream
+belongs, or a malformed event, is `ServerReplyError` (`bad_server_reply`: a wrong URL or a proxy in the way).
+Statistics only a local engine knows (vision tokens when the server does not report them, memory, cache hits)
+are None, never made up.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ import contextlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from vl.errors import (
-    DecodeTimeoutError,
     GenerationOptionError,
     InputError,
+    NoVisionError,
+    ServerReplyError,
     ServerUnavailableError,
     VLError,
     error_class_for,
@@ -35,7 +42,12 @@ from vl.processing.chat import THINK_CLOSE
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats
 
-RETRY_STATUS = {429, 502, 503}
+RETRY_STATUS = {429, 502, 503, 504}  # a 504 only when it is a gateway's, not one of our typed errors
+DONE = object()  # the `[DONE]` event
+# What servers say when the model they serve reads no images: vLLM ("<model> is not a multimodal model", 400),
+# llama.cpp without --mmproj ("image input is not supported - hint: ... provide the mmproj", 500).
+NO_VISION = re.compile(r"not a multimodal model|(image|video) input is not supported|"
+                       r"does not support (image|video|vision|multimodal)", re.IGNORECASE)
 _SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
 
 
@@ -106,17 +118,41 @@ class RemoteEngine:
 
         base = base_url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
-        self.api_key, self._model, self.timeout_s = api_key, model, timeout_s
+        self.root_url = self.base_url[:-3]  # llama.cpp's /props lives beside /v1
+        self.api_key, self._model, self.timeout_s = api_key, model, timeout_s  # timeout_s: the longest silence
         self.max_retries, self.backoff_s, self.limits = max_retries, backoff_s, limits
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False)
         self._entry: dict | None = None
+        self._props_cache: dict | None = None
+        self._refused_media: bool = False  # the server refused an image as a text-only model
         self._lock = threading.Lock()
 
     # --- the served model ------------------------------------------------------------------------------
     def models(self) -> list[dict]:
         r = self._send("GET", "/models")
-        return list(r.json().get("data") or [])
+        try:
+            return list(r.json().get("data") or [])
+        except (ValueError, AttributeError):
+            raise ServerReplyError(f"{self.base_url}/models answered HTTP {r.status_code} "
+                                   f"{r.headers.get('content-type', 'without a content-type')}, expected the JSON "
+                                   f"model list (first bytes: {r.text[:120]!r}); is the URL an OpenAI-compatible "
+                                   "server's /v1?") from None
+
+    def _props(self) -> dict:
+        """llama.cpp's `GET /props` (the served context, the modalities); {} from a server without it. Read once."""
+        import httpx
+
+        if self._props_cache is None:
+            props = {}
+            try:
+                r = self._client.get(self.root_url + "/props", timeout=10.0)
+                if r.status_code == 200 and isinstance(r.json(), dict):
+                    props = r.json()
+            except (httpx.HTTPError, ValueError):
+                pass  # not llama.cpp, or not now: the facts it would give stay unknown
+            self._props_cache = props
+        return self._props_cache
 
     def _model_entry(self) -> dict:
         with self._lock:
@@ -138,9 +174,29 @@ class RemoteEngine:
 
     @property
     def context_length(self) -> int:
-        """The server's `max_model_len` (vLLM and vl serve report it); else the released model's 131072
-        (the vLLM recipe's --max-model-len, docs/server.md)."""
-        return int(self._model_entry().get("max_model_len") or 131072)
+        """The server's context: `max_model_len` in its /v1/models entry (vLLM, SGLang, vl serve); llama.cpp's
+        served `n_ctx` (/props), else the `n_ctx_train` its entry reports; else the released model's 131072 (the
+        vLLM recipe's --max-model-len, docs/server.md)."""
+        entry = self._model_entry()
+        served = (entry.get("max_model_len")
+                  or (self._props().get("default_generation_settings") or {}).get("n_ctx")
+                  or (entry.get("meta") or {}).get("n_ctx_train"))
+        return int(served or 131072)
+
+    @property
+    def has_vision(self) -> bool | None:
+        """Whether the served model reads images, as far as the server says: vl serve's `vl.has_vision` in
+        /v1/models, llama.cpp's `modalities.vision` in /props; False once it refused an image as a text-only
+        model; None when it does not say (vLLM) or cannot be asked now."""
+        if self._refused_media:
+            return False
+        try:
+            said = (self._model_entry().get("vl") or {}).get("has_vision")
+        except VLError:
+            return None
+        if said is None:
+            said = (self._props().get("modalities") or {}).get("vision")
+        return None if said is None else bool(said)
 
     @property
     def model(self) -> _RemoteModel:
@@ -187,29 +243,61 @@ class RemoteEngine:
         return s.result
 
     def _chat_events(self, body, cancel, timeout_s, thinking):
+        import httpx
+
         t0 = time.perf_counter()
-        reasoning, answer, finish, usage, first = [], [], "stop", {}, None
-        with self._open_stream(body) as response:
-            for obj in _sse_objects(response):
-                if "error" in obj:
-                    raise _typed_error(obj["error"], response.status_code)
-                usage = obj.get("usage") or usage
-                for choice in obj.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    for key, kind, sink in (("reasoning_content", "reasoning", reasoning),
-                                            ("reasoning", "reasoning", reasoning), ("content", "answer", answer)):
-                        text = delta.get(key)
-                        if text:
-                            first = first or time.perf_counter()
-                            sink.append(text)
-                            yield Event(kind, text)
-                    finish = choice.get("finish_reason") or finish
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
-                    finish = "timeout"
-                    break
+        silence = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
+        reasoning, answer, finish, usage, first, events, done = [], [], None, {}, None, 0, False
+        try:
+            with self._open_stream(body, silence) as response:
+                _require_event_stream(response, self.base_url + "/chat/completions")
+                for obj in _sse_objects(response):
+                    if obj is DONE:
+                        done = True
+                        break
+                    events += 1
+                    if "error" in obj:
+                        error = obj["error"]
+                        raise _typed_error(error if isinstance(error, dict) else {"message": str(error)},
+                                           response.status_code)
+                    usage = obj.get("usage") or usage
+                    for choice in obj.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        for key, kind, sink in (("reasoning_content", "reasoning", reasoning),
+                                                ("reasoning", "reasoning", reasoning), ("content", "answer", answer)):
+                            text = delta.get(key)
+                            if text:
+                                first = first or time.perf_counter()
+                                sink.append(text)
+                                yield Event(kind, text)
+                        finish = choice.get("finish_reason") or finish
+                    if cancel is not None and cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                        finish = "timeout"
+                        break
+        except NoVisionError:
+            self._refused_media = True
+            raise
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+            if timeout_s is None or time.perf_counter() - t0 < timeout_s:
+                raise ServerUnavailableError(
+                    f"{self.base_url}/chat/completions: the server sent nothing for {silence:g} s (after {events} "
+                    f"stream events, {type(e).__name__}); it may be stuck or overloaded. Retry later, or allow a "
+                    "longer silence (RemoteEngine(timeout_s=...), vl eval --read-timeout)") from None
+            finish = "timeout"  # the caller's own deadline: the text so far, as a local engine gives it
+        except httpx.TransportError as e:
+            raise ServerUnavailableError(
+                f"{self.base_url}/chat/completions: the connection broke after {events} stream events "
+                f"({type(e).__name__}: {e}); the answer is incomplete. Retry; if it recurs, see the server's "
+                "log") from None
+        if finish is None and not done:
+            raise ServerUnavailableError(
+                f"{self.base_url}/chat/completions: the stream ended after {events} events without a finish_reason "
+                "or [DONE]: it was cut short (a crashed server or a proxy's timeout) and the answer is incomplete. "
+                "Retry")
+        finish = finish or "stop"
         end = time.perf_counter()
         reasoning_text, answer_text = "".join(reasoning).strip(), "".join(answer).strip()
         if not reasoning_text and THINK_CLOSE in answer_text:  # a server without a reasoning parser
@@ -230,28 +318,37 @@ class RemoteEngine:
         return ChatResult(text, reasoning_text, answer_text, [], stats, finish, truncated)
 
     # --- HTTP ------------------------------------------------------------------------------------------
-    def _open_stream(self, body):
+    def _open_stream(self, body, silence: float):
         """The streamed response, opened with retries (nothing has been shown to the caller yet)."""
         @contextlib.contextmanager
         def opened():
-            response = self._send("POST", "/chat/completions", json_body=body, stream=True)
+            response = self._send("POST", "/chat/completions", json_body=body, stream=True, silence=silence)
             try:
                 yield response
             finally:
                 response.close()
         return opened()
 
-    def _send(self, method: str, path: str, json_body=None, stream: bool = False):
+    def _send(self, method: str, path: str, json_body=None, stream: bool = False, silence: float | None = None):
+        """One request, retried while the server cannot be reached or a gateway says it is busy. A read timeout
+        is not retried (the server has the request and may still be working on it): it propagates as httpx's,
+        for the caller to tell a stall from its own deadline."""
         import httpx
 
         last = ""
+        timeout = httpx.Timeout(silence or self.timeout_s, connect=10.0)
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                request = self._client.build_request(method, self.base_url + path, json=json_body)
+                request = self._client.build_request(method, self.base_url + path, json=json_body, timeout=timeout)
                 response = self._client.send(request, stream=stream)
-            except (httpx.TransportError, OSError) as e:  # refused, reset, DNS, timeouts
+            except (httpx.ReadTimeout, httpx.WriteTimeout):
+                if stream:
+                    raise
+                raise ServerUnavailableError(f"{self.base_url}{path}: the server sent nothing for "
+                                             f"{silence or self.timeout_s:g} s; is it stuck?") from None
+            except (httpx.TransportError, OSError) as e:  # refused, reset, DNS, connect timeouts
                 last = f"{type(e).__name__}: {e}"
                 continue
             if response.status_code < 400:
@@ -259,14 +356,11 @@ class RemoteEngine:
             if stream:
                 response.read()
             response.close()
-            if response.status_code in RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {_error_message(response)}"
+            error = _error_object(response)
+            if _retriable(response.status_code, error):
+                last = f"HTTP {response.status_code}: {str(error.get('message'))[:200]}"
                 continue
-            try:
-                error = response.json().get("error") or {}
-            except (json.JSONDecodeError, ValueError, AttributeError):
-                error = {}
-            raise _typed_error(error if isinstance(error, dict) else {"message": str(error)}, response.status_code)
+            raise _typed_error(error, response.status_code)
         raise ServerUnavailableError(f"{self.base_url}{path} did not answer after {self.max_retries + 1} attempts "
                                      f"(last: {last}); is the server up?")
 
@@ -274,34 +368,80 @@ class RemoteEngine:
         self._client.close()
 
 
+def _require_event_stream(response, url: str) -> None:
+    """A streamed request is answered by `text/event-stream`; anything else (a proxy's HTML page, a JSON body from a
+    server that ignored `"stream": true`) would read as an empty answer, so it is an error naming what came."""
+    kind = response.headers.get("content-type", "")
+    if kind.split(";")[0].strip().lower() == "text/event-stream":
+        return
+    head = b""
+    for piece in response.iter_bytes():
+        head += piece
+        if len(head) >= 160:
+            break
+    hint = (" (a JSON body: the server ignored \"stream\": true)" if kind.startswith("application/json") else "")
+    raise ServerReplyError(f"{url} answered a streamed request with HTTP {response.status_code} "
+                           f"{kind or 'without a content-type'}{hint}, expected text/event-stream (first bytes: "
+                           f"{head[:160]!r}); is the base URL an OpenAI-compatible server's /v1 "
+                           "(e.g. http://host:8000/v1), not a web page or a proxy in the way?")
+
+
 def _sse_objects(response):
+    """The JSON objects of an event stream, then `DONE` if the server sent `[DONE]`."""
     for line in response.iter_lines():
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
+            yield DONE
             return
         try:
-            yield json.loads(data)
+            obj = json.loads(data)
         except json.JSONDecodeError:
-            raise VLError(f"the server sent a malformed stream event: {data[:80]!r}") from None
+            obj = None
+        if not isinstance(obj, dict):
+            raise ServerReplyError(f"the server sent a malformed stream event: {data[:80]!r}; expected a JSON "
+                                   "object per `data:` line (OpenAI's chat.completion.chunk)")
+        yield obj
 
 
-def _error_message(response) -> str:
+def _error_object(response) -> dict:
+    """The error of a failed reply: OpenAI's `{"error": {...}}`, vLLM's older flat `{"object": "error",
+    "message": ...}`, or the start of a non-JSON page as the message."""
     try:
-        return str((response.json().get("error") or {}).get("message"))[:200]
-    except Exception:  # noqa: BLE001 - a non-JSON error page
-        return response.text[:200]
+        data = response.json()
+    except (ValueError, UnicodeDecodeError):
+        return {"message": response.text[:200]}
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict):
+            return error
+        if error is not None:
+            return {"message": str(error)}
+        if "message" in data:
+            return data
+    return {"message": str(data)[:200]}
+
+
+def _retriable(status: int, error: dict) -> bool:
+    """Busy or a gateway in trouble: 429, 502, 503, and a 504 that is not one of our typed errors (our
+    `decode_timeout` says the media took too long: the same request would again)."""
+    if status not in RETRY_STATUS:
+        return False
+    return status != 504 or error_class_for(str(error.get("code") or "")) is VLError
 
 
 def _typed_error(error: dict, status: int) -> VLError:
     """An OpenAI error object -> our typed error: the same class (by stable code) a local engine raises when
-    the server is ours; by HTTP status otherwise."""
+    the server is ours; a server's "this model has no vision" as `NoVisionError`; by HTTP status otherwise."""
     code, message = str(error.get("code") or ""), str(error.get("message") or "the server refused the request")
     cls = error_class_for(code)
+    if cls is VLError and NO_VISION.search(message):
+        return NoVisionError(f"the server's model reads no images, videos or documents ({message}); send text "
+                             "only, or serve a vision model (llama.cpp: --mmproj)")
     if cls is VLError:
-        cls = DecodeTimeoutError if status == 504 else InputError if 400 <= status < 500 else VLError
+        cls = InputError if 400 <= status < 500 else ServerUnavailableError if status in (502, 503, 504) else VLError
     exc = cls(message)
-    if cls is VLError or cls is InputError:
-        exc.code = code or exc.code
+    if (cls is VLError or cls is InputError) and code and not code.isdigit():  # vLLM and llama.cpp put the status
+        exc.code = code
     return exc

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from vl.errors import InputError
+from vl.errors import InputError, NoVisionError
 from vl.options import PROCESSOR, names
 from vl.processing import chat
 from vl.processing.processor import ProcessedInputs, tokenizer_stop_ids
@@ -20,12 +20,6 @@ from vl.processing.processor import ProcessedInputs, tokenizer_stop_ids
 # UI pass them to every processor) and without effect here, since a text-only prompt has no media to tile, sample
 # or render.
 MEDIA_OPTIONS = names(acts=PROCESSOR)
-
-
-class NoVisionError(InputError):
-    """An image, video or PDF was sent to a model without a vision tower."""
-
-    code = "no_vision"
 
 
 def media_kinds(messages) -> list[str]:
