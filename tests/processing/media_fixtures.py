@@ -1,5 +1,6 @@
-"""Test media built in-process (nothing downloaded): hand-written PNG headers, EXIF blocks, MPO files,
-minimal PDFs (optionally RC4-encrypted by hand, PDF 1.4 Standard Security Handler R2), and PyAV-encoded videos."""
+"""Test media built in-process (nothing downloaded): hand-written PNG headers, EXIF blocks, MPO files, RLE BMPs,
+HEIC, minimal PDFs (optionally RC4-encrypted by hand, PDF 1.4 Standard Security Handler R2; with a form field; with a
+font that is not embedded), and PyAV-encoded videos."""
 
 import hashlib
 import io
@@ -91,6 +92,26 @@ def animated(fmt: str, frames: int, size=(8, 8)) -> bytes:
     return encode(ims[0], fmt, save_all=True, append_images=ims[1:], duration=10, loop=0)
 
 
+def encode_heif(im: Image.Image, **kwargs) -> bytes:
+    """HEIC bytes (HEVC, pillow-heif's x265 encoder) without registering pillow-heif's plugin in this process;
+    an EXIF orientation in `exif=` is written as the HEIF `irot`/`imir` transform, as phones do."""
+    import pillow_heif
+
+    buf = io.BytesIO()
+    pillow_heif.from_pillow(im).save(buf, format="HEIF", **kwargs)
+    return buf.getvalue()
+
+
+def bmp_rle(width: int, height: int, palette, stream: bytes, bits: int = 4, top_down: bool = False) -> bytes:
+    """A BMP (BITMAPINFOHEADER) whose pixels are the hand-written BI_RLE4 (bits=4) or BI_RLE8 (bits=8) `stream`;
+    `palette` is a list of (r, g, b)."""
+    pal = b"".join(bytes((b, g, r, 0)) for r, g, b in palette)
+    offset = 14 + 40 + len(pal)
+    info = struct.pack("<IiiHHIIiiII", 40, width, -height if top_down else height, 1, bits, 2 if bits == 4 else 1,
+                       len(stream), 2835, 2835, len(palette), 0)
+    return b"BM" + struct.pack("<IHHI", offset + len(stream), 0, 0, offset) + info + pal + stream
+
+
 # --- PDF -----------------------------------------------------------------------------------------------
 
 _PAD = bytes.fromhex("28BF4E5E4E758A4164004E56FFFA01082E2E00B6D0683E802F0CA9FE6453697A")
@@ -167,6 +188,73 @@ def _pad(password: str) -> bytes:
 def red_square_page(w: float = 200, h: float = 100) -> tuple[float, float, bytes]:
     """A page with a red rectangle in its lower-left quarter (PDF y points up)."""
     return (w, h, f"1 0 0 rg 0 0 {w / 2} {h / 2} re f".encode())
+
+
+def pdf_from_objects(objects: list[bytes]) -> bytes:
+    """A PDF of the given object bodies, object n being objects[n-1]; object 1 is the catalog."""
+    out = bytearray(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for n, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+def pdf_stream(data: bytes, extra: str = "") -> bytes:
+    return f"<< /Length {len(data)}{extra} >>\nstream\n".encode() + data + b"\nendstream"
+
+
+FORM_FIELD_BOX = (50, 40, 250, 70)  # the text field's /Rect in points (x0, y0, x1, y1) on a 300 x 100 pt page
+
+
+def form_pdf(value: str | None, appearance: bool = True, need_appearances: bool = False) -> bytes:
+    """One page with an AcroForm text field (Helvetica 18) at FORM_FIELD_BOX holding `value` (/V; None: no /V).
+    `appearance`: the widget carries an appearance stream drawing the value, as a filling viewer writes it;
+    `need_appearances`: the form asks viewers to build appearances themselves (/NeedAppearances true)."""
+    helv = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+    objects = [b"", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>", b"", pdf_stream(b""), helv]
+    ap = ""
+    if appearance:
+        text = (value or "").encode("latin-1")
+        body = b"/Tx BMC q BT /Helv 18 Tf 0 g 2 8 Td (" + text + b") Tj ET Q EMC"
+        objects.append(pdf_stream(body, " /Type /XObject /Subtype /Form /BBox [0 0 200 30] "
+                                        "/Resources << /Font << /Helv 5 0 R >> >>"))
+        ap = f" /AP << /N {len(objects)} 0 R >>"
+    v = "" if value is None else f" /V ({value})"
+    x0, y0, x1, y1 = FORM_FIELD_BOX
+    objects.append(f"<< /Type /Annot /Subtype /Widget /FT /Tx /T (name){v} /DA (/Helv 18 Tf 0 g) "
+                   f"/Rect [{x0} {y0} {x1} {y1}] /F 4 /P 3 0 R{ap} >>".encode())
+    widget = len(objects)
+    need = " /NeedAppearances true" if need_appearances else ""
+    objects[0] = (f"<< /Type /Catalog /Pages 2 0 R /AcroForm << /Fields [{widget} 0 R] "
+                  f"/DR << /Font << /Helv 5 0 R >> >> /DA (/Helv 0 Tf 0 g){need} >> >>").encode()
+    objects[2] = (f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 100] /Contents 4 0 R "
+                  f"/Annots [{widget} 0 R] >>").encode()
+    return pdf_from_objects(objects)
+
+
+def text_pdf_without_font(font_name: str = "MyCustomFont", widths: int | None = None,
+                          text: bytes = b"Hello World 123") -> bytes:
+    """One 300 x 100 pt page of 24 pt text in a TrueType font that is not embedded (PDFium substitutes one);
+    `widths`: every glyph's advance in /Widths (PDFium then stretches its substitute to fit)."""
+    desc = (f"<< /Type /FontDescriptor /FontName /{font_name} /Flags 32 /FontBBox [0 0 1000 1000] /ItalicAngle 0 "
+            "/Ascent 900 /Descent -200 /CapHeight 700 /StemV 80 >>")
+    w = "" if widths is None else f" /FirstChar 32 /LastChar 126 /Widths [{' '.join([str(widths)] * 95)}]"
+    font = (f"<< /Type /Font /Subtype /TrueType /BaseFont /{font_name} /Encoding /WinAnsiEncoding{w} "
+            f"/FontDescriptor {desc} >>").encode()
+    content = b"BT /F1 24 Tf 10 40 Td (" + text + b") Tj ET"
+    return pdf_from_objects([
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 100] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        pdf_stream(content),
+        font,
+    ])
 
 
 # --- video ---------------------------------------------------------------------------------------------

@@ -21,8 +21,10 @@ from PIL import Image, ImageFile
 sys.path.insert(0, os.path.dirname(__file__))
 from media_fixtures import (  # noqa: E402
     animated,
+    bmp_rle,
     corner_marked,
     encode,
+    encode_heif,
     exif_block,
     mpo_with_huge_second_frame,
     mutate_bytes,
@@ -43,7 +45,13 @@ from vl.errors import (  # noqa: E402
     UnsupportedFormatError,
     VLError,
 )
-from vl.processing.images import BACKGROUND_RGB, decode_image_bytes, load_image, preprocess_image  # noqa: E402
+from vl.processing.images import (  # noqa: E402
+    BACKGROUND_RGB,
+    decode_image_bytes,
+    load_image,
+    preprocess_image,
+    sniff_image,
+)
 from vl.processing.limits import MediaLimits  # noqa: E402
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -146,10 +154,12 @@ _EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 1
         (b"", "empty"),
         (bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)), "unrecognized"),
         (b"hello, I am text in a .png file\n", "unrecognized"),
-        (encode(noise_image(8, 8), "TIFF"), "TIFF"),
         (_EPS, "EPS"),
         (b"%PDF-1.4\n1 0 obj<<>>endobj\n", "PDF"),
+        (b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2" + bytes(64), "MP4/MOV video"),
+        (b"8BPS\x00\x01" + bytes(64), "PSD"),
     ],
+    ids=["empty", "random", "text", "eps", "pdf", "mp4", "psd"],
 )
 def test_i5_unsupported_formats_by_magic_bytes(tmp_path, monkeypatch, data, found):
     from PIL import EpsImagePlugin
@@ -170,10 +180,14 @@ def test_i5_unsupported_formats_by_magic_bytes(tmp_path, monkeypatch, data, foun
         load_image(data)
 
 
-def test_i5_allowlisted_formats_decode():
+def test_i5_allowlisted_formats_decode(tmp_path):
     im = noise_image(16, 12)
-    for fmt in ["PNG", "JPEG", "GIF", "WEBP", "BMP"]:
-        assert load_image(encode(im, fmt)).size == (16, 12), fmt
+    for fmt in ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "AVIF", "HEIF"]:
+        data = encode_heif(im) if fmt == "HEIF" else encode(im, fmt)
+        assert load_image(data).size == (16, 12), fmt
+        path = tmp_path / "safe.png"  # by content, whatever the name says
+        path.write_bytes(data)
+        assert load_image(str(path)).size == (16, 12) and sniff_image(str(path)) == fmt, fmt
 
 
 def test_urls_are_refused():
@@ -461,3 +475,202 @@ def test_8_colour_key_at_the_file_bit_depth():
     rgb16 = _png_from_rows(2, 1, 16, 2, b"\x00" + px.tobytes(), struct.pack(">HHH", 1000, 2000, 3000))
     out = np.asarray(decode_image_bytes(rgb16))[0]
     assert out[0].tolist() == [255, 255, 255] and out[1].tolist() == [60000 >> 8, 2000 >> 8, 3000 >> 8]
+
+
+# --- BMP RLE: decoded by the spec (Pillow 12.3 scrambles odd absolute runs of RLE4) ---------------------------
+
+_PALETTE = [(0, 0, 0), (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255),
+            (128, 128, 128)] + [(16 * i, 100, 50) for i in range(8)]
+_RLE4_STREAM = bytes([  # 7 x 3 pixels, bottom row first
+    0, 3, 0x12, 0x30,  # absolute run of 3 pixels: 1 2 3 (2 bytes, already 16-bit aligned)
+    4, 0x45,  # encoded run of 4: 4 5 4 5
+    0, 0,  # end of line
+    0, 5, 0x67, 0x12, 0x30, 0x00,  # absolute run of 5: 6 7 1 2 3 (3 bytes + 1 pad byte)
+    2, 0x66,  # 6 6
+    0, 0,
+    7, 0x12,  # 1 2 1 2 1 2 1
+    0, 1,  # end of bitmap
+])
+_RLE4_INDICES = [[1, 2, 1, 2, 1, 2, 1],  # top row
+                 [6, 7, 1, 2, 3, 6, 6],
+                 [1, 2, 3, 4, 5, 4, 5]]
+_RLE8_STREAM = bytes([  # 7 x 3 pixels, bottom row first
+    0, 3, 1, 2, 3, 0,  # absolute run of 3 (+ pad)
+    4, 9,  # 9 9 9 9
+    0, 0,
+    2, 5, 0, 2, 2, 0, 3, 14,  # 5 5, delta 2 right, 14 14 14
+    0, 0,
+    0, 2, 3, 0, 2, 8,  # delta 3 right, 8 8
+    0, 1,  # end of bitmap before the row ends: the rest is index 0
+])
+_RLE8_INDICES = [[0, 0, 0, 8, 8, 0, 0],
+                 [5, 5, 0, 0, 14, 14, 14],
+                 [1, 2, 3, 9, 9, 9, 9]]
+
+
+@pytest.mark.parametrize("bits, stream, indices", [(4, _RLE4_STREAM, _RLE4_INDICES), (8, _RLE8_STREAM, _RLE8_INDICES)],
+                         ids=["rle4", "rle8"])
+def test_bmp_rle_golden_pixels(bits, stream, indices):
+    """Odd-length absolute runs with their pad byte, encoded runs, end of line, delta and an early end of bitmap."""
+    palette = _PALETTE + [(1, 2, 3)] * (256 - len(_PALETTE)) if bits == 8 else _PALETTE
+    expected = np.array(palette, np.uint8)[np.array(indices)]  # (3, 7, 3)
+    for top_down in (False, True):  # a top-down file lists the rows the other way round
+        data = bmp_rle(7, 3, palette, stream, bits=bits, top_down=top_down)
+        out = np.asarray(load_image(data))
+        assert np.array_equal(out, expected if not top_down else expected[::-1]), out[..., 0]
+    assert np.array_equal(np.asarray(load_image(data, isolate=True)), expected[::-1])
+    assert sniff_image(data) == "BMP"
+
+
+def test_bmp_rle_truncated_and_garbage_are_typed():
+    data = bmp_rle(7, 3, _PALETTE, _RLE4_STREAM)
+    for cut in range(len(data) - len(_RLE4_STREAM), len(data) - 2):  # every cut inside the stream, before EOF
+        with pytest.raises(CorruptMediaError, match="truncated"):
+            load_image(data[:cut])
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # random streams: an image or a typed error, never anything else
+        stream = rng.integers(0, 256, int(rng.integers(0, 80)), dtype=np.uint8).tobytes()
+        try:
+            assert load_image(bmp_rle(9, 5, _PALETTE, stream, bits=int(rng.choice([4, 8])))).size == (9, 5)
+        except MediaError:
+            pass
+
+
+# --- TIFF, HEIC, AVIF: accepted by content, same limits ------------------------------------------------------
+
+_TIFF_CODECS = ["raw", "packbits", "tiff_lzw", "tiff_adobe_deflate", "jpeg", "group3", "group4"]
+
+
+@pytest.mark.parametrize("compression", _TIFF_CODECS)
+def test_tiff_compressions_scanners_write_decode(compression):
+    im = corner_marked(40, 20)
+    if compression.startswith("group"):  # fax codecs are bilevel: black corner on white
+        im = Image.new("1", (40, 20), 1)
+        im.paste(0, (0, 0, 4, 4))
+    out = load_image(encode(im, "TIFF", compression=compression))
+    assert out.size == (40, 20)
+    corner, rest = out.getpixel((1, 1)), out.getpixel((30, 15))
+    if compression.startswith("group"):
+        assert corner == (0, 0, 0) and rest == (255, 255, 255)
+    else:
+        assert corner[0] > 200 and corner[1] < 60 and abs(rest[0] - 128) < 8
+
+
+@pytest.mark.parametrize("compression", ["lzma", "zstd"])
+def test_tiff_rare_compressions_refused_by_name(compression):
+    data = encode(noise_image(16, 12), "TIFF", compression=compression)
+    for call in (load_image, sniff_image):
+        with pytest.raises(UnsupportedFormatError, match=compression):
+            call(data)
+
+
+def test_tiff_modes_orientation_and_pages():
+    grey16 = Image.new("I;16", (8, 4), 32896)
+    assert load_image(encode(grey16, "TIFF")).getpixel((0, 0)) == (128, 128, 128)
+    cmyk = Image.new("CMYK", (8, 4), (255, 0, 0, 0))
+    assert load_image(encode(cmyk, "TIFF")).getpixel((0, 0)) == (0, 255, 255)
+    rgba = Image.new("RGBA", (8, 4), (255, 0, 0, 0))
+    assert load_image(encode(rgba, "TIFF", compression="tiff_lzw")).getpixel((0, 0)) == BACKGROUND_RGB
+    rotated = load_image(encode(corner_marked(40, 20), "TIFF", tiffinfo={0x0112: 6}))  # orientation 6, as in I7
+    assert rotated.size == (20, 40) and rotated.getpixel((18, 1))[0] > 200 and rotated.getpixel((1, 1))[0] < 200
+    pages = encode(Image.new("RGB", (16, 12), (200, 0, 0)), "TIFF", save_all=True,
+                   append_images=[Image.new("RGB", (40000, 1), (0, 200, 0))])
+    first = load_image(pages)  # page 1 only, like frame 0 of a GIF; the huge page 2 is never read
+    assert first.size == (16, 12) and first.getpixel((3, 3)) == (200, 0, 0)
+
+
+def _tiff_header_only(width: int, height: int, big_endian: bool = False) -> bytes:
+    """A TIFF whose first IFD claims `width` x `height` 8-bit RGB in one tiny strip."""
+    e = ">" if big_endian else "<"
+    entries = [(256, 4, 1, width), (257, 4, 1, height), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 2),
+               (273, 4, 1, 8 + 2 + 12 * 10 + 4), (277, 3, 1, 3), (278, 4, 1, height), (279, 4, 1, 16),
+               (284, 3, 1, 1)]
+    ifd = struct.pack(e + "H", len(entries))
+    for tag, kind, count, value in entries:
+        ifd += struct.pack(e + "HHI", tag, kind, count) + (struct.pack(e + "HH", value, 0) if kind == 3
+                                                            else struct.pack(e + "I", value))
+    return (b"MM\x00*" if big_endian else b"II*\x00") + struct.pack(e + "I", 8) + ifd + b"\x00" * 4 + bytes(16)
+
+
+def test_tiff_header_bomb_refused_before_decode(monkeypatch):
+    from PIL import ImageFile as PilImageFile
+
+    def no_decode(self, *a, **k):
+        raise AssertionError("pixels were decoded before the size check")
+
+    monkeypatch.setattr(PilImageFile.ImageFile, "load", no_decode)
+    for big_endian in (False, True):
+        with pytest.raises(MediaTooLargeError, match="64,000,000 pixels"):
+            load_image(_tiff_header_only(8000, 8000, big_endian))
+        with pytest.raises(MediaTooLargeError):
+            sniff_image(_tiff_header_only(40000, 40000, big_endian))
+    monkeypatch.undo()
+    assert load_image(_tiff_header_only(4, 1)).size == (4, 1)  # the builder makes a valid file
+
+
+def _set_ispe(data: bytes, width: int, height: int) -> bytes:
+    """Rewrite the `ispe` (image spatial extents) property of a HEIF/AVIF file: the size a decoder reads first."""
+    at = data.index(b"ispe") + 8  # box type, then version+flags (4 bytes), then width and height (u32 each)
+    return data[:at] + struct.pack(">II", width, height) + data[at + 8:]
+
+
+@pytest.mark.parametrize("fmt", ["HEIF", "AVIF"])
+def test_heic_avif_decode_with_orientation_and_size_cap(fmt):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # HEIC: written as the irot transform; AVIF: kept as the EXIF tag by Pillow
+    im = corner_marked(64, 32)
+    data = encode_heif(im, quality=95) if fmt == "HEIF" else encode(im, "AVIF", quality=95)
+    rotated = encode_heif(im, quality=95, exif=exif.tobytes()) if fmt == "HEIF" else \
+        encode(im, "AVIF", quality=95, exif=exif.tobytes())
+    assert sniff_image(data) == fmt
+    out = load_image(data)
+    assert out.size == (64, 32) and out.getpixel((1, 1))[0] > 200 and out.getpixel((1, 1))[1] < 60
+    assert abs(out.getpixel((40, 20))[0] - 128) < 10
+    turned = load_image(rotated)  # displayed orientation: the stored top-left lands top-right, once
+    assert turned.size == (32, 64) and turned.getpixel((30, 1))[0] > 200 and turned.getpixel((1, 1))[0] < 200
+    assert np.array_equal(np.asarray(load_image(data, isolate=True)), np.asarray(out))
+    limits = MediaLimits(max_image_pixels=64 * 32 - 1)
+    with pytest.raises(MediaTooLargeError):
+        load_image(data, limits)
+    with pytest.raises((MediaTooLargeError, CorruptMediaError)):  # libheif/libavif may refuse the lie first
+        load_image(_set_ispe(data, 40000, 40000))
+
+
+def test_iso_media_brands():
+    heic_mif1 = b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00mif1heic"
+    avif_mif1 = b"\x00\x00\x00\x1cftypmif1\x00\x00\x00\x00mif1avifmiaf"
+    from vl.processing.image_formats import sniff_format
+
+    assert sniff_format(heic_mif1 + bytes(40)) == "HEIF" and sniff_format(avif_mif1 + bytes(40)) == "AVIF"
+    for video in (b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2", b"\x00\x00\x00\x14ftypqt  \x00\x00\x00\x00qt  ",
+                  b"\x00\x00\x00\x18ftypcrx \x00\x00\x00\x01crx isom"):
+        with pytest.raises(UnsupportedFormatError, match="MP4/MOV video"):
+            sniff_format(video + bytes(40))
+
+
+# --- sniff_image: every check that needs no pixel decoded ---------------------------------------------------
+
+
+def test_sniff_image_refuses_what_decoding_refuses_without_decoding(tmp_path, monkeypatch):
+    jpeg = encode(noise_image(64, 48), "JPEG", comment=b"\xff\xd9 an EOI lookalike in a header segment")
+    cases = {
+        "truncated jpeg": (jpeg[:-2], CorruptMediaError),  # the end-of-image marker is gone
+        "jpeg cut in its headers": (jpeg[:40], CorruptMediaError),
+        "png bad crc": (_flip(encode(noise_image(8, 8), "PNG"), 29), CorruptMediaError),
+        "header bomb": (png_header_only(40000, 40000), MediaTooLargeError),
+        "eps": (_EPS, UnsupportedFormatError),
+        "tiff zstd": (encode(noise_image(8, 8), "TIFF", compression="zstd"), UnsupportedFormatError),
+    }
+    for name, (data, error) in cases.items():
+        with pytest.raises(error):
+            decode_image_bytes(data)  # what the model's processor says, for reference
+        path = tmp_path / f"{name}.jpg"
+        path.write_bytes(data)
+        monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("sniff_image decoded pixels"))
+        with pytest.raises(error):
+            sniff_image(str(path))
+        monkeypatch.undo()
+    with pytest.raises(CorruptMediaError, match="cannot read"):
+        sniff_image(str(tmp_path / "missing.png"))
+    trailing = jpeg + b"phone maker's trailer after EOI"
+    assert sniff_image(trailing) == "JPEG" and load_image(trailing).size == (64, 48)

@@ -6,8 +6,10 @@ more than one tile) and §4.1 (normalization `(x/255 - mean)/std` with the check
 always passed in, never defaulted here). Safe opening follows docs/reliability_policy.md §1.1:
 
 - byte cap before Pillow sees the data; format by magic bytes, then `Image.open(formats=[that one])`;
-  allowlist PNG, JPEG (incl. its MPO variant, frame 0 only), GIF, WEBP, BMP. TIFF is refused (IFD chains,
-  many codecs), as are EPS (would run Ghostscript), PDF (goes to documents.py), JPEG 2000, HEIC/AVIF, ICO, PSD;
+  allowlist PNG, JPEG (incl. its MPO variant, frame 0 only), GIF, WEBP, BMP, TIFF (page 1), HEIC/HEIF and AVIF;
+  EPS (would run Ghostscript), PDF (goes to documents.py), JPEG 2000, ICO, PSD are refused. What each format may
+  be, and the structure checked before decoding, is in image_formats.py; `sniff_image` runs every check that
+  needs no pixel decoded (a cheap early refusal, e.g. before a model loads);
 - pixel cap from the header (`Image.open` is lazy) before `.load()`: min(limits.max_image_pixels,
   `Image.MAX_IMAGE_PIXELS`), so anything Pillow would only warn about (DecompressionBombWarning) is refused
   too; zero-sized images (which Pillow's own bomb check skips) are refused as corrupt;
@@ -30,7 +32,7 @@ import io
 import logging
 import os
 import struct
-import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,17 +46,24 @@ from vl.errors import (
     UnsupportedFormatError,
     VLError,
 )
+from vl.processing.image_formats import (
+    ALLOWED_FORMATS,  # noqa: F401 - re-exported: the allowlist as callers of this module read it
+    bmp_rle_image,
+    check_structure,
+    check_tiff,
+    prepare_plugin,
+    sniff_format,
+)
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.sandbox import run_isolated
 
 logger = logging.getLogger(__name__)
 
-ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 BACKGROUND_RGB = (255, 255, 255)  # alpha is composited over white
 RESAMPLE = Image.Resampling.BICUBIC
 
 # Pillow's fuzzers accept exactly these as outcomes of garbage input (docs/reliability_policy.md §1.1), plus the
-# bomb error (a plain Exception subclass) and UnidentifiedImageError (an OSError).
+# bomb error (a plain Exception subclass), UnidentifiedImageError (an OSError) and pillow-heif's RuntimeError.
 _PILLOW_ERRORS = (
     OSError,
     SyntaxError,
@@ -69,42 +78,8 @@ _PILLOW_ERRORS = (
     EOFError,
     Image.DecompressionBombError,
     Image.DecompressionBombWarning,
+    RuntimeError,  # pillow-heif's form of libheif errors (allocation, libheif's own security limits)
 )
-
-# (prefix test, name) for formats we recognize in order to refuse them with a precise message
-_REFUSED_SIGNATURES = (
-    (lambda b: b.startswith(b"%PDF"), "PDF (send it as a document, not an image)"),
-    (lambda b: b.startswith((b"%!PS", b"\xc5\xd0\xd3\xc6")), "PostScript/EPS"),
-    (lambda b: b.startswith((b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")), "TIFF"),
-    (lambda b: b.startswith((b"\x00\x00\x00\x0cjP  ", b"\xff\x4f\xff\x51")), "JPEG 2000"),
-    (lambda b: b[4:8] == b"ftyp", "ISO media (HEIC/AVIF/MP4)"),
-    (lambda b: b.startswith(b"8BPS"), "Photoshop PSD"),
-    (lambda b: b.startswith(b"\x00\x00\x01\x00"), "ICO"),
-    (lambda b: b.lstrip()[:5].lower() in (b"<?xml", b"<svg "), "SVG/XML"),
-)
-
-
-def sniff_format(data: bytes) -> str:
-    """Return the Pillow format name for `data`'s magic bytes, or raise UnsupportedFormatError."""
-    head = bytes(data[:32])
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "PNG"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return "GIF"
-    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
-        return "WEBP"
-    if head.startswith(b"BM"):
-        return "BMP"
-    if not head:
-        raise UnsupportedFormatError("expected image bytes, found an empty file; send a PNG/JPEG/GIF/WEBP/BMP.")
-    what = next((name for test, name in _REFUSED_SIGNATURES if test(head)), "unrecognized bytes")
-    raise UnsupportedFormatError(
-        f"expected one of {', '.join(ALLOWED_FORMATS)} (by content, not file name), found {what}; "
-        "convert the image to PNG or JPEG."
-    )
-
 
 def read_bytes(source, max_bytes: int, what: str = "image") -> bytes:
     """Bytes of `source` (bytes-like, local path or binary file object), refusing more than `max_bytes`
@@ -171,23 +146,45 @@ def load_image(source, limits: MediaLimits = DEFAULT_LIMITS, *, isolate: bool = 
 
 
 def decode_image_bytes(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Image.Image:
+    with _opened(data, limits) as (fmt, im):
+        if fmt == "PNG" and "transparency" in im.info and im.mode != "P":
+            im.info["transparency"] = _png_key_in_decoded_scale(data, im.info["transparency"])
+        if fmt == "BMP" and (rle := bmp_rle_image(im, data)) is not None:
+            return to_rgb(rle)
+        im.load()  # frame 0
+        return to_rgb(_apply_orientation(im))
+
+
+def sniff_image(source, limits: MediaLimits = DEFAULT_LIMITS) -> str:
+    """The format of an untrusted image (a name in ALLOWED_FORMATS) after every check `decode_image_bytes` makes
+    before it decodes a pixel: byte cap, format by content, PNG/JPEG structure, header size against the pixel cap,
+    TIFF codec, HEIF/AVIF support. Raises the same typed errors. Meant for refusing a file early and cheaply (the
+    CLI, before it loads a model); damage inside compressed pixel data is still found only by decoding."""
+    data = read_bytes(source, limits.max_image_bytes)
+    with _opened(data, limits) as (fmt, _):
+        return fmt
+
+
+@contextmanager
+def _opened(data: bytes, limits: MediaLimits):
+    """(format, lazily opened image) once every check before decoding has passed; Pillow's exceptions raised in
+    the block (decoding included) come out as our typed errors."""
     if len(data) > limits.max_image_bytes:
         raise MediaTooLargeError(_too_many_bytes("image", len(data), limits.max_image_bytes))
     fmt = sniff_format(data)
-    if fmt == "PNG":
-        check_png_chunks(data)
+    check_structure(fmt, data)
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise ConfigError(
             "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (process-global, set by some library); untrusted "
             "truncated images would decode as partly grey pictures. Set it back to False."
         )
+    prepare_plugin(fmt)
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as im:
             check_size(*im.size, limits)  # header only: nothing is decoded yet
-            if fmt == "PNG" and "transparency" in im.info and im.mode != "P":
-                im.info["transparency"] = _png_key_in_decoded_scale(data, im.info["transparency"])
-            im.load()  # frame 0
-            rgb = to_rgb(_apply_orientation(im))
+            if fmt == "TIFF":
+                check_tiff(im)
+            yield fmt, im
     except VLError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
@@ -200,30 +197,6 @@ def decode_image_bytes(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Ima
         raise CorruptMediaError(
             f"the {fmt} image is truncated or corrupt ({type(e).__name__}: {str(e)[:200]}); re-save the file."
         ) from None
-    return rgb
-
-
-def check_png_chunks(data: bytes) -> None:
-    """Strict PNG structure: every chunk complete with a matching CRC, up to IEND.
-
-    Pillow checks the CRC of header chunks only and never reads IEND for frame 0, so a PNG with a flipped
-    IDAT CRC or a missing last byte would otherwise decode silently (docs/reliability_policy.md row I4).
-    """
-    pos, end = 8, len(data)
-    while True:
-        if pos + 12 > end:
-            raise CorruptMediaError("the PNG file is truncated (it ends before its IEND chunk); re-save the file.")
-        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        if length > end - pos - 12:
-            raise CorruptMediaError(
-                f"the PNG file is truncated inside its {kind[:4]!r} chunk ({length} bytes declared); re-save it."
-            )
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        if zlib.crc32(data[pos + 4 : pos + 8 + length]) != crc:
-            raise CorruptMediaError(f"the PNG {kind[:4]!r} chunk has a bad CRC (corrupt file); re-save the file.")
-        if kind == b"IEND":
-            return
-        pos += 12 + length
 
 
 _TRANSPOSE = {
