@@ -59,3 +59,62 @@ def raise_unpicklable():
 
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
+
+
+def raise_os_error():
+    raise OSError("libdecord.so: failed to map segment from shared object")  # as dlopen says under RLIMIT_AS
+
+
+_KEPT = []  # what keep_memory / leak_threads leave behind in the worker
+
+
+def leak_threads(n: int) -> int:
+    import threading
+
+    stop = threading.Event()
+    for _ in range(n):
+        threading.Thread(target=stop.wait, daemon=True).start()
+    _KEPT.append(stop)
+    return n
+
+
+def keep_memory(mb: int) -> int:
+    block = bytearray(mb << 20)
+    block[:: 4096] = b"\x01" * len(range(0, len(block), 4096))  # touch every page: resident, not just reserved
+    _KEPT.append(block)
+    return mb
+
+
+def status() -> dict:
+    """The worker's own /proc/self/status figures (kB, threads)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmSize", "VmData", "VmRSS", "Threads"):
+                out[key] = int(value.split()[0])
+    return out
+
+
+def map_file_and_library(path: str, library: str) -> int:
+    """What loading a shared library does: map a file read-only (the library's code) and dlopen one."""
+    import ctypes
+    import mmap
+
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    size = len(mapped)
+    mapped.close()
+    ctypes.CDLL(library)
+    return size
+
+
+def touch_shared_memory(mb: int, seconds: float) -> int:
+    """Resident memory that RLIMIT_DATA does not count (shared anonymous pages), held for `seconds`."""
+    import mmap
+
+    block = mmap.mmap(-1, mb << 20, flags=mmap.MAP_SHARED)
+    for offset in range(0, mb << 20, 4096):
+        block[offset] = 1
+    time.sleep(seconds)
+    return mb

@@ -1,5 +1,7 @@
 """vl/processing/sandbox.py: crashes, hangs and memory blow-ups in a decode worker become typed errors,
-the next call gets a working worker, and many calls leak no file descriptors (docs/reliability_policy.md rows V7, V8, I12)."""
+the next call gets a working worker, and many calls leak no file descriptors (docs/reliability_policy.md rows V7, V8, I12).
+A worker is reused only after a result or a typed verdict on the file, and only while its threads and memory stay
+near its start-up baseline; its memory cap never stops it from mapping a library (issue 52 item 3)."""
 
 import os
 import signal
@@ -28,9 +30,65 @@ def test_result_and_worker_reuse():
 
 
 def test_typed_errors_cross_unchanged():
+    worker = run_isolated(targets.pid, timeout=30)
     with pytest.raises(CorruptMediaError, match="typed error from the worker"):
         run_isolated(targets.raise_typed, timeout=30)
-    run_isolated(targets.echo, 1, timeout=30)
+    assert run_isolated(targets.pid, timeout=30) == worker  # the decoder's verdict on a file: the worker is fine
+
+
+def test_a_failure_that_is_not_the_files_replaces_the_worker():
+    """Issue 52 item 3: an OSError from dlopen came back as an ordinary error and the poisoned worker was kept,
+    so the next valid files failed too. Anything but a typed MediaError retires the worker."""
+    for _ in range(2):
+        worker = run_isolated(targets.pid, timeout=30)
+        with pytest.raises(OSError, match="failed to map segment"):
+            run_isolated(targets.raise_os_error, timeout=30)
+        assert run_isolated(targets.pid, timeout=30) != worker
+
+
+def test_a_library_maps_under_the_memory_cap(tmp_path):
+    """Issue 52 item 3: under RLIMIT_AS every mapped library counts against the cap, and `dlopen` failed
+    ("failed to map segment from shared object"). The cap must bound data, not mappings of files: a worker
+    capped below its own address space still maps a 512 MB file and loads a library it never loaded."""
+    import av
+
+    stats = run_isolated(targets.status, timeout=60)
+    cap_mb = stats["VmData"] // 1024 + 128
+    assert cap_mb < stats["VmSize"] // 1024, "the test needs a worker whose address space exceeds the cap"
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(512 << 20)  # sparse: no disk used
+    libs = os.path.join(os.path.dirname(os.path.dirname(av.__file__)), "av.libs")
+    library = tmp_path / "libcopy.so"  # a copy: dlopen maps it afresh even where the original is loaded
+    library.write_bytes(open(os.path.join(libs, next(n for n in sorted(os.listdir(libs)) if "avutil" in n)),
+                             "rb").read())
+    for _ in range(2):
+        assert run_isolated(targets.map_file_and_library, str(big), str(library), timeout=60,
+                            memory_mb=cap_mb) == 512 << 20
+    with pytest.raises(MediaTooLargeError):  # the cap still bounds what the worker allocates
+        run_isolated(targets.allocate, 2 * cap_mb, timeout=60, memory_mb=cap_mb)
+
+
+def test_a_worker_that_keeps_threads_or_memory_is_replaced():
+    """Issue 52, "the isolated decode worker leaks decoder threads": a worker reports its threads and resident
+    memory after each call and is replaced when they stay above its start-up baseline."""
+    worker = run_isolated(targets.pid, timeout=30)
+    assert run_isolated(targets.leak_threads, 1, timeout=30) == 1  # within the slack: kept
+    assert run_isolated(targets.pid, timeout=30) == worker
+    assert run_isolated(targets.leak_threads, 16, timeout=30) == 16
+    replaced = run_isolated(targets.pid, timeout=30)
+    assert replaced != worker
+    assert run_isolated(targets.keep_memory, 400, timeout=60) == 400
+    assert run_isolated(targets.pid, timeout=30) != replaced
+
+
+def test_resident_memory_over_the_cap_kills_the_worker():
+    """Memory that RLIMIT_DATA does not count (shared pages) is caught by the parent watching the worker's
+    resident set: a typed MediaTooLargeError, and the next call gets a fresh worker."""
+    worker = run_isolated(targets.pid, timeout=30)
+    with pytest.raises(MediaTooLargeError, match="400 MB"):
+        run_isolated(targets.touch_shared_memory, 800, 120, timeout=120, memory_mb=400)
+    assert run_isolated(targets.pid, timeout=30) != worker
 
 
 def test_unreadable_exception_is_reported_not_hung():
