@@ -3,15 +3,27 @@ page ranges, and the document token-budget planner. PDFs are written by hand in 
 (including a real RC4 encryption dictionary, verified below by rendering with the right password)."""
 
 import hashlib
+import json
 import math
 import os
+import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(__file__))
-from media_fixtures import encode, make_pdf, noise_image, red_square_page  # noqa: E402
+from media_fixtures import (  # noqa: E402
+    FORM_FIELD_BOX,
+    encode,
+    form_pdf,
+    make_pdf,
+    noise_image,
+    red_square_page,
+    text_pdf_without_font,
+)
 
 import vl.processing.documents as documents  # noqa: E402
 from vl.errors import (  # noqa: E402
@@ -213,3 +225,73 @@ def test_budget_matches_the_tiler():
 def test_budget_too_small_even_at_one_tile():
     with pytest.raises(ContextLengthError, match="at most 3 pages fit"):
         plan_document_budget([LETTER_144DPI] * 10, context_length=1000, reserved_tokens=200)
+
+
+# --- forms and fonts: pages as a viewer shows them, whatever was rendered before ---------------------------------
+
+
+def _dark_pixels_in_field(page, scale: float) -> int:
+    x0, y0, x1, y1 = FORM_FIELD_BOX  # points, y up from the bottom of a 100 pt page
+    box = np.asarray(page.convert("L"))[round((100 - y1) * scale):round((100 - y0) * scale),
+                                        round(x0 * scale):round(x1 * scale)]
+    return int((box < 128).sum())
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_filled_form_fields_are_drawn(isolate):
+    """A filled AcroForm text field shows its value on the rendered page (with the viewer's appearance stream, or
+    built from /V when the form asks for it); an empty field shows nothing. Twice, and through the processor's
+    page-by-page path too."""
+    filled = {"appearance": form_pdf("Hello 42"), "need_appearances": form_pdf("Hello 42", appearance=False,
+                                                                             need_appearances=True)}
+    empty = {"blank value": form_pdf(""), "no value": form_pdf(None, appearance=False, need_appearances=True)}
+    for _ in range(2):
+        for name, pdf in filled.items():
+            page = render_pdf(pdf, isolate=isolate).pages[0]
+            assert _dark_pixels_in_field(page, 2.0) > 100, name
+        for name, pdf in empty.items():
+            assert _dark_pixels_in_field(render_pdf(pdf, isolate=isolate).pages[0], 2.0) == 0, name
+    doc = documents.open_pdf_pages(filled["appearance"], isolate=isolate)
+    (tiles, _, size), = documents.render_pdf_tiles(doc, [1], tile_size=64, use_thumbnail=False, isolate=isolate)
+    blank = documents.open_pdf_pages(empty["blank value"], isolate=isolate)
+    (blank_tiles, _, _), = documents.render_pdf_tiles(blank, [1], tile_size=64, use_thumbnail=False, isolate=isolate)
+    assert size == (600, 200) and (tiles < 128).sum() > 0 and (blank_tiles < 128).sum() == 0
+
+
+_FONT_CHILD = """
+import hashlib, json, sys
+sys.path.insert(0, "tests/processing")
+from media_fixtures import form_pdf, make_pdf, red_square_page, text_pdf_without_font
+from vl.processing.documents import render_pdf
+
+def digest(pdf, isolate=False):
+    return hashlib.sha256(render_pdf(pdf, isolate=isolate).pages[0].tobytes()).hexdigest()
+
+page_a = text_pdf_without_font()
+others = [text_pdf_without_font(widths=600), text_pdf_without_font("Garamond", widths=300), form_pdf("Hi"),
+          text_pdf_without_font(), make_pdf([red_square_page()])]
+seen = {"fresh": digest(page_a)}  # the first thing PDFium renders in this process
+seen["again"] = digest(page_a)
+for k, other in enumerate(others):
+    digest(other)
+    seen[f"after other {k}"] = digest(page_a)
+for k, other in enumerate(others):  # one sandbox worker, several documents in a row
+    digest(other, isolate=True)
+    seen[f"worker after other {k}"] = digest(page_a, isolate=True)
+print(json.dumps(seen))
+"""
+
+
+def test_pages_with_missing_fonts_render_independently_of_history():
+    """A page whose font is not embedded gives the same pixels first in a fresh process, a second time, after
+    other documents (with the same font name at other widths, other substitutes, a form), in-process and in one
+    sandbox worker. PDFium used to give other pixels each time (its substitute faces are process-wide state)."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    run = subprocess.run([sys.executable, "-c", _FONT_CHILD], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    fresh = seen.pop("fresh")
+    assert {k: v for k, v in seen.items() if v != fresh} == {}
+    page = render_pdf(text_pdf_without_font()).pages[0]  # and the page does show its text
+    assert (np.asarray(page.convert("L")) < 128).sum() > 500

@@ -2,8 +2,14 @@
 
 Safety follows docs/reliability_policy.md §1.4 and rows P1-P6:
 - PDFium is not thread-safe at all, not even across documents (pypdfium2 docs), so every pypdfium2 call of this
-  process, open and close included, runs under ONE process-wide lock (`PDFIUM_LOCK`); objects are closed
-  explicitly inside the lock so that no finalizer calls PDFium from another thread later;
+  process, open and close included, runs under ONE process-wide lock (`PDFIUM_LOCK`), held from a document's
+  open to its close; objects are closed explicitly inside the lock so that no finalizer calls PDFium from another
+  thread later;
+- a page renders the same whatever the process rendered before: PDFium's process-wide font state (the faces it
+  substitutes for fonts a PDF does not embed, which it adjusts per document and caches glyphs of) is dropped by
+  restarting the library before every open (`_restart_pdfium`, ~0.05 ms; docs/pdf.md, "Fonts a PDF does not embed");
+- forms are drawn as viewers draw them: the form environment is set up before any page is loaded and pages render
+  with `may_draw_forms=True`, so a filled form's values reach the model;
 - byte cap and `%PDF` signature first (images never reach PDFium, PDFs never reach Pillow's own PDF parser);
 - page count and rendered pixels (page size in points x render scale, as pypdfium2 computes the bitmap:
   `ceil(w * scale) x ceil(h * scale)`) are checked for every selected page before the first page is rendered;
@@ -157,13 +163,15 @@ def _pdfium():
 
 
 def _open_document(data: bytes, password: str | None):
-    """PdfDocument for `data`, or the typed error this file alone deserves (module docstring). Caller holds
-    PDFIUM_LOCK (the last-error value is shared by the whole process)."""
+    """PdfDocument for `data` with its form environment, or the typed error this file alone deserves (module
+    docstring). Caller holds PDFIUM_LOCK until it closes the document (the last-error value and the font state
+    are shared by the whole process)."""
     if b"%PDF-" not in data[:1024]:  # the spec allows junk before the header, within the first 1024 bytes
         raise UnsupportedFormatError("expected a PDF (no '%PDF-' header in the first 1024 bytes); send a PDF file.")
     pdfium = _pdfium()
     import pypdfium2.raw as pdfium_c
 
+    _restart_pdfium()
     reset = pdfium_c.FPDF_LoadMemDocument64(b"\0", 1, None)  # fails -> sets the last error to a known value
     if reset:
         pdfium_c.FPDF_CloseDocument(reset)
@@ -171,10 +179,30 @@ def _open_document(data: bytes, password: str | None):
     raw = pdfium_c.FPDF_LoadMemDocument64(data, len(data), secret)
     if not raw:
         raise _open_error(pdfium_c.FPDF_GetLastError(), data, password)
-    if pdfium_c.FPDF_GetPageCount(raw) < 1:
-        pdfium_c.FPDF_CloseDocument(raw)
-        raise CorruptMediaError("the PDF has no pages (or its page tree is damaged); re-export it.")
-    return pdfium.PdfDocument(raw)  # PDFium reads `data` lazily: callers keep it alive until pdf.close()
+    pdf = pdfium.PdfDocument(raw)  # PDFium reads `data` lazily: callers keep it alive until pdf.close()
+    try:
+        pdf.init_forms()  # before any page is loaded, or PDFium draws no form field
+        if len(pdf) < 1:
+            raise CorruptMediaError("the PDF has no pages (or its page tree is damaged); re-export it.")
+    except BaseException:
+        pdf.close()
+        raise
+    return pdf
+
+
+def _restart_pdfium() -> None:
+    """Restart PDFium so that the next document renders as in a fresh process. The faces PDFium substitutes for
+    fonts a PDF does not embed are shared by the whole process and changed as it renders (multiple-master weight and
+    width, cached glyphs), so the same page gave other pixels after another document, or on its second rendering.
+    Skipped while some pypdfium2 object is open in this process (not one of ours: they live and die under
+    PDFIUM_LOCK), which the restart would close. Caller holds PDFIUM_LOCK."""
+    from pypdfium2 import _library_scope  # pypdfium2 is pinned: its init/destroy pair with its own bookkeeping
+    from pypdfium2.internal import bases
+
+    if any(bases.ObjectTracker.values()):
+        return
+    _library_scope.destroy_lib()
+    _library_scope.init_lib()
 
 
 def _open_error(code: int, data: bytes, password: str | None) -> Exception:
@@ -237,7 +265,7 @@ def _render_page(pdf, index: int, scale: float) -> Image.Image:
     """One page as an RGB image. Caller holds PDFIUM_LOCK."""
     page = pdf[index]
     try:
-        bitmap = page.render(scale=scale, may_draw_forms=False)
+        bitmap = page.render(scale=scale, may_draw_forms=True)  # form fields as viewers draw them
         try:
             return bitmap.to_pil().convert("RGB")  # a copy: the bitmap buffer is freed below
         finally:
@@ -337,25 +365,22 @@ def render_pdf_tiles(doc: PdfPages, max_tiles: list[int], *, tile_size: int, use
 
 def _render_tiles_bytes(data, password, scale, page_numbers, max_tiles, tile_size, use_thumbnail, limits):
     out = []
-    with PDFIUM_LOCK:
+    with PDFIUM_LOCK:  # open to close: the next open restarts PDFium, which needs no document open
         pdf = _open_document(data, password)
-    try:
-        selected = [n - 1 for n in page_numbers]
-        with PDFIUM_LOCK:
+        try:
+            selected = [n - 1 for n in page_numbers]
             sizes = [rendered_size(pdf.get_page_size(i), scale) for i in selected]
-        check_total_pixels(sum(w * h for w, h in sizes), len(selected), scale, limits)  # checked where it renders
-        for index, cap in zip(selected, max_tiles):
-            with PDFIUM_LOCK:  # held while PDFium works, not while tiling
+            check_total_pixels(sum(w * h for w, h in sizes), len(selected), scale, limits)  # checked where it renders
+            for index, cap in zip(selected, max_tiles):
                 image = _render_page(pdf, index, scale)
-            tiles, grid = tile_uint8(image, tile_size, cap, use_thumbnail)
-            out.append((tiles, grid, image.size))
-            del image
-    except VLError:
-        raise
-    except (_pdfium().PdfiumError, ValueError, OSError, IndexError) as e:
-        raise CorruptMediaError(f"cannot render the PDF ({e}); the file is damaged; re-export it.") from None
-    finally:
-        with PDFIUM_LOCK:
+                tiles, grid = tile_uint8(image, tile_size, cap, use_thumbnail)
+                out.append((tiles, grid, image.size))
+                del image
+        except VLError:
+            raise
+        except (_pdfium().PdfiumError, ValueError, OSError, IndexError) as e:
+            raise CorruptMediaError(f"cannot render the PDF ({e}); the file is damaged; re-export it.") from None
+        finally:
             pdf.close()
     return out
 
