@@ -20,9 +20,14 @@ codecs, the HEIF plugin, and the BMP RLE decoder Pillow gets wrong.
 import struct
 import zlib
 
-from PIL import Image
+from PIL import AvifImagePlugin, Image
 
 from vl.errors import CorruptMediaError, UnsupportedFormatError
+
+try:  # ~8 ms, and registers nothing with Pillow until prepare_plugin asks it to
+    import pillow_heif
+except ImportError:  # a dependency; without it HEIC is refused with a message, everything else works
+    pillow_heif = None
 
 ALLOWED_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "HEIF", "AVIF")
 
@@ -159,17 +164,13 @@ def check_tiff(im: Image.Image) -> None:
 def prepare_plugin(fmt: str) -> None:
     """Make sure Pillow can open `fmt`: pillow-heif's plugin registered (once) for HEIF, libavif present for AVIF."""
     if fmt == "HEIF" and "HEIF" not in Image.OPEN:
-        try:
-            from pillow_heif import register_heif_opener
-        except ImportError:
+        if pillow_heif is None:
             raise UnsupportedFormatError(
                 "HEIC/HEIF images need the pillow-heif package, which is not installed here; "
                 "`pip install pillow-heif`, or convert the image to JPEG."
-            ) from None
-        register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
+            )
+        pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
     elif fmt == "AVIF":
-        from PIL import AvifImagePlugin
-
         if not AvifImagePlugin.SUPPORTED:
             raise UnsupportedFormatError(
                 "AVIF images need a Pillow built with libavif (Pillow >= 11.2 wheels have it); convert it to JPEG."
