@@ -9,6 +9,7 @@ of videos are full-length: token reduction drops positions inside the model afte
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ import torch
 from token_reduction import BlankTileSkipper, TokenLayout
 from vl.config import VLConfig
 from vl.options import spec
-from vl.errors import ConfigError, CorruptMediaError, InputError, RemoteMediaError
+from vl.errors import ConfigError, ContextLengthError, CorruptMediaError, InputError, RemoteMediaError
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
 from vl.processing.documents import (
@@ -94,6 +95,54 @@ def _count_media_parts(messages) -> dict[str, int]:
     return counts
 
 
+# pre-tokenizers that drop characters (whitespace, delimiters): text they drop costs no token at all
+_DROPPING = {"Whitespace", "WhitespaceSplit", "BertPreTokenizer", "CharDelimiterSplit"}
+
+
+def max_chars_per_token(tokenizer) -> int | None:
+    """The most characters of input text one token can stand for, read from the tokenizer's vocabulary (its
+    longest token or added token, in the characters of the vocabulary, which are bytes for byte-level BPE and
+    characters for SentencePiece-style pieces: each covers at least one character of input), or None when no such
+    bound holds: a slow tokenizer, a model that fuses unknown characters into one token (Unigram, BPE with
+    `fuse_unk`), or a pre-tokenizer that drops characters."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") not in ("BPE", "WordPiece") or (model.get("fuse_unk") and model.get("unk_token")):
+        return None
+    stack = [spec.get("pre_tokenizer")]
+    while stack:
+        pre = stack.pop()
+        if not pre:
+            continue
+        if pre.get("type") in _DROPPING or (pre.get("type") == "Split" and pre.get("behavior") == "Removed"):
+            return None
+        stack += pre.get("pretokenizers") or []
+    longest = max((len(t) for t in model.get("vocab") or ()), default=1)
+    longest = max([longest] + [len(t.get("content", "")) for t in spec.get("added_tokens") or ()])
+    if model.get("type") == "WordPiece":  # a word it cannot split is one unknown token
+        longest = max(longest, int(model.get("max_input_chars_per_word") or 100))
+    return longest
+
+
+def check_prompt_size(text: str, tokenizer, chars_per_token: int | None, context_length: int | None) -> None:
+    """Refuse, before tokenizing, a prompt whose characters cannot fit the context: at most `chars_per_token`
+    characters per token means at least len / chars_per_token tokens. So the tokenizer never sees more than
+    `context_length * chars_per_token` characters (a 60 MB prompt was tokenized in full before the check)."""
+    if not context_length or not chars_per_token:
+        return
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    n = len(text) if normalizer is None or len(text) <= context_length * chars_per_token else len(
+        normalizer.normalize_str(text))  # a normalizer may shorten the text: count what the tokenizer gets
+    if n > context_length * chars_per_token:
+        least = -(-n // chars_per_token)
+        raise ContextLengthError(f"the prompt has {n} characters, at least {least} tokens (a token of this model "
+                                 f"covers at most {chars_per_token} characters), but the model's context is "
+                                 f"{context_length} tokens; shorten it")
+
+
 class Processor:
     has_vision = True
 
@@ -107,6 +156,7 @@ class Processor:
         self.tokens = chat.MediaTokens(t.img_start, t.img_end, t.img_context, t.video_context)
         self.image_token_id = self._token_id(t.img_context, t.img_context_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.chars_per_token = max_chars_per_token(tokenizer)
 
     def _token_id(self, text: str, configured: int | None) -> int:
         found = self.tokenizer.convert_tokens_to_ids(text)
@@ -169,6 +219,7 @@ class Processor:
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt,
                                     pdf_pages=self._pdf_pages(pdf_scale, pages, max_pages), tokens=self.tokens)
+        check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before any decoding
         images = [m for m in prompt.media if m.kind == "image"]
         videos = [m for m in prompt.media if m.kind == "video"]
         documents = {id(m.document) for m in images if m.document is not None}

@@ -14,7 +14,7 @@ import torch
 from vl.errors import InputError, NoVisionError
 from vl.options import PROCESSOR, names
 from vl.processing import chat
-from vl.processing.processor import ProcessedInputs, tokenizer_stop_ids
+from vl.processing.processor import ProcessedInputs, check_prompt_size, max_chars_per_token, tokenizer_stop_ids
 
 # The request options that act in the processor (vl/options.py) only concern media; accepted (the engine and the
 # UI pass them to every processor) and without effect here, since a text-only prompt has no media to tile, sample
@@ -43,6 +43,7 @@ class TextProcessor:
         # processor with the same keywords; there is no media to apply it to.
         self.tokenizer, self.config = tokenizer, config
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.chars_per_token = max_chars_per_token(tokenizer)
 
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
                  **media_options) -> ProcessedInputs:
@@ -56,6 +57,7 @@ class TextProcessor:
                                 f"load a Nemotron Nano V2 VL checkpoint for images, documents and video")
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt)
+        check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, media_options.get("context_length"))
         ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         return ProcessedInputs(torch.tensor([ids], dtype=torch.long), None, [], [], prompt, prompt.text)
 
