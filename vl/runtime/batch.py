@@ -15,6 +15,7 @@ built (the transformers pipeline hands those to `generate`).
 
 from __future__ import annotations
 
+import logging
 import resource
 import threading
 import time
@@ -34,6 +35,8 @@ from vl.runtime.reasoning import ReasoningBudget
 from vl.runtime.results import ChatResult, Event, Stats
 from vl.runtime.sampling import SamplingParams
 from vl.runtime.vision_batch import GroupVision
+
+log = logging.getLogger("vl.runtime")
 
 @dataclass
 class Tokenized:
@@ -151,8 +154,9 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
               stop_ids=None,
               processed: Callable[[ChatRequest], Processed] | None = None) -> Iterator[tuple[int, object]]:
     """Yields `(i, Event)` while request i generates and `(i, ChatResult)` once it has ended; a request that
-    cannot be prepared (bad media, too long) yields `(i, VLError)` when `raise_errors` is false, else the error
-    is raised before any decoding. Holds the engine's lock throughout.
+    cannot be prepared (bad media, too long), or whose own code fails while it decodes (its token callback), yields
+    `(i, VLError)` when `raise_errors` is false and the other rows go on, else the error is raised. Holds the
+    engine's lock throughout.
 
     `more(running)`, when given, is asked between decode steps for requests to join the running batch
     (`running`: how many requests are in it now; the caller keeps its own limit); they are numbered on from
@@ -200,7 +204,7 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
                 waiting = waiting[len(group):]
             if not rows:
                 continue
-            for i, item in _step(engine, batch, rows):
+            for i, item in _step(engine, batch, rows, raise_errors):
                 yield i, (Event(*item) if isinstance(item, tuple) else item)
 
 
@@ -296,15 +300,29 @@ def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
                min_tokens=[r.request.options.min_tokens for r in group])
 
 
-def _step(engine, batch: DecodeBatch, rows: dict):
-    """One decode step: events of every row, and the results of the rows that ended."""
+def _step(engine, batch: DecodeBatch, rows: dict, raise_errors: bool = True):
+    """One decode step: events of every row, and the results of the rows that ended. A row whose own code fails
+    (its token callback, its detokenizing or stop strings) ends alone with `(i, VLError)` unless `raise_errors`;
+    the other rows go on."""
     out = batch.step() or {}
     states = batch.states()  # rows that end below leave `rows` at once: later lookups never need them
     for i, tok in out.items():
         row = rows[i]
-        if row.request.on_token is not None:
-            row.request.on_token(tok)
-        for kind, text in row.push(tok, states[i] == "stop", batch.stop):
+        try:
+            if row.request.on_token is not None:
+                row.request.on_token(tok)
+            events = row.push(tok, states[i] == "stop", batch.stop)
+        except Exception as e:
+            if raise_errors:
+                raise
+            batch.finish(i)
+            del rows[i]
+            if not isinstance(e, VLError):
+                log.exception("request %d of a batch failed while decoding; the others go on", i)
+            yield i, e if isinstance(e, VLError) else VLError(f"this request failed while decoding "
+                                                              f"({type(e).__name__}); the others in its batch go on")
+            continue
+        for kind, text in events:
             yield i, (kind, text)
         if row.done:
             batch.finish(i)

@@ -23,7 +23,7 @@ import torch
 from vl.errors import GenerationOptionError
 from vl.runtime.cache import HybridCache
 from vl.runtime.decode_step import _bucket, decode_step, default_prefill_chunk
-from vl.runtime.sampling import SamplingParams, apply_repetition_penalty, sample
+from vl.runtime.sampling import SamplingParams, apply_logit_bias, apply_repetition_penalty, draw
 
 ELASTIC_MODES = ("eager", "static")
 
@@ -61,6 +61,8 @@ class DecodeBatch:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        if getattr(lm.config, "vocab_size", None):
+            params.check_vocab(lm.config.vocab_size)  # a bad logit_bias id fails here, before any row decodes
         self.gen = torch.Generator(device="cpu")
         if params.seed is not None:
             self.gen.manual_seed(params.seed)
@@ -177,13 +179,14 @@ class DecodeBatch:
         if self.pending:
             logits = self._merge(logits)
         self.logits = None
+        logits = apply_logit_bias(logits, self.params.logit_bias)  # before the penalty, as vLLM's sampler
         if self.params.repetition_penalty != 1.0:
             logits = logits.clone()
             for i, s in enumerate(self.seqs):
                 seen = torch.tensor([s.context + s.history], dtype=torch.long, device=logits.device)
                 logits[i:i + 1] = apply_repetition_penalty(logits[i:i + 1], seen, self.params.repetition_penalty)
         logits = self._mask_early_stops(logits)
-        nxt = sample(logits, self.params, None, self.gen)
+        nxt = draw(logits, self.params, self.gen)
         if not nxt.is_cpu:
             nxt = nxt.cpu()
         toks = nxt.tolist()  # one conversion, not one tensor index per row
