@@ -675,3 +675,34 @@ def test_sniff_image_refuses_what_decoding_refuses_without_decoding(tmp_path, mo
         sniff_image(str(tmp_path / "missing.png"))
     trailing = jpeg + b"phone maker's trailer after EOI"
     assert sniff_image(trailing) == "JPEG" and load_image(trailing).size == (64, 48)
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_phone_and_scanner_files_through_the_processor_next_to_png(tmp_path, isolate):
+    """One message with a HEIC photo, a TIFF scan (as files named .jpg), an AVIF, an RLE BMP and a PNG: each gives
+    the same tiles as the same picture sent as PNG (lossless codecs) or as its own decode (lossy ones), twice."""
+    import vl
+    from tiny_models import make_tiny_vl_dir
+
+    proc = vl.load_processor(make_tiny_vl_dir(tmp_path / "model"))
+    proc.isolate, proc.limits = isolate, MediaLimits(max_images=5)
+    picture = corner_marked(96, 48)
+    files = {"scan.jpg": encode(picture, "TIFF", compression="tiff_lzw"), "photo.jpg": encode_heif(picture),
+             "a.avif": encode(picture, "AVIF"), "b.bmp": bmp_rle(7, 3, _PALETTE, _RLE4_STREAM),
+             "c.png": encode(picture, "PNG")}
+    parts = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        parts.append({"type": "image", "image": str(tmp_path / name)})
+    cfg = proc.config
+    for _ in range(2):
+        out = proc([{"role": "user", "content": parts + [{"type": "text", "text": "what differs?"}]}])
+        assert [i.kind for i in out.media] == ["image"] * 5
+        expected = [preprocess_image(decode_image_bytes(d), norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
+                                     tile_size=cfg.force_image_size, max_num_tiles=cfg.max_num_tiles,
+                                     use_thumbnail=cfg.use_thumbnail).pixel_values for d in files.values()]
+        assert torch.equal(out.pixel_values, torch.cat(expected))
+    png = preprocess_image(files["c.png"], norm_mean=cfg.norm_mean, norm_std=cfg.norm_std,
+                           tile_size=cfg.force_image_size, max_num_tiles=cfg.max_num_tiles,
+                           use_thumbnail=cfg.use_thumbnail).pixel_values
+    assert torch.equal(expected[0], png)  # LZW TIFF is lossless: the scan gives the PNG's tiles exactly
