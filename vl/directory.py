@@ -22,6 +22,23 @@ def default_model() -> str:
     return str(Path(__file__).parent / "demo")
 
 
+# config.json key that marks a checkpoint trained only on the synthetic documents and clips of data_recipes/ (the
+# shipped demo model): `vl chat` and the app warn whenever such a model serves. It is a key of the checkpoint, not
+# its folder, so copies keep it (`vl quantize` writes the input's config.json keys into the copy's); `_`-prefixed,
+# it is bookkeeping to every loader: accepted and named, never read as maths (vl/config_policy.py).
+SYNTHETIC_ONLY_KEY = "_vl_synthetic_only"
+
+
+def synthetic_only(path) -> bool:
+    """True when the checkpoint at `path` is marked as reading only synthetic inputs (`SYNTHETIC_ONLY_KEY`);
+    False for any other checkpoint and for a path that is not one (its loader says why)."""
+    try:
+        directory = resolve_dir(path)
+        return read_config(directory).get(SYNTHETIC_ONLY_KEY) is True
+    except CheckpointError:
+        return False
+
+
 def resolve_dir(path) -> Path:
     """A local directory, or a hub id that huggingface_hub already has in its cache (never downloads)."""
     p = Path(os.fspath(path)).expanduser()
