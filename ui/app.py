@@ -27,7 +27,7 @@ from ui.examples import ensure_examples, tab_examples
 from ui.limits import AppLimits
 from ui.page_style import APP_CSS
 from ui.steps import Step as _Step
-from vl.directory import checkpoint_choices, default_model
+from vl.directory import checkpoint_choices, default_model, synthetic_only
 from vl.errors import VLError
 from vl.remote import RemoteEngine
 
@@ -179,7 +179,7 @@ def launch_app(demo, *, host: str = "127.0.0.1", port: int = 7860, limits: AppLi
 
 
 def _is_demo(path) -> bool:
-    return Path(path).resolve() == Path(default_model()).resolve()
+    return synthetic_only(path)  # a config.json key, so copies of the demo (vl quantize) keep the warning
 
 
 def _model_choices(model, load):
