@@ -377,3 +377,150 @@ def hls_playlist(directory, segment) -> str:
         f.write("#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:10\n#EXT-X-MEDIA-SEQUENCE:0\n"
                 f"#EXTINF:3.0,\n{os.path.relpath(str(segment), str(directory))}\n#EXT-X-ENDLIST\n")
     return path
+
+
+# --- video files that differ from a clean clip (issue 52: the sandbox, encryption, rates, hidden frames) --------
+
+
+def make_av_clip(path, *, seconds: int = 13, size=(320, 180), fps: int = 30) -> str:
+    """Two video streams and two audio streams in one MP4, as in issue 52 item 3 (13 s, 320x180). Frame i of
+    video stream k: red = 8*i mod 256, green = 60*k, blue = 7 below a noise band (the top quarter), so a tile
+    tells the stream and the frame and the file is not trivially small."""
+    import av
+
+    w, h = size
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as container:
+        videos = [container.add_stream("libx264", rate=fps, options={"preset": "ultrafast"}) for _ in range(2)]
+        for stream in videos:
+            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        audios = [container.add_stream("aac", rate=44100) for _ in range(2)]
+        for i in range(seconds * fps):
+            for k, stream in enumerate(videos):
+                a = np.empty((h, w, 3), np.uint8)
+                a[...] = ((8 * i) % 256, 60 * k, 7)
+                a[: h // 4] = rng.integers(0, 256, (h // 4, w, 3), dtype=np.uint8)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                    container.mux(packet)
+        tone = (np.sin(np.arange(1024) / 10.0) * 0.1).astype(np.float32)[None].repeat(2, 0)
+        for stream in audios:
+            for start in range(0, seconds * 44100, 1024):
+                frame = av.AudioFrame.from_ndarray(tone, format="fltp", layout="stereo")
+                frame.sample_rate, frame.pts = 44100, start
+                for packet in stream.encode(frame):
+                    container.mux(packet)
+        for stream in videos + audios:
+            for packet in stream.encode():
+                container.mux(packet)
+    return str(path)
+
+
+def make_cenc_mp4(path, **kwargs) -> str:
+    """A real Common Encryption MP4 (ISO/IEC 23001-7, scheme 'cenc', AES-CTR): FFmpeg's MP4 muxer encrypts the
+    samples and writes `encv` + `sinf/frma/schm/schi/tenc` and per-sample `senc` IVs. `kwargs` go to make_video."""
+    options = {"encryption_scheme": "cenc-aes-ctr", "encryption_key": "00112233445566778899aabbccddeeff",
+               "encryption_kid": "a1a2a3a4a5a6a7a8a9aaabacadaeafb0"}
+    return make_video(path, options=options, **kwargs)
+
+
+def _ebml(eid: bytes, body: bytes, wide: bool = False) -> bytes:
+    """One EBML element; `wide`: an 8-byte size field (valid if not minimal), else one byte (bodies < 127)."""
+    if wide:
+        return eid + (0x01 << 56 | len(body)).to_bytes(8, "big") + body
+    assert len(body) < 127
+    return eid + bytes([0x80 | len(body)]) + body
+
+
+def _ebml_vint(data, pos: int) -> tuple[int, int]:
+    n = 1
+    while not data[pos] & (0x80 >> (n - 1)):
+        n += 1
+    value = data[pos] & ((0x80 >> (n - 1)) - 1)
+    for k in range(1, n):
+        value = value << 8 | data[pos + k]
+    return value, n
+
+
+def _ebml_elements(data, start: int, end: int):
+    """(id, element start, body start, body end) of each EBML element in data[start:end]."""
+    pos = start
+    while pos < end:
+        id_len = _ebml_vint(data, pos)[1]
+        size, size_len = _ebml_vint(data, pos + id_len)
+        body = pos + id_len + size_len
+        yield bytes(data[pos : pos + id_len]), pos, body, body + size
+        pos = body + size
+
+
+def encrypt_matroska_header(path, key_id: bytes = bytes(range(16))) -> str:
+    """Mark a PyAV-made Matroska file's video track as encrypted (Matroska spec: ContentEncodings >
+    ContentEncoding > ContentEncryption, AES-CTR, a key id), as WebM DRM files are. The frames stay clear, so
+    only the declaration can tell. The Void element FFmpeg leaves before Tracks shrinks by what Tracks grows,
+    so no later byte moves (clusters, cues and the seek head stay valid)."""
+    data = bytearray(open(path, "rb").read())
+    ((_, _, segment, _),) = [e for e in _ebml_elements(data, 0, len(data)) if e[0] == b"\x18\x53\x80\x67"]
+    top = []
+    for element in _ebml_elements(data, segment, len(data)):
+        top.append(element)
+        if element[0] == b"\x1f\x43\xb6\x75":  # the first Cluster: the header is behind us
+            break
+    void = next(e for e in top if e[0] == b"\xec")
+    tracks = next(e for e in top if e[0] == b"\x16\x54\xae\x6b")
+    assert void[1] < tracks[1], "expected FFmpeg's Void element before Tracks"
+    aes = _ebml(b"\x47\xe1", b"\x05") + _ebml(b"\x47\xe2", key_id) + _ebml(b"\x47\xe7", _ebml(b"\x47\xe8", b"\x01"))
+    encoding = (_ebml(b"\x50\x31", b"\x00") + _ebml(b"\x50\x32", b"\x01") + _ebml(b"\x50\x33", b"\x01")
+                + _ebml(b"\x50\x35", aes))
+    encodings = _ebml(b"\x6d\x80", _ebml(b"\x62\x40", encoding))
+    new_tracks = _ebml(tracks[0], b"".join(
+        _ebml(eid, bytes(data[body:end]) + encodings, wide=True) if eid == b"\xae" else bytes(data[start:end])
+        for eid, start, body, end in _ebml_elements(data, tracks[2], tracks[3])), wide=True)
+    room = void[3] - void[1] - (len(new_tracks) - (tracks[3] - tracks[1]))
+    assert room >= 9, "the Void element before Tracks is too small"
+    out = data[: void[1]] + _ebml(b"\xec", bytes(room - 9), wide=True) + data[void[3] : tracks[1]] + new_tracks
+    out += data[tracks[3] :]
+    assert len(out) == len(data)
+    with open(path, "wb") as f:
+        f.write(out)
+    return str(path)
+
+
+def vp9_superframe(frames: list[bytes]) -> bytes:
+    """Frames packed into one VP9 superframe (VP9 bitstream spec, Annex B; 4-byte sizes)."""
+    marker = 0xC0 | (3 << 3) | (len(frames) - 1)
+    index = bytes([marker]) + b"".join(len(f).to_bytes(4, "little") for f in frames) + bytes([marker])
+    return b"".join(frames) + index
+
+
+def make_vp9_with_hidden_frames(path, *, frames: int = 72, gop: int = 9, separate: bool = True) -> str:
+    """A VP9 WebM (libvpx, alt-ref enabled) with one hidden frame per keyframe: a copy of the keyframe with its
+    show_frame bit cleared, decoded after it (a keyframe resets every reference, so the shown pictures do not
+    change). `separate`: the hidden frames in packets of their own 1 ms after their keyframe, as some muxers
+    store alt-ref frames (FFmpeg's own muxers pack them into superframes; automatic bitstream filters are turned
+    off for that); else packed with their keyframe into a superframe. 72 frames, gop 9: 80 packets, 72 shown."""
+    import av
+
+    source = make_video(str(path) + ".src.webm", frames=frames, fps=24, size=(64, 48), codec="libvpx-vp9",
+                        container_format="webm",
+                        codec_options={"auto-alt-ref": "1", "lag-in-frames": "25", "g": str(gop)})
+    with av.open(source) as src, av.open(str(path), "w", format="webm", options={"fflags": "-autobsf"}) as out:
+        stream = src.streams.video[0]
+        target = out.add_stream_from_template(stream)
+        for packet in src.demux(stream):
+            if not packet.size:
+                continue
+            data = bytes(packet)
+            items = [(packet.pts, data)]
+            if packet.is_keyframe:
+                assert data[0] >> 6 == 2 and data[0] & 0x02, "expected a shown profile-0 VP9 keyframe"
+                hidden = bytes([data[0] & ~0x02]) + data[1:]  # show_frame is bit 1 of the first header byte
+                items = [(packet.pts, data), (packet.pts + 1, hidden)] if separate else [
+                    (packet.pts, vp9_superframe([data, hidden]))]
+            for pts, payload in items:
+                copy = av.Packet(payload)
+                copy.pts = copy.dts = pts
+                copy.time_base, copy.stream = stream.time_base, target
+                out.mux(copy)
+    import os
+
+    os.remove(source)
+    return str(path)

@@ -118,3 +118,19 @@ def touch_shared_memory(mb: int, seconds: float) -> int:
         block[offset] = 1
     time.sleep(seconds)
     return mb
+
+
+def decode_video_with_enomem(path: str, limits):
+    """decode_video_file in a worker where FFmpeg's frame conversion fails with ENOMEM (av.error.MemoryError),
+    as it did under the old address-space cap."""
+    import errno
+
+    import av
+
+    from vl.processing import video
+
+    def enomem(self, frame, tile_size, limits):
+        av.error.err_check(-errno.ENOMEM)
+
+    video._Display.tile = enomem  # this worker is replaced after the call (a MemoryError), so the patch dies with it
+    return video.decode_video_file(path, limits, 32, 2.0, 8, "pyav")

@@ -4,6 +4,8 @@ rows V1-V8 of docs/reliability_policy.md. Videos are encoded in the tests with P
 
 import dataclasses
 import fractions
+import gc
+import itertools
 import os
 import sys
 import tempfile
@@ -17,12 +19,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from media_fixtures import make_audio_only, make_video  # noqa: E402
+import sandbox_targets as targets  # noqa: E402
+from media_fixtures import make_audio_only, make_av_clip, make_video  # noqa: E402
 
 import vl.processing.video as video  # noqa: E402
 from vl.errors import (  # noqa: E402
     CorruptMediaError,
     DecoderCrashedError,
+    DecoderResourceError,
     DecodeTimeoutError,
     MediaError,
     MediaTooLargeError,
@@ -31,6 +35,8 @@ from vl.errors import (  # noqa: E402
     UnsupportedFormatError,
 )
 from vl.processing.limits import MediaLimits  # noqa: E402
+from vl.processing.progress import Work  # noqa: E402
+from vl.processing.sandbox import run_isolated, shutdown_workers  # noqa: E402
 from vl.processing.video import frame_timestamps, load_video, probe_video, sample_frame_indices  # noqa: E402
 
 HALF = dict(norm_mean=(0.5, 0.5, 0.5), norm_std=(0.5, 0.5, 0.5))
@@ -295,3 +301,118 @@ def test_v8_timeout_then_next_request_ok(clips):
     with pytest.raises(DecodeTimeoutError):
         load_video(clips["cfr"], isolate=True, limits=MediaLimits(video_timeout_s=0.01), **HALF)
     assert load_video(clips["cfr"], tile_size=16, isolate=True, **HALF).num_frames == 60
+
+
+# --- issue 52: one sandbox worker for many files; no leaks; resources are not the file's fault; one deadline ------
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_several_videos_in_a_row_through_one_sandbox_worker(tmp_path):
+    """Issue 52 item 3, as a user of `vl app` met it: a 13 s 320x180 MP4 with two video and two audio streams at
+    8 fps lost frames, the next two valid videos failed ("failed to map segment", "no attribute '_ffi'") and the
+    first clip asked again was called corrupt. Here: that clip, three other valid videos, the clip again, all
+    through one pooled worker, each equal to the same decode in this process; every sampled frame present; the
+    worker's thread count back at its baseline after every call."""
+    clip = make_av_clip(tmp_path / "two_video_two_audio.mp4")
+    others = [make_video(tmp_path / "noise.mp4", frames=90, fps=30, size=(320, 240), noise=True),
+              make_video(tmp_path / "wide.mkv", frames=60, fps=25, size=(640, 360), noise=True),
+              make_video(tmp_path / "vp9.webm", frames=48, fps=24, size=(160, 120), codec="libvpx-vp9",
+                         container_format="webm")]
+    shutdown_workers()
+    worker = run_isolated(targets.pid, timeout=120)
+    baseline = run_isolated(targets.status, timeout=60)["Threads"]
+    first = None
+    for path, fps in [(clip, 8.0), *[(p, 2.0) for p in others], (clip, 8.0)]:
+        out = load_video(path, target_fps=fps, tile_size=256, isolate=True, **HALF)  # decord first, as the app
+        local = load_video(path, target_fps=fps, tile_size=256, **HALF)
+        assert not out.partial and out.frame_indices == local.frame_indices
+        assert out.timestamps_s == local.timestamps_s and torch.equal(out.pixel_values, local.pixel_values)
+        if path == clip:
+            assert out.num_frames == 390 and len(out.frame_indices) == 13 * 8  # every sampled frame decoded
+            red = (out.pixel_values[:, 0, 64 + 8 :, :] * 0.5 + 0.5).mean(dim=(1, 2)) * 255  # below the noise band
+            assert np.allclose(red.numpy(), [(8 * i) % 256 for i in out.frame_indices], atol=4)
+            if first is None:
+                first = out
+            else:  # asked again: the same frames, the same pixels
+                assert out.frame_indices == first.frame_indices and torch.equal(out.pixel_values, first.pixel_values)
+        assert run_isolated(targets.pid, timeout=30) == worker  # one worker, never retired: it stayed healthy
+        assert run_isolated(targets.status, timeout=30)["Threads"] <= baseline + 1
+
+
+def test_decoding_leaves_no_decoder_threads_behind():
+    """Issue 52: two calls on one small file took an isolated worker from 3 to 199 threads (2.09 GB of address
+    space) until gc.collect(): every converted frame kept a swscale thread pool, and the frames lived on in a
+    reference cycle with their side data. With the collector off, N decodes leave the thread count as it was."""
+    path = make_video(os.path.join(tempfile.mkdtemp(), "threads.mp4"), frames=90, fps=30, size=(96, 64))
+    for backend in BACKENDS:  # warm up: libraries may start their own pools once
+        load_video(path, backend=backend, tile_size=16, **HALF)
+    gc.collect()
+    gc.disable()
+    try:
+        before = _threads()
+        for k in range(6):
+            out = load_video(path, backend=BACKENDS[k % 2], target_fps=30, tile_size=16, **HALF)
+            assert len(out.frame_indices) == 90
+            assert _threads() <= before + 1, f"call {k}: {_threads()} threads, {before} before"
+    finally:
+        gc.enable()
+
+
+def test_an_allocation_failure_is_never_corrupt_media(clips, monkeypatch):
+    """Issue 52 item 3: ENOMEM inside FFmpeg was taken for a bad file (frames silently dropped, then
+    corrupt_media). It is ours: in a worker the memory cap's MediaTooLargeError (and a fresh worker), in-process
+    DecoderResourceError."""
+    worker = run_isolated(targets.pid, timeout=60)
+    for _ in range(2):
+        with pytest.raises(MediaTooLargeError, match="memory cap"):
+            run_isolated(targets.decode_video_with_enomem, clips["cfr"], MediaLimits(), timeout=60)
+        assert run_isolated(targets.pid, timeout=60) != worker
+
+    def enomem(self, frame, tile_size, limits):
+        av.error.err_check(-12)  # ENOMEM
+
+    monkeypatch.setattr(video._Display, "tile", enomem)
+    with pytest.raises(DecoderResourceError, match="ran out of memory"):
+        load_video(clips["cfr"], backend="pyav", **HALF)
+
+
+def test_a_decord_that_does_not_load_is_ours_not_the_files(clips, monkeypatch):
+    """Issue 52 item 3: after a failed dlopen, `import decord` gave a half-initialized module ("module 'decord'
+    has no attribute '_ffi'"), an untyped error. Both forms are a typed resource error."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "decord", types.ModuleType("decord"))  # imported, without its _ffi
+    with pytest.raises(DecoderResourceError, match="could not be loaded.*_ffi"):
+        load_video(clips["cfr"], backend="decord", **HALF)
+    monkeypatch.setitem(sys.modules, "decord", None)  # import fails
+    with pytest.raises(DecoderResourceError, match="ModuleNotFoundError"):
+        load_video(clips["cfr"], backend="decord", **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_process_deadline_while_indexing(clips, monkeypatch, backend):
+    """Issue 52: no deadline in-process (`vl chat` took 62 s and 217 s on two long AV1 files). A clock that moves
+    one second per reading, a 5 s deadline: the index pass stops within a few packets of the 60."""
+    reads = itertools.count()
+    monkeypatch.setattr(video, "_now", lambda: float(next(reads)))
+    with pytest.raises(DecodeTimeoutError, match="within 5 s.*while indexing"):
+        load_video(clips["cfr"], backend=backend, limits=MediaLimits(video_timeout_s=5), **HALF)
+    assert next(reads) <= 8  # stopped at the first reading past the deadline, not after the file
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_process_deadline_while_decoding(clips, monkeypatch, backend):
+    """The clock moves 10 s per decoded frame (counted by the progress reports), the deadline is 25 s: the
+    decode stops after the third frame of the 30 sampled, on either backend."""
+    decoded = []
+    monkeypatch.setattr(video, "_now", lambda: 10.0 * len(decoded))
+    with Work(on_progress=lambda what, done, total: decoded.append(done)):
+        with pytest.raises(DecodeTimeoutError, match="within 25 s.*after 3 of 30 sampled frames"):
+            load_video(clips["cfr"], backend=backend, target_fps=15, limits=MediaLimits(video_timeout_s=25), **HALF)
+    assert decoded == [1, 2, 3]
+    monkeypatch.setattr(video, "_now", lambda: 0.0)  # a clock that never moves: the same call completes
+    assert len(load_video(clips["cfr"], backend=backend, target_fps=15, tile_size=16,
+                          limits=MediaLimits(video_timeout_s=25), **HALF).frame_indices) == 30

@@ -10,6 +10,7 @@ PyAV), rotations against numpy's rot90/fliplr of the stored frame."""
 import fractions
 import inspect
 import os
+import struct
 import sys
 
 import av
@@ -18,9 +19,24 @@ import pytest
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(__file__))
-from media_fixtures import container_pts, encode, hls_playlist, make_multistream_video, make_video  # noqa: E402
+from media_fixtures import (  # noqa: E402
+    container_pts,
+    encode,
+    encrypt_matroska_header,
+    hls_playlist,
+    make_cenc_mp4,
+    make_multistream_video,
+    make_video,
+    make_vp9_with_hidden_frames,
+    vp9_superframe,
+)
 
-from vl.errors import MediaTooLargeError, RemoteMediaError, UnsupportedFormatError  # noqa: E402
+from vl.errors import (  # noqa: E402
+    EncryptedMediaError,
+    MediaTooLargeError,
+    RemoteMediaError,
+    UnsupportedFormatError,
+)
 from vl.processing import video_formats  # noqa: E402
 from vl.processing.limits import MediaLimits  # noqa: E402
 from vl.processing.processor import Processor  # noqa: E402
@@ -345,3 +361,119 @@ def test_9_sniffing_ignores_the_file_name(containers, tmp_path):
     named.write_bytes(open(containers["mpeg_ps"], "rb").read())
     out = load_video(str(named), tile_size=16, backend="pyav", **HALF)
     assert out.metadata.container == "mpeg-ps" and out.num_frames == 90
+
+
+# --- 10. issue 52: encrypted files, declared rates, hidden frames, streams without a decoder ----------------------
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_10_cenc_mp4_is_refused(tmp_path, backend, isolate):
+    """A Common Encryption MP4 (FFmpeg's muxer, AES-CTR) decoded to garbage that differed from run to run and
+    came back OK (or, with these flat frames, as corrupt_media). Refused by one code, before decoding."""
+    path = make_cenc_mp4(tmp_path / "cenc.mp4", frames=30, fps=10, size=(160, 120), noise=True)
+    with pytest.raises(EncryptedMediaError, match="'encv' sample entry"):
+        load_video(path, backend=backend, isolate=isolate, **HALF)
+
+
+def test_10_cenc_packets_are_refused_without_the_box_scan(tmp_path, monkeypatch):
+    """The second signal on its own: packets that carry encryption side data (what FFmpeg attaches to CENC
+    samples it was given no key for) refuse the file in the index pass."""
+    path = make_cenc_mp4(tmp_path / "cenc.mp4", frames=10, fps=10)
+    monkeypatch.setattr(video_formats, "encryption_box", lambda path: "")
+    with pytest.raises(EncryptedMediaError, match="packets carry encryption data"):
+        load_video(path, backend="pyav", **HALF)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_10_matroska_content_encryption_is_refused_by_the_same_code(tmp_path, backend):
+    path = make_video(tmp_path / "clear.mkv", frames=20, fps=10, container_format="matroska")
+    assert load_video(path, backend=backend, tile_size=16, **HALF).num_frames == 20
+    encrypt_matroska_header(path)
+    with pytest.raises(EncryptedMediaError, match="Matroska ContentEncryption") as refused:
+        load_video(path, backend=backend, **HALF)
+    assert refused.value.code == "encrypted_media"
+
+
+def test_10_mp4_box_scan_finds_every_marker(tmp_path):
+    """`encryption_box` on the real CENC file, on a clear one, and on boxes it must find inside moov/moof."""
+    assert video_formats.encryption_box(make_cenc_mp4(tmp_path / "cenc.mp4", frames=5, fps=5)) == "an 'encv' sample entry"
+    assert video_formats.encryption_box(make_video(tmp_path / "clear.mp4", frames=5, fps=5)) == ""
+
+    def box(kind, body=b""):
+        return struct.pack(">I4s", 8 + len(body), kind) + body
+
+    for layout, found in [(box(b"moov", box(b"pssh", b"x" * 20)), "a 'pssh' box"),
+                          (box(b"moof", box(b"traf", box(b"senc", b"x" * 8))), "a 'senc' box"),
+                          (box(b"moov", box(b"trak", box(b"mdia", box(b"minf", box(b"stbl", box(
+                              b"stsd", b"\0" * 8 + box(b"enca", b"\0" * 28))))))), "an 'enca' sample entry")]:
+        (tmp_path / "boxes.mp4").write_bytes(box(b"ftyp", b"isom\0\0\0\0") + layout + box(b"mdat", b"\0" * 16))
+        assert video_formats.encryption_box(str(tmp_path / "boxes.mp4")) == found
+
+
+# declared rate, container: some MKV/FLV files declare 1000 or 60 fps for frames 1/30 s apart
+WRONG_RATES = [(1000, "matroska"), (60, "matroska"), (60, "flv")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("declared,muxer", WRONG_RATES)
+def test_10_sampling_follows_presentation_times_not_the_declared_rate(tmp_path, declared, muxer, backend):
+    """A 30 s clip of frames every 1/30 s sampled at 2 fps is 60 frames 0.5 s apart, whatever rate the header
+    declares (trusting it took 1 frame of 30 s at 1000 fps, 30 at 60 fps)."""
+    tb = fractions.Fraction(1, 1000)
+    path = make_video(tmp_path / f"wrong.{muxer}", frames=900, fps=declared, size=(32, 24), time_base=tb,
+                      pts_list=[round(i * 1000 / 30) for i in range(900)], container_format=muxer)
+    with av.open(path) as c:
+        assert float(c.streams.video[0].average_rate) == declared  # the file does declare the wrong rate
+    out = load_video(path, backend=backend, tile_size=16, **HALF)
+    assert out.num_frames == 900 and len(out.frame_indices) == 60 and out.fps == pytest.approx(30.0)
+    _assert_times_are_the_containers(out, path)
+    assert np.allclose(np.diff(out.timestamps_s), 0.5, atol=0.035)  # linspace over 900 frames: within a frame
+    assert np.allclose(_rgb(out)[:, 0], [(8 * i) % 256 for i in out.frame_indices], atol=4)
+
+
+@pytest.mark.skipif("libvpx-vp9" not in av.codecs_available, reason="this PyAV build has no libvpx-vp9 encoder "
+                    "to write the VP9 file with hidden frames")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("separate", [True, False], ids=["own-packets", "superframes"])
+def test_10_vp9_hidden_frames_are_not_counted_or_timed(tmp_path, separate, backend):
+    """VP9 alt-ref (hidden) frames stored in packets of their own were counted as frames (80 where 72 are shown),
+    so the sampled times drifted. Only shown frames count, are sampled and are timed; superframes (hidden and
+    shown frame in one packet) are one frame."""
+    path = make_vp9_with_hidden_frames(tmp_path / "hidden.webm", separate=separate)
+    with av.open(path) as c:
+        assert sum(1 for p in c.demux(video=0) if p.size) == (80 if separate else 72)
+    with av.open(path) as c:
+        shown = [f.pts for f in c.decode(video=0)]
+    assert len(shown) == 72
+    out = load_video(path, backend=backend, tile_size=16, target_fps=6, **HALF)  # 3 s at 6 fps: 18 frames
+    assert out.num_frames == 72 and len(out.frame_indices) == 18 and not out.partial
+    base = shown[0]
+    assert out.presentation_times_s == pytest.approx([(shown[i] - base) / 1000 for i in out.frame_indices])
+    assert np.allclose(_rgb(out)[:, 0], [(8 * i) % 256 for i in out.frame_indices], atol=4)
+
+
+def test_10_shown_frame_bits():
+    """VP8 frame tag (RFC 6386 §9.1) and VP9 uncompressed header (spec §6.2), profiles 0 and 3, superframes."""
+    assert video_formats.displayed("vp8", bytes([0x10, 0, 0])) and not video_formats.displayed("vp8", bytes(3))
+    key, hidden_key = bytes([0b10000010, 0x49]), bytes([0b10000000, 0x49])
+    assert video_formats.displayed("vp9", key) and not video_formats.displayed("vp9", hidden_key)
+    assert video_formats.displayed("vp9", bytes([0b10001000]))  # show_existing_frame
+    assert not video_formats.displayed("vp9", bytes([0b10110010]))  # profile 3: reserved bit, key, hidden
+    assert video_formats.displayed("vp9", bytes([0b10110001]))  # profile 3, shown
+    assert video_formats.displayed("vp9", vp9_superframe([hidden_key, key]))
+    assert not video_formats.displayed("vp9", vp9_superframe([hidden_key, hidden_key]))
+    assert video_formats.displayed("h264", b"")  # other codecs: a packet is a frame
+
+
+def test_10_a_stream_without_a_decoder_is_unsupported_format(tmp_path):
+    """An untyped AttributeError ('NoneType' object has no attribute 'codec') when FFmpeg has no decoder for the
+    stream (issue 52: a Dolby Vision AV1 track). Here the Matroska codec id names a codec nobody has."""
+    data = open(make_video(tmp_path / "v.mkv", frames=5, fps=5, container_format="matroska"), "rb").read()
+    assert data.count(b"V_MPEG4/ISO/AVC") == 1
+    (tmp_path / "unknown.mkv").write_bytes(data.replace(b"V_MPEG4/ISO/AVC", b"V_MPEG4/ISO/XYZ"))
+    with av.open(str(tmp_path / "unknown.mkv")) as c:
+        assert c.streams.video[0].codec_context is None  # PyAV has no decoder for it
+    for isolate in (False, True):
+        with pytest.raises(UnsupportedFormatError, match="no decoder here"):
+            load_video(str(tmp_path / "unknown.mkv"), isolate=isolate, **HALF)

@@ -35,13 +35,18 @@ worker the reports travel to the caller's `Work` (sandbox.py), whose stop kills 
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from PIL import Image
 
 from vl.errors import (
     CorruptMediaError,
+    DecoderResourceError,
+    DecodeTimeoutError,
+    EncryptedMediaError,
     MediaTooLargeError,
     NoVideoStreamError,
     RemoteMediaError,
@@ -63,7 +68,9 @@ _SEEK_GAP_FRAMES = 64  # PyAV: seek (to the keyframe before the target) instead 
 # through (tests/processing/test_video_real_files.py, sparse sampling)
 _SEEKABLE_CONTAINERS = ("mp4", "matroska", "avi", "flv", "ogg")
 _DECODE_BATCH_BYTES = 256 << 20  # decord get_batch size: at most this much full-resolution RGB at once
-_DECODER_THREADS = 4  # bounded so that a worker's address space (RLIMIT_AS) does not grow with the core count
+_DECODER_THREADS = 4  # bounded so that a decode's threads and memory do not grow with the core count
+_RATE_AGREEMENT = 0.01  # a declared frame rate within 1 % of the presentation times' rate is the rate used
+_now = time.monotonic  # the clock of the decode deadline (tests count with their own)
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,16 @@ class VideoFrames:
     backend_note: str = ""  # why decord was not used when it was asked for
 
 
-def sample_frame_indices(num_frames: int, fps: float, target_fps: float = 2.0, max_frames: int = 128) -> list[int]:
-    """Uniform frame indices at `target_fps`, at most `max_frames`, always within [0, num_frames)."""
+def sample_frame_indices(num_frames: int, fps: float, target_fps: float = 2.0, max_frames: int = 128,
+                         duration_s=None) -> list[int]:
+    """Uniform frame indices at `target_fps`, at most `max_frames`, always within [0, num_frames).
+
+    `duration_s` (a Fraction, exact) is how long the frames last by their presentation times; without it the
+    duration is `num_frames / fps`, the reference's formula, which trusts the frame rate."""
     if num_frames <= 0 or not fps > 0:
         raise ValueError(f"need num_frames > 0 and fps > 0, found {num_frames}, {fps}")
-    duration = num_frames / fps
-    n = max(1, min(math.floor(duration * target_fps), max_frames, num_frames))
+    duration = Fraction(num_frames) / Fraction(fps) if duration_s is None else Fraction(duration_s)
+    n = max(1, min(math.floor(duration * Fraction(target_fps)), max_frames, num_frames))
     if n == num_frames:
         return list(range(num_frames))
     return np.linspace(0, num_frames - 1, n, dtype=int).tolist()
@@ -115,9 +126,26 @@ def frame_timestamps(indices, fps: float, convention: str = "exact") -> list[flo
 
 
 def _av_errors():
+    """What PyAV raises for a file it cannot read. `av.error.MemoryError` (ENOMEM) is one of them but is never
+    the file's verdict: every handler re-raises `MemoryError` first, so a memory cap is never called corruption."""
     import av
 
     return (av.error.FFmpegError, OSError, ValueError, IndexError, EOFError)
+
+
+class _Deadline:
+    """The decode deadline, `MediaLimits.video_timeout_s` from the start of the decode, checked between packets
+    and frames (in-process as in a sandbox worker, whose parent also kills it at the same time)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.end = seconds, _now() + seconds
+
+    def check(self, where: str) -> None:
+        if _now() > self.end:
+            raise DecodeTimeoutError(
+                f"decoding the video did not finish within {self.seconds:g} s (MediaLimits.video_timeout_s) and was "
+                f"stopped {where}; send a shorter or smaller video, or raise the limit."
+            )
 
 
 def probe_video(path: str, limits: MediaLimits = DEFAULT_LIMITS) -> VideoMetadata:
@@ -137,6 +165,7 @@ def probe_video(path: str, limits: MediaLimits = DEFAULT_LIMITS) -> VideoMetadat
                     f"expected a video stream, found only {'/'.join(kinds)} streams; send a file with video."
                 )
             codec = video_formats.check_codec(stream)
+            video_formats.check_not_encrypted(path, name, stream)
             ctx = stream.codec_context
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             fps = float(rate) if rate else None
@@ -148,7 +177,7 @@ def probe_video(path: str, limits: MediaLimits = DEFAULT_LIMITS) -> VideoMetadat
             meta = VideoMetadata(ctx.width, ctx.height, fps if fps and 0 < fps <= 1000 else None,
                                  duration or None, int(stream.frames or 0), codec, name, stream.index,
                                  len(container.streams.video))
-    except VLError:
+    except (VLError, MemoryError):
         raise
     except _av_errors() as e:
         raise CorruptMediaError(f"cannot open the video ({_describe(e)}); re-encode it.") from None
@@ -188,10 +217,25 @@ def _to_tile(image: Image.Image, tile_size: int) -> np.ndarray:
     return np.asarray(image.resize((tile_size, tile_size), RESAMPLE))  # squash: aspect ratio not kept
 
 
-def _fps_from_pts(pts_sorted, time_base) -> float | None:
-    if len(pts_sorted) < 2 or pts_sorted[-1] <= pts_sorted[0]:
+def _pts_duration(pts_sorted, time_base) -> Fraction | None:
+    """How long the displayed frames last by their presentation times (exact): first to last, plus the median
+    interval for the last frame's own display time. None for a single frame."""
+    gaps = sorted(b - a for a, b in zip(pts_sorted, pts_sorted[1:]) if b > a)
+    if not gaps:
         return None
-    return (len(pts_sorted) - 1) / float((pts_sorted[-1] - pts_sorted[0]) * time_base)
+    return (pts_sorted[-1] - pts_sorted[0] + gaps[len(gaps) // 2]) * Fraction(time_base)
+
+
+def _sampling_rate(declared: float | None, num_frames: int, duration: Fraction | None) -> float | None:
+    """The frame rate the frames' presentation times show; the declared one only when it agrees within 1 %
+    (then it is exact, e.g. 30.0 for a Matroska file's millisecond times). Some MKV/FLV files declare 1000 or
+    60 fps for frames 1/30 s apart: trusting them samples a 60 s clip at 2 fps as 3 frames instead of 120."""
+    if duration is None:
+        return declared
+    measured = float(num_frames / duration)
+    if declared and abs(declared - measured) <= _RATE_AGREEMENT * measured:
+        return declared
+    return measured
 
 
 @dataclass
@@ -205,21 +249,30 @@ def _stream(container, meta: VideoMetadata):
     return container.streams[meta.stream_index]
 
 
-def index_video(path: str, meta: VideoMetadata, limits: MediaLimits) -> _Index:
+def index_video(path: str, meta: VideoMetadata, limits: MediaLimits, deadline: _Deadline | None = None) -> _Index:
     """Packets only, no decoding: the presentation times of the frames a player would display.
 
     Packets flagged discard (AV_PKT_FLAG_DISCARD: cut by an MP4 edit list, for example) are decoded by FFmpeg
-    for reference but never output, so they are not frames here either.
+    for reference but never output, so they are not frames here either; nor are VP8/VP9 packets that hold only
+    hidden frames (alt-ref: decoded for reference, never shown). A packet carrying encryption side data (MP4
+    Common Encryption) refuses the file.
     """
     partial = False
     pts = []
+    deadline = deadline or _Deadline(limits.video_timeout_s)
     container, _ = video_formats.open_video(path)
     with container:
         stream = _stream(container, meta)
         time_base = stream.time_base
         try:
             for packet in container.demux(stream):
+                deadline.check("while indexing its frames")
                 if packet.size == 0 or packet.is_discard:
+                    continue
+                if packet.has_sidedata("encryption_info") or packet.has_sidedata("encryption_init_info"):
+                    raise EncryptedMediaError(video_formats.ENCRYPTED_MESSAGE.format(what="packets carry "
+                                                                                     "encryption data"))
+                if not video_formats.displayed(meta.codec, packet):
                     continue
                 stamp = packet.pts if packet.pts is not None else packet.dts
                 if stamp is not None:
@@ -228,7 +281,7 @@ def index_video(path: str, meta: VideoMetadata, limits: MediaLimits) -> _Index:
                     raise MediaTooLargeError(
                         f"video has more than {limits.max_video_frames} frames (cap); cut it or lower its fps."
                     )
-        except VLError:
+        except (VLError, MemoryError):
             raise
         except _av_errors():
             partial = True  # unreadable tail: index what was readable
@@ -238,7 +291,7 @@ def index_video(path: str, meta: VideoMetadata, limits: MediaLimits) -> _Index:
     return _Index(pts, time_base, partial)
 
 
-def _decode_pyav(path, meta, limits, tile_size, index, indices):
+def _decode_pyav(path, meta, limits, tile_size, index, indices, deadline: _Deadline | None = None):
     wanted = [index.pts[i] for i in indices]
     position = {p: k for k, p in enumerate(index.pts)}
     container, _ = video_formats.open_video(path)  # decode pass, fresh demuxer state
@@ -248,31 +301,45 @@ def _decode_pyav(path, meta, limits, tile_size, index, indices):
         stream.thread_count = _DECODER_THREADS
         gap = _SEEK_GAP_FRAMES if meta.container in _SEEKABLE_CONTAINERS else len(index.pts)  # no seeks
         got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, limits,
-                                      index.partial, gap, Work.current())
+                                      index.partial, gap, Work.current(), deadline)
     kept = [i for i, p in zip(indices, wanted) if p in got]
     return kept, [got[index.pts[i]] for i in kept], partial
 
 
-def _frame_tile(frame, tile_size: int, limits: MediaLimits) -> np.ndarray:
-    """Decoded frame -> tile, shown as its display matrix asks; the frame-size cap applies to what was decoded
-    (a stream may change resolution after its header)."""
-    _check_frame_size(frame.width, frame.height, limits)
-    image = frame.to_image()
-    transpose = video_formats.display_transpose(video_formats.frame_display_matrix(frame))
-    if transpose is not None:
-        image = image.transpose(transpose)
-    return _to_tile(image, tile_size)
+class _Display:
+    """How frames are shown: the display matrix of the first decoded frame (the one the `ffmpeg` command line
+    configures its auto-rotation from), read once. Reading a frame's side data ties the frame and its side data
+    in a reference cycle that only the garbage collector frees, so it is done once per decode, not per frame."""
+
+    def __init__(self):
+        self.transpose, self.known = None, False
+
+    def tile(self, frame, tile_size: int, limits: MediaLimits) -> np.ndarray:
+        """Decoded frame -> tile; the frame-size cap applies to what was decoded (a stream may change resolution
+        after its header)."""
+        _check_frame_size(frame.width, frame.height, limits)
+        if not self.known:
+            self.transpose = video_formats.display_transpose(video_formats.frame_display_matrix(frame))
+            self.known = True
+        # one conversion thread: swscale's default starts a thread pool per frame, sized by the core count
+        image = frame.to_image(threads=1)
+        if self.transpose is not None:
+            image = image.transpose(self.transpose)
+        return _to_tile(image, tile_size)
 
 
 def _decode_wanted(container, stream, wanted, position, tile_size, limits, partial, seek_gap=_SEEK_GAP_FRAMES,
-                   work: Work | None = None):
+                   work: Work | None = None, deadline: _Deadline | None = None):
     """Decode the frames whose pts are in `wanted` (sorted), seeking over gaps larger than `seek_gap` frames.
 
     A seek happens at most once per target and only between frames the index knows, so odd pts (edit lists,
     decoder-invented timestamps) fall back to plain sequential decoding instead of looping. Each decoded frame
-    is reported to `work` ("video frames decoded" i/n), which is also where a stop takes effect.
+    is reported to `work` ("video frames decoded" i/n), which is also where a stop takes effect; the deadline
+    is checked after every frame the decoder delivers, wanted or not.
     """
     work = work or Work()
+    deadline = deadline or _Deadline(limits.video_timeout_s)
+    display = _Display()
     got: dict[int, np.ndarray] = {}
     k, last, frames, seeked_for = 0, None, None, -1
 
@@ -288,13 +355,14 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
                     seeked_for = k
                 frames = container.decode(stream)
             for frame in frames:
+                deadline.check(f"after {len(got)} of {len(wanted)} sampled frames")
                 if frame.pts is None:
                     continue
                 last = frame.pts
                 while k < len(wanted) and wanted[k] < last:
                     k, partial = k + 1, True  # the decoder never delivered it
                 if k < len(wanted) and wanted[k] == last:
-                    got[last] = _frame_tile(frame, tile_size, limits)
+                    got[last] = display.tile(frame, tile_size, limits)
                     k += 1
                     work.report(FRAMES_DECODED, len(got), len(wanted))
                 if k >= len(wanted) or far(k):
@@ -302,7 +370,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
             else:
                 partial = partial or k < len(wanted)
                 break
-    except VLError:
+    except (VLError, MemoryError):
         raise
     except _av_errors():
         partial = True
@@ -320,21 +388,37 @@ def _decord_refusal(path: str, meta: VideoMetadata) -> str:
     with container:
         try:
             frame = next(container.decode(_stream(container, meta)), None)
+        except MemoryError:
+            raise
         except _av_errors():
             frame = None
     matrix = None if frame is None else video_formats.frame_display_matrix(frame)
+    del frame  # with its side data it is a reference cycle; see _Display
     if video_formats.display_transpose(matrix) is not None:
         return "the stream has a rotation/flip display matrix, which decord does not apply correctly"
     return ""
 
 
-def _decode_decord(path, meta, limits, tile_size, index, indices):
+def _import_decord():
+    """decord, or `DecoderResourceError`: a library that does not load (a failed `dlopen`, a half-imported
+    module) is this machine's fault, not the file's."""
+    try:
+        import decord
+
+        return decord, (RuntimeError, decord._ffi.base.DECORDError)
+    except (ImportError, OSError, AttributeError) as e:
+        raise DecoderResourceError(
+            f"the decord video library could not be loaded ({type(e).__name__}: {e}); the file was not read; "
+            "retry (a sandboxed decoder is replaced), or decode with backend='pyav'."
+        ) from None
+
+
+def _decode_decord(path, meta, limits, tile_size, index, indices, deadline: _Deadline | None = None):
     """decord's frames, or the reason they cannot be trusted (a str): its frame count, per-frame timestamps and
     frame shape must agree with the container index (each timestamp nearer to its own pts than to a
     neighbour's)."""
-    import decord
-
-    decord_errors = (RuntimeError, decord._ffi.base.DECORDError)
+    decord, decord_errors = _import_decord()
+    deadline = deadline or _Deadline(limits.video_timeout_s)
     try:
         reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=_DECODER_THREADS)
     except decord_errors as e:
@@ -356,6 +440,7 @@ def _decode_decord(path, meta, limits, tile_size, index, indices):
         # (decord seeks per index inside a batch anyway, so single-frame calls decode the same frames)
         step = 1 if work.watched else max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
         for start in range(0, len(indices), step):
+            deadline.check(f"after {len(tiles)} of {len(indices)} sampled frames")
             batch = reader.get_batch(indices[start : start + step]).asnumpy()  # (b, H, W, 3)
             if batch.shape[1:] != (meta.height, meta.width, 3):
                 return f"decord decoded frames of shape {batch.shape[1:]}, the stream is {meta.width}x{meta.height}"
@@ -376,31 +461,38 @@ def decode_video_file(path: str, limits: MediaLimits, tile_size: int, target_fps
     """Probe, check, index and decode; returns plain data (uint8 tiles) so it can run in a sandbox worker."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, found {backend!r}")
+    deadline = _Deadline(limits.video_timeout_s)
     meta = probe_video(path, limits)
     try:
-        index = index_video(path, meta, limits)
-    except VLError:
+        index = index_video(path, meta, limits, deadline)
+    except (VLError, MemoryError):
         raise
     except _av_errors() as e:
         raise CorruptMediaError(f"cannot read the video ({_describe(e)}); re-encode it.") from None
-    fps = meta.fps or _fps_from_pts(index.pts, index.time_base)
+    duration = _pts_duration(index.pts, index.time_base)
+    fps = _sampling_rate(meta.fps, len(index.pts), duration)
     if not fps:
         raise CorruptMediaError("the video declares no frame rate and it cannot be measured; re-encode it.")
-    indices = sample_frame_indices(len(index.pts), fps, target_fps, max_frames)
+    if duration is not None and duration > limits.max_video_duration_s:
+        raise MediaTooLargeError(f"video too long: its frames span {float(duration):.0f} s, the cap is "
+                                 f"{limits.max_video_duration_s:.0f} s; cut it.")
+    indices = sample_frame_indices(len(index.pts), fps, target_fps, max_frames, duration)
     note, result = "", None
     if backend == "decord":
         try:
             note = _decord_refusal(path, meta)
+        except MemoryError:
+            raise
         except _av_errors() as e:
             note = f"PyAV could not read the first frame ({_describe(e)})"
         if not note:
-            result = _decode_decord(path, meta, limits, tile_size, index, indices)
+            result = _decode_decord(path, meta, limits, tile_size, index, indices, deadline)
             if isinstance(result, str):
                 note, result = result, None
     if result is None:
         try:
-            result = _decode_pyav(path, meta, limits, tile_size, index, indices)
-        except VLError:
+            result = _decode_pyav(path, meta, limits, tile_size, index, indices, deadline)
+        except (VLError, MemoryError):
             raise
         except _av_errors() as e:
             raise CorruptMediaError(f"cannot decode the video ({_describe(e)}); re-encode it.") from None
@@ -428,7 +520,8 @@ def load_video(
     """Untrusted video (local path, bytes or binary file object) -> `VideoFrames`.
 
     `isolate=True` runs probe + decode + resize in a sandbox worker with `limits.video_timeout_s` and
-    `limits.worker_memory_mb`; normalization stays in this process.
+    `limits.worker_memory_mb`; normalization stays in this process. The same `video_timeout_s` deadline holds
+    in-process (`DecodeTimeoutError`), and running out of memory there is `DecoderResourceError`.
     """
     if not target_fps > 0 or max_frames < 1:
         raise ValueError(f"need target_fps > 0 and max_frames >= 1, found {target_fps}, {max_frames}")
@@ -440,7 +533,13 @@ def load_video(
             out = run_isolated(decode_video_file, *args, timeout=limits.video_timeout_s,
                                memory_mb=limits.worker_memory_mb)
         else:
-            out = decode_video_file(*args)
+            try:
+                out = decode_video_file(*args)
+            except MemoryError:
+                raise DecoderResourceError(
+                    "this process ran out of memory while decoding the video; the file was not judged; send a "
+                    "smaller video, or decode in a sandbox worker (isolate=True), which has its own memory cap."
+                ) from None
     return VideoFrames(
         pixel_values=normalize(out["tiles"], norm_mean, norm_std),  # (T, 3, S, S)
         frame_indices=out["indices"],

@@ -11,7 +11,13 @@ still images, and MP4 data references (`dref`) can name external files. So the v
    image demuxer; with `protocol_whitelist=file`, MP4 `enable_drefs=0`, and an `io_open` hook that lets
    libavformat open the top-level file and nothing else (every nested open is refused and reported);
 3. decodes only the best video stream as libavformat picks it (`av_find_best_stream`, PyAV's
-   `streams.best("video")`), and only if its codec is in `CODECS`.
+   `streams.best("video")`), and only if its codec is in `CODECS` and this FFmpeg has a decoder for it;
+4. refuses encrypted files (`EncryptedMediaError`): MP4 Common Encryption (`encv`/`enca` sample entries, `pssh`
+   boxes, packets with encryption side data) and Matroska/WebM ContentEncryption (the demuxer's `enc_key_id`).
+   Without the key FFmpeg decodes them to garbage that differs from run to run, or fails part-way.
+
+It also says which packets hold a displayed frame (`displayed`): VP8/VP9 hidden (alt-ref) frames are decoded for
+reference and never shown, and some muxers store them in packets of their own.
 
 decord opens files itself (no hooks), so it only ever sees files that passed 1-3 in PyAV first, and only
 containers whose magic bytes no other FFmpeg demuxer outranks (video.py, `DECORD_CONTAINERS`).
@@ -22,7 +28,7 @@ import struct
 
 from PIL import Image
 
-from vl.errors import UnsupportedFormatError
+from vl.errors import EncryptedMediaError, UnsupportedFormatError
 
 # sniffed name -> FFmpeg demuxer forced at open
 CONTAINERS = {
@@ -139,12 +145,165 @@ def best_video_stream(container):
 
 
 def check_codec(stream) -> str:
-    name = stream.codec_context.codec.canonical_name if stream.codec_context.codec else "unknown"
+    ctx = stream.codec_context  # None when this FFmpeg has no decoder for the stream (e.g. an unknown codec id)
+    codec = getattr(ctx, "codec", None)
+    if codec is None:
+        raise UnsupportedFormatError(
+            f"expected a video codec this decoder supports ({', '.join(sorted(CODECS))}), found a video stream "
+            "whose codec has no decoder here; re-encode the video to H.264."
+        )
+    name = codec.canonical_name
     if name not in CODECS:
         raise UnsupportedFormatError(
             f"expected a video codec ({', '.join(sorted(CODECS))}), found {name!r}; re-encode the video to H.264."
         )
     return name
+
+
+# --- encryption ----------------------------------------------------------------------------------------
+
+ENCRYPTED_MESSAGE = ("expected an unencrypted video, found an encrypted (DRM) one ({what}); without its key it "
+                     "cannot be decoded; send the video without encryption.")
+_MP4_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl", b"moof", b"traf", b"sinf", b"schi"}
+_MP4_ENCRYPTED = {b"encv": "an 'encv' sample entry", b"enca": "an 'enca' sample entry", b"pssh": "a 'pssh' box",
+                  b"tenc": "a 'tenc' box", b"senc": "a 'senc' box"}
+_MOOV_READ_CAP = 64 << 20  # the largest moov box read whole for the scan (a long file's tables; more is refused)
+
+
+def check_not_encrypted(path: str, container: str, stream) -> None:
+    """`EncryptedMediaError` for an encrypted file: the box structure of MP4 (`encryption_box`), the demuxer's
+    `enc_key_id` for Matroska ContentEncryption. The index pass also refuses packets with encryption side data."""
+    if "enc_key_id" in {k.lower() for k in (stream.metadata or {})}:
+        raise EncryptedMediaError(ENCRYPTED_MESSAGE.format(what="Matroska ContentEncryption"))
+    if container == "mp4":
+        found = encryption_box(path)
+        if found:
+            raise EncryptedMediaError(ENCRYPTED_MESSAGE.format(what=f"MP4 Common Encryption: {found}"))
+
+
+def encryption_box(path: str) -> str:
+    """What in an MP4's `moov` (and the first `moof`) marks Common Encryption, "" when nothing does.
+
+    ISO/IEC 23001-7: an encrypted track's sample entry is renamed `encv`/`enca` and carries `sinf/frma/schm/schi
+    (tenc)`; `pssh` boxes carry the DRM systems' data; `senc` the per-sample IVs of fragments. Top-level boxes are
+    walked by their headers, so the scan reads only `moov` and the first `moof`, not the media data."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        pos, seen_moof = 0, False
+        while pos + 8 <= size:
+            f.seek(pos)
+            kind, body, length = _box_header(f, size - pos)
+            if length <= 0:
+                break
+            if kind in (b"moov", b"moof") and not (kind == b"moof" and seen_moof):
+                seen_moof = seen_moof or kind == b"moof"
+                data = f.read(min(length - body, _MOOV_READ_CAP))
+                found = _scan_boxes(data)
+                if found:
+                    return found
+            pos += length
+    return ""
+
+
+def _box_header(f, left: int) -> tuple[bytes, int, int]:
+    """(type, header length, box length) of the box at the file position; box length 0 when malformed."""
+    head = f.read(8)
+    if len(head) < 8:
+        return b"", 8, 0
+    length, kind = struct.unpack(">I4s", head)
+    header = 8
+    if length == 1:
+        large = f.read(8)
+        if len(large) < 8:
+            return kind, 16, 0
+        length, header = struct.unpack(">Q", large)[0], 16
+    elif length == 0:
+        length = left  # to the end of the file
+    return kind, header, length if header <= length <= left else 0
+
+
+def _scan_boxes(data: bytes, depth: int = 0) -> str:
+    pos = 0
+    while pos + 8 <= len(data) and depth < 12:
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        header = 8
+        if length == 1 and pos + 16 <= len(data):
+            length, header = struct.unpack(">Q", data[pos + 8 : pos + 16])[0], 16
+        elif length == 0:
+            length = len(data) - pos
+        if length < header or pos + length > len(data):
+            return ""
+        if kind in _MP4_ENCRYPTED:
+            return _MP4_ENCRYPTED[kind]
+        body = data[pos + header : pos + length]
+        if kind in _MP4_CONTAINERS:
+            found = _scan_boxes(body, depth + 1)
+        elif kind == b"stsd":  # full box (4 bytes) + entry count (4 bytes), then the sample entries
+            found = _sample_entries(body[8:])
+        else:
+            found = ""
+        if found:
+            return found
+        pos += length
+    return ""
+
+
+def _sample_entries(data: bytes) -> str:
+    pos = 0
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        if kind in _MP4_ENCRYPTED:
+            return _MP4_ENCRYPTED[kind]
+        if length < 8:
+            return ""
+        pos += length
+    return ""
+
+
+# --- shown frames ---------------------------------------------------------------------------------------
+
+
+def displayed(codec: str, packet) -> bool:
+    """Whether decoding `packet` shows a frame. VP8/VP9 packets that hold only hidden (alt-ref) frames do not;
+    every other codec's packets count as one frame each, as before."""
+    if codec not in ("vp8", "vp9"):
+        return True
+    data = memoryview(packet)  # a PyAV packet or bytes; no copy
+    if codec == "vp9":
+        return any(_vp9_shown(frame) for frame in _vp9_superframe(data))
+    return len(data) < 3 or bool(data[0] & 0x10)  # VP8 frame tag: show_frame is bit 4 (RFC 6386 §9.1)
+
+
+def _vp9_superframe(data) -> list:
+    """The frames of a VP9 superframe (VP9 bitstream spec, Annex B), or [data] when it is a single frame."""
+    if not data:
+        return [data]
+    marker = data[-1]
+    if marker & 0xE0 != 0xC0:
+        return [data]
+    count, size_bytes = (marker & 7) + 1, ((marker >> 3) & 3) + 1
+    index = 2 + size_bytes * count
+    if len(data) < index or data[-index] != marker:
+        return [data]
+    frames, pos = [], 0
+    for k in range(count):
+        at = len(data) - index + 1 + k * size_bytes
+        size = int.from_bytes(data[at : at + size_bytes], "little")
+        frames.append(data[pos : pos + size])
+        pos += size
+    return frames if pos <= len(data) - index else [data]
+
+
+def _vp9_shown(frame) -> bool:
+    """show_existing_frame or show_frame of a VP9 uncompressed header (spec §6.2); an unknown header counts."""
+    if not frame or frame[0] >> 6 != 2:  # frame_marker
+        return True
+    b = frame[0]
+    profile = ((b >> 5) & 1) | (((b >> 4) & 1) << 1)
+    bit = 3 if profile < 3 else 2  # profile 3 has a reserved bit before show_existing_frame
+    if b >> bit & 1:
+        return True  # show_existing_frame: shows a decoded frame again
+    return bool(b >> (bit - 2) & 1)  # frame_type, then show_frame
 
 
 # --- display matrix -------------------------------------------------------------------------------------
