@@ -12,7 +12,11 @@ them so), chosen to admit what the model can use and refuse what only costs memo
 - PDF: 200 rendered pages (a long report), 4096 x 4096 rendered pixels per page (A0 at 144 dpi is larger
   and is refused; lower the render scale for such pages) and 400 M rendered pixels per request (200 Letter
   pages at 144 dpi);
-- decode workers: wall-clock timeouts and the 2 GiB address-space cap of docs/reliability_policy.md §6 "Bounded".
+- decoding: wall-clock timeouts after which a sandbox worker is killed (the video one is also the deadline of an
+  in-process decode, checked between packets and frames, so a video has one deadline everywhere), and a decode
+  worker's 2 GiB memory cap
+  (docs/reliability_policy.md §6 "Bounded"): its data (RLIMIT_DATA: heap, anonymous maps, thread stacks) and its
+  resident set, never its address space, so that mapping a decoder's libraries cannot fail under the cap.
 """
 
 from dataclasses import dataclass, fields
@@ -44,11 +48,11 @@ class MediaLimits:
     # per-page cap (3.4 G pixels, the 25 KB "page bomb" of 2048-pt blank pages) do not
     max_pdf_total_pixels: int = 400_000_000
     max_documents: int = 1
-    # --- decode workers (sandbox.py) ----------------------------------------------------------------
+    # --- decoding deadlines and the decode worker's memory (sandbox.py) ------------------------------
     image_timeout_s: float = 10.0
-    video_timeout_s: float = 60.0
+    video_timeout_s: float = 60.0  # one deadline for a video's probe, index and decode, in-process or isolated
     pdf_timeout_s: float = 60.0
-    worker_memory_mb: int = 2048
+    worker_memory_mb: int = 2048  # a sandbox worker's data (RLIMIT_DATA) and resident set, each; not address space
 
     def __post_init__(self):
         for f in fields(self):
