@@ -38,12 +38,10 @@ class MediaError(InputError):
 
 class UnsupportedFormatError(MediaError):
     code = "unsupported_format"
-    http_status = 415
 
 
 class MediaTooLargeError(MediaError):
     code = "too_large"
-    http_status = 413
 
 
 class CorruptMediaError(MediaError):
@@ -73,14 +71,12 @@ class MediaNotFoundError(InputError):
 
 class TooManyItemsError(InputError):
     code = "too_many_items"
-    http_status = 413
 
 
 class RemoteMediaError(InputError):
     """A URL or a path outside the allowed roots was given where media bytes were expected."""
 
     code = "remote_media_refused"
-    http_status = 403
 
 
 class ContextLengthError(InputError):
@@ -95,6 +91,19 @@ class NoVisionError(InputError):
 
 class GenerationOptionError(InputError):
     code = "bad_generation_option"
+
+
+class UnsupportedFieldError(GenerationOptionError):
+    """A request field that would change the answer in a way this server does not implement: refused by name,
+    never ignored."""
+
+    code = "unsupported_field"
+
+
+class UnknownFieldError(InputError):
+    """A request field no API we follow defines (OpenAI refuses those too: "Unrecognized request argument")."""
+
+    code = "unknown_field"
 
 
 # --- runtime faults --------------------------------------------------------------------------------
@@ -148,8 +157,17 @@ class ModelNotFoundError(InputError):
 
 
 class RequestTooLargeError(InputError):
+    """The HTTP request body itself is over the server's cap (the one 413: media inside a body are 400)."""
+
     code = "request_too_large"
     http_status = 413
+
+
+class RequestBodyTimeoutError(InputError):
+    """The client sent its request body too slowly (a slow-client bound of the server)."""
+
+    code = "request_timeout"
+    http_status = 408
 
 
 class QueueFullError(VLError):

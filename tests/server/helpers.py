@@ -66,14 +66,19 @@ def in_process_server(engine, **config):
     import uvicorn
 
     from vl.server.app import ServerConfig, create_app
+    from vl.server.edge import uvicorn_kwargs
     from vl.server.scheduler import Scheduler
 
     sched_kw = {k: config.pop(k) for k in ("max_batch", "max_queue", "batch_window_s", "prepare_workers")
                 if k in config}
+    log_level = config.pop("log_level", "warning")
     scheduler = Scheduler(engine, **sched_kw)
-    app = create_app(engine, scheduler, ServerConfig(**config))
+    server_config = ServerConfig(**config)
+    app = create_app(engine, scheduler, server_config)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # the transport settings `vl serve` runs with (vl/server/edge.py), with this test's connection limits
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                          **uvicorn_kwargs(server_config.connection, log_level)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -145,3 +145,59 @@ def test_request_fields():
         _parse(model="other")
     with pytest.raises(InputError, match="unsupported part type"):
         _parse(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])
+
+
+def test_item_caps_are_checked_before_any_url_is_fetched(http_server):
+    from vl.errors import TooManyItemsError
+
+    policy = MediaPolicy(limits=MediaLimits(max_images=4, max_videos=1, max_documents=1), allow_fetch=True,
+                         allow_private_fetch=True)
+    parts = [{"type": "image_url", "image_url": {"url": f"{http_server}/ok?{i}"}} for i in range(12)]
+    with pytest.raises(TooManyItemsError, match="at most 4 image"):
+        parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_names=("m",), policy=policy,
+                           ceilings=Ceilings())
+    videos = [{"type": "video_url", "video_url": {"url": f"{http_server}/ok?v{i}"}} for i in range(2)]
+    with pytest.raises(TooManyItemsError, match="at most 1 video"):  # counted over all messages
+        parse_chat_request({"messages": [{"role": "user", "content": videos[:1]},
+                                         {"role": "user", "content": videos[1:]}]}, served_names=("m",),
+                           policy=policy, ceilings=Ceilings())
+    assert _Handler.hits == 0
+    # within the caps the same URLs are fetched, once each
+    parse_chat_request({"messages": [{"role": "user", "content": parts[:4]}]}, served_names=("m",), policy=policy,
+                       ceilings=Ceilings())
+    assert _Handler.hits == 4
+
+
+@pytest.mark.parametrize("host", [
+    "[::127.0.0.1]", "[::7f00:1]",  # IPv4-compatible
+    "[::ffff:127.0.0.1]", "[::ffff:a9fe:a9fe]",  # IPv4-mapped (loopback, the metadata address)
+    "[64:ff9b::7f00:1]", "[64:ff9b::a9fe:a9fe]",  # NAT64, well-known prefix: the last 32 bits
+    "[64:ff9b:1::a00:1]",  # NAT64, local-use prefix
+    "[2002:7f00:1::1]", "[2002:a9fe:a9fe::]",  # 6to4: bits 16-48
+    "[2001:0:4136:e378:8000:63bf:80ff:fffe]",  # Teredo: client 127.0.0.1 inverted in the last 32 bits
+])
+def test_ipv6_forms_of_forbidden_ipv4_addresses_are_refused(http_server, host):
+    port = http_server.rsplit(":", 1)[1]
+    with pytest.raises(MediaFetchError, match="non-public"):
+        resolve(f"http://{host}:{port}/ok", "image", MediaPolicy(allow_fetch=True))
+    assert _Handler.hits == 0
+
+
+def test_ipv6_forms_of_public_ipv4_addresses_pass_the_check():
+    import ipaddress
+
+    from vl.server.media import _check_address, embedded_ipv4
+
+    for host, v4 in (("::ffff:8.8.8.8", "8.8.8.8"), ("64:ff9b::808:808", "8.8.8.8"), ("2002:808:808::1", "8.8.8.8")):
+        assert [str(a) for a in embedded_ipv4(ipaddress.ip_address(host))] == [v4]
+        _check_address(host, MediaPolicy(allow_fetch=True))  # no error: judged by the public address it carries
+    assert embedded_ipv4(ipaddress.ip_address("2606:4700::1111")) == []
+
+
+def test_malformed_urls_and_paths_are_400s(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"x")
+    policy = MediaPolicy(allowed_roots=(tmp_path,), allow_fetch=True)
+    for url in (f"file://{tmp_path}/a%00.png", "http://[::1/x", "http://host:99999999/x", "http://host:port/x"):
+        with pytest.raises(InputError) as info:
+            resolve(url, "image", policy)
+        assert info.value.http_status == 400, url

@@ -139,12 +139,12 @@ def test_bad_requests_are_400_with_our_codes(client, media):
     bad64 = {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@not base64@@"}}
     assert _error(ask([bad64])) == (400, "bad_input")
     not_png = {"type": "image_url", "image_url": {"url": data_uri(b"%PDF-1.4 not an image", "image/png")}}
-    assert _error(ask([not_png])) == (415, "unsupported_format")
-    assert _error(ask("hi", n=2)) == (400, "bad_generation_option")
+    assert _error(ask([not_png])) == (400, "unsupported_format")  # media errors in a valid body are 400s
+    assert _error(ask("hi", n=2)) == (400, "unsupported_field")
     assert _error(ask("hi", extra_body={"mm_processor_kwargs": {"max_num_tiles": 99}})) == (400, "bad_generation_option")
     assert _error(ask("hi", max_tokens=10**6)) == (400, "bad_generation_option")
     local = {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}
-    assert _error(ask([local])) == (403, "remote_media_refused")
+    assert _error(ask([local])) == (400, "remote_media_refused")
     status, code = _error(lambda: client.chat.completions.create(model="gpt-4o", messages=[{"role": "user",
                                                                                              "content": "hi"}]))
     assert (status, code) == (404, "model_not_found")
@@ -153,13 +153,14 @@ def test_bad_requests_are_400_with_our_codes(client, media):
                                           messages=[{"role": "user", "content": "hi"}]).choices[0].finish_reason
 
 
-def test_too_large_is_413(server):
-    # a 2-image request over the per-request image cap (counted before anything is decoded)
+def test_too_many_items_is_400_and_bad_json_too(server):
+    # a 5-image request over the per-request image cap of 4 (counted before anything is decoded): the body itself
+    # is fine, so 400 (413 is only for a body over --max-body-mb)
     uri = data_uri(png_bytes(), "image/png")
     parts = [{"type": "image_url", "image_url": {"url": uri}}] * 5
     r = httpx.post(server + "/v1/chat/completions", timeout=60,
                    json={"model": "demo", "messages": [{"role": "user", "content": parts}], "max_tokens": 2})
-    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_items", r.text
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_items", r.text
     r = httpx.post(server + "/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_input"
     r = httpx.get(server + "/v1/nothing-here")

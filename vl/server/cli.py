@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from vl.directory import default_model
 from vl.errors import VLError
-from vl.server.ceilings import Ceilings
+from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
 
 
@@ -42,6 +42,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    f"(default {c.max_tokens})")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="request body cap in MiB; over it: 413")
+    e = ConnectionLimits()
+    p.add_argument("--header-timeout", type=float, default=e.header_timeout_s, help="seconds a request head may take "
+                   f"from its first byte; then the connection is closed (default {e.header_timeout_s:g})")
+    p.add_argument("--body-timeout", type=float, default=e.body_timeout_s, help="seconds a request body may take "
+                   f"after its head; then 408 (default {e.body_timeout_s:g})")
+    p.add_argument("--keep-alive-timeout", type=float, default=e.keep_alive_s, help="seconds an idle keep-alive "
+                   f"connection stays open (default {e.keep_alive_s:g})")
+    p.add_argument("--max-connections", type=int, default=e.max_connections, help="open connections; a request on "
+                   f"one more is answered 503 (default {e.max_connections})")
     p.add_argument("--allowed-root", action="append", default=[], help="folder file:// media may come from "
                    "(repeatable; default: none, file:// refused)")
     p.add_argument("--allow-fetch", action="store_true", help="fetch http(s) media URLs (public addresses only, "
@@ -91,20 +100,28 @@ def build(args: argparse.Namespace):
     config = ServerConfig(served_names=(args.served_model_name or Path(model).resolve().name,),
                           api_key=args.api_key or None, max_body_bytes=int(args.max_body_mb * mib),
                           default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,
-                          model_info=info)
+                          model_info=info, connection=connection_limits(args))
     scheduler = Scheduler(engine, max_batch=args.max_batch, max_queue=args.max_queue,
                           batch_window_s=args.batch_window_ms / 1000, prepare_workers=args.prepare_workers)
     return engine, scheduler, config, create_app(engine, scheduler, config)
 
 
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    return ConnectionLimits(header_timeout_s=args.header_timeout, keep_alive_s=args.keep_alive_timeout,
+                            max_connections=args.max_connections, body_timeout_s=args.body_timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if (args.max_batch < 1 or args.max_queue < 0 or args.request_timeout <= 0 or args.max_tokens_limit < 1
-            or args.prepare_workers < 0):
+            or args.prepare_workers < 0 or min(args.header_timeout, args.body_timeout, args.keep_alive_timeout) <= 0
+            or args.max_connections < 1):
         print("vl serve: --max-batch must be >= 1, --max-queue >= 0, --request-timeout > 0, --max-tokens-limit >= 1, "
-              "--prepare-workers >= 0", file=sys.stderr)
+              "--prepare-workers >= 0, the timeouts > 0 and --max-connections >= 1", file=sys.stderr)
         return 2
     import uvicorn
+
+    from vl.server.edge import uvicorn_kwargs
 
 
     try:
@@ -116,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vl serve: model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr,
           flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=5,
+                    **uvicorn_kwargs(connection_limits(args), args.log_level))
     finally:
         scheduler.close()
     return 0

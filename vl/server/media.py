@@ -5,8 +5,10 @@ text; `file://` paths are opened only under `--allowed-root` folders (symlinks r
 are refused unless the server was started with `--allow-fetch`, and then fetched with a byte cap (checked on
 Content-Length and again while reading, as TGI's `fetch_image` does), a time cap, no redirects, and never
 from a loopback, private, link-local or otherwise non-public address unless `--allow-private-fetch` (the
-SSRF lessons of vLLM's media connector and lmdeploy, which re-validate every hop). Everything else in the
-bytes (format sniffing, pixel and frame caps) is the processor's job, behind the same `MediaLimits`.
+SSRF lessons of vLLM's media connector and lmdeploy, which re-validate every hop). An IPv6 address that carries
+an IPv4 address (IPv4-mapped and -compatible, NAT64, 6to4, Teredo) is judged by that IPv4 address too, since it
+reaches it. Everything else in the bytes (format sniffing, pixel and frame caps) is the processor's job, behind
+the same `MediaLimits`.
 """
 
 from __future__ import annotations
@@ -97,7 +99,11 @@ def _local_path(url: str, kind: str, policy: MediaPolicy) -> str:
     parsed = urllib.parse.urlparse(url)
     if parsed.netloc not in ("", "localhost"):
         raise RemoteMediaError(f"file:// URLs name a local path (file:///abs/path), found host {parsed.netloc!r}")
-    path = Path(urllib.parse.unquote(parsed.path)).resolve()  # symlinks and .. resolved before the check
+    name = urllib.parse.unquote(parsed.path)
+    if "\x00" in name:
+        raise InputError(f"the {kind} file:// path holds a NUL byte (%00), which no file name can; send the path "
+                         "without it")
+    path = Path(name).resolve()  # symlinks and .. resolved before the check
     if not any(path.is_relative_to(root) for root in policy.roots):
         raise RemoteMediaError(f"the {kind} path is outside this server's allowed media folders")
     if not path.is_file():
@@ -114,15 +120,46 @@ def _check_address(host: str, policy: MediaPolicy) -> None:
         raise MediaFetchError(f"cannot resolve {host!r}: {e}") from None
     for info in infos:
         ip = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not ip.is_global or ip.is_multicast:
+        if not all(a.is_global and not a.is_multicast for a in (ip, *embedded_ipv4(ip))):
             raise MediaFetchError(f"{host!r} resolves to a non-public address; this server only fetches from "
                                   "public addresses (start it with --allow-private-fetch on a trusted network)")
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix: the IPv4 address is the last 32 bits
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use prefixes: never a public address
+_TEREDO = ipaddress.ip_network("2001::/32")
+
+
+def embedded_ipv4(ip) -> list:
+    """The IPv4 addresses an IPv6 address reaches or stands for: IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible
+    (::a.b.c.d), NAT64 (64:ff9b::a.b.c.d), 6to4 (2002:AABB:CCDD::, bits 16-48) and Teredo (2001::/32, the client
+    address inverted in the last 32 bits). A local-use NAT64 address stands for 0.0.0.0 (never public)."""
+    if ip.version != 6:
+        return []
+    out = []
+    if ip.ipv4_mapped is not None:
+        out.append(ip.ipv4_mapped)
+    if ip.packed[:12] == bytes(12) and int(ip) > 1:  # IPv4-compatible; :: and ::1 are judged as they are
+        out.append(ipaddress.IPv4Address(ip.packed[12:]))
+    if ip in _NAT64:
+        out.append(ipaddress.IPv4Address(ip.packed[12:]))
+    if ip in _NAT64_LOCAL:
+        out.append(ipaddress.IPv4Address(0))
+    if ip.sixtofour is not None:
+        out.append(ip.sixtofour)
+    if ip in _TEREDO and ip.teredo is not None:
+        out.append(ip.teredo[1])
+    return out
 
 
 def fetch(url: str, kind: str, policy: MediaPolicy) -> bytes:
     import httpx
 
-    parsed = urllib.parse.urlparse(url)
+    try:
+        parsed = urllib.parse.urlparse(url)
+        parsed.port  # noqa: B018 - a bad port raises here, not inside the client
+    except ValueError as e:
+        raise InputError(f"the {kind} URL is malformed ({e}): {url[:60]!r}") from None
     if not parsed.hostname:
         raise MediaFetchError(f"the {kind} URL has no host: {url[:60]!r}")
     _check_address(parsed.hostname, policy)

@@ -17,9 +17,9 @@ from vl.errors import VLError
 
 FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
 _ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
-               422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable",
-               504: "timeout_error"}
+               404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+               413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+               429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
 def completion_id() -> str:
@@ -62,6 +62,10 @@ def chunk(cid: str, model: str, created: int, delta: dict | None = None, finish_
     if usage_ is not None:
         body["usage"] = usage_
     return sse(body)
+
+
+def json_bytes(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode()
 
 
 def sse(obj) -> str:

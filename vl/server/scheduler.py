@@ -7,7 +7,9 @@ seeded sampled request runs alone so that its seed means what it says), up to `m
 through `Engine.stream_batch` (vl/runtime/batch.py), whose rows equal single runs. While the batch decodes,
 requests that arrive and share its key join it between steps (continuous batching), as rows leave. A request that fails to
 prepare fails alone; a request whose client went away is dropped from the queue, or stops decoding at its
-next token; a request past its deadline ends with `DecodeTimeoutError` (504).
+next token; a request past its deadline ends with `DecodeTimeoutError` (504). A batch that fails as a whole (a
+fault in a step or a prefill, not one request's own error) does not take its rows down with it: each row that has
+not streamed anything yet is run again alone, so only a row that fails alone fails.
 
 Preparation runs ahead (`prepare_workers` threads): a waiting request's media are decoded, tiled and its prompt
 tokenized (`Engine.process`, which calls no model) while the engine decodes others, at most `lookahead` requests
@@ -19,6 +21,7 @@ one vision-tower call and are prefilled in one call (vl/runtime/batch.py, vl/run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -46,19 +49,24 @@ class Job:
     state: str = "new"  # "new" -> "processing" -> "ready" (its media are processed: `processed` is set)
     processed: object = field(default=None, repr=False)  # Processed | VLError (tiles: no repr of tensors)
     started_mono: float | None = None  # time.monotonic() when its processing began
+    request_id: str = ""  # the HTTP request's id (vl/server/edge.py), for log lines
 
     def __post_init__(self):
         self.request.cancel = self.cancel
 
     def deliver(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # its event loop is closed (the server stopped): nobody reads this job any more
+            self.cancel.set()
 
 
 def batch_key(params: SamplingParams):
-    """Requests with equal keys may share a batch; None: this request runs alone."""
+    """Requests with equal keys may share a batch (every sampling field but a greedy request's unused seed);
+    None: this request runs alone."""
     if not params.greedy and params.seed is not None:
         return None
-    return (params.temperature, params.top_k, params.top_p, params.repetition_penalty)
+    return dataclasses.replace(params, seed=None)
 
 
 class Scheduler:
@@ -106,6 +114,7 @@ class Scheduler:
             if job in self._waiting:
                 self._waiting.remove(job)
                 self._cond.notify_all()  # room ahead for the preparers
+                job.deliver(None)  # whoever still reads its answer learns that none comes
 
     def snapshot(self) -> dict:
         with self._cond:
@@ -252,11 +261,15 @@ class Scheduler:
 
     def _run(self, batch: list[Job]) -> None:
         live = self._ready(batch)
-        if not live:
-            return
+        if live:
+            self._decode(live, retry=len(live) > 1)
+
+    def _decode(self, live: list[Job], retry: bool) -> None:
+        """Decode `live` as one batch. If the batch fails as a whole, its rows that have streamed nothing are
+        run again one by one when `retry` (the others get the error): a row that fails alone fails alone."""
         self.batches += 1
         params = live[0].params
-        ended = set()
+        ended, streamed = set(), set()
         by_request = {id(j.request): j for j in live}
         kw = {"processed": self._processed(by_request)} if self.prepare_ahead else {}
         try:
@@ -270,16 +283,39 @@ class Scheduler:
                         self._running = len(live) - len(ended)
                 if live[i].stream or not is_event:
                     live[i].deliver(item)
+                    streamed.add(i)
                 if not is_event:
                     live[i].deliver(None)
-        except VLError as e:
-            self._fail(live, ended, e)
-        except Exception as e:  # noqa: BLE001 - a bug or a device fault: fail this batch, keep serving
-            self._fail(live, ended, VLError(f"generation failed ({type(e).__name__}); the server keeps serving"))
+        except Exception as e:  # noqa: BLE001 - a fault of the batch (a bug, the device): the server keeps serving
+            if not isinstance(e, VLError):
+                log.exception("a batch of %d request(s) failed", len(live))
+            error = e if isinstance(e, VLError) else VLError(f"generation failed ({type(e).__name__}); the server "
+                                                             "keeps serving")
+            rest = [job for i, job in enumerate(live) if i not in ended]
+            again = [job for i, job in enumerate(live) if i not in ended and i not in streamed] if retry else []
+            self._fail([job for job in rest if job not in again], error)
+            for job in again:
+                if self._restart(job):
+                    self._decode([job], retry=False)
+
+    def _restart(self, job: Job) -> bool:
+        """Make a job of a failed batch ready to run alone (its media processed again, its deadline kept)."""
+        timeout = job.request.timeout_s
+        if timeout is not None:
+            left = timeout - (time.monotonic() - (job.started_mono or job.enqueued))
+            if left <= 0:
+                job.deliver(DecodeTimeoutError(f"the request's batch failed and no time of its limit of {timeout:g} "
+                                               "s is left to run it again"))
+                job.deliver(None)
+                return False
+            job.request.timeout_s = left
+        job.state, job.processed, job.started_mono = "new", None, None
+        with self._cond:
+            self._running = 1
+        return True
 
     @staticmethod
-    def _fail(live, ended, error) -> None:
-        for i, job in enumerate(live):
-            if i not in ended:
-                job.deliver(error)
-                job.deliver(None)
+    def _fail(jobs, error) -> None:
+        for job in jobs:
+            job.deliver(error)
+            job.deliver(None)
