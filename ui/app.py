@@ -15,9 +15,11 @@ Nothing happens at import time; `main` does the work.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -84,7 +86,7 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
             build_model_picker(demo, ctx, models, header, warning, lambda name: header_text(name, limits),
                                dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
         controls = build_controls(limits)
-        vision = getattr(engine.processor, "has_vision", True)  # False for text-only Nemotron-H checkpoints
+        vision = has_vision(engine)
         with gr.Tabs():
             with gr.Tab("Document QA", id="document"):
                 if vision:
@@ -102,6 +104,16 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
     _stop_chat_by_flag(demo)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency, api_open=False)
     return demo
+
+
+def has_vision(engine) -> bool:
+    """Whether the tabs that read media are built. A local engine knows from its processor (False for text-only
+    Nemotron-H checkpoints); a remote one says `has_vision` when its server tells (None = unknown: the tabs are
+    built, and a server that has no vision answers a media question with a `no_vision` error, shown as such)."""
+    known = getattr(engine, "has_vision", None)
+    if known is None:
+        known = getattr(getattr(engine, "processor", None), "has_vision", None)
+    return known is not False
 
 
 def _share_model_slot(demo, concurrency_id: str) -> None:
@@ -136,12 +148,16 @@ def _stop_chat_by_flag(demo) -> None:
 def served_paths(model_dir, examples_dir, cwd=None) -> tuple[list[str], list[str]]:
     """(allowed_paths, blocked_paths) for launch: serve the examples; block the model folder and the CWD.
 
-    When the CWD holds the examples or the upload folder (running from the repository), everything in it
-    except the way down to them is blocked instead.
+    When the CWD holds the examples, the upload folder or Gradio's own icons (running from the repository, whose
+    .venv holds gradio: `make app`), everything in it except the way down to them is blocked instead. Gradio's
+    blocked paths win over its allowed ones, so a blocked .venv would turn the Chat tab's "New chat" icon into a
+    broken image (HTTP 403).
     """
+    import gradio
     from gradio.utils import get_upload_folder
 
-    keep = [Path(get_upload_folder()).resolve()] + ([Path(examples_dir).resolve()] if examples_dir else [])
+    keep = [Path(get_upload_folder()).resolve(), (Path(gradio.__file__).parent / "icons").resolve()]
+    keep += [Path(examples_dir).resolve()] if examples_dir else []
     blocked = [Path(model_dir).resolve()] if model_dir else []
     blocked += _block_all_but(Path(cwd or os.getcwd()).resolve(), keep)
     allowed = [str(Path(examples_dir).resolve())] if examples_dir else []
@@ -149,6 +165,11 @@ def served_paths(model_dir, examples_dir, cwd=None) -> tuple[list[str], list[str
 
 
 def _block_all_but(root: Path, keep: list[Path]) -> list[Path]:
+    """Every entry under `root` (resolved) except the way down to the `keep` paths (resolved).
+
+    Gradio resolves a blocked path before comparing, so a link blocks what it points to: a venv's `lib64 -> lib`
+    link, blocked as such, would block `lib` and the gradio icons in it. A link towards a kept path is therefore
+    not blocked: its target is walked instead (where it lies under `root`, it is walked at its real place)."""
     inside = [k for k in keep if k.is_relative_to(root)]
     if not inside:
         return [root]
@@ -160,11 +181,14 @@ def _block_all_but(root: Path, keep: list[Path]) -> list[Path]:
     except OSError:
         return []
     for child in children:
-        child = child.resolve() if not child.is_symlink() else child.absolute()
-        if any(k.is_relative_to(child) for k in inside):
-            out += _block_all_but(child, inside)
-        else:
-            out.append(child)
+        try:
+            target = child.resolve()
+        except (OSError, RuntimeError):  # a link loop leads nowhere; Gradio would fail resolving it when blocked
+            continue
+        if not any(k.is_relative_to(target) for k in inside):
+            out.append(child.absolute() if child.is_symlink() else target)
+        elif not (child.is_symlink() and target.is_relative_to(root)):
+            out += _block_all_but(target, inside)
     return out
 
 
@@ -199,6 +223,27 @@ def _model_choices(model, load):
           flush=True)
     models = ModelChoices.from_found(found, load, _is_demo)
     return models.paths[models.current], models
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why `vl app` cannot listen on host:port, or None. Checked before anything loads: loading a model takes
+    seconds to minutes, and Gradio's own refusal comes after it, naming its environment variable, not `--port`.
+    Bound as Gradio binds (SO_REUSEADDR), so a port in TIME_WAIT counts as free."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        return None
+    except socket.gaierror as exc:
+        return f"cannot listen on --host {host!r} ({exc.strerror}); pass an address of this machine"
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"port {port} on {host} is already in use (another vl app or server?); pass --port N with a "
+                    "free port")
+        if exc.errno == errno.EACCES:
+            return f"port {port} needs administrator rights on this system; pass --port N above 1023"
+        return f"cannot listen on {host}:{port} ({exc.strerror}); pass another --port or --host"
 
 
 def _raise_interrupt(signum, frame):
@@ -238,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vl app: {exc}", file=sys.stderr)
         return 2
 
+    if problem := port_problem(args.host, args.port):
+        print(f"vl app: {problem}", file=sys.stderr)
+        return 2
     model = args.model or default_model()
     shown = Path(model).name
     if not (Path(model) / "config.json").is_file() and args.model is None and not args.backend:
@@ -260,9 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         examples_dir, examples = ensure_examples(args.examples_dir)
     models = None
     try:
-        with _Step(3, steps, f"loading the model from {model}"):
-            if args.backend:  # stats only a local engine knows are shown as unavailable (vl/remote.py)
-
+        with _Step(3, steps, f"asking {args.backend} for its model" if args.backend
+                   else f"loading the model from {model}"):
+            if args.backend:  # stats only a local engine knows are shown as unavailable (ui/runner.py)
                 engine = RemoteEngine(args.backend, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
                                       model=args.served_model, limits=limits.media)
                 shown, model, served = f"{engine.model_name} at {args.backend}", None, None
@@ -279,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif Path(served).parent == Path(model).expanduser():  # a folder holding one checkpoint
                     shown = Path(served).name
     except (VLError, OSError) as exc:  # S13: a broken checkpoint is never served
-        print(f"vl app: could not load the model: {exc}", file=sys.stderr)
+        what = f"reach the server at {args.backend}" if args.backend else "load the model"
+        print(f"vl app: could not {what}: {exc}", file=sys.stderr)
         if own_uploads:
             shutil.rmtree(own_uploads, ignore_errors=True)
         return 2
@@ -295,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                    quiet=True)
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # the port was free before loading and was taken meanwhile
+        print(f"vl app: {port_problem(args.host, args.port) or exc}", file=sys.stderr)
+        return 2
     finally:
         demo.close()
         if own_uploads:

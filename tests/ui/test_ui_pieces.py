@@ -168,6 +168,28 @@ def test_served_paths_block_everything_but_the_examples(tmp_path, monkeypatch):
     assert str(r) in blocked
 
 
+def test_a_link_towards_a_kept_folder_does_not_block_it(tmp_path):
+    """A venv holds `lib64 -> lib`. Gradio resolves blocked paths, so blocking the link blocked `lib`, and with it
+    the gradio icons the Chat tab shows ("New chat" was a broken image under `make app`)."""
+    from gradio.utils import is_allowed_file
+
+    from ui.app import _block_all_but
+
+    root = tmp_path / "repo"
+    icons = root / ".venv" / "lib" / "gradio" / "icons"
+    icons.mkdir(parents=True)
+    (icons / "plus.svg").write_text("<svg/>")
+    (root / ".venv" / "lib" / "gradio" / "utils.py").write_text("x")
+    (root / ".venv" / "lib64").symlink_to("lib", target_is_directory=True)
+    (root / "secret.txt").write_text("x")
+    (root / "loop").symlink_to(root / "loop")
+    blocked = [str(p) for p in _block_all_but(root.resolve(), [icons.resolve()])]
+    assert is_allowed_file(icons / "plus.svg", blocked, [str(icons)], []) == (True, "allowed")
+    for other in (root / ".venv" / "lib" / "gradio" / "utils.py", root / ".venv" / "lib64" / "gradio" / "utils.py",
+                  root / "secret.txt"):
+        assert is_allowed_file(other, blocked, [str(icons)], [])[1] == "in_blocklist", other
+
+
 def test_nothing_happens_at_import():
     """`vl app` imports ui.app first: that import must not load gradio, torch or a model, nor start threads."""
     import os
