@@ -16,10 +16,10 @@ from gradio.utils import NamedString
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.kept_tokens import draw_kept, keep_grids
-from ui.limits import check_int, check_option, check_upload, slider_max, user_error
+from ui.limits import check_int, check_option, check_upload, slider_max
 from ui.page_picker import wire_page_picker
-from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
-from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
+from ui.runner import gradio_progress, previews, previews_note, stats_markdown, stream_chat
+from ui.stop import STOPPED_TEXT, StopFlag, failed, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 from vl.processing.documents import parse_page_range
 
@@ -129,10 +129,11 @@ def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_bu
                 yield snap.reasoning, snap.answer, [], STOPPED_TEXT
                 return
             gallery = document_gallery(ctx, snap.result.stats, page_numbers)
-            stats = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
+            stats = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s,
+                                   extra=previews_note(snap.result.stats, "tiles"))
             yield snap.reasoning, snap.answer, gallery, stats
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
-        raise user_error(exc, where="document") from None
+        raise failed(flag, exc, where="document") from None
 
 
 def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
@@ -192,7 +193,8 @@ def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]
     # the reduction controls come after the shared ones, so API callers that predate them keep working
     inputs = [files, pages, question, max_tiles, budget] + controls.inputs + [skip_blank, prune_rate, flag]
     outputs = [reasoning, answer, gallery, stats]
-    run = dict(scroll_to="doc-answer", concurrency_id=MODEL, concurrency_limit=ctx.limits.concurrency)
+    run = dict(scroll_to="doc-answer", status=stats, concurrency_id=MODEL,
+               concurrency_limit=ctx.limits.concurrency)
     event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="document", **run)
     run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
     wire_stop(stop, flag, stats)

@@ -111,16 +111,33 @@ def gradio_progress(progress):
 # --- what the page shows next to the answer ------------------------------------------------------------
 
 
+UNREPORTED = "not reported by the server"  # a count only a local engine knows, asked of a remote one
+
+
+def previews_note(stats: Stats, what: str) -> list[str]:
+    """A stats note when the pictures the model saw are not there to show: a remote engine sends text only."""
+    if getattr(stats, "pixel_values", None) is not None:
+        return []
+    return [f"the {what} the model saw are not shown: a remote server does not send them back"]
+
+
+def _shown(value, fmt: str) -> str:
+    return UNREPORTED if value is None else fmt.format(value)
+
+
 def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: list[str] | None = None) -> str:
     if result is None:
         return "*generating…*"
     s: Stats = result.stats
-    reduced = (f"{s.vision_tokens_before} → {s.vision_tokens_after}" if s.vision_tokens_before else "—")
-    rows = [("prompt tokens (after reduction)", f"{s.prompt_tokens}"),
+    if s.vision_tokens_before is None:  # a remote server that does not report them (vl/remote.py)
+        reduced = UNREPORTED
+    else:
+        reduced = f"{s.vision_tokens_before} → {s.vision_tokens_after}" if s.vision_tokens_before else "—"
+    rows = [("prompt tokens (after reduction)", _shown(s.prompt_tokens, "{}")),
             ("vision tokens before → after reduction", reduced),
             ("time to first token", f"{s.time_to_first_token_s:.2f} s"),
-            ("decode speed", f"{s.decode_tokens_per_s:.1f} tokens/s"),
-            ("new tokens", f"{s.new_tokens}"),
+            ("decode speed", _shown(s.decode_tokens_per_s, "{:.1f} tokens/s")),
+            ("new tokens", _shown(s.new_tokens, "{}")),
             ("total time", f"{s.total_s:.2f} s"),
             ("finished by", finish_label(result))]
     if s.vision_cache_hits:

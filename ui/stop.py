@@ -16,7 +16,10 @@ import threading
 
 import gradio as gr
 
+from ui.limits import user_error
+
 STOPPED_TEXT = "*stopped*"
+FAILED_TEXT = "**Error**: the request failed (see the notice)"  # when the handler failed without `failed`
 
 
 class StopFlag:
@@ -24,6 +27,7 @@ class StopFlag:
 
     def __init__(self):
         self.event = threading.Event()
+        self.failure: str | None = None  # the request's error, for the status once its notice fades (`failed`)
 
     def __deepcopy__(self, memo):
         return StopFlag()
@@ -31,10 +35,21 @@ class StopFlag:
     def start(self) -> threading.Event:
         """A new request begins: a fresh event (a stop of the previous request must not stop this one)."""
         self.event = threading.Event()
+        self.failure = None
         return self.event
 
     def stop(self) -> None:
         self.event.set()
+
+
+def failed(flag, exc: BaseException, where: str) -> gr.Error:
+    """The `gr.Error` to raise for `exc` (a notice in the page, an error for API callers), also kept on the
+    session's flag, so that `run_with_stop`'s failure step writes it into the tab's status: the notice fades after
+    a while, the status keeps saying what went wrong."""
+    error = user_error(exc, where=where)
+    if isinstance(flag, StopFlag):
+        flag.failure = f"**{error.title}:** {error.message}"  # escaped by `user_error`
+    return error
 
 
 def stop_state() -> gr.State:
@@ -47,13 +62,17 @@ SCROLL_JS = """() => {{ if (window.innerWidth < 768) {{
 
 
 def run_with_stop(trigger, stop: gr.Button, flag: gr.State, fn, inputs, outputs, scroll_to: str | None = None,
-                  **kwargs):
+                  status=None, **kwargs):
     """`trigger(fn, inputs, outputs, **kwargs)` with Stop active while it runs; returns the event of `fn`.
 
     A chain: (clear the session's flag, activate Stop) -> fn -> deactivate Stop. The flag is cleared at the click,
     not when `fn` starts, so that a Stop pressed while the request still waits in the queue ends it as soon as it
     starts. `scroll_to`: the elem_id brought into view on narrow screens when it starts (the answer). (A second
-    listener on the same trigger did not reliably update the button in Gradio 6.31, hence the chain.)"""
+    listener on the same trigger did not reliably update the button in Gradio 6.31, hence the chain.)
+
+    When `fn` fails (it raised `failed(...)`), Gradio 6.31 runs no `.then` step after it, only `.failure` ones:
+    that step deactivates Stop and writes the error into `status` (one of `outputs`), in place of the stage text
+    ("reading the document…"); every output gets an update, which clears Gradio's red "Error" badges."""
     def begin(f):
         if isinstance(f, StopFlag):
             f.start()
@@ -64,6 +83,12 @@ def run_with_stop(trigger, stop: gr.Button, flag: gr.State, fn, inputs, outputs,
         started = started.then(None, None, None, js=SCROLL_JS.format(scroll_to), api_visibility="private")
     event = started.then(fn, inputs, outputs, **kwargs)
     event.then(lambda: gr.Button(interactive=False), None, stop, queue=False, api_visibility="private")
+    if status is not None:
+        def show_failure(f):
+            text = f.failure if isinstance(f, StopFlag) and f.failure else FAILED_TEXT
+            return [gr.Button(interactive=False)] + [text if o is status else gr.skip() for o in outputs]
+
+        event.failure(show_failure, flag, [stop] + list(outputs), queue=False, api_visibility="private")
     return event
 
 

@@ -13,9 +13,9 @@ from matplotlib.figure import Figure
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
-from ui.limits import check_option, check_upload, slider_max, user_error
-from ui.runner import gradio_progress, previews, stats_markdown, stream_chat
-from ui.stop import STOPPED_TEXT, StopFlag, run_with_stop, stop_state, wire_stop
+from ui.limits import check_option, check_upload, slider_max
+from ui.runner import gradio_progress, previews, previews_note, stats_markdown, stream_chat
+from ui.stop import STOPPED_TEXT, StopFlag, failed, run_with_stop, stop_state, wire_stop
 from vl.errors import InputError
 
 VIDEO_TYPES = [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"]
@@ -83,10 +83,11 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
             chart = evs_chart(ts, kept, tpf, info) if kept else None
             frames = [(p.image, f"{p.caption} · {kept[i]}/{tpf}" if i < len(kept) else p.caption)
                       for i, p in enumerate(previews(stats, ctx.config, ctx.limits.max_gallery))]
-            text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s)
+            text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s,
+                                  extra=previews_note(stats, "frames"))
             yield snap.reasoning, snap.answer, chart, frames, text
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message; the app keeps serving
-        raise user_error(exc, where="video") from None
+        raise failed(flag, exc, where="video") from None
 
 
 def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
@@ -131,7 +132,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
 
     inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
     outputs = [reasoning, answer, chart, frames, stats]
-    run = dict(scroll_to="video-answer", concurrency_id=MODEL, concurrency_limit=lim.concurrency)
+    run = dict(scroll_to="video-answer", status=stats, concurrency_id=MODEL, concurrency_limit=lim.concurrency)
     event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="video", **run)
     run_with_stop(question.submit, stop, flag, handler, inputs, outputs, api_visibility="private", **run)
     wire_stop(stop, flag, stats)
