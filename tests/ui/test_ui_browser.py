@@ -1,8 +1,11 @@
 """`vl app` as a user meets it, in headless Chromium, at desktop width and at 400 px.
 
 Playwright drives Debian's chromium (`/usr/bin/chromium`; `playwright install` cannot download browsers here), one
-browser for the module. Three apps serve the pages:
-- the real `vl app` command in a subprocess (`cli_app`): an answer streams into the page;
+browser for the module. Four apps serve the pages:
+- the real `vl app` command in a subprocess (`cli_app`), run from the repository folder as `make app` runs it:
+  Gradio's own icons load;
+- `vl app --backend` against `vl serve`, both real commands in subprocesses (`remote_served`): every tab answers
+  through the server, answers stream, errors are messages and the next question works;
 - the app in-process over the shipped demo model (`demo_served`), as `vl app` starts by default: the header says
   what the demo model cannot read, documents show blank-tile skipping and redundant-token pruning (before ->
   after, kept tokens drawn per tile), galleries show every picture whole, a chat error is an assistant message
@@ -91,6 +94,51 @@ def endless_served(endless_dir, examples, upload_dir):
     yield SimpleNamespace(url=demo.local_url, engine=engine)
     slow.remove()
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def remote_served(examples, tmp_path_factory):
+    """`vl serve` and `vl app --backend http://127.0.0.1:PORT/v1` as a user starts them: two commands, each in a
+    subprocess, on free loopback ports, the app from the repository folder. The server serves the demo model's
+    weights with the lm_head row of its stop token zeroed: an answer starts as the demo's does ("12" for the page
+    of totals) and then runs on to the app's max new tokens, so it can be seen streaming through the server and the
+    app into the page."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file, save_file
+
+    import vl
+    from ui.measure import free_port, vl_command
+    from ui_helpers import wait_ready
+
+    sys.path.insert(0, str(REPO / "tests" / "server"))
+    from helpers import start_serve, stop, wait_health
+
+    if not (DEMO / "config.json").is_file():
+        pytest.skip("the demo model (vl/demo) is not trained yet; vl train-demo makes it")
+    model = Path(shutil.copytree(DEMO, tmp_path_factory.mktemp("remote") / "demo"))
+    weights = load_file(model / "model.safetensors")
+    weights["language_model.lm_head.weight"][sorted(vl.Engine.from_pretrained(DEMO).stop_ids)] = 0
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    log = tmp_path_factory.mktemp("remote_logs") / "serve.log"
+    server_port, app_port = free_port(), free_port()
+    server = start_serve(server_port, "--model", str(model), log_path=log)
+    app = None
+    try:
+        wait_health(f"http://127.0.0.1:{server_port}", server, timeout=180)
+        backend = f"http://127.0.0.1:{server_port}/v1"
+        env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path_factory.mktemp("remote_uploads")),
+               "GRADIO_ANALYTICS_ENABLED": "False"}
+        app = subprocess.Popen(vl_command() + ["app", "--backend", backend, "--port", str(app_port),
+                                               "--examples-dir", str(examples.dir)],
+                               cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_ready(f"http://127.0.0.1:{app_port}/", app, timeout=180)
+        yield SimpleNamespace(url=f"http://127.0.0.1:{app_port}/", backend=backend)
+    finally:
+        if app is not None:
+            stop(app)
+        stop(server)
 
 
 def _open(browser, url: str, width: int):
@@ -405,3 +453,167 @@ def test_browser_model_picker_switches_models(picker_served, examples, browser, 
     finally:
         picker_served.load_delay_s = 0.0
         page.close()
+
+
+def _record_answer(page, where: str) -> None:
+    """Record in the page every value the answer box takes, every 5 ms (polling from this process costs a round
+    trip per read: on a loaded machine a whole answer could arrive between two reads); `_recorded` reads them."""
+    page.evaluate("""(where) => {
+        window.__seen = [];
+        window.__rec = setInterval(() => {
+            const el = document.querySelector(where + ' textarea'), s = window.__seen, v = el ? el.value : '';
+            if (!s.length || s[s.length - 1] !== v) s.push(v);
+        }, 5);
+    }""", where)
+
+
+def _recorded(page) -> list[str]:
+    """The values of this answer: those after the box was emptied at the start of the request."""
+    seen = page.evaluate("() => { clearInterval(window.__rec); return window.__seen; }")
+    return seen[len(seen) - seen[::-1].index(""):] if "" in seen else seen
+
+
+def _ask_streamed(page, tab: str, expected: str) -> str:
+    """Ask in `tab` ("doc" or "video") and wait for the stats; the answer must have grown in several steps and
+    start with `expected`. Returns the stats text."""
+    _record_answer(page, f"#{tab}-answer")
+    page.locator(f"#{tab}-ask").click()
+    # the request has started when the last answer's stats give way to "reading…" / "generating…" (an answer of
+    # hundreds of tokens lasts far longer than a poll)
+    _wait_until(lambda: "finished by" not in page.locator(f"#{tab}-stats").inner_text(), "the request did not start",
+                60)
+    stats = _wait_text(page, f"#{tab}-stats", "finished by")
+    seen, final = _recorded(page), page.locator(f"#{tab}-answer textarea").input_value()
+    assert len(seen) >= 2 and final.startswith(seen[-1]), f"the answer did not stream in the page: {seen!r}"
+    assert all(b.startswith(a) for a, b in zip(seen, seen[1:])), seen
+    assert final.startswith(expected), (expected, final[:80])
+    _wait_until(page.locator(f"#{tab}-stop").is_disabled, "Stop stayed active after the answer")
+    return stats
+
+
+def test_browser_app_against_a_remote_server(remote_served, examples, browser, tmp_path):
+    """Issue 52 item 1: `vl app --backend URL` used to die at start-up (`RemoteEngine` has no `processor`). Here it
+    starts against `vl serve`, and every tab answers through the server: a page image and a PDF in Document QA, a
+    clip in Video QA, the chat twice, each time after an error (an unreadable upload). Answers stream into the page;
+    what only a local engine knows (the tiles and frames the model saw) is said to be unavailable."""
+    page = _open(browser, remote_served.url, 1400)
+    fake = tmp_path / "photo.png"
+    fake.write_text("this is a text file with a picture's name\n")
+    try:
+        assert f"at {remote_served.backend}" in page.locator("#header").inner_text()
+
+        # Document QA: an unreadable upload is refused by the server, then a page image and a PDF are answered
+        _upload(browser, page, "#doc-files", str(fake))
+        page.locator("#doc-question textarea").fill("What is the total?")
+        page.locator("#doc-ask").click()
+        status = _wait_text(page, "#doc-stats", "[unsupported_format]", timeout=60)
+        assert status.startswith("Input refused"), status
+        _wait_until(page.locator("#doc-stop").is_disabled, "Stop stayed active after the error")
+        for ex in sorted(examples.tabs["document"], key=lambda e: e["path"].endswith(".pdf")):
+            page.locator("#doc-files button[aria-label='Clear']").first.click()
+            _upload(browser, page, "#doc-files", ex["path"])
+            page.locator("#doc-question textarea").fill(ex["question"])
+            stats = _ask_streamed(page, "doc", ex["answer"])
+            assert f"remote model 'demo' at {remote_served.backend}" in stats, stats
+            assert "the tiles the model saw are not shown: a remote server does not send them back" in stats
+            assert page.locator("#doc-gallery img").count() == 0
+
+        # Video QA: a clip through the server
+        page.get_by_role("tab", name="Video QA").click()
+        clip = next(e for e in examples.tabs["video"] if e["answer"] == "up")
+        _upload(browser, page, "#video-file", clip["path"], shown=page.locator("#video-file video"))
+        page.locator("#video-question textarea").fill(clip["question"])
+        stats = _ask_streamed(page, "video", clip["answer"])
+        assert "the frames the model saw are not shown" in stats, stats
+
+        # Chat: a question with a picture; an unreadable upload is an assistant message; the same question again
+        page.get_by_role("tab", name="Chat").click()
+        png = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+        box, chat = page.locator("#chat-input"), page.locator("#chat-box")
+        thumb = page.locator('#chat-input [aria-label="File thumbnail"]').first
+        for n, path in enumerate([png["path"], str(fake), png["path"]]):
+            _wait_until(box.locator("textarea").is_enabled, "the chat input stayed disabled")
+            _upload(browser, page, "#chat-input", path, shown=thumb)
+            box.locator("textarea").fill(png["question"])
+            box.locator("textarea").press("Enter")
+            if path == str(fake):
+                chat.get_by_text("Input refused").wait_for(timeout=60_000)
+                assert "[unsupported_format]" in chat.inner_text()
+                continue
+            _wait_until(lambda: chat.get_by_text("Stats").count() == (n // 2) + 1,
+                        lambda: f"no stats for chat question {n + 1}: {chat.inner_text()[-300:]!r}", timeout=60)
+        answers = [t for t in chat.locator(".bot").all_inner_texts() if t.startswith(png["answer"])]
+        assert len(answers) >= 2, chat.inner_text()
+        assert page.locator(".toast-body").count() == 0  # chat errors are messages, not notices
+    finally:
+        page.close()
+
+
+def test_browser_errors_keep_their_message_and_reset_the_controls(endless_served, examples, browser, tmp_path):
+    """After a refused request in the Document and Video tabs the status says what was wrong (in place of
+    "reading the document…"), Stop is inactive, and once Gradio's notice has faded no red "Error" badge is left in
+    place of the message. The next question is answered."""
+    page = _open(browser, endless_served.url, 1400)
+    fake_png, fake_clip = tmp_path / "scan.png", tmp_path / "clip.mp4"
+    fake_png.write_text("not a picture\n")
+    fake_clip.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x13" * 4000)
+    try:
+        _upload(browser, page, "#doc-files", str(fake_png))
+        page.locator("#doc-question textarea").fill("What is the total?")
+        page.locator("#doc-ask").click()
+        _wait_text(page, "#doc-stats", "[unsupported_format]", timeout=60)
+
+        page.get_by_role("tab", name="Video QA").click()
+        _upload(browser, page, "#video-file", str(fake_clip), shown=page.locator("#video-file video"))
+        page.locator("#video-question textarea").fill("What happens?")
+        page.locator("#video-ask").click()
+        _wait_text(page, "#video-stats", "Input refused", timeout=60)
+
+        page.locator(".toast-body").first.wait_for(state="detached", timeout=60_000)  # the notices fade
+        _wait_until(lambda: page.locator(".toast-body").count() == 0, "the error notices did not fade", timeout=60)
+        video_status = page.locator("#video-stats").inner_text()
+        assert video_status.startswith("Input refused") and "sampling frames" not in video_status, video_status
+        assert page.locator("#video-stop").is_disabled()
+        for where in ("#video-answer", "#video-stats", "#video-frames"):  # Gradio's badge: <span class="error">
+            assert page.locator(f"{where} span.error").count() == 0, f"a red Error badge is left in {where}"
+        page.get_by_role("tab", name="Document QA").click()
+        doc_status = page.locator("#doc-stats").inner_text()
+        assert doc_status.startswith("Input refused") and "reading the document" not in doc_status, doc_status
+        assert "[unsupported_format]" in doc_status and page.locator("#doc-stop").is_disabled()
+        for where in ("#doc-answer", "#doc-stats", "#doc-gallery"):
+            assert page.locator(f"{where} span.error").count() == 0, f"a red Error badge is left in {where}"
+
+        ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+        page.locator("#doc-files button[aria-label='Clear']").first.click()
+        _upload(browser, page, "#doc-files", ex["path"])
+        page.locator("#settings").get_by_text("Generation settings").click()
+        _set_number(page, "#max-new-tokens", 8)
+        page.locator("#doc-ask").click()
+        _wait_text(page, "#doc-stats", "finished by")
+        assert page.locator("#doc-answer textarea").input_value()
+    finally:
+        page.close()
+
+
+def test_browser_new_chat_icon_loads_when_run_from_the_repository(cli_app, browser):
+    """`make app` runs `vl app` from the repository folder, whose .venv holds gradio. The app blocks its working
+    folder, and Gradio's blocked paths win over its allowed ones: the Chat tab's "New chat" icon (gradio/icons)
+    came back 403, a broken image. The icon must load; the rest of .venv stays blocked."""
+    import urllib.error
+    import urllib.request
+
+    import gradio
+
+    page = _open(browser, cli_app.url, 1400)
+    try:
+        page.get_by_role("tab", name="Chat").click()
+        icon = page.get_by_role("button", name="New chat").locator("img")
+        icon.wait_for(timeout=30_000)
+        _wait_until(lambda: icon.evaluate("i => i.complete"), "the New chat icon never finished loading")
+        assert icon.evaluate("i => i.naturalWidth") > 0, icon.get_attribute("src")
+    finally:
+        page.close()
+    for blocked in (Path(gradio.__file__), REPO / "pyproject.toml"):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{cli_app.url}gradio_api/file={blocked}", timeout=10)
+        assert err.value.code == 403, blocked

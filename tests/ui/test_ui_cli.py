@@ -11,6 +11,8 @@ import pytest
 from gradio_client import Client, handle_file
 from ui_helpers import document_args
 
+from ui.measure import free_port, vl_command
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -41,11 +43,12 @@ def test_startup_fails_cleanly_without_a_model(tmp_path, examples, monkeypatch, 
     from ui import app
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
-    assert app.main(["--model", str(tmp_path / "nowhere"), "--examples-dir", str(examples.dir)]) == 2
+    port = ["--port", str(free_port())]  # the port is checked first: one in use here must not decide this test
+    assert app.main(["--model", str(tmp_path / "nowhere"), "--examples-dir", str(examples.dir)] + port) == 2
     assert "could not load the model" in capsys.readouterr().err
 
     monkeypatch.setattr(app, "default_model", lambda: str(tmp_path / "demo"))  # the name the app calls
-    assert app.main(["--examples-dir", str(examples.dir)]) == 2
+    assert app.main(["--examples-dir", str(examples.dir)] + port) == 2
     assert "the demo model is not in" in capsys.readouterr().err
 
 
@@ -57,7 +60,7 @@ def test_startup_fails_cleanly_with_a_missing_shard(tmp_path, tiny_dir, examples
     for f in broken.glob("*.safetensors"):
         f.unlink()
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
-    assert app.main(["--model", str(broken), "--examples-dir", str(examples.dir)]) == 2
+    assert app.main(["--model", str(broken), "--examples-dir", str(examples.dir), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert "could not load the model" in err and "safetensors" in err, err
 
@@ -67,3 +70,25 @@ def test_bad_limit_flags_are_refused(capsys):
 
     assert app.main(["--queue-size", "0"]) == 2
     assert "queue_size must be a positive int" in capsys.readouterr().err
+
+
+def test_port_in_use_is_refused_before_loading(tiny_dir, examples, tmp_path):
+    """`vl app` on a port that is taken used to load the model (30 s on a real one) and then die with Gradio's
+    traceback naming GRADIO_SERVER_PORT. It must stop before loading anything and name --port."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "GRADIO_TEMP_DIR": str(tmp_path / "uploads"), "GRADIO_ANALYTICS_ENABLED": "False"}
+        done = subprocess.run(vl_command() + ["app", "--model", str(tiny_dir), "--port", str(port),
+                                              "--examples-dir", str(examples.dir)],
+                              env=env, capture_output=True, text=True, timeout=180)
+    err = done.stderr
+    assert done.returncode == 2, err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err, err
+    assert "GRADIO_SERVER_PORT" not in err and "Traceback" not in err, err
+    assert "loading the model" not in err and "[1/5]" not in err, err  # nothing was imported or loaded
