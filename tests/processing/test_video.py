@@ -416,3 +416,12 @@ def test_in_process_deadline_while_decoding(clips, monkeypatch, backend):
     monkeypatch.setattr(video, "_now", lambda: 0.0)  # a clock that never moves: the same call completes
     assert len(load_video(clips["cfr"], backend=backend, target_fps=15, tile_size=16,
                           limits=MediaLimits(video_timeout_s=25), **HALF).frame_indices) == 30
+
+
+def test_duration_cap_applies_to_the_presentation_times(clips, monkeypatch):
+    """A header that declares no duration (or less) does not let a longer file through: the frames' own span is
+    checked against max_video_duration_s too."""
+    monkeypatch.setattr(video, "_check_metadata", lambda meta, limits: None)  # the header passes, whatever it says
+    with pytest.raises(MediaTooLargeError, match="frames span 2 s, the cap is 1 s"):
+        load_video(clips["cfr"], limits=MediaLimits(max_video_duration_s=1.2), **HALF)
+    assert load_video(clips["cfr"], tile_size=16, limits=MediaLimits(max_video_duration_s=2.0), **HALF)
