@@ -4,6 +4,8 @@ leak nothing (docs/reliability_policy.md rows I10, V7, and S11's resource criter
 - `vl app` builds its engine with `isolate=True` (every image, video and PDF decode runs in a sandbox worker of
   vl/processing/sandbox.py), confined to the upload folder and the bundled examples;
 - per-request item caps are applied to the raw messages, before any image, video or PDF is decoded (I10);
+- the app's processor decodes an ordinary two-video, two-audio clip, other videos, then the clip again, in one
+  worker, all complete and identical (issue 52 item 3);
 - 100 requests through `Processor(isolate=True)`, valid and bad ones mixed, leave the fd count, the temp folder,
   the number of worker processes and their threads where they were, and grow RSS (this process + workers) by
   under 10 % (issue 52: the isolated worker gained ~100 decoder threads per video call).
@@ -17,12 +19,13 @@ import tempfile
 import psutil
 import pytest
 import torch
-from media_fixtures import encode, make_pdf, make_video, noise_image, png_header_only, red_square_page
+from media_fixtures import encode, make_av_clip, make_pdf, make_video, noise_image, png_header_only, red_square_page
+from sandbox_targets import pid
 
 import vl
 from vl.errors import MediaError, TooManyItemsError
 from vl.processing import processor as processor_module
-from vl.processing.sandbox import shutdown_workers
+from vl.processing.sandbox import run_isolated, shutdown_workers
 
 
 # --- the app isolates decoding --------------------------------------------------------------------------------
@@ -92,6 +95,31 @@ def test_i10_one_item_over_a_cap_is_refused_before_anything_is_decoded(tiny_proc
     tiny_processor(_user({"type": "pdf", "pdf": pdf}, {"type": "image", "image": png}))
     assert decoded.count("preprocess_image") == 4 + 1
     assert decoded.count("open_pdf_pages") == 1 and decoded.count("render_pdf_tiles") == 1  # 3 pages, one render
+
+
+# --- issue 52 item 3: the app's decoder survives an ordinary clip ------------------------------------------
+def test_the_apps_processor_decodes_videos_in_a_row_in_one_worker(rel_tiny_dir, tmp_path):
+    """In a fresh `vl app`, a 13 s 320x180 MP4 with two video and two audio streams at 8 fps lost frames, the
+    next two valid videos failed with "Internal error" and the clip asked again was called corrupt. The app's
+    processor (sandboxed, the app's limits), the same sequence: every answer complete, the clip's prompt and
+    pixels the same both times, one worker throughout."""
+    from ui.limits import AppLimits
+
+    proc = vl.load_processor(rel_tiny_dir, isolate=True, limits=AppLimits().media)
+    clip = make_av_clip(tmp_path / "two_video_two_audio.mp4")
+    others = [make_video(tmp_path / "a.mp4", frames=90, fps=30, size=(320, 240), noise=True),
+              make_video(tmp_path / "b.mkv", frames=60, fps=25, size=(640, 360), noise=True)]
+    shutdown_workers()
+    worker = run_isolated(pid, timeout=120)
+    answers = []
+    for path, fps in [(clip, 8), (others[0], 2), (others[1], 2), (clip, 8)]:
+        out = proc(_user({"type": "video", "video": path, "fps": fps}))
+        assert not any("could not be decoded" in note for note in out.notes), out.notes
+        answers.append(out)
+    first, again = answers[0], answers[-1]
+    assert first.pixel_values.shape[0] == 13 * 8 and first.text == again.text
+    assert torch.equal(first.pixel_values, again.pixel_values)
+    assert run_isolated(pid, timeout=30) == worker
 
 
 # --- many isolated requests leak nothing --------------------------------------------------------------------
