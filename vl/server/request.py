@@ -128,7 +128,8 @@ def _num(body, key, kind, lo=None, hi=None, default=None):
     if value is None:
         return default
     ok_type = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+        isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= 1e300
+        and math.isfinite(value))  # a huge integer is no float (and math.isfinite would overflow on it)
     if not ok_type:
         raise GenerationOptionError(f"{key} must be {'an integer' if kind is int else 'a number'}, found "
                                     f"{_short(value)}")
@@ -197,7 +198,7 @@ def _thinking(body, options: RequestOptions) -> RequestOptions:
     effort = body.get("reasoning_effort")
     if effort is None:
         return options
-    if effort not in REASONING_EFFORT:
+    if not isinstance(effort, str) or effort not in REASONING_EFFORT:
         raise GenerationOptionError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORT)}, found "
                                     f"{_short(effort)}")
     on = REASONING_EFFORT[effort]
@@ -253,7 +254,11 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
         raise InputError("stream_options must be an object like {\"include_usage\": true}")
     base = RequestOptions(max_new_tokens=min(default_max_tokens, ceilings.max_tokens),
                           max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
-    options = _thinking(body, RequestOptions.from_openai(body, base))
+    try:
+        options = _thinking(body, RequestOptions.from_openai(body, base))
+    except OverflowError:  # an integer too large for a float option (`Spec.check` converts with float())
+        raise GenerationOptionError("a numeric option is too large to be a number (over 1e308); send a value "
+                                    "within its range (docs/server.md)") from None
     _check_ceilings(options, ceilings)
     chat = ChatRequest(convert_messages(body.get("messages"), policy), options, stop=stop,
                        timeout_s=ceilings.request_timeout_s)
