@@ -73,11 +73,16 @@ def background_scores(unit: torch.Tensor, prunable: torch.Tensor) -> torch.Tenso
     return unit @ dominant  # (N,)
 
 
+def places_have_majority(layout: TokenLayout, prunable: torch.Tensor) -> bool:
+    """Whether enough whole tiles are prunable for the "position" criterion to take a median at each place."""
+    return int(prunable.view(layout.groups, layout.tokens_per_group).all(-1).sum()) >= MIN_TILES_PER_PLACE
+
+
 def position_scores(unit: torch.Tensor, layout: TokenLayout, prunable: torch.Tensor) -> torch.Tensor:
     """`(N,)` cosine similarity of each normalized token to the median of the prunable tokens at its place in
     the tile; the page-wide `background_scores` when fewer than `MIN_TILES_PER_PLACE` tiles are prunable."""
     tiles = prunable.view(layout.groups, layout.tokens_per_group).all(-1)  # (G,) whole tiles are (un)protected
-    if int(tiles.sum()) < MIN_TILES_PER_PLACE:
+    if not places_have_majority(layout, prunable):
         return background_scores(unit, prunable)
     grid = unit.view(layout.groups, layout.tokens_per_group, -1)  # (G, T, D)
     dominant = F.normalize(grid[tiles].median(dim=0).values, dim=-1)  # (T, D)
@@ -136,8 +141,30 @@ def prune_redundant_tokens(
         "prunable": num_prunable,
         "candidates": num_candidates,
         "removed_per_tile": removed_per_tile.tolist(),
+        "note": floor_note(rate, layout.num_tokens, budget, num_candidates, num_prunable, min_similarity,
+                           "background" if criterion == "position" and not places_have_majority(layout, prunable)
+                           else criterion),
     }
     return reduction_from_mask(tokens, keep, layout, "post_projector", info)
+
+
+def floor_note(rate: float, total: int, budget: int, candidates: int, prunable: int, min_similarity: float,
+               criterion: str) -> str | None:
+    """Why fewer tokens went than the rate asks, or None when the rate's budget was dropped in full: the
+    similarity floor (`min_similarity`) keeps every token not that close to the background, so a rate can end
+    up dropping nothing ("18 -> 18"), and a user who set it is owed the reason. `criterion`: the score that was
+    used ("position" falls back to "background" without a majority of tiles per place)."""
+    if candidates >= budget:
+        return None
+    kept = total - candidates
+    return (f"redundant-token pruning {rate:g} kept {kept} of {total} tokens: the rate allows dropping {budget} of "
+            f"the {prunable} prunable ones, but only {candidates} reach the similarity floor {min_similarity:g} "
+            f"({SIMILAR_TO[criterion]}); the floor keeps tokens that differ from the background")
+
+
+SIMILAR_TO = {"position": "cosine to the background at their place in the tile",
+              "background": "cosine to the page's background",
+              "neighbour": "cosine to their left or upper neighbour"}
 
 
 def _check_settings(min_similarity: float, criterion: str) -> None:

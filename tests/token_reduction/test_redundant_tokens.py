@@ -157,3 +157,29 @@ def test_bad_settings_are_typed_errors():
     bad[3, 3] = float("inf")
     with pytest.raises(ReductionError, match="NaN or Inf"):
         prune_redundant_tokens(bad, layout, rate=0.5)
+
+
+def test_a_floor_that_stops_the_rate_is_named_in_the_note():
+    """A dense page at rate 0.6: the budget is 38 tokens but none reaches the floor, so nothing goes; the
+    reduction's note gives the numbers and names the floor (the stats and `vl chat --json` carry it)."""
+    tokens = torch.randn(5 * 16, DIM, generator=torch.Generator().manual_seed(3))
+    out = prune_redundant_tokens(tokens, TokenLayout.page(5, 4, 4), rate=0.6, min_similarity=0.9,
+                                 criterion="background")
+    assert out.keep.all() and out.info["candidates"] == 0
+    assert out.info["note"] == ("redundant-token pruning 0.6 kept 80 of 80 tokens: the rate allows dropping 38 of "
+                                "the 64 prunable ones, but only 0 reach the similarity floor 0.9 (cosine to the "
+                                "page's background); the floor keeps tokens that differ from the background")
+
+
+def test_the_note_counts_a_partly_stopped_rate_and_is_none_when_the_rate_is_met():
+    tokens, content, layout = _placed_page()
+    background = int((~content).view(9, 16)[:8].sum())  # prunable background tokens (the thumbnail is tile 8)
+    stopped = prune_redundant_tokens(tokens, layout, 1.0)
+    assert int((~stopped.keep).sum()) == background < 8 * 16
+    assert stopped.info["note"].startswith(f"redundant-token pruning 1 kept {9 * 16 - background} of {9 * 16} "
+                                           f"tokens: the rate allows dropping 128 of the 128 prunable ones, but only "
+                                           f"{background} reach the similarity floor 0.95 (cosine to the background "
+                                           "at their place in the tile)")
+    met = prune_redundant_tokens(tokens, layout, 0.1)
+    assert int((~met.keep).sum()) == int(0.1 * 128) and met.info["note"] is None
+    assert prune_redundant_tokens(tokens, layout, 0.0).info["note"] is None

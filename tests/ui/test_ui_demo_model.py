@@ -68,3 +68,20 @@ def test_demo_video_answer_equals_engine(demo_app, examples):
                                    fps=2.0, max_frames=16, video_pruning_rate=0.5)
     assert final[1] == want.answer
     print(f"demo video: answer {final[1]!r} (expected {ex['answer']!r}); first text {ttft:.2f} s, total {total:.2f} s")
+
+
+def test_pruning_that_the_similarity_floor_stops_says_so(demo_app, examples):
+    """Redundant-token pruning at 0.6 on the demo's page of totals drops nothing (9 -> 9): no token comes within
+    the similarity floor of the background. The stats table says so, with the numbers, instead of leaving the
+    user to wonder why the rate had no effect; the same note is in the reduction record (`vl chat --json`)."""
+    ex = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
+    out = demo_app.client.predict(*document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4,
+                                                 max_tiles=_config_tiles()), False, 0.6, api_name="/document")
+    stats = out[3]
+    assert "| vision tokens before → after reduction | 9 → 9 |" in stats, stats
+    assert ("redundant-token pruning 0.6 kept 9 of 9 tokens: the rate allows dropping 5 of the 9 prunable ones, "
+            "but only 0 reach the similarity floor 0.95") in stats, stats
+    want = demo_app.reference.chat(_one("image", ex["path"], ex["question"]), max_new_tokens=4, thinking=False,
+                                   token_pruning_rate=0.6)
+    assert [r["note"] for r in want.stats.as_dict()["reductions"]] == [n for n in want.stats.notes
+                                                                      if n.startswith("redundant-token")]

@@ -218,6 +218,7 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
             stats.vision_tokens_after = (int(vision.keep.sum()) if vision.keep is not None
                                          else stats.vision_tokens_before)
             stats.reductions = vision.info
+            stats.notes += [r["note"] for r in vision.info if r.get("note")]  # e.g. a similarity floor kept tokens
             stats.vision_keep = vision.keep  # (n_placeholders,) bool | None: which tokens survived, for pictures
     if stats is not None:
         stats.prompt_tokens = int(embeds.shape[1])
