@@ -8,8 +8,10 @@
     vl eval tasks                                           list the task names
 
 Exit status: 0 when every item has a final record (item errors are results, counted in the summary);
-1 when items are missing (resume); 2 for a usage, data or model problem; 3 when the predictions log could
-not be written (disk full): the records so far are intact, rerun with --resume.
+1 when items are missing or the server did not answer some (`unavailable`; the run also stops after
+--max-connection-failures of those in a row): rerun with --resume; 1 also when no item was answered (there is
+no score); 2 for a usage, data or model problem; 3 when the predictions log could not be written (disk full): the
+records so far are intact, rerun with --resume.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "the server lists)")
     p.add_argument("--concurrency", type=int, default=4, help="with --backend openai: requests in flight at once "
                    "(default 4); --batch-size defaults to it")
+    p.add_argument("--read-timeout", type=float, default=600.0, help="with --backend openai: seconds the server may "
+                   "send nothing before the item is recorded unavailable (retried by --resume; default 600)")
+    p.add_argument("--max-connection-failures", type=int, default=3, metavar="N", help="with --backend openai: stop "
+                   "the run after N items in a row the server did not answer (refused, dropped, stalled); the rest "
+                   "is left for --resume (default 3; 0: never stop)")
     return p
 
 
@@ -111,7 +118,8 @@ def config_from_args(args: argparse.Namespace):
                      decode_sandbox=args.decode_sandbox, resume=args.resume, progress=not args.no_progress,
                      backend=args.backend, base_url=args.base_url,
                      api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), served_model=args.served_model,
-                     concurrency=args.concurrency)
+                     concurrency=args.concurrency, read_timeout_s=args.read_timeout,
+                     max_connection_failures=args.max_connection_failures)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,11 +172,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     s, c = summary["scores"], summary["counts"]
     print(json.dumps({"task": s["task"], "score": s["score"], "scale": s["scale"], "metric": s["metric"],
                       "n": c["items"], "ok": c["ok"], "error": c["error"], "timeout": c["timeout"],
-                      "missing": c["missing"], "summary": str(Path(cfg.out) / "summary.json")}, indent=2))
-    if not c["complete"]:
-        print(f"warning: {c['missing']} items have no record; rerun with --resume", file=sys.stderr)
-        return 1
-    return 0
+                      "unavailable": c["unavailable"], "missing": c["missing"], **({"note": s["note"]} if "note" in s
+                                                                                   else {}),
+                      "summary": str(Path(cfg.out) / "summary.json")}, indent=2))
+    unfinished = [f"{n} item{'s' * (n != 1)} {what}" for n, what in (
+        (c["missing"], "have no record"), (c["unavailable"], "could not reach the server (unavailable)")) if n]
+    if unfinished:
+        print(f"warning: {' and '.join(unfinished)}; rerun the same command with --resume", file=sys.stderr)
+    if not c["ok"]:
+        print("warning: no item was answered: there is no score", file=sys.stderr)
+    return 1 if unfinished or not c["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ Follows docs/reliability_policy.md §5 ("Our batch eval") and docs/eval_scoring.
   stable code of its typed error (vl/errors.py); transient failures are retried with exponential backoff;
   an item past its timeout becomes `timeout` (the process backend replaces its worker). The run goes on.
 - A batch that fails is redone item by item, so one bad item never costs its batch-mates.
+- An item the server never answered (`unavailable`: refused, dropped or stalled connections, gateway errors) is
+  not a result about the item: --resume always redoes it (it does not count against `max_attempts`), and after
+  `max_connection_failures` such items in a row the run stops, says so, and leaves the rest for --resume.
 - Distributed (`accelerate launch -m eval ...`, or any launcher that sets RANK/WORLD_SIZE): item i
   belongs to rank i % world; each rank appends to its own log; after a barrier rank 0 merges the logs
   once into `predictions.jsonl` (dataset order, one record per item) and writes `summary.json` and
@@ -56,6 +59,7 @@ from vl.errors import (
     DecodeTimeoutError,
     GenerationOptionError,
     InputError,
+    ServerUnavailableError,
     VLError,
 )
 from vl.options import spec, with_option_fields
@@ -105,6 +109,8 @@ class RunConfig:
     api_key: str | None = None
     served_model: str | None = None  # None: the one model the server lists
     concurrency: int = 4  # requests in flight at once against a server
+    read_timeout_s: float = 600.0  # the longest silence from a server before the item is recorded `unavailable`
+    max_connection_failures: int = 3  # items in a row the server did not answer before the run stops; 0: never
 
     def __post_init__(self):
         for name in EVAL_OPTIONS:  # the record's one validator per option; None where this config allows it
@@ -127,6 +133,8 @@ class RunConfig:
             (self.backend in BACKENDS, "backend", f"one of {BACKENDS}"),
             (self.backend != "openai" or bool(self.base_url), "base_url", "a server URL with --backend openai"),
             (self.concurrency >= 1, "concurrency", "an integer >= 1"),
+            (self.read_timeout_s > 0, "read_timeout_s", "seconds > 0"),
+            (self.max_connection_failures >= 0, "max_connection_failures", "an integer >= 0 (0: never stop)"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -253,7 +261,8 @@ def default_device(device: str | None, local_rank: int) -> str:
 
 def make_backend(cfg: RunConfig, device: str):
     if cfg.backend == "openai":
-        return RemoteBackend(cfg.base_url, api_key=cfg.api_key, model=cfg.served_model, concurrency=cfg.concurrency)
+        return RemoteBackend(cfg.base_url, api_key=cfg.api_key, model=cfg.served_model, concurrency=cfg.concurrency,
+                             timeout_s=cfg.read_timeout_s)
     kwargs = {"model": cfg.model, "dtype": cfg.dtype, "device": device, "decode_sandbox": cfg.decode_sandbox}
     if cfg.isolation == "inline":
         return EngineBackend(**kwargs)
@@ -287,6 +296,9 @@ def classify(e: BaseException) -> tuple[str, bool, bool]:
             isinstance(e, OSError) and not isinstance(e, VLError)):
         return "error", True, True
     return "error", False, False
+
+
+UNANSWERED = ServerUnavailableError.code  # the server never answered: says nothing about the item
 
 
 def error_code(e: BaseException) -> str:
@@ -346,6 +358,7 @@ class Runner:
         self.out = Path(cfg.out)
         self.records_dir = self.out / "records"
         self.stats = {"items_run": 0, "retries": 0, "batch_splits": 0, "errors": 0}
+        self.unanswered_in_a_row, self.stopped = 0, None  # `stopped`: why the run ended early, if it did
 
     @property
     def backend(self):
@@ -382,7 +395,8 @@ class Runner:
                 continue
             if recs:
                 last = max(recs, key=lambda r: r.get("attempt", 0))
-                if not last.get("retriable") or last.get("attempt", 1) >= self.cfg.max_attempts:
+                spent = last.get("attempt", 1) >= self.cfg.max_attempts and last.get("error_class") != UNANSWERED
+                if not last.get("retriable") or spent:
                     continue
                 p.attempt = last.get("attempt", 1) + 1
             pending.append(p)
@@ -408,6 +422,7 @@ class Runner:
                 return Outcome(status, None, e, retriable, retries, time.monotonic() - start)
 
     def _batch(self, items: list[Item]) -> list[Outcome]:
+        """Outcomes of `items`, in order; fewer than `items` when the run stopped because the server is gone."""
         conversations = [self.task.build_messages(item) for item in items]
         if len(items) > 1:
             start = time.monotonic()
@@ -417,9 +432,29 @@ class Runner:
                 self.stats["batch_splits"] += 1
             else:
                 each = (time.monotonic() - start) / len(items)
+                self.unanswered_in_a_row = 0
                 return [Outcome("timeout" if g.finish_reason == "timeout" else "ok", g,
                                 retriable=g.finish_reason == "timeout", elapsed_s=each) for g in gens]
-        return [self._one(c) for c in conversations]
+        outcomes = []
+        for item, conversation in zip(items, conversations):
+            if self.stopped:
+                break
+            outcomes.append(self._one(conversation))
+            self._count_unanswered(item, outcomes[-1])
+        return outcomes
+
+    def _count_unanswered(self, item: Item, outcome: Outcome) -> None:
+        """Say each item the server did not answer, and stop the run after `max_connection_failures` in a row:
+        without this, a server that went away costs every remaining item its full retries, silently."""
+        if outcome.error is None or error_code(outcome.error) != UNANSWERED:
+            self.unanswered_in_a_row = 0
+            return
+        self.unanswered_in_a_row += 1
+        limit = self.cfg.max_connection_failures
+        self.log(f"[eval] {item.id}: the server did not answer ({outcome.error}); {self.unanswered_in_a_row} in a "
+                 "row" + (f", the run stops at {limit}" if limit else ""))
+        if limit and self.unanswered_in_a_row >= limit:
+            self.stopped = f"{limit} items in a row could not reach the server (last: {outcome.error})"
 
     def _record(self, item: Item, planned: Planned, outcome: Outcome) -> dict:
         gen, err = outcome.generation, outcome.error
@@ -505,7 +540,7 @@ class Runner:
                 writer.append(self._record(item, planned, outcome))
                 self.stats["items_run"] += 1
                 self.stats["errors"] += outcome.status != "ok"
-            bar.update(len(batch))
+            bar.update(len(outcomes))
             bar.set_postfix(errors=self.stats["errors"], retries=self.stats["retries"], refresh=False)
             batch.clear()
 
@@ -522,11 +557,18 @@ class Runner:
                 batch.append((item, planned))
                 if len(batch) >= self.cfg.batch_size:
                     flush()
-            if batch:
+                if self.stopped:
+                    break
+            if batch and not self.stopped:
                 flush()
         finally:
             bar.close()
             self.stats["loop_s"] = round(time.monotonic() - loop_start, 3)
+        if self.stopped:
+            left = len(pending) - self.stats["items_run"]
+            self.stats["stopped"] = self.stopped
+            self.log(f"[eval] stopped: {self.stopped}; {left} item{'s' * (left != 1)} not run. Start the server "
+                     "again and rerun the same command with --resume: it runs those and redoes the unanswered ones")
 
     # --- merge and summary -----------------------------------------------------------------------
     def merged_records(self, plan: list[Planned]) -> tuple[list[dict], list[str]]:
@@ -563,6 +605,7 @@ class Runner:
             "batch_splits": sum(s.get("batch_splits", 0) for s in rank_stats),
             "worker_restarts": sum(s.get("worker_restarts", 0) for s in rank_stats),
             "device": self.device, "code": code_versions(),
+            "stopped": next((s["stopped"] for s in rank_stats if s.get("stopped")), None),
         }
         write_atomic(self.out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
         write_atomic(self.out / "summary.md", summary_markdown(summary))

@@ -6,7 +6,8 @@ after post-processing) and `answers` (a list), plus the task's own fields (e.g. 
 `question_type` and `dataset`, Video-MME `options`/`duration`/..., MLVU `task_type`). Runner records
 may also carry `status` ("ok" | "error" | "timeout" ...) and `error_class`: a record whose status is
 not "ok" scores 0 and stays in the denominator (an error is a result too, docs/reliability_policy.md
-section 5). Records are append-only, so when an id occurs more than once the LAST record wins.
+section 5). Records are append-only, so when an id occurs more than once the LAST record wins. When no record is
+"ok" there is no score (`"score": null` and a `note`): nothing was answered.
 
 The summary is printed as JSON; the headline is under "score" on the scale the reference harness
 prints (see each task's `scale`: "0-1" for ANLS / relaxed / VQA accuracy / OCRBench, "percent" for
@@ -115,6 +116,12 @@ def summarize(task: Task | str, records: Iterable[Mapping[str, Any]], postproces
         "duplicate_records_replaced": replaced,
         "postprocessed": postprocess,
     }
+    if not summary["n_ok"]:  # nothing was answered: 0.0 would read as a model that got everything wrong
+        summary["score"] = None
+        summary["note"] = (f"no answers: none of the {len(unique)} items was answered "
+                           f"({', '.join(f'{k} {v}' for k, v in summary['errors_by_class'].items()) or 'no records'}); "
+                           "nothing to score")
+        return summary
     summary.update(aggregate)
     return summary
 

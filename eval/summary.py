@@ -67,6 +67,7 @@ def build_summary(task: Task, records: list[dict], header: dict, missing: list[s
         "tokens": _token_stats(records),
         "counts": {"items": len(records) + len(missing), "ok": statuses.get("ok", 0),
                    "error": statuses.get("error", 0), "timeout": statuses.get("timeout", 0),
+                   "unavailable": sum(r.get("error_class") == "unavailable" for r in records),
                    "missing": len(missing), "missing_ids": missing[:20], "complete": not missing,
                    "errors_by_class": scores.get("errors_by_class", {})},
     }
@@ -80,9 +81,17 @@ def _fmt(v) -> str:
 
 def summary_markdown(summary: dict) -> str:
     h, s, t, c, run = summary["header"], summary["scores"], summary["tokens"], summary["counts"], summary.get("run", {})
-    lines = [f"# {h['task']}: {s['metric']} = {_fmt(s['score'])} ({s['scale']} scale, {h['harness']})", ""]
+    if s["score"] is None:
+        lines = [f"# {h['task']}: {s['metric']}: no answers, nothing to score ({h['harness']})", "", s["note"], ""]
+    else:
+        lines = [f"# {h['task']}: {s['metric']} = {_fmt(s['score'])} ({s['scale']} scale, {h['harness']})", ""]
+    unanswered = c.get("unavailable", 0)
     lines += [f"{c['ok']} ok, {c['error']} errors, {c['timeout']} timeouts, {c['missing']} missing of "
-              f"{c['items']} items" + ("" if c["complete"] else " (INCOMPLETE: resume the run)"), ""]
+              f"{c['items']} items" + ("" if c["complete"] else " (INCOMPLETE: resume the run)")
+              + (f"; {unanswered} not answered by the server (unavailable: resume the run)" if unanswered else ""),
+              ""]
+    if run.get("stopped"):
+        lines += [f"The run stopped early: {run['stopped']}.", ""]
     if c["errors_by_class"]:
         lines += ["Errors by class: " + ", ".join(f"{k} {v}" for k, v in c["errors_by_class"].items()), ""]
     lines += ["## Run header", "", "| field | value |", "|---|---|"]
@@ -96,7 +105,8 @@ def summary_markdown(summary: dict) -> str:
         for value, entry in values.items():
             lines.append(f"| {value} | {_fmt(entry.get('score'))} | {entry.get('n')} |")
     extra = {k: v for k, v in s.items() if k not in ("task", "harness", "reference", "metric", "scale", "score",
-                                                      "categories", "errors_by_class") and not isinstance(v, dict)}
+                                                      "categories", "errors_by_class", "note")
+             and not isinstance(v, dict)}
     if extra:
         lines += ["", "## Other numbers", "", "| key | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in extra.items()]

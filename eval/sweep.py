@@ -130,7 +130,7 @@ def sweep_markdown(table: dict) -> str:
     for r in rows:
         c = r.get("change_vs_first")
         change = f"{c['change']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}] ({c['n_differ']} of {c['n']})" if c else "-"
-        lines.append(f"| {r['label']} | {r['score']:.4f} | {change} | {r['vision_tokens_after']} / "
+        lines.append(f"| {r['label']} | {_score(r['score'])} | {change} | {r['vision_tokens_after']} / "
                      f"{r['vision_tokens_before']} | {r['prompt_tokens']} | {_or_dash(r.get('ttft_s'))} | "
                      f"{r['n_error']} of {r['n']} | {_or_dash(r['items_per_s'])} |")
     for field in dict.fromkeys(f for r in rows for f in r.get("categories", {})):  # e.g. per family, if the task has it
@@ -152,7 +152,7 @@ def plot_sweep(table: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in table["rows"] if r["vision_tokens_after"] is not None]
+    rows = [r for r in table["rows"] if r["vision_tokens_after"] is not None and r["score"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     xs, ys = [r["vision_tokens_after"] for r in rows], [r["score"] for r in rows]
     ax.plot(xs, ys, marker="o")

@@ -41,8 +41,18 @@ def test_last_record_wins_and_errors_stay_in_the_denominator(tmp_path):
 def test_error_records_need_the_task_fields_for_aggregation():
     with pytest.raises(RecordError, match="error record"):
         summarize("ocrbench", [_rec(1, "", status="error")])
-    s = summarize("ocrbench", [_rec(1, "", status="error", question_type="Doc-oriented VQA", dataset="DocVQA")])
-    assert s["score"] == 0.0 and s["n_error"] == 1
+    fields = {"question_type": "Doc-oriented VQA", "dataset": "DocVQA"}
+    s = summarize("ocrbench", [_rec(1, "", status="error", **fields), _rec(2, "abcd", **fields)])
+    assert s["score"] == pytest.approx(1 / 1000) and s["n_error"] == 1  # OCRBench sums over 1000: the error adds 0
+
+
+def test_nothing_answered_has_no_score_not_zero(tmp_path, capsys):
+    records = [_rec(1, "", status="error", error_class="unavailable"), _rec(2, "", status="timeout")]
+    s = summarize("docvqa_val", records)
+    assert s["score"] is None and s["n"] == 2 and s["n_ok"] == 0 and "categories" not in s
+    assert s["note"].startswith("no answers") and "unavailable 1" in s["note"] and "timeout 1" in s["note"]
+    assert main(["--task", "docvqa_val", "--predictions", str(_write(tmp_path / "p.jsonl", records))]) == 0
+    assert json.loads(capsys.readouterr().out)["score"] is None
 
 
 def test_postprocess_flag_strips_reasoning(tmp_path, capsys):

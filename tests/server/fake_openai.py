@@ -68,6 +68,14 @@ def stall(body: bytes = b""):
     return behave
 
 
+def reply_then_leave(text: str = "42"):
+    """A well-formed answer, after which the server goes away (its address refuses connections)."""
+    def behave(conn, fake):
+        reply(text)(conn, fake)
+        threading.Thread(target=fake.close, daemon=True).start()
+    return behave
+
+
 def status(code: int, payload: dict | str, content_type: str = "application/json"):
     data = (json.dumps(payload) if isinstance(payload, dict) else payload).encode()
     return lambda conn, fake: conn.sendall(head(code, content_type, len(data), reason="Error") + data)

@@ -1,5 +1,6 @@
 """`vl eval --backend openai` against `vl serve` on the demo model: the same predictions and score as the local
-backend on the held-out synthetic files, and a run that resumes after the server was killed and restarted."""
+backend on the held-out synthetic files, and a run that stops after the server was killed (3 unanswered items in a
+row) and resumes once it is restarted."""
 
 from __future__ import annotations
 
@@ -101,8 +102,11 @@ def test_remote_backend_equals_local_and_resumes_after_a_server_restart(tmp_path
         worker.start()
         worker.join(300)
         monkeypatch.setattr(vl.remote.RemoteEngine, "chat", real_chat)
-        first = summary(out)["counts"]
-        assert 2 <= first["ok"] < 6 and first["error"] == 6 - first["ok"], first
+        first, run = summary(out)["counts"], summary(out)["run"]
+        # the items after the kill are `unavailable`; after 3 in a row the run stops and leaves the rest unrun
+        assert 2 <= first["ok"] < 6 and first["error"] == first["unavailable"] == min(3, 6 - first["ok"]), first
+        assert first["missing"] == 6 - first["ok"] - first["error"] and (run["stopped"] is not None) == (
+            first["error"] == 3), run
         failed = [json.loads(line) for line in records.read_text().splitlines()]
         assert all(r["retriable"] and r["error_class"] == "unavailable" for r in failed if r["status"] != "ok")
 
