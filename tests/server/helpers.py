@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
 import socket
 import subprocess
@@ -72,6 +73,8 @@ def in_process_server(engine, **config):
     sched_kw = {k: config.pop(k) for k in ("max_batch", "max_queue", "batch_window_s", "prepare_workers")
                 if k in config}
     log_level = config.pop("log_level", "warning")
+    vl_log = logging.getLogger("vl")
+    saved = vl_log.level, list(vl_log.handlers), vl_log.propagate  # the server's log config is process-wide
     scheduler = Scheduler(engine, **sched_kw)
     server_config = ServerConfig(**config)
     app = create_app(engine, scheduler, server_config)
@@ -89,6 +92,8 @@ def in_process_server(engine, **config):
         server.should_exit = True
         thread.join(10)
         scheduler.close()
+        vl_log.setLevel(saved[0])
+        vl_log.handlers[:], vl_log.propagate = saved[1], saved[2]
 
 
 def data_uri(data: bytes, mime: str) -> str:

@@ -133,4 +133,5 @@ def log_config(level: str = "info") -> dict:
             "loggers": {"uvicorn": {"handlers": ["line"], "level": level, "propagate": False},
                         "uvicorn.error": {"level": level},
                         "uvicorn.access": {"handlers": ["access"], "level": level, "propagate": False},
-                        "vl": {"handlers": ["line"], "level": level, "propagate": False}}}
+                        # ours propagate too: a root handler (a test's log capture, an embedding app) still sees them
+                        "vl": {"handlers": ["line"], "level": level, "propagate": True}}}
