@@ -3,8 +3,10 @@
 Follows docs/format.md §9.1-9.3: sample at `target_fps` (default 2) capped at `max_frames` (default 128)
 uniformly spaced frames; one tile per frame, squash-resized to S x S (aspect ratio not kept, no thumbnail);
 the same bicubic resampling and `(x/255 - mean)/std` as images.py. Index choice follows vLLM's loader:
-`n = clamp(floor(duration * target_fps), 1, max_frames)` with `duration = num_frames / fps`, all frames when
-`n == num_frames`, else `linspace(0, num_frames - 1, n)` truncated to int.
+`n = clamp(floor(duration * target_fps), 1, max_frames)`, all frames when `n == num_frames`, else
+`linspace(0, num_frames - 1, n)` truncated to int. vLLM's `duration = num_frames / fps` trusts the declared rate;
+here the duration comes from the frames' presentation times (docs/video.md, "Frame rate and sampling"), which is
+the same for an honest constant-rate file.
 
 Timestamps (docs/video.md, "Timestamps"): by default ("exact") the prompt states the presentation time of the
 frame actually shown, from the container's own pts, relative to the first displayed frame; exact for variable
@@ -14,10 +16,11 @@ frame rates too. `timestamp_convention="reference"` reproduces the public refere
 
 Order of checks (docs/reliability_policy.md §0, §1.3): byte cap -> container sniffed and allowlisted
 (video_formats.py: forced demuxer, file protocol only, no nested opens) -> header of the best video stream
-(the one libavformat picks; no video stream, codec, resolution, duration, header frame count) -> index pass over
+(the one libavformat picks; no video stream, codec, encryption, resolution, duration, header frame count) -> index pass over
 that stream's packets (presentation times of displayed frames: packets flagged discard, e.g. cut by an MP4
-edit list, are not frames; capped by `max_video_frames`) -> decode only the sampled frames of that same stream.
-Every probe, cap and decode uses that one stream.
+edit list, and VP8/VP9 hidden frames are not frames; encrypted packets refuse the file; capped by
+`max_video_frames`) -> decode only the sampled frames of that same stream. Every probe, cap and decode uses that
+one stream, and one deadline (`MediaLimits.video_timeout_s`) bounds them all, in-process too.
 
 Backends: decord (default, as the design names it) and PyAV. decord decodes whichever stream it likes, ignores
 discard flags, mis-seeks some containers (MPEG-PS, MPEG-TS) and breaks 90-degree rotations, so it is used only
