@@ -295,3 +295,40 @@ def test_max_pages_reaches_every_front_end(pdf_engine, three_pages, tmp_path, ca
     with pytest.raises(MediaTooLargeError, match="at most 2"):
         EngineBackend(model="", engine=pdf_engine).generate([_pdf_chat(three_pages)],
                                                               GenerationSettings(max_new_tokens=2, max_pages=2))
+
+
+# --- thinking: one default, declared once, in every front end --------------------------------------------------
+def test_one_reasoning_default_in_every_front_end(pdf_engine, tmp_path):
+    """Off unless asked for (`RequestOptions.thinking`): `vl chat`, `Engine.chat`, the pipeline, eval and the server
+    without `enable_thinking` all take the record's default; what a front end is asked for it follows."""
+    from eval.runner import RunConfig
+    from vl.cli_flags import options_from_args
+    from vl.hf.processor import NemotronNanoVLV2Processor
+    from vl.server.media import MediaPolicy
+    from vl.server.request import Ceilings, parse_chat_request
+
+    default = RequestOptions().thinking
+    assert default is False
+    chat = [{"role": "user", "content": "Hi"}]
+    # vl chat: no flag = the default; the flag alone, or `on`, turns it on
+    for argv, want in (([], default), (["--thinking"], True), (["--thinking", "on"], True),
+                       (["--thinking", "off"], False)):
+        assert options_from_args(_chat_parser().parse_args(argv)).thinking is want, argv
+    # Engine.chat and the pipeline's processor render the same prompt for "not asked"
+    off = pdf_engine.processor(chat, thinking=False).text
+    assert off.endswith("<think></think>") and pdf_engine.prepare(chat)[1].text == off
+    hf = NemotronNanoVLV2Processor(vl_processor=pdf_engine.processor)
+    assert hf.apply_chat_template(chat, add_generation_prompt=True) == off
+    assert hf.apply_chat_template(chat, add_generation_prompt=True, enable_thinking=True).endswith("<think>\n")
+    # eval runs
+    assert RunConfig(task="synthetic_docs", data="d.jsonl", out=str(tmp_path)).thinking is default
+
+    # the server: the default unless the body's chat_template_kwargs.enable_thinking (vLLM's spelling) says
+    def parse(**body):
+        return parse_chat_request({"messages": chat, **body}, served_names=("m",), policy=MediaPolicy(),
+                                  ceilings=Ceilings()).chat.options.thinking
+
+    assert parse() is default and parse(chat_template_kwargs={"enable_thinking": True}) is True
+    # RemoteEngine's body always says which: a foreign server's own default (vLLM: the card's, on) would differ
+    assert RequestOptions().to_openai()["chat_template_kwargs"] == {"enable_thinking": False}
+    assert RequestOptions(thinking=None).to_openai().get("chat_template_kwargs") is None  # None: the messages decide

@@ -13,8 +13,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vl.errors import GenerationOptionError, InputError, MediaNotFoundError
+from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, VLError
 from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
+from vl.processing.limits import DEFAULT_LIMITS
 
 DTYPES = ("bf16", "fp32")
 # one cap on rendered PDF pages for interactive use: the default of `vl chat --max-pages` (the request option,
@@ -37,15 +38,17 @@ def add_option_flags(g, names, *, bools: str = "switch", defaults: dict | None =
                      helps: dict | None = None) -> None:
     """The flags of the per-request options `names`, as `RequestOptions` declares them (vl/options.py): flag,
     type, default, metavar and help come from there. A yes/no option is a switch (`--skip-blank-tiles`), or with
-    `bools="on_off"` takes on|off; a yes/no option whose default is "the model's" always takes on|off.
+    `bools="on_off"` takes on|off; a yes/no option that may also be None (`--thinking`) takes an optional on|off.
     `defaults` overrides a record default for this command (e.g. `vl eval` runs /no_think), `helps` a help text
     that must say so."""
     defaults, helps = defaults or {}, helps or {}
     for name in names:
         s = dataclasses.replace(spec(name), help=helps.get(name, spec(name).help))
         default = defaults.get(name, getattr(RequestOptions(), name))
-        if s.kind is bool and s.nullable and bools == "switch":
-            g.add_argument(s.flag, dest=name, choices=["on", "off"], default=_on_off_text(default), help=s.help)
+        if s.kind is bool and s.nullable and bools == "switch":  # `--thinking` alone is on; `--thinking off` too
+            g.add_argument(s.flag, dest=name, nargs="?", const="on", choices=["on", "off"],
+                           default=_on_off_text(default), metavar="on|off",
+                           help=f"{s.help}; {s.flag} alone turns it on")
         elif s.kind is bool and bools == "switch":
             g.add_argument(s.flag, dest=name, action="store_true", default=default, help=s.help)
         elif s.kind is bool:
@@ -128,6 +131,40 @@ def check_media_flags(args) -> None:
                 raise MediaNotFoundError(f"{flag} {f}: not a file (a folder?); pass a file")
     if args.pages is not None and not args.pdf:
         raise InputError("--pages selects pages of a PDF, and no --pdf was given; add --pdf FILE or drop --pages")
+
+
+def check_media_files(args, options: RequestOptions) -> None:
+    """Each media file checked the way the model's processor (default limits, in-process) will check it, before
+    the model loads, without decoding it: an image gets every check made before its pixels are decoded (format by
+    content, structure, size: `sniff_image`), a PDF's page tree is opened and the pages `options` select are
+    checked against the page cap, a video's container header is probed. A file the model cannot read is refused
+    with the processor's typed error, named by its flag and path, at once rather than after a load of many
+    seconds; damage inside compressed pixel data still shows only when the processor decodes."""
+
+    def named(flag, f, check):
+        try:
+            check()
+        except VLError as exc:
+            exc.args = (f"{flag} {f}: {exc}",)
+            raise
+
+    if args.image:
+        from vl.processing.images import sniff_image
+
+        for f in args.image:
+            named("--image", f, lambda: sniff_image(f, DEFAULT_LIMITS))
+    if args.pdf:
+        from vl.processing.documents import DEFAULT_SCALE, open_pdf_pages
+
+        limits = DEFAULT_LIMITS  # a request's max_pages only lowers the cap (vl.processing.Processor._pdf_pages)
+        if options.max_pages is not None and options.max_pages < limits.max_pdf_pages:
+            limits = dataclasses.replace(limits, max_pdf_pages=options.max_pages)
+        scale = options.pdf_scale or DEFAULT_SCALE
+        named("--pdf", args.pdf, lambda: open_pdf_pages(args.pdf, pages=options.pages, scale=scale, limits=limits))
+    if args.video:
+        from vl.processing.video import probe_video
+
+        named("--video", args.video, lambda: probe_video(args.video, DEFAULT_LIMITS))
 
 
 def check_generation_flags(args) -> None:

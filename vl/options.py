@@ -101,7 +101,8 @@ class RequestOptions:
     max_num_tiles: int | None = _option(
         None, kind=int, acts=PROCESSOR, lo=1, hi=12, nullable=True, flag="--max-tiles", metavar="N",
         aliases=("max_tiles",), openai="mm_processor_kwargs.max_num_tiles", pipeline=True, eval=True,
-        help="at most N 512-px tiles per image or page, 1..12, vLLM's per-request range (default: the model's, 12)")
+        help="at most N tiles per image or page (a tile is the model's tile size: 512 px for Nano V2 VL), 1..12, "
+             "vLLM's per-request range (default: the checkpoint's max_num_tiles)")
     fps: float = _option(
         2.0, kind=float, acts=PROCESSOR, lo=0.0, lo_open=True, hi=30.0, flag="--fps", metavar="F",
         openai="mm_processor_kwargs.fps", pipeline=True, eval=True,
@@ -146,11 +147,14 @@ class RequestOptions:
         256, kind=int, acts=GENERATION, lo=1, flag="--max-new-tokens", metavar="N",
         openai="max_tokens", openai_read=("max_completion_tokens", "max_tokens"), eval=True,
         help="stop after N new tokens, reasoning included (default 256)")
+    # Reasoning is off unless asked for, in every front end (the app, `vl chat`, the pipeline, `Engine.chat`, the
+    # server when a request has no `enable_thinking`): with it on, a small token limit often ends inside the
+    # reasoning with no answer. None still means "the messages' /think or /no_think, else the model's default".
     thinking: bool | None = _option(
-        None, kind=bool, acts=GENERATION, nullable=True, flag="--thinking", aliases=("enable_thinking",),
+        False, kind=bool, acts=GENERATION, nullable=True, flag="--thinking", aliases=("enable_thinking",),
         openai="chat_template_kwargs.enable_thinking", openai_read=("chat_template_kwargs.enable_thinking", "thinking"),
         pipeline=True, eval=True,
-        help="reasoning before the answer (/think) or not (/no_think); default: the model's default")
+        help="reasoning before the answer (/think) or not (/no_think); default off")
     reasoning_budget: int | None = _option(
         None, kind=int, acts=GENERATION, lo=0, nullable=True, flag="--reasoning-budget", metavar="N",
         openai="reasoning_budget", help="close the think block after N tokens (default: no budget)")
@@ -224,7 +228,8 @@ class RequestOptions:
         default = RequestOptions()
         for s in specs():
             value = getattr(self, s.name)
-            always = s.name == "max_new_tokens"  # every OpenAI server needs the budget; its own default differs
+            # every OpenAI server needs the budget, and a foreign one (vLLM) defaults to reasoning on: both differ
+            always = s.name in ("max_new_tokens", "thinking")
             if s.openai is None or value is None or (value == getattr(default, s.name) and not always):
                 continue
             head, _, key = s.openai.rpartition(".")

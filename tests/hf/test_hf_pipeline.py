@@ -190,7 +190,9 @@ def test_streaming_concatenates_to_the_same_text(pipe):
 def test_processor_options_tiles_thinking(pipe, engine):
     prompt = pipe.processor.apply_chat_template(chat(), add_generation_prompt=True, thinking=False)
     assert prompt.endswith("<think></think>")
-    assert pipe.processor.apply_chat_template(chat(), add_generation_prompt=True).endswith("<think>\n")
+    assert pipe.processor.apply_chat_template(chat(), add_generation_prompt=True) == prompt  # the default: off
+    assert pipe.processor.apply_chat_template(chat(), add_generation_prompt=True,
+                                              enable_thinking=True).endswith("<think>\n")
     assert pipe.processor.apply_chat_template(chat(), add_generation_prompt=True,
                                               enable_thinking=False).endswith("<think></think>")
     one = pipe.processor.apply_chat_template(chat(), add_generation_prompt=True, tokenize=True, return_dict=True,

@@ -32,9 +32,9 @@ def single(engine, r: ChatRequest) -> ChatResult:
 
 
 def test_rows_with_their_own_options_equal_single_runs(engine):
-    full = engine.chat(msgs("blue"), max_new_tokens=20)
-    requests = [ChatRequest(msgs("red"), max_new_tokens=5),
-                ChatRequest(msgs("blue"), max_new_tokens=20, stop=[full.text[6:9]]),
+    full = engine.chat(msgs("blue"), max_new_tokens=20, thinking=True)
+    requests = [ChatRequest(msgs("red"), max_new_tokens=5, thinking=True),
+                ChatRequest(msgs("blue"), max_new_tokens=20, thinking=True, stop=[full.text[6:9]]),
                 ChatRequest([{"role": "user", "content": "left right"}], max_new_tokens=12, thinking=False),
                 ChatRequest(msgs("green"), max_new_tokens=16, thinking=True, reasoning_budget=4)]
     events, results, order = {}, {}, []

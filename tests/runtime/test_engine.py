@@ -36,7 +36,7 @@ def image_msgs(color="red", text="What is this?", system=None):
 def test_chat_greedy_equals_generate_ids(engine):
     text_only = [{"role": "user", "content": "Describe the image."}]
     res = engine.chat(text_only, max_new_tokens=24)
-    ids = engine.processor(text_only).input_ids
+    ids = engine.processor(text_only, thinking=False).input_ids  # Engine.chat's default: reasoning off
     raw = engine.generate_ids(ids, max_new_tokens=24)[0].tolist()
     assert res.token_ids == [t for t in raw if t not in engine.stop_ids][:len(res.token_ids)]
     assert len(res.token_ids) > 0
@@ -158,19 +158,19 @@ def scripted_engine(tiny_dir, words_then):
 def test_reasoning_budget_cuts_and_the_answer_follows(tiny_dir):
     eos = "<SPECIAL_12>"
     eng, tok = scripted_engine(tiny_dir, [])  # reasons "left" forever
-    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=60, reasoning_budget=10)
+    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=60, thinking=True, reasoning_budget=10)
     assert THINK_CLOSE in res.text and res.answer  # closed, and the model kept going with an answer
     n_reasoning = len(tok.encode(res.text.split(THINK_CLOSE)[0], add_special_tokens=False))
     assert 10 <= n_reasoning <= 10 + 4 + 1  # budget + grace to finish the line (+ the forced newline)
     assert any("budget" in n for n in res.stats.notes)
     eng, _ = scripted_engine(tiny_dir, [" up up\n", THINK_CLOSE, " down", eos])
-    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=60, reasoning_budget=50)
+    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=60, thinking=True, reasoning_budget=50)
     assert (res.reasoning, res.answer, res.finish_reason) == ("up up", "down", "stop")  # under budget: untouched
 
 
 def test_unclosed_reasoning_is_reported_truncated(tiny_dir):
     eng, _ = scripted_engine(tiny_dir, [])
-    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=8)
+    res = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=8, thinking=True)
     assert res.reasoning_truncated and res.answer == "" and res.finish_reason == "length"
 
 
