@@ -1,12 +1,17 @@
 """`vl chat` and `vl --version` as a script sees them: exit codes, only the answer on stdout, `--json`'s schema,
-files and flags checked before any model loads.
+files, flags and the files' contents checked before any model loads, one reasoning default, help that is true for
+every model.
 
 Answers run on the shipped demo model (vl/demo) over a bundled example, in-process (`vl.chat_cli.main`), and are
-compared with `vl.Engine.chat` given the same options; the checks that must not load a model run as subprocesses.
+compared with `vl.Engine.chat` given the same options; the checks that must not load a model, and the exit codes a
+script sees, run as subprocesses. "The model was not loaded" is counted from `python -X importtime`: the model's
+modules (`vl.runtime.engine`, torch) were never imported.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -20,14 +25,26 @@ DEMO = REPO / "vl" / "demo"
 needs_demo = pytest.mark.skipif(not (DEMO / "config.json").is_file(),
                                 reason="the demo model (vl/demo) is not trained yet; vl train-demo makes it")
 JSON_KEYS = {"answer", "reasoning", "finish_reason", "finished_by", "reasoning_truncated", "note", "model", "stats"}
-STATS_KEYS = {"prompt_tokens", "new_tokens", "vision_tokens_before", "vision_tokens_after", "time_to_first_token_s",
-              "decode_tokens_per_s", "total_s", "notes", "reductions"}
+DOCUMENTED_STATS = {"prompt_tokens", "new_tokens", "vision_tokens_before", "vision_tokens_after",
+                    "time_to_first_token_s", "decode_tokens_per_s", "total_s", "notes", "reductions"}
+MODEL_MODULES = ("vl.runtime.engine", "torch")  # imported only to load the model
 
 
-def _vl(*args, timeout=60):
+def _vl(*args, timeout=120, importtime=False):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "vl.cli", *args], cwd=REPO, env=env, capture_output=True,
+    flags = ["-X", "importtime"] if importtime else []
+    return subprocess.run([sys.executable, *flags, "-m", "vl.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def _imported(stderr: str) -> list[str]:
+    """The modules `python -X importtime` reports, in import order."""
+    return [line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")]
+
+
+def _messages(stderr: str) -> list[str]:
+    """stderr without the `-X importtime` report."""
+    return [line for line in stderr.splitlines() if not line.startswith("import time:")]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +129,7 @@ def test_json_has_the_documented_schema(example, engine, capsys):
                  "--max-new-tokens", "8"]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)  # stdout is exactly one JSON object
-    assert set(doc) == JSON_KEYS and set(doc["stats"]) == STATS_KEYS
+    assert set(doc) == JSON_KEYS and set(doc["stats"]) >= DOCUMENTED_STATS
     want = engine.chat([{"role": "user", "content": [{"type": "image", "image": example["path"]},
                                                      {"type": "text", "text": example["question"]}]}],
                        thinking=False, max_new_tokens=8)
@@ -167,3 +184,170 @@ def test_video_progress_goes_to_stderr_frame_by_frame(clip, engine, capsys, monk
     frames = [line.split("] ")[-1] for line in term.text.split("\r\033[K") if line.startswith("video frames decoded")]
     assert frames == [f"{i}/{n}" for i in range(1, n + 1)], term.text
     assert capsys.readouterr().out == want.answer + "\n"
+
+
+# --- before the model loads: "loading" at once, unreadable files refused first -------------------------------
+@needs_demo
+def test_loading_is_said_before_the_model_modules_are_imported(example):
+    out = _vl("chat", "--image", example["path"], "--prompt", example["question"], "--json", importtime=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stderr.splitlines()
+    loading = next(i for i, line in enumerate(lines) if line.startswith(f"loading {DEMO}"))
+    first_torch = next(i for i, line in enumerate(lines) if line.startswith("import time:")
+                       and line.rsplit("|", 1)[1].strip().split(".")[0] == "torch")
+    assert loading < first_torch  # said before the seconds of imports, not after them
+
+
+def _jpeg_cut_in_half() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, "JPEG")
+    return buf.getvalue()[: len(buf.getvalue()) // 2]
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("flag, name, content, code", [
+    ("--image", "notes.png", lambda: b"meeting notes, not a picture\n", "unsupported_format"),
+    ("--image", "photo.jpg", _jpeg_cut_in_half, "corrupt_media"),
+    ("--pdf", "report.pdf", lambda: b"<html>a web page saved as .pdf</html>", "unsupported_format"),
+    ("--video", "clip.mp4", _png, "unsupported_format"),
+])
+def test_an_unreadable_file_is_refused_before_the_model_loads(flag, name, content, code, tmp_path):
+    bad = tmp_path / name
+    bad.write_bytes(content())
+    out = _vl("chat", flag, str(bad), "--prompt", "What is it?", importtime=True)
+    messages = _messages(out.stderr)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert any(line.startswith(f"error [{code}]: {flag} {bad}: ") for line in messages), messages
+    assert not any(line.startswith("loading") for line in messages), messages
+    assert not set(MODEL_MODULES) & set(_imported(out.stderr))  # the model was never loaded
+
+
+@needs_demo
+def test_a_refused_file_then_a_good_one_in_one_process(example, tmp_path, capsys):
+    from vl.chat_cli import main
+
+    bad = tmp_path / "scan.png"
+    bad.write_bytes(_jpeg_cut_in_half())  # a JPEG named .png, cut short: read by content, refused as corrupt
+    assert main(["--image", str(bad), "--prompt", "What is it?", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "corrupt_media"
+    assert main(["--image", example["path"], "--prompt", example["question"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"]
+
+
+# --- one reasoning default; no silent exit 0 without an answer -----------------------------------------------
+def _ask(example, *flags):
+    return _vl("chat", "--image", example["path"], "--prompt", example["question"], *flags)
+
+
+@needs_demo
+def test_reasoning_is_off_unless_asked_for(example, engine):
+    from vl.options import RequestOptions
+
+    assert RequestOptions().thinking is False  # the one declared default
+    messages = [{"role": "user", "content": [{"type": "image", "image": example["path"]},
+                                             {"type": "text", "text": example["question"]}]}]
+    off, on = engine.chat(messages), engine.chat(messages, thinking=True)  # Engine.chat: the same default
+    assert off.reasoning == "" and off.answer and on.reasoning
+    plain = _ask(example)
+    assert plain.returncode == 0 and plain.stdout == off.answer + "\n", plain
+    assert "[reasoning]" not in plain.stderr
+    thinking = _ask(example, "--thinking")  # the flag alone turns it on
+    assert thinking.returncode == 0 and thinking.stdout == on.answer + "\n", thinking
+    assert "[reasoning]" in thinking.stderr and on.reasoning in thinking.stderr
+
+
+@needs_demo
+def test_no_complete_answer_exits_3_with_a_note(example):
+    inside = _ask(example, "--thinking", "on", "--max-new-tokens", "4")  # the limit comes inside the reasoning
+    assert inside.returncode == 3 and inside.stdout == "", inside
+    last = inside.stderr.strip().splitlines()[-1]
+    assert last.startswith("no complete answer (exit code 3): the reasoning did not finish") and \
+        "--max-new-tokens" in last, inside.stderr
+    doc = _ask(example, "--thinking", "--max-new-tokens", "4", "--json")
+    assert doc.returncode == 3 and json.loads(doc.stdout)["answer"] == "" and json.loads(doc.stdout)["note"]
+    cut = _ask(example, "--max-new-tokens", "1")  # no reasoning; the limit ends the answer itself
+    assert cut.returncode == 3 and "may be cut short; raise --max-new-tokens" in cut.stderr, cut
+    fixed_length = _ask(example, "--max-new-tokens", "3", "--ignore-eos")  # the limit is the asked-for end
+    assert fixed_length.returncode == 0 and "no complete answer" not in fixed_length.stderr, fixed_length
+
+
+def test_incomplete_note_covers_every_way_to_end_without_an_answer():
+    from vl.chat_cli import incomplete_note
+    from vl.runtime.results import ChatResult, Stats
+
+    def result(answer, finish, truncated=False):
+        return ChatResult(answer, "r" if truncated else "", answer, [1, 2], Stats(new_tokens=2), finish, truncated)
+
+    assert incomplete_note(result("12", "stop")) is None and incomplete_note(result("12", "stop_string")) is None
+    assert "did not finish within the token limit" in incomplete_note(result("", "length", truncated=True))
+    assert "ended its turn inside its reasoning" in incomplete_note(result("", "stop", truncated=True))
+    assert "empty answer" in incomplete_note(result("  ", "stop"))
+    assert "may be cut short" in incomplete_note(result("12", "length"))
+    assert incomplete_note(result("12", "length"), ignore_eos=True) is None
+
+
+# --- help that is true for every model; --json carries every stats field ---------------------------------------
+def test_help_says_what_holds_for_any_checkpoint():
+    out = _vl("chat", "--help")
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0
+    assert "512-px tiles" not in text and "default: the model's, 12" not in text
+    assert "(default: the checkpoint's max_num_tiles)" in text
+    assert "(/no_think); default off; --thinking alone turns it on" in text
+
+
+def test_quantize_help_does_not_import_torch():
+    out = _vl("quantize", "--help", importtime=True)
+    assert out.returncode == 0 and "--format fp8|nvfp4" in out.stdout, out
+    assert not set(MODEL_MODULES) & set(_imported(out.stderr))
+    assert "torch" not in {m.split(".")[0] for m in _imported(out.stderr)}
+
+
+def test_json_stats_carry_every_field_of_the_results_stats():
+    """A field another part adds to `Stats` (a note, a counter) reaches --json without a change here."""
+    from vl.chat_cli import result_json
+    from vl.runtime.results import ChatResult, Stats
+
+    Extended = dataclasses.make_dataclass("Extended", [("pruning_floor_kept", int, 0)], bases=(Stats,))
+    stats = Extended(new_tokens=3, total_s=0.123456, notes=["a note"], pruning_floor_kept=7)
+    doc = result_json(ChatResult("12", "", "12", [1, 2, 3], stats, "stop"), "m")
+    assert set(doc["stats"]) == {f.name for f in dataclasses.fields(Extended)} >= DOCUMENTED_STATS
+    assert (doc["stats"]["pruning_floor_kept"], doc["stats"]["notes"], doc["stats"]["total_s"]) == (7, ["a note"],
+                                                                                                    0.1235)
+    json.dumps(doc)
+
+
+def test_files_the_model_reads_pass_the_check(example, clip, tmp_path):
+    """The early check is the processor's own (vl.processing): what the model reads passes it, a TIFF scan too."""
+    from PIL import Image
+
+    from vl.chat_cli import parse_args
+    from vl.cli_flags import check_media_files, options_from_args
+
+    scan = tmp_path / "scan.tif"
+    Image.new("L", (40, 30), 255).save(scan, "TIFF", compression="tiff_lzw")
+    pdf = next(e for e in _examples(tmp_path)["document"] if e["path"].endswith(".pdf"))["path"]
+    args = parse_args(["--image", example["path"], "--image", str(scan), "--pdf", pdf, "--video", clip["path"],
+                       "--prompt", "x"])
+    check_media_files(args, options_from_args(args))  # raises nothing
+    one_page = parse_args(["--pdf", pdf, "--max-pages", "1", "--prompt", "x"])
+    from vl.errors import MediaTooLargeError
+
+    with pytest.raises(MediaTooLargeError, match="--pdf .*at most 1"):  # the page cap, before any load
+        check_media_files(one_page, options_from_args(one_page))
+
+
+def _examples(directory):
+    from ui.examples import ensure_examples, tab_examples
+
+    found, records = ensure_examples(directory / "examples")
+    return tab_examples(found, records)

@@ -4,10 +4,11 @@
 
 Made for pipes: only the answer goes to stdout (streamed; with `--json`, one JSON object at the end instead);
 the demo-model warning, progress (pages rendered, frames decoded, tiles encoded), the reasoning, the stats and
-what went wrong go to stderr. Every flag is checked and every file looked up before the model loads, so a typo
-costs nothing. Exit codes: 0 answered (or the model ended without an answer, which stderr explains), 2 a typed
-error (`error [code]: ...`; with `--json` also `{"error": {"code", "message"}}` on stdout), 130 stopped with
-Ctrl-C. The JSON schema is in docs/app_and_cli.md.
+what went wrong go to stderr. Every flag, the checkpoint's config.json and every media file (read as the model
+will read it) are checked before the model loads, so a typo or an unreadable file costs nothing. Exit codes:
+0 answered; 2 a typed error (`error [code]: ...`; with `--json` also `{"error": {"code", "message"}}` on stdout);
+3 no complete answer (the reasoning never closed, the answer is empty, or --max-new-tokens cut it; stderr
+says which); 130 stopped with Ctrl-C. The JSON schema is in docs/app_and_cli.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 
 from vl.cli_flags import (
     add_generation_flags,
@@ -25,16 +25,17 @@ from vl.cli_flags import (
     add_media_flags,
     add_model_flags,
     check_generation_flags,
+    check_media_files,
     check_media_flags,
     media_content,
     options_from_args,
 )
-from vl.directory import default_model
+from vl.directory import checkpoint_kind, default_model, read_config, resolve_dir, synthetic_only
 from vl.errors import VLError
-from vl.processing.limits import MediaLimits
 from vl.runtime.outcome import finish_label, finish_note
 
 DESCRIPTION = "one question about images / a PDF / a video; the answer on stdout, everything else on stderr"
+EXIT_ANSWERED, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_STOPPED = 0, 2, 3, 130
 DEMO_WARNING = ("note: this is the shipped demo model, trained only on small synthetic documents and clips; it "
                 "cannot read real photos, papers or videos (its answers about them are noise). Pass --model DIR "
                 "with a real checkpoint for those.")
@@ -87,10 +88,6 @@ class Progress:
             self.open = False
 
 
-def _is_demo(model: str) -> bool:
-    return Path(model).resolve() == Path(default_model()).resolve()
-
-
 def _stats_line(result) -> str:
     s = result.stats
     reduced = (f", vision tokens {s.vision_tokens_before} -> {s.vision_tokens_after}"
@@ -100,17 +97,31 @@ def _stats_line(result) -> str:
             f"{s.decode_tokens_per_s:.1f} tok/s, finished by: {finish_label(result)}]")
 
 
-def result_json(result, model: str) -> dict:
-    s = result.stats
+def incomplete_note(result, ignore_eos: bool = False) -> str | None:
+    """Why there is no complete answer (exit code 3), or None: the reasoning never closed (the shared wording of
+    vl/runtime/outcome.py), the answer is empty, or the token limit cut the answer. With --ignore-eos the limit is
+    the requested end, not a cut."""
+    note = finish_note(result, limit_name="--max-new-tokens", budget_hint="--reasoning-budget")
+    if note:
+        return note
+    if not result.answer.strip():
+        advice = "raise --max-new-tokens" if result.finish_reason == "length" else "ask again or rephrase"
+        return (f"the model ended with an empty answer ({finish_label(result)}, {result.stats.new_tokens} new "
+                f"tokens); {advice}")
+    if result.finish_reason == "length" and not ignore_eos:
+        return (f"the answer stopped at the token limit ({result.stats.new_tokens} new tokens) and may be cut "
+                f"short; raise --max-new-tokens")
+    return None
+
+
+def result_json(result, model: str, note: str | None = None) -> dict:
+    """The --json document; `stats` is every field of the result's `Stats`, so fields added there appear here."""
+    stats = _jsonable(result.stats.as_dict())
+    for key, digits in (("time_to_first_token_s", 4), ("decode_tokens_per_s", 2), ("total_s", 4)):
+        stats[key] = round(stats[key], digits)
     return {"answer": result.answer, "reasoning": result.reasoning, "finish_reason": result.finish_reason,
             "finished_by": finish_label(result), "reasoning_truncated": result.reasoning_truncated,
-            "note": finish_note(result, limit_name="--max-new-tokens", budget_hint="--reasoning-budget"),
-            "model": model,
-            "stats": {"prompt_tokens": s.prompt_tokens, "new_tokens": s.new_tokens,
-                      "vision_tokens_before": s.vision_tokens_before, "vision_tokens_after": s.vision_tokens_after,
-                      "time_to_first_token_s": round(s.time_to_first_token_s, 4),
-                      "decode_tokens_per_s": round(s.decode_tokens_per_s, 2), "total_s": round(s.total_s, 4),
-                      "notes": list(s.notes), "reductions": [_jsonable(r) for r in s.reductions]}}
+            "note": note, "model": model, "stats": stats}
 
 
 def _jsonable(x):
@@ -129,21 +140,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_media_flags(args)
         check_generation_flags(args)
-        return _run(args, options_from_args(args), err)
+        options = options_from_args(args)
+        model = args.model or default_model()
+        directory = resolve_dir(model)
+        checkpoint_kind(read_config(directory), directory)
+        check_media_files(args, options)
+        return _run(args, options, model, err)
     except VLError as exc:
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
         print(f"error [{exc.code}]: {exc}", file=err)
-        return 2
+        return EXIT_ERROR
 
 
-def _run(args, options, err) -> int:
-    model = args.model or default_model()
-    if _is_demo(model):
+def _run(args, options, model: str, err) -> int:
+    if synthetic_only(model):
         print(DEMO_WARNING, file=err)
+    print(f"loading {model}…", file=err, flush=True)  # before the imports: they alone take seconds
     from vl.runtime.engine import Engine
 
-    print(f"loading {model}…", file=err, flush=True)
     engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map)
     content = media_content(args) + [{"type": "text", "text": args.prompt}]
     progress, cancel = Progress(err), threading.Event()
@@ -168,19 +183,22 @@ def _run(args, options, err) -> int:
         cancel.set()
         progress.end()
         print("\nstopped (Ctrl-C)", file=err)
-        return 130
+        return EXIT_STOPPED
     progress.end()
     result = stream.result
+    note = incomplete_note(result, args.ignore_eos)
     if args.json:
-        print(json.dumps(result_json(result, model), ensure_ascii=False))
+        print(json.dumps(result_json(result, model, note), ensure_ascii=False))
     else:
         if kind == "answer":
             sys.stdout.write("\n")
         elif kind == "reasoning":
             err.write("\n")
         sys.stdout.flush()
-    note = finish_note(result, limit_name="--max-new-tokens", budget_hint="--reasoning-budget")
-    for n in list(result.stats.notes) + ([note] if note else []):
+    for n in result.stats.notes:
         print(f"note: {n}", file=err)
     print(_stats_line(result), file=err)
-    return 0
+    if note:
+        print(f"no complete answer (exit code {EXIT_INCOMPLETE}): {note}", file=err)
+        return EXIT_INCOMPLETE
+    return EXIT_ANSWERED
