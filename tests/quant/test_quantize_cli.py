@@ -4,6 +4,10 @@ the options (--block-2d, --hadamard, --no-exclude-lm-head) do what they say."""
 
 import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from safetensors.torch import load_file
 
 from data_recipes.calibration import SYNTHETIC
 import vl
+import vl.directory
 from vl.errors import ConfigError
 from vl.quant.cli import main
 from vl.quant.config import read_quant_config
@@ -20,6 +25,7 @@ from vl.quant.ptq import quantize_checkpoint
 
 from tiny_quant import quantized, rel_err, tiny_vl
 
+REPO = Path(__file__).resolve().parents[2]
 LAYER_NAMES = ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
 
 
@@ -193,8 +199,8 @@ def test_refusals(src, exported, tmp_path):
         quantize_checkpoint(src, busy, "fp8", progress=False, calib_source=SYNTHETIC)
     with pytest.raises(ConfigError, match="already a NVFP4 checkpoint"):
         quantize_checkpoint(exported["nvfp4"], tmp_path / "again", "fp8", progress=False, calib_source=SYNTHETIC)
-    with pytest.raises(SystemExit):
-        main(["--format", "int4", "--model", str(src), "--out", str(tmp_path / "x")])
+    assert main(["--format", "int4", "--model", str(src), "--out", str(tmp_path / "x")]) == 2  # before any load
+    assert not (tmp_path / "x").exists()
 
 
 def test_moe_text_only_keeps_router_and_experts_and_loads_without_warnings(tmp_path, caplog):
@@ -218,3 +224,40 @@ def test_the_quantizer_needs_calibration_data_given_to_it(src, tmp_path):
     """The library knows no data set: without prompts or a calibration source it says what to pass."""
     with pytest.raises(ConfigError, match="no calibration data"):
         quantize_checkpoint(src, tmp_path / "none", "fp8", progress=False)
+
+
+DEMO = Path(vl.directory.default_model())
+
+
+def _vl(*args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "vl.cli", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model (vl/demo) is not trained yet")
+def test_a_quantized_copy_of_the_demo_model_keeps_its_warning(src, tmp_path):
+    """The demo warning follows a config.json key, which the quantizer carries into the copy; a folder path (the
+    old test) and the copied model card would not tell the copy from a real checkpoint."""
+    from PIL import Image
+
+    from ui.app import _is_demo
+    from vl.chat_cli import DEMO_WARNING
+    from vl.config import vl_config_from_hf
+    from vl.directory import SYNTHETIC_ONLY_KEY, synthetic_only
+
+    copy = tmp_path / "demo_fp8"
+    made = _vl("quantize", "--format", "fp8", "--model", str(DEMO), "--out", str(copy), "--num-calib", "2",
+               "--no-progress")
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert json.loads((copy / "config.json").read_text())[SYNTHETIC_ONLY_KEY] is True
+    page = tmp_path / "page.png"
+    Image.new("RGB", (96, 96), "white").save(page)
+    for model in (copy, copy):  # asked twice: the same warning each time
+        chat = _vl("chat", "--model", str(model), "--image", str(page), "--prompt", "What is the total?")
+        assert chat.returncode in (0, 3) and DEMO_WARNING in chat.stderr, chat.stderr[-2000:]
+    assert _is_demo(copy) and _is_demo(DEMO) and not _is_demo(src)  # the app's header warning: the same test
+    assert synthetic_only(DEMO) and not synthetic_only(src) and not synthetic_only(tmp_path / "missing")
+    notes: list = []
+    vl_config_from_hf(json.loads((copy / "config.json").read_text()), notes=notes)  # accepted and named
+    assert any("bookkeeping" in n and SYNTHETIC_ONLY_KEY in n for n in notes), notes

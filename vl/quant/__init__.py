@@ -1,28 +1,24 @@
-"""FP8 / NVFP4 (NVIDIA ModelOpt layout): formats, checkpoint detection, quantized Linear execution, PTQ export."""
+"""FP8 / NVFP4 (NVIDIA ModelOpt layout): formats, checkpoint detection, quantized Linear execution, PTQ export.
 
-from vl.quant.config import (
-    LinearQuantSpec,
-    QuantConfig,
-    QuantFormatError,
-    QuantUnavailableError,
-    detect_quantized_linears,
-    is_excluded,
-    never_quantized,
-    read_quant_config,
-)
-from vl.quant.export import collect_input_amax, export_quantized, quantize_state_dict, write_hf_quant_config
-from vl.quant.linear import (
-    FP8Linear,
-    NVFP4Linear,
-    QuantizedLinear,
-    dequantize_state_dict,
-    resident_weight_bytes,
-    swap_quantized_linears,
-)
+The names below are imported from their modules on first use, not when the package is: every module of the package
+needs torch, and `vl quantize --help` (vl/quant/cli.py) should answer without paying for it.
+"""
 
-__all__ = [
-    "FP8Linear", "LinearQuantSpec", "NVFP4Linear", "QuantConfig", "QuantFormatError", "QuantUnavailableError",
-    "QuantizedLinear", "collect_input_amax", "dequantize_state_dict", "detect_quantized_linears",
-    "export_quantized", "is_excluded", "never_quantized", "quantize_state_dict", "read_quant_config",
-    "resident_weight_bytes", "swap_quantized_linears", "write_hf_quant_config",
-]
+import importlib
+
+_HOME = {
+    "vl.quant.config": ("LinearQuantSpec", "QuantConfig", "QuantFormatError", "QuantUnavailableError",
+                        "detect_quantized_linears", "is_excluded", "never_quantized", "read_quant_config"),
+    "vl.quant.export": ("collect_input_amax", "export_quantized", "quantize_state_dict", "write_hf_quant_config"),
+    "vl.quant.linear": ("FP8Linear", "NVFP4Linear", "QuantizedLinear", "dequantize_state_dict",
+                        "resident_weight_bytes", "swap_quantized_linears"),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'vl.quant' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

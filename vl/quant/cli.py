@@ -3,7 +3,9 @@
     vl quantize --format nvfp4 --model IN --out OUT [--calib-prompts FILE] [--hadamard] [--block-2d]
                 [--exclude-lm-head | --no-exclude-lm-head]
 
-The work is `vl.quant.ptq.quantize_checkpoint`; this file only parses flags and prints the summary.
+The work is `vl.quant.ptq.quantize_checkpoint`; this file only parses flags and prints the summary. The quantizer
+(torch, transformers) is imported after the flags are parsed, so `--help` and a flag error answer at once; the
+format is checked by the quantizer, before any weight loads.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import sys
 
 from vl.errors import VLError
-from vl.quant.ptq import FORMATS, quantize_checkpoint, read_prompts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Post-training quantization of a BF16/FP32 checkpoint into a ModelOpt FP8 or NVFP4 checkpoint "
         "(weights, config.json quantization_config, hf_quant_config.json, tokenizer files). Activation scales are "
         "calibrated on --calib-prompts, or on built-in synthetic documents and video clips."))
-    p.add_argument("--format", required=True, choices=sorted(FORMATS), help="fp8 (E4M3 per-tensor, W8A8) or "
+    p.add_argument("--format", required=True, metavar="fp8|nvfp4", help="fp8 (E4M3 per-tensor, W8A8) or "
                    "nvfp4 (E2M1 + E4M3 16-element block scales, W4A4)")
     p.add_argument("--model", required=True, help="input checkpoint directory (NemotronH_Nano_VL_V2 or nemotron_h)")
     p.add_argument("--out", required=True, help="output directory (new or empty)")
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     """`vl quantize`; without --calib-prompts it calibrates on `calib_source` (vl/cli.py supplies the synthetic
     documents and clips of data_recipes/calibration.py)."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from vl.quant.ptq import quantize_checkpoint, read_prompts
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
