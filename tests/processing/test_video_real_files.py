@@ -397,7 +397,8 @@ def test_10_matroska_content_encryption_is_refused_by_the_same_code(tmp_path, ba
 
 def test_10_mp4_box_scan_finds_every_marker(tmp_path):
     """`encryption_box` on the real CENC file, on a clear one, and on boxes it must find inside moov/moof."""
-    assert video_formats.encryption_box(make_cenc_mp4(tmp_path / "cenc.mp4", frames=5, fps=5)) == "an 'encv' sample entry"
+    cenc = make_cenc_mp4(tmp_path / "cenc.mp4", frames=5, fps=5)
+    assert video_formats.encryption_box(cenc) == "an 'encv' sample entry"
     assert video_formats.encryption_box(make_video(tmp_path / "clear.mp4", frames=5, fps=5)) == ""
 
     def box(kind, body=b""):

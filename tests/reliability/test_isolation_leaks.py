@@ -204,7 +204,8 @@ def test_many_isolated_requests_leak_no_fds_temp_files_workers_or_memory(rel_tin
         one_round()
     grown = (_rss_tree() - rss) / rss
     print(f"isolation: {rounds * (len(valid) + len(bad))} requests; fds {fds} -> {_fds()}, workers {workers} -> "
-          f"{len(_workers())}, worker threads {threads} -> {_worker_threads()}, temp entries {len(temp_entries)} -> {len(os.listdir(private_tmp))}, "
+          f"{len(_workers())}, worker threads {threads} -> {_worker_threads()},"
+          f" temp entries {len(temp_entries)} -> {len(os.listdir(private_tmp))}, "
           f"RSS (self + workers) {rss / 2**20:.0f} MiB -> {_rss_tree() / 2**20:.0f} MiB ({grown:+.1%})")
     assert _fds() == fds
     assert len(_workers()) <= workers

@@ -16,9 +16,9 @@ frame rates too. `timestamp_convention="reference"` reproduces the public refere
 
 Order of checks (docs/reliability_policy.md §0, §1.3): byte cap -> container sniffed and allowlisted
 (video_formats.py: forced demuxer, file protocol only, no nested opens) -> header of the best video stream
-(the one libavformat picks; no video stream, codec, encryption, resolution, duration, header frame count) -> index pass over
-that stream's packets (presentation times of displayed frames: packets flagged discard, e.g. cut by an MP4
-edit list, and VP8/VP9 hidden frames are not frames; encrypted packets refuse the file; capped by
+(the one libavformat picks; no video stream, codec, encryption, resolution, duration, header frame count) ->
+index pass over that stream's packets (presentation times of displayed frames: packets flagged discard, e.g.
+cut by an MP4 edit list, and VP8/VP9 hidden frames are not frames; encrypted packets refuse the file; capped by
 `max_video_frames`) -> decode only the sampled frames of that same stream. Every probe, cap and decode uses that
 one stream, and one deadline (`MediaLimits.video_timeout_s`) bounds them all, in-process too.
 
