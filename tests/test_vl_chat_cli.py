@@ -351,3 +351,16 @@ def _examples(directory):
 
     found, records = ensure_examples(directory / "examples")
     return tab_examples(found, records)
+
+
+@needs_demo
+def test_the_pruning_note_reaches_json_and_stderr_as_it_is(example):
+    """The note redundant-token pruning writes when its similarity floor keeps tokens (token_reduction) reaches
+    both outputs through `Stats.notes`, with nothing in vl chat that knows about it."""
+    doc = _ask(example, "--token-pruning-rate", "0.6", "--json")
+    assert doc.returncode == 0, doc.stderr
+    stats = json.loads(doc.stdout)["stats"]
+    notes = [n for n in stats["notes"] if n.startswith("redundant-token pruning 0.6 kept")]
+    assert len(notes) == 1 and "similarity floor" in notes[0] and stats["reductions"][0]["note"] == notes[0]
+    plain = _ask(example, "--token-pruning-rate", "0.6")
+    assert f"note: {notes[0]}" in plain.stderr.splitlines()
