@@ -6,6 +6,7 @@
     vl eval score --task TASK --predictions FILE.jsonl      re-score a predictions file (no model)
     vl eval compare --task TASK BASE.jsonl OTHER.jsonl      OTHER minus BASE on shared items, paired interval
     vl eval tasks                                           list the task names
+    vl eval make-data --out DIR [--per-family N]            write the synthetic_docs / synthetic_video sets
 
 Exit status: 0 when every item has a final record (item errors are results, counted in the summary);
 1 when items are missing or the server did not answer some (`unavailable`; the run also stops after
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vl eval", description="Batch evaluation: resumable, distributed "
                                 "(accelerate launch -m eval ...), scored exactly like lmms-eval. "
                                 "`vl eval score --help` re-scores a predictions file; `vl eval compare --help` "
-                                "compares two.")
+                                "compares two; `vl eval make-data --help` writes the synthetic_docs / "
+                                "synthetic_video data.")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model vl/demo)")
     p.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
     p.add_argument("--data", required=True, help="local dataset: JSONL/JSON with media paths, parquet file or "
@@ -122,8 +124,68 @@ def config_from_args(args: argparse.Namespace):
                      max_connection_failures=args.max_connection_failures)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_data_main(argv: Sequence[str], make_data=None) -> int:
+    """`vl eval make-data`: the project's own held-out sets, written by `make_data(kind, per_family, out, *,
+    tile_size, seed) -> jsonl path`, which the `vl` command supplies (data_recipes.synthetic; eval never imports
+    the data side)."""
+    from eval.tasks import get_task, task_names
+    from vl.errors import InputError, VLError
+
+    made = [n for n in task_names() if get_task(n).made_by]
+    p = argparse.ArgumentParser(prog="vl eval make-data", description="Write the held-out synthetic sets that "
+                                f"`vl eval --task {'|'.join(made)}` reads: the test split of data_recipes.synthetic "
+                                "(never trained on) as PNG pages, PDFs and MP4 clips plus one JSONL per task, drawn "
+                                "at the model's tile size. Prints the JSONL paths as JSON.")
+    p.add_argument("--out", required=True, help="folder to write: DIR/document_test.jsonl, DIR/video_test.jsonl, "
+                   "DIR/media/")
+    p.add_argument("--tasks", default=",".join(made), help=f"comma-separated, of {', '.join(made)} (default: both)")
+    p.add_argument("--per-family", type=int, default=100, help="items per family (default 100, the demo model "
+                   "card's set; 8 document and 5 video families)")
+    p.add_argument("--model", default=None, help="checkpoint whose tile size (config.json force_image_size) pages "
+                   "and frames are drawn at (default: the shipped demo model)")
+    p.add_argument("--tile-size", type=int, default=None, help="draw at this many pixels instead of the model's")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        if make_data is None:
+            raise InputError("make-data is run by the `vl` command (`vl eval make-data ...`), which supplies the "
+                             "synthetic generator; `python -m eval` does not reach data_recipes")
+        if args.per_family < 1 or (args.tile_size is not None and args.tile_size < 1):
+            raise InputError(f"--per-family and --tile-size must be >= 1, found {args.per_family} and "
+                             f"{args.tile_size}")
+        tasks = [get_task(name) for name in args.tasks.split(",")]
+        unmade = [t.name for t in tasks if not t.made_by]
+        if unmade:
+            raise InputError(f"{', '.join(unmade)}: not generated here (its data is the public benchmark's); "
+                             f"make-data writes {', '.join(made)}")
+        tile = args.tile_size or _tile_size(args.model)
+        written = {t.name: str(make_data(t.made_by, args.per_family, Path(args.out), tile_size=tile, seed=args.seed))
+                   for t in tasks}
+    except VLError as e:
+        print(f"error [{e.code}]: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(written, indent=2))
+    for name, path in written.items():
+        print(f"next: vl eval --task {name} --data {path} --out runs/{name}", file=sys.stderr)
+    return 0
+
+
+def _tile_size(model: str | None) -> int:
+    from vl.directory import default_model, read_config
+    from vl.errors import CheckpointError
+
+    model = model or default_model()
+    tile = read_config(Path(model)).get("force_image_size")
+    if not isinstance(tile, int):
+        raise CheckpointError(f"{model}: config.json has no force_image_size (a text-only model?); pass --tile-size")
+    return tile
+
+
+def main(argv: Sequence[str] | None = None, make_data=None) -> int:
+    """`make_data`: the synthetic-set writer `vl eval make-data` runs (vl/cli.py supplies it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["make-data"]:
+        return make_data_main(argv[1:], make_data)
     if argv[:1] == ["score"]:
         from eval.score import main as score_main
 

@@ -194,6 +194,8 @@ def iter_items(task: Task, cfg: RunConfig, wanted: set[int] | None = None) -> It
 
 
 def plan_items(task: Task, cfg: RunConfig) -> list[Planned]:
+    if not Path(cfg.data).exists():
+        raise DatasetFormatError(f"{cfg.data}: no such file or folder; {task.missing_data_hint()}")
     plan, seen = [], set()
     for index, item, problem in iter_items(task, cfg):
         if item.id in seen:

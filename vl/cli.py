@@ -2,7 +2,7 @@
 
     vl app        [--model PATH] ...         Gradio app (ui/app.py)
     vl chat       --model PATH --image F --prompt "..." [--json]   (vl/chat_cli.py)
-    vl eval       ... | score ... | compare  batch evaluation, re-scoring, two runs compared (eval/)
+    vl eval       ... | score | compare | make-data   evaluation, re-scoring, two runs compared, the synthetic sets
     vl quantize   --format fp8|nvfp4 --model IN --out OUT
     vl bench      [--json] ...               speed and memory against transformers (vl/bench.py)
     vl train-demo ...                        train the demo model or a fine-tune of it (data_recipes/train.py)
@@ -20,8 +20,8 @@ from vl.directory import default_model  # noqa: F401 - `vl.cli.default_model` st
 COMMANDS = {
     "app": ("ui.app:main", "serve the Gradio app"),
     "chat": ("vl.chat_cli:main", "one question about images / a PDF / a video, answer streamed to stdout"),
-    "eval": ("eval.__main__:main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
-                                   "compares two)"),
+    "eval": ("vl.cli:eval_main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
+                                 "compares two, vl eval make-data writes the synthetic sets)"),
     "serve": ("vl.server.cli:main", "OpenAI-compatible server: /v1/models, /v1/chat/completions (docs/server.md)"),
     "quantize": ("vl.cli:quantize_main", "export a BF16 checkpoint to FP8 or NVFP4 (ModelOpt layout)"),
     "bench": ("vl.cli:bench_main", "speed and memory against transformers, measured in one process"),
@@ -36,6 +36,20 @@ def quantize_main(argv: list[str]) -> int:
     from vl.quant.cli import main as quantize
 
     return quantize(argv, calib_source=SYNTHETIC)
+
+
+def eval_main(argv: list[str]) -> int:
+    """`vl eval`, whose `make-data` writes the synthetic held-out sets with data_recipes (eval never imports it)."""
+    from eval.__main__ import main as eval_cli
+
+    return eval_cli(argv, make_data=_write_synthetic_test_split)
+
+
+def _write_synthetic_test_split(kind: str, per_family: int, out, *, tile_size: int, seed: int):
+    """`per_family` test-split samples of every family of `kind` -> out/<kind>_test.jsonl plus media files."""
+    from data_recipes.synthetic import export_split, families
+
+    return export_split(kind, "test", per_family * len(families(kind)), out, tile_size=tile_size, seed=seed)
 
 
 def bench_main(argv: list[str]) -> int:

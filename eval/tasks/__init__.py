@@ -57,6 +57,14 @@ class Task(abc.ABC):
     record_fields: ClassVar[tuple[str, ...]] = ()  # task fields copied into, and required in, records
     category_fields: ClassVar[tuple[str, ...]] = ()  # per-category breakdowns (list values count per entry)
     id_keys: ClassVar[tuple[str, ...]] = ("id", "question_id", "questionId", "qid", "index")
+    made_by: ClassVar[str | None] = None  # the project's own sets: the `vl eval make-data` kind that writes them
+
+    def missing_data_hint(self) -> str:
+        """What to do when --data does not exist: the command that writes this task's data, where there is one."""
+        if self.made_by is None:
+            return f"{self.name} reads a local copy of {self.dataset} (docs/eval_scoring.md §2)"
+        return (f"write it with `vl eval make-data --out DIR` (DIR/{self.made_by}_test.jsonl is {self.name}'s "
+                "file; --per-family N for a smaller set)")
 
     # --- items and prompts --------------------------------------------------------------------
     def item_from_row(self, row: Mapping[str, Any], index: int, media_root: str | os.PathLike) -> Item:

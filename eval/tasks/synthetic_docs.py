@@ -1,8 +1,9 @@
 """Held-out synthetic documents of the demo model (data_recipes.synthetic, kind "document").
 
 No reference harness: this is the project's own check that the shipped demo model learned its
-families. Record format (one JSON object per line, what `data_recipes.synthetic.export_split` writes
-to `<out>/document_test.jsonl`; media paths are relative to the JSONL's folder):
+families. Record format (one JSON object per line, what `vl eval make-data --out DIR` writes to
+`DIR/document_test.jsonl` through `data_recipes.synthetic.export_split`; media paths are relative to the
+JSONL's folder):
 
     {"id": "...", "family": "doc_total", "question": "What is the total?", "answer": "42",
      "content": [{"type": "image", "image": "media/x.png"}]          # or "pdf": "media/x.pdf"
@@ -27,7 +28,8 @@ from eval.tasks import Task, category_means, mean_score
 class SyntheticDocs(Task):
     name = "synthetic_docs"
     reference = "project-own held-out set (data_recipes.synthetic, split test); no external harness"
-    dataset = "data_recipes.synthetic.export_split('document', 'test', n, out) -> document_test.jsonl"
+    dataset = "`vl eval make-data --out DIR` -> DIR/document_test.jsonl (data_recipes.synthetic, split test)"
+    made_by = "document"
     metric = "exact_match_normalized"
     scale = "0-1"
     max_new_tokens = 32

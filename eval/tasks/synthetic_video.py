@@ -2,7 +2,7 @@
 
 Same record format and scoring as `synthetic_docs` (see there), with one video part per record:
 `"content": [{"type": "video", "video": "media/x.mp4"}]`, plus `fps` / `num_frames` kept as fields
-(`export_split('video', 'test', n, out)` -> `video_test.jsonl`). The frame sampling used at eval
+(`vl eval make-data --out DIR` -> `DIR/video_test.jsonl`). The frame sampling used at eval
 time is a runner setting and belongs in the run header.
 """
 
@@ -14,5 +14,6 @@ from eval.tasks.synthetic_docs import SyntheticDocs
 class SyntheticVideo(SyntheticDocs):
     name = "synthetic_video"
     reference = "project-own held-out set (data_recipes.synthetic, split test); no external harness"
-    dataset = "data_recipes.synthetic.export_split('video', 'test', n, out) -> video_test.jsonl"
+    dataset = "`vl eval make-data --out DIR` -> DIR/video_test.jsonl (data_recipes.synthetic, split test)"
     media_kind = "video"
+    made_by = "video"

@@ -1,0 +1,71 @@
+"""`vl eval make-data` as a user meets it, as subprocesses: the missing-data error names the command, the command
+writes both synthetic sets (small here) at the demo model's tile size, twice to the same bytes, and `vl eval` then
+runs on what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "vl" / "demo"
+
+
+def vl(*args: str, module: str = "vl.cli") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model is not shipped here")
+def test_missing_data_names_make_data_which_writes_what_eval_reads(tmp_path):
+    data = tmp_path / "synthetic"
+    missing = vl("eval", "--task", "synthetic_docs", "--data", str(data / "document_test.jsonl"),
+                 "--out", str(tmp_path / "run0"), "--no-progress")
+    assert missing.returncode == 2 and "error [bad_dataset]" in missing.stderr
+    assert "vl eval make-data --out DIR" in missing.stderr and "document_test.jsonl" in missing.stderr
+
+    made = vl("eval", "make-data", "--out", str(data), "--per-family", "1")
+    assert made.returncode == 0, made.stderr
+    paths = json.loads(made.stdout)
+    assert paths == {"synthetic_docs": str(data / "document_test.jsonl"),
+                     "synthetic_video": str(data / "video_test.jsonl")}
+    docs, videos = rows(data / "document_test.jsonl"), rows(data / "video_test.jsonl")
+    assert len(docs) == 8 and len(videos) == 5  # one per family
+    assert {r["split"] for r in docs + videos} == {"test"}
+    media = [data / part[part["type"]] for r in docs + videos for part in r["content"]]
+    tile = json.loads((DEMO / "config.json").read_text())["force_image_size"]
+    from PIL import Image
+
+    assert {Image.open(p).size for p in media if p.suffix == ".png"} == {(tile, tile)}  # the model's tile
+    assert all(p.is_file() and p.stat().st_size > 0 for p in media)
+    first = {p.name: p.read_bytes() for p in media}
+    assert vl("eval", "make-data", "--out", str(data), "--per-family", "1").returncode == 0
+    assert {p.name: p.read_bytes() for p in media} == first  # the same set again, byte for byte
+
+    run = vl("eval", "--task", "synthetic_docs", "--data", paths["synthetic_docs"], "--out", str(tmp_path / "run"),
+             "--limit", "3", "--isolation", "inline", "--no-progress")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["ok"] == 3
+
+
+def test_make_data_refuses_what_it_cannot_make(tmp_path):
+    benchmark = vl("eval", "make-data", "--out", str(tmp_path), "--tasks", "docvqa_val")
+    assert benchmark.returncode == 2 and "docvqa_val: not generated here" in benchmark.stderr
+    text_only = tmp_path / "text_only"
+    text_only.mkdir()
+    (text_only / "config.json").write_text(json.dumps({"model_type": "nemotron_h"}))
+    no_tile = vl("eval", "make-data", "--out", str(tmp_path / "d"), "--model", str(text_only))
+    assert no_tile.returncode == 2 and "force_image_size" in no_tile.stderr and "--tile-size" in no_tile.stderr
+    bare = vl("make-data", "--out", str(tmp_path / "d"), module="eval")  # python -m eval: no generator to run
+    assert bare.returncode == 2 and "vl eval make-data" in bare.stderr
+    assert not (tmp_path / "d").exists()
