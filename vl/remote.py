@@ -283,20 +283,20 @@ class RemoteEngine:
         except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
             if timeout_s is None or time.perf_counter() - t0 < timeout_s:
                 raise ServerUnavailableError(
-                    f"{self.base_url}/chat/completions: the server sent nothing for {silence:g} s (after {events} "
-                    f"stream events, {type(e).__name__}); it may be stuck or overloaded. Retry later, or allow a "
+                    f"{self.base_url}/chat/completions: the server sent nothing for {silence:g} s (after "
+                    f"{_events(events)}, {type(e).__name__}); it may be stuck or overloaded. Retry later, or allow a "
                     "longer silence (RemoteEngine(timeout_s=...), vl eval --read-timeout)") from None
             finish = "timeout"  # the caller's own deadline: the text so far, as a local engine gives it
         except httpx.TransportError as e:
             raise ServerUnavailableError(
-                f"{self.base_url}/chat/completions: the connection broke after {events} stream events "
+                f"{self.base_url}/chat/completions: the connection broke after {_events(events)} "
                 f"({type(e).__name__}: {e}); the answer is incomplete. Retry; if it recurs, see the server's "
                 "log") from None
         if finish is None and not done:
             raise ServerUnavailableError(
-                f"{self.base_url}/chat/completions: the stream ended after {events} events without a finish_reason "
-                "or [DONE]: it was cut short (a crashed server or a proxy's timeout) and the answer is incomplete. "
-                "Retry")
+                f"{self.base_url}/chat/completions: the stream ended after {_events(events)} without a "
+                "finish_reason or [DONE]: it was cut short (a crashed server or a proxy's timeout) and the answer "
+                "is incomplete. Retry")
         finish = finish or "stop"
         end = time.perf_counter()
         reasoning_text, answer_text = "".join(reasoning).strip(), "".join(answer).strip()
@@ -366,6 +366,10 @@ class RemoteEngine:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _events(n: int) -> str:
+    return f"{n} stream event" + "s" * (n != 1)
 
 
 def _require_event_stream(response, url: str) -> None:
