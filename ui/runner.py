@@ -16,19 +16,43 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ui.chat_media import MediaCache, conversation_inputs, has_media
+from vl.options import RequestOptions
+from vl.processing.progress import Work
+from vl.runtime.batch import Tokenized
 from vl.runtime.heap import trim_heap
 from vl.runtime.engine import ChatResult, Engine, Stats
 from vl.runtime.outcome import finish_label, finish_note
 
+MEDIA_CACHE_MB = 1024  # processed attachments kept for follow-ups (float32 tiles: ~3 MB per 512-px tile)
 YIELD_EVERY_S = 0.05  # at most ~20 page updates a second; every kind change and the end are always sent
 
 
 class UIEngine(Engine):
-    """`vl.Engine` that also keeps, on each call's `Stats`, what the processor produced.
+    """`vl.Engine` that also keeps, on each call's `Stats`, what the processor produced, and processes a
+    conversation's attachments once each (ui/chat_media.py: the media caps per message, a bounded cache).
 
     The page shows the tiles and frames the model saw and the timestamps of the EVS chart; both come from the
     `ProcessedInputs` of that very call, so nothing is decoded twice. `chat` itself is the base class's.
     """
+
+    def __init__(self, *args, media_cache_mb: int = MEDIA_CACHE_MB, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.media_cache = MediaCache(media_cache_mb << 20)
+
+    def process(self, messages, options=None, *, stats=None, work=None):
+        """`Engine.process` with the media of each message through `self.media_cache` (prompts without media,
+        already tokenized ones and a text-only model's take the base class's path)."""
+        vision = getattr(self.processor, "has_vision", False)
+        if isinstance(messages, Tokenized) or not vision or not has_media(messages):
+            return super().process(messages, options, stats=stats, work=work)
+        options, stats = options or RequestOptions(), stats or Stats()
+        proc = options.processor_kwargs()
+        proc.setdefault("context_length", self.context_length)
+        with work or Work():
+            inputs = conversation_inputs(self.processor, messages, proc, options.thinking, self.media_cache)
+        stats.notes += inputs.notes
+        return inputs, stats
 
     def prepare(self, messages, options=None, **kwargs):
         embeds, inputs, stats = super().prepare(messages, options, **kwargs)

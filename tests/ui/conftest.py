@@ -76,6 +76,16 @@ def ui_engine(tiny_dir, examples, upload_dir):
                                     allowed_roots=[upload_dir, examples.dir])
 
 
+@pytest.fixture()
+def cold_media_cache(ui_engine):
+    """The app engine's processed attachments forgotten (ui/chat_media.py): a test that watches a file being
+    decoded or rendered must not be served from an earlier test's cache."""
+    from ui.chat_media import MediaCache
+
+    ui_engine.media_cache = MediaCache(ui_engine.media_cache.max_bytes)
+    return ui_engine.media_cache
+
+
 @pytest.fixture(scope="session")
 def reference_engine(tiny_dir):
     """A plain `vl.Engine` (no UI subclass, in-process decoding): what the app's answers must equal."""

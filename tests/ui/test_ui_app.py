@@ -267,7 +267,7 @@ def test_document_token_reduction_before_after_and_kept_tokens(client, examples,
     assert all(g["caption"].endswith(" kept") for g in final[2]) and sum(kept) == s.vision_tokens_after
 
 
-def test_long_documents_report_page_progress(client, tmp_path):
+def test_long_documents_report_page_progress(client, tmp_path, cold_media_cache):
     """Finding 9: while a PDF is read the page shows "rendering PDF page i/n" (Gradio progress), not one line."""
     from PIL import Image
 
@@ -310,7 +310,7 @@ def long_clip(tmp_path_factory):
     return make_video(tmp_path_factory.mktemp("clip") / "long.mp4", frames=64, fps=8, size=(640, 480), noise=True)
 
 
-def test_video_decoding_reports_frames(client, long_clip):
+def test_video_decoding_reports_frames(client, long_clip, cold_media_cache):
     """Finding 9: while a video is decoded (in a sandbox worker) the page shows "video frames decoded i/64"."""
     job = client.submit(*video_args(handle_file(long_clip), "What moves?", fps=8.0, max_frames=64, max_new_tokens=2),
                         api_name="/video")
@@ -319,7 +319,7 @@ def test_video_decoding_reports_frames(client, long_clip):
     assert any(desc == "video frames decoded" and n == 64 for desc, _, n in seen), sorted(seen, key=str)
 
 
-def test_chat_attachments_report_progress(client, tmp_path, long_clip):
+def test_chat_attachments_report_progress(client, tmp_path, long_clip, cold_media_cache):
     """Finding 9 in the Chat tab: an attached PDF shows "rendering PDF page i/n", a video "video frames decoded"."""
     from PIL import Image
 
@@ -334,7 +334,7 @@ def test_chat_attachments_report_progress(client, tmp_path, long_clip):
         assert any(d == desc and length == n for d, _, length in seen), (desc, sorted(seen, key=str))
 
 
-def test_stop_during_video_decoding_says_stopped(ui_engine, upload_dir, long_clip):
+def test_stop_during_video_decoding_says_stopped(ui_engine, upload_dir, long_clip, cold_media_cache):
     """A Stop pressed while the Video tab's clip is decoded (in a sandbox worker) ends the decode at the next frame;
     the tab's status says "stopped" and no answer is generated."""
     import shutil
