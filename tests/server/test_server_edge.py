@@ -159,7 +159,7 @@ def test_request_ids_routes_and_statuses(engine):
         with paced(engine, 0.05):
             slow = threading.Thread(target=lambda: httpx.post(
                 base + "/v1/chat/completions", headers=auth, timeout=120,
-                json={"model": "vl", "messages": HELLO, "max_tokens": 40, "temperature": 0, "ignore_eos": True}))
+                json={"model": "vl", "messages": HELLO, "max_tokens": 100, "temperature": 0, "ignore_eos": True}))
             slow.start()
             end = time.monotonic() + 60
             while sched.snapshot()["running"] == 0 and time.monotonic() < end:
