@@ -54,6 +54,7 @@ from data_recipes.train_data import Prefetch, SampleStream, load_or_train_tokeni
 from data_recipes.train_log import plot_loss, read_log
 from data_recipes.train_loss import batch_loss, probe_pass_loss
 from data_recipes.vision_targets import ProbeHeads
+from vl.directory import SYNTHETIC_ONLY_KEY
 from vl.errors import ConfigError
 
 CHECKPOINT = "checkpoint"
@@ -167,6 +168,10 @@ def export_model(model, tokenizer, directory: Path, dtype: torch.dtype = torch.f
         if any(name.endswith(k) for k in shipped.keep_in_fp32):
             p.data = p.data.float()
     save_pretrained(shipped, directory)
+    config_file = directory / "config.json"  # every model trained here has seen only synthetic data: mark it so
+    config = json.loads(config_file.read_text())  # `vl chat` and the app warn, wherever it is copied
+    config[SYNTHETIC_ONLY_KEY] = True
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
     save_tokenizer(tokenizer, directory)
     lm = model.config.lm
     gen = {"eos_token_id": list(lm.eos_token_id), "pad_token_id": lm.pad_token_id, "bos_token_id": lm.bos_token_id,

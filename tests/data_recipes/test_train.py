@@ -13,6 +13,7 @@ from data_recipes.registry import get_recipe
 from data_recipes.train import init_weights, main, train
 from data_recipes.train_data import Prefetch
 from data_recipes.train_log import read_log
+from vl.directory import synthetic_only
 from vl.errors import ConfigError
 
 STEPS = 6
@@ -43,6 +44,7 @@ def test_smoke_training_lowers_the_loss_and_writes_its_outputs(straight):
             "generation_config.json"} <= names
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["model_type"] == "NemotronH_Nano_VL_V2" and cfg["max_num_tiles"] == 1
+    assert synthetic_only(model_dir)  # a model trained here warns in `vl chat` and the app, as the demo does
     assert summary["parameters"]["total"] == sum(t.numel() for k, t in load_file(model_dir / "model.safetensors").items()
                                                  if "input_conditioner" not in k)
 
