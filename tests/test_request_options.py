@@ -299,36 +299,46 @@ def test_max_pages_reaches_every_front_end(pdf_engine, three_pages, tmp_path, ca
 
 # --- thinking: one default, declared once, in every front end --------------------------------------------------
 def test_one_reasoning_default_in_every_front_end(pdf_engine, tmp_path):
-    """Off unless asked for (`RequestOptions.thinking`): `vl chat`, `Engine.chat`, the pipeline, eval and the server
-    without `enable_thinking` all take the record's default; what a front end is asked for it follows."""
+    """Off unless asked for: the option (`RequestOptions.thinking`), else a /think or /no_think in the messages,
+    else `DEFAULT_THINKING` (off). `vl chat`, `Engine.chat`, the pipeline, eval, the server and `RemoteEngine`'s
+    body all resolve it the same way."""
     from eval.runner import RunConfig
     from vl.cli_flags import options_from_args
     from vl.hf.processor import NemotronNanoVLV2Processor
+    from vl.options import DEFAULT_THINKING
+    from vl.remote import RemoteEngine
     from vl.server.media import MediaPolicy
     from vl.server.request import Ceilings, parse_chat_request
 
-    default = RequestOptions().thinking
-    assert default is False
+    assert DEFAULT_THINKING is False and RequestOptions().thinking is None
     chat = [{"role": "user", "content": "Hi"}]
-    # vl chat: no flag = the default; the flag alone, or `on`, turns it on
-    for argv, want in (([], default), (["--thinking"], True), (["--thinking", "on"], True),
+    asks = [{"role": "system", "content": "/think"}, {"role": "user", "content": "Hi"}]
+    # vl chat: no flag = unset; the flag alone, or `on`, turns it on
+    for argv, want in (([], None), (["--thinking"], True), (["--thinking", "on"], True),
                        (["--thinking", "off"], False)):
         assert options_from_args(_chat_parser().parse_args(argv)).thinking is want, argv
-    # Engine.chat and the pipeline's processor render the same prompt for "not asked"
+    # Engine.chat and the pipeline's processor render the same prompt: off when nothing asks, on when a message does
     off = pdf_engine.processor(chat, thinking=False).text
-    assert off.endswith("<think></think>") and pdf_engine.prepare(chat)[1].text == off
+    on = pdf_engine.processor(asks, thinking=True).text
+    assert off.endswith("<think></think>") and on.endswith("<think>\n")
+    assert pdf_engine.prepare(chat)[1].text == off and pdf_engine.prepare(asks)[1].text == on
+    assert pdf_engine.prepare(asks, RequestOptions(thinking=False))[1].text.endswith("<think></think>")  # the option wins
     hf = NemotronNanoVLV2Processor(vl_processor=pdf_engine.processor)
     assert hf.apply_chat_template(chat, add_generation_prompt=True) == off
+    assert hf.apply_chat_template(asks, add_generation_prompt=True) == on
     assert hf.apply_chat_template(chat, add_generation_prompt=True, enable_thinking=True).endswith("<think>\n")
-    # eval runs
-    assert RunConfig(task="synthetic_docs", data="d.jsonl", out=str(tmp_path)).thinking is default
+    # eval runs say it outright (a run's fingerprint names its mode): off, as the scoring rules' primary runs
+    assert RunConfig(task="synthetic_docs", data="d.jsonl", out=str(tmp_path)).thinking is DEFAULT_THINKING
 
-    # the server: the default unless the body's chat_template_kwargs.enable_thinking (vLLM's spelling) says
-    def parse(**body):
-        return parse_chat_request({"messages": chat, **body}, served_names=("m",), policy=MediaPolicy(),
+    # the server: unset unless the body says (vLLM's chat_template_kwargs.enable_thinking, or reasoning_effort)
+    def parse(messages=chat, **body):
+        return parse_chat_request({"messages": messages, **body}, served_names=("m",), policy=MediaPolicy(),
                                   ceilings=Ceilings()).chat.options.thinking
 
-    assert parse() is default and parse(chat_template_kwargs={"enable_thinking": True}) is True
-    # RemoteEngine's body always says which: a foreign server's own default (vLLM: the card's, on) would differ
-    assert RequestOptions().to_openai()["chat_template_kwargs"] == {"enable_thinking": False}
-    assert RequestOptions(thinking=None).to_openai().get("chat_template_kwargs") is None  # None: the messages decide
+    assert parse() is None and parse(asks) is None and parse(chat_template_kwargs={"enable_thinking": True}) is True
+    # RemoteEngine: a foreign server's own default (vLLM: the card's, on) differs, so an unset option with no toggle
+    # in the messages is sent as off; a toggle in the messages is left to the server's template
+    remote = RemoteEngine("http://127.0.0.1:9/v1", model="m")
+    assert remote.request_body(chat)["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in remote.request_body(asks)
+    assert remote.request_body(asks, thinking=True)["chat_template_kwargs"] == {"enable_thinking": True}

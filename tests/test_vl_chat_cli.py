@@ -250,9 +250,9 @@ def _ask(example, *flags):
 
 @needs_demo
 def test_reasoning_is_off_unless_asked_for(example, engine):
-    from vl.options import RequestOptions
+    from vl.options import DEFAULT_THINKING, RequestOptions
 
-    assert RequestOptions().thinking is False  # the one declared default
+    assert RequestOptions().thinking is None and DEFAULT_THINKING is False  # unset: a message's toggle, else off
     messages = [{"role": "user", "content": [{"type": "image", "image": example["path"]},
                                              {"type": "text", "text": example["question"]}]}]
     off, on = engine.chat(messages), engine.chat(messages, thinking=True)  # Engine.chat: the same default
@@ -302,7 +302,8 @@ def test_help_says_what_holds_for_any_checkpoint():
     assert out.returncode == 0
     assert "512-px tiles" not in text and "default: the model's, 12" not in text
     assert "(default: the checkpoint's max_num_tiles)" in text
-    assert "(/no_think); default off; --thinking alone turns it on" in text
+    assert "(/no_think); default: a /think or /no_think in the messages, else off; --thinking alone turns it on" \
+        in " ".join(text.split())
 
 
 def test_quantize_help_does_not_import_torch():

@@ -92,6 +92,10 @@ def _option(default, **spec):
     return field(default=default, metadata={"spec": Spec(**spec)})
 
 
+# What an unset `thinking` resolves to when no message carries /think or /no_think: off (see the option).
+DEFAULT_THINKING = False
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     """One request's options. Build it with keywords (aliases accepted: `from_kwargs`), from an OpenAI body
@@ -147,14 +151,16 @@ class RequestOptions:
         256, kind=int, acts=GENERATION, lo=1, flag="--max-new-tokens", metavar="N",
         openai="max_tokens", openai_read=("max_completion_tokens", "max_tokens"), eval=True,
         help="stop after N new tokens, reasoning included (default 256)")
-    # Reasoning is off unless asked for, in every front end (the app, `vl chat`, the pipeline, `Engine.chat`, the
-    # server when a request has no `enable_thinking`): with it on, a small token limit often ends inside the
-    # reasoning with no answer. None still means "the messages' /think or /no_think, else the model's default".
+    # Reasoning is off unless asked for, in every front end (the app, `vl chat`, the pipeline, `Engine.chat`, eval,
+    # the server): with it on, a small token limit often ends inside the reasoning with no answer. Asked for means
+    # this option (True / False), or else a /think or /no_think in a system or user message (the model card's
+    # way); with neither, `DEFAULT_THINKING` (vl/processing/chat.py `render_prompt` applies it).
     thinking: bool | None = _option(
-        False, kind=bool, acts=GENERATION, nullable=True, flag="--thinking", aliases=("enable_thinking",),
+        None, kind=bool, acts=GENERATION, nullable=True, flag="--thinking", aliases=("enable_thinking",),
         openai="chat_template_kwargs.enable_thinking", openai_read=("chat_template_kwargs.enable_thinking", "thinking"),
         pipeline=True, eval=True,
-        help="reasoning before the answer (/think) or not (/no_think); default off")
+        help="reasoning before the answer (/think) or not (/no_think); default: a /think or /no_think in the "
+             "messages, else off")
     reasoning_budget: int | None = _option(
         None, kind=int, acts=GENERATION, lo=0, nullable=True, flag="--reasoning-budget", metavar="N",
         openai="reasoning_budget", help="close the think block after N tokens (default: no budget)")
@@ -228,8 +234,7 @@ class RequestOptions:
         default = RequestOptions()
         for s in specs():
             value = getattr(self, s.name)
-            # every OpenAI server needs the budget, and a foreign one (vLLM) defaults to reasoning on: both differ
-            always = s.name in ("max_new_tokens", "thinking")
+            always = s.name == "max_new_tokens"  # every OpenAI server needs the budget; its own default differs
             if s.openai is None or value is None or (value == getattr(default, s.name) and not always):
                 continue
             head, _, key = s.openai.rpartition(".")

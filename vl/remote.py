@@ -37,8 +37,8 @@ from vl.errors import (
     VLError,
     error_class_for,
 )
-from vl.options import RequestOptions, spec
-from vl.processing.chat import THINK_CLOSE
+from vl.options import DEFAULT_THINKING, RequestOptions, spec
+from vl.processing.chat import THINK_CLOSE, toggle_in_messages
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats
 
@@ -224,6 +224,10 @@ class RemoteEngine:
                     "seed": (seed, None), "stop": (stop or None, None)}
         body.update({k: v for k, (v, default) in optional.items() if v != default})
         body.update(options.to_openai())
+        if options.thinking is None and toggle_in_messages(messages) is None:
+            # unset and no /think or /no_think in the messages: our default (off), said outright, since a foreign
+            # server's own default differs (vLLM renders the card's template: on)
+            body.setdefault("chat_template_kwargs", {})["enable_thinking"] = DEFAULT_THINKING
         return body
 
     def chat(self, messages, options: RequestOptions | None = None, *, stream: bool = False,

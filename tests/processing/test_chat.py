@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from vl.errors import ConfigError, InputError
+from vl.options import DEFAULT_THINKING
 from vl.processing.chat import (
     CHAT_TEMPLATE, MediaTokens, PlaceholderMismatchError, PromptFormatError, ThinkSplitter, expand_placeholders,
     image_placeholder, render_messages, render_prompt, split_reasoning, strip_reasoning,
@@ -178,10 +179,28 @@ MEDIA_FIRST = (
 
 @pytest.mark.parametrize("name", list(GOLDEN))
 def test_render_prompt_with_our_template_equals_python(name):
+    """What the product sends (render_prompt through the template) equals the Python twin under the product's
+    default (off when nothing asks), and the golden text wherever that default does not decide."""
     messages, kwargs, expected, thinking, opened = GOLDEN[name]
     out = render_prompt(messages, _TemplateTokenizer(CHAT_TEMPLATE), **kwargs)
-    assert (out.text, out.thinking, out.prompt_opened_think) == (expected, thinking, opened)
+    twin = render_messages(messages, thinking_default=DEFAULT_THINKING, **kwargs)
+    assert (out.text, out.thinking, out.prompt_opened_think) == (twin.text, twin.thinking, twin.prompt_opened_think)
+    if twin.thinking == thinking:
+        assert (out.text, out.prompt_opened_think) == (expected, opened)
     assert out.media == render_messages(messages, **kwargs).media
+
+
+def test_render_prompt_reasoning_default_is_off_unless_asked():
+    """The one default of every front end: the option, else a message's toggle, else off; the format's own
+    default (the card's template, render_messages without a product default) stays on."""
+    plain = [{"role": "user", "content": "Hi"}]
+    asks = [{"role": "system", "content": "/think"}, {"role": "user", "content": "Hi"}]
+    for tokenizer in (None, _TemplateTokenizer(CHAT_TEMPLATE)):
+        assert render_prompt(plain, tokenizer).thinking is False
+        assert render_prompt(asks, tokenizer).thinking is True
+        assert render_prompt(asks, tokenizer, thinking=False).thinking is False
+        assert render_prompt(plain, tokenizer, thinking=True).thinking is True
+    assert render_messages(plain).thinking is True
 
 
 def test_render_prompt_without_template_uses_python():

@@ -256,10 +256,10 @@ def test_reasoning_follows_the_request_then_the_messages_then_the_default():
 
     plain = [{"role": "user", "content": "hi"}]
     toggled = [{"role": "system", "content": "/think"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    assert thinking(plain) is False  # the options' default: off
+    assert thinking(plain) is None  # unset: the processor applies the one default (off: tests/test_request_options.py)
     assert thinking(toggled) is None  # the processor reads the toggle (the model card's way)
     assert thinking([{"role": "user", "content": "hi /no_think"}]) is None
     assert thinking(toggled, chat_template_kwargs={"enable_thinking": False}) is False  # the request's flag wins
     assert thinking(toggled, reasoning_effort="minimal") is False
     assert thinking(plain, reasoning_effort="high") is True
-    assert thinking([{"role": "assistant", "content": "/think"}, *plain]) is False  # only system and user count
+    assert thinking([{"role": "assistant", "content": "/think"}, *plain]) is None

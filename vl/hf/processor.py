@@ -265,7 +265,7 @@ def _thinking(thinking, enable_thinking):
     if thinking is not None and enable_thinking is not None and bool(thinking) != bool(enable_thinking):
         raise InputError(f"thinking={thinking!r} and enable_thinking={enable_thinking!r} disagree; pass one")
     value = thinking if thinking is not None else enable_thinking
-    return RequestOptions().thinking if value is None else bool(value)  # not given: the one default (off)
+    return None if value is None else bool(value)  # not given: the messages' toggle, else off (render_prompt)
 
 
 def _is_batch(conversation) -> bool:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vl.errors import ConfigError, InputError, VLError
+from vl.options import DEFAULT_THINKING
 
 SYSTEM_HEADER, USER_HEADER = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n"
 ASSISTANT_HEADER, END_OF_TURN = "<SPECIAL_11>Assistant\n", "<SPECIAL_12>"
@@ -168,15 +169,33 @@ def find_toggle(text: str) -> bool | None:
     return None if on == off else on > off
 
 
+def toggle_in_messages(messages) -> bool | None:
+    """The reasoning toggle that raw OpenAI-shaped messages carry (the last /think or /no_think in a system,
+    developer or user message's text), or None; for front ends that pass messages on without rendering them."""
+    mode = None
+    for message in messages if isinstance(messages, (list, tuple)) else ():
+        if not isinstance(message, Mapping) or message.get("role") not in ("system", "developer", "user"):
+            continue
+        content = message.get("content")
+        texts = [content] if isinstance(content, str) else [
+            p.get("text") for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        ] if isinstance(content, (list, tuple)) else []
+        for text in texts:
+            found = find_toggle(text) if isinstance(text, str) else None
+            mode = mode if found is None else found
+    return mode
+
+
 def remove_toggles(text: str) -> str:
     return THINK_CLOSE.join(p.replace(TOGGLE_ON, "").replace(TOGGLE_OFF, "") for p in text.split(THINK_CLOSE))
 
 
-def resolve_thinking(turns: Sequence[_Turn], thinking: bool | None = None) -> bool:
-    """Default on; the last toggle seen in system/user messages wins; an explicit argument overrides both."""
+def resolve_thinking(turns: Sequence[_Turn], thinking: bool | None = None, default: bool = True) -> bool:
+    """An explicit argument wins; else the last toggle seen in system/user messages; else `default` (on, as the
+    model card's template has it; `render_prompt`, what the product sends, passes `DEFAULT_THINKING`)."""
     if thinking not in (None, True, False):
         raise PromptFormatError(f"thinking must be None, True or False, found {thinking!r}")
-    mode = True
+    mode = default
     for turn in turns:
         found = find_toggle(turn.text) if turn.role != "assistant" else None
         mode = mode if found is None else found
@@ -197,12 +216,13 @@ def opens_think(text: str) -> bool:
 
 
 def render_messages(messages: Sequence[Mapping], *, thinking: bool | None = None, add_generation_prompt: bool = True,
-                    pdf_pages: Callable | None = None, tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
+                    pdf_pages: Callable | None = None, tokens: MediaTokens = DEFAULT_TOKENS,
+                    thinking_default: bool = True) -> RenderedPrompt:
     """Messages -> prompt text with one placeholder per media item, plus the media in prompt order.
     A trailing assistant message is a prefill when `add_generation_prompt` (continued, no end of turn),
     and a complete final turn, reasoning kept, when not (training targets)."""
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
-    mode = resolve_thinking(turns, thinking)
+    mode = resolve_thinking(turns, thinking, thinking_default)
     system = turns[0].text if turns[0].role == "system" else ""
     body = turns[1:] if turns[0].role == "system" else turns
     final = body[-1] if body and body[-1].role == "assistant" else None
@@ -227,16 +247,17 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
                   add_generation_prompt: bool = True, pdf_pages: Callable | None = None,
                   tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
     """Renders through the tokenizer's own `chat_template` when it has one, else through `render_messages`.
-    We resolve the reasoning mode here and hand it to any template as a toggle in the system message.
+    We resolve the reasoning mode here (`thinking`, else the messages' toggle, else `DEFAULT_THINKING`: the one
+    default of every front end) and hand it to any template as a toggle in the system message.
     Toggles are removed from user messages first; templates strip them anyway, so the text is unchanged.
     A foreign template therefore cannot choose a mode other than the one we report. Media messages reach the
     template as typed content lists when it renders them (`template_takes_lists`), else as strings with the
     placeholders in place, so string-only templates (Nemotron Nano 9B v2's) work on media prompts too."""
     if not getattr(tokenizer, "chat_template", None):
         return render_messages(messages, thinking=thinking, add_generation_prompt=add_generation_prompt,
-                               pdf_pages=pdf_pages, tokens=tokens)
+                               pdf_pages=pdf_pages, tokens=tokens, thinking_default=DEFAULT_THINKING)
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
-    mode = resolve_thinking(turns, thinking)
+    mode = resolve_thinking(turns, thinking, DEFAULT_THINKING)
     lists = any(t.media for t in turns) and template_takes_lists(tokenizer, tokens)
     placeholder = {"image": tokens.img_context, "video": tokens.video_context}
     plain = [] if turns[0].role == "system" else [{"role": "system", "content": ""}]

@@ -30,7 +30,6 @@ from vl.errors import (
     UnsupportedFieldError,
 )
 from vl.options import RequestOptions, spec, specs
-from vl.processing.chat import find_toggle
 from vl.runtime.batch import ChatRequest
 from vl.runtime.sampling import SamplingParams
 from vl.server.ceilings import Ceilings
@@ -196,13 +195,12 @@ def _logit_bias(body, vocab_size: int | None, ceilings: Ceilings) -> dict[int, f
 
 def _thinking(body, options: RequestOptions) -> RequestOptions:
     """`reasoning_effort` -> the reasoning toggle; refused when it contradicts an explicit `enable_thinking`.
-    With neither, a `/think` or `/no_think` in a system or user message decides (the model card's way, which a
-    client written for vLLM relies on); with none of these, the options' default (off)."""
+    With neither, the option stays unset and the processor decides as every front end does: a `/think` or
+    `/no_think` in a system or user message (the model card's way, which a client written for vLLM relies on),
+    else off (`vl.options.DEFAULT_THINKING`)."""
     effort = body.get("reasoning_effort")
     if effort is None:
-        kwargs = body.get("chat_template_kwargs")
-        explicit = "thinking" in body or (isinstance(kwargs, dict) and "enable_thinking" in kwargs)
-        return options if explicit or not _has_toggle(body.get("messages")) else options.replace(thinking=None)
+        return options
     if not isinstance(effort, str) or effort not in REASONING_EFFORT:
         raise GenerationOptionError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORT)}, found "
                                     f"{_short(effort)}")
@@ -214,19 +212,6 @@ def _thinking(body, options: RequestOptions) -> RequestOptions:
         raise GenerationOptionError(f"reasoning_effort={effort!r} turns reasoning {'on' if on else 'off'} but "
                                     f"enable_thinking is {explicit!r}; send one of them")
     return options.replace(thinking=on)
-
-
-def _has_toggle(messages) -> bool:
-    for message in messages if isinstance(messages, list) else ():
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user"):
-            continue
-        content = message.get("content")
-        texts = [content] if isinstance(content, str) else [p.get("text") for p in content or ()
-                                                             if isinstance(p, dict) and p.get("type") == "text"] \
-            if isinstance(content, list) else []
-        if any(isinstance(t, str) and find_toggle(t) is not None for t in texts):
-            return True
-    return False
 
 
 def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPolicy, ceilings: Ceilings,
