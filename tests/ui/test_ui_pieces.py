@@ -305,3 +305,18 @@ def test_page_picker_keeps_the_range_sorted_and_compact():
     assert add_page("1,3", 2) == "1-3"
     assert add_page("1-3,7", 5) == "1-3,5,7"
     assert add_page("1-3", 2) == "1-3"
+
+
+def test_the_media_tabs_follow_what_the_engine_says_about_vision():
+    """Issue 52 item 1: the app read `engine.processor.has_vision`, which a `RemoteEngine` does not have (the app
+    crashed at start-up with --backend). A remote engine says `has_vision` (None when its server does not say:
+    the tabs are built, and the server's no_vision error is shown if it has none); a local one has a processor."""
+    from types import SimpleNamespace
+
+    from ui.app import has_vision
+
+    assert has_vision(SimpleNamespace(has_vision=True)) and not has_vision(SimpleNamespace(has_vision=False))
+    assert has_vision(SimpleNamespace(has_vision=None))  # unknown: assume vision
+    assert has_vision(SimpleNamespace())  # an engine that says nothing at all
+    assert not has_vision(SimpleNamespace(processor=SimpleNamespace(has_vision=False)))  # text-only Nemotron-H
+    assert has_vision(SimpleNamespace(processor=SimpleNamespace(has_vision=True)))
