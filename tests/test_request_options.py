@@ -342,3 +342,11 @@ def test_one_reasoning_default_in_every_front_end(pdf_engine, tmp_path):
     assert remote.request_body(chat)["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in remote.request_body(asks)
     assert remote.request_body(asks, thinking=True)["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+def test_an_integer_too_large_for_a_float_option_is_a_typed_error():
+    """10**400 cannot become a float: `Spec.check` says so by name (the one validator), never an OverflowError."""
+    with pytest.raises(GenerationOptionError, match=r"fps must be in \(0, 30\], found an integer of 401 digits"):
+        RequestOptions(fps=10**400)
+    with pytest.raises(GenerationOptionError, match="token_pruning_rate"):
+        RequestOptions.from_kwargs(token_pruning_rate=-(10**400))

@@ -78,7 +78,11 @@ class Spec:
                 self.kind is int and not (isinstance(value, int) or float(value).is_integer())):
             what = "an integer" if self.kind is int else "a number"
             raise GenerationOptionError(f"{label} must be {what}, found {value!r}")
-        value = self.kind(value)
+        try:
+            value = self.kind(value)
+        except OverflowError:  # an integer too large for a float (10**400): out of every range
+            raise GenerationOptionError(f"{label} must be {self.range_text() or 'a finite number'}, found an "
+                                        f"integer of {len(str(abs(value)))} digits") from None
         if self.kind is float and not math.isfinite(value):
             raise GenerationOptionError(f"{label} must be a finite number, found {value!r}")
         low = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)

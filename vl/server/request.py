@@ -257,11 +257,7 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
         raise InputError("stream_options must be an object like {\"include_usage\": true}")
     base = RequestOptions(max_new_tokens=min(default_max_tokens, ceilings.max_tokens),
                           max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
-    try:
-        options = _thinking(body, RequestOptions.from_openai(body, base))
-    except OverflowError:  # an integer too large for a float option (`Spec.check` converts with float())
-        raise GenerationOptionError("a numeric option is too large to be a number (over 1e308); send a value "
-                                    "within its range (docs/server.md)") from None
+    options = _thinking(body, RequestOptions.from_openai(body, base))
     _check_ceilings(options, ceilings)
     chat = ChatRequest(convert_messages(body.get("messages"), policy), options, stop=stop,
                        timeout_s=ceilings.request_timeout_s)
