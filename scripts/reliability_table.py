@@ -1,8 +1,9 @@
 """Measure every row of the reliability matrix and write docs/reliability.md.
 
-Each row of docs/reliability_policy.md §6 (I1-I12, V1-V8, P1-P6, C1-C10, N1-N15, S1-S13, E1-E9) is mapped below to
-the tests that reproduce its fault and check its pass criterion. The script runs pytest on exactly those tests
-(one session, a junit XML), and fills the result column from what pytest reported, so the table is measured:
+Each row of docs/reliability_policy.md §6 (I1-I16, V1-V21, P1-P10, C1-C10, N1-N15, S1-S13, H1-H7, R1-R4, A1-A10,
+E1-E9) is mapped below to the tests that reproduce its fault and check its pass criterion. The script runs pytest
+on exactly those tests (one session, a junit XML), and fills the result column from what pytest reported, so
+the table is measured:
 
 - pass: every listed test passed (a strict xfail that states a measured deviation from the matrix's literal
   criterion is shown as such, beside the passing tests of the criterion we assert);
@@ -50,6 +51,11 @@ T_NH, T_ENG = "tests/modeling/test_nemotron_h.py", "tests/runtime/test_engine.py
 T_UIA, T_UIC, T_UIL, T_UIP = ("tests/ui/test_ui_app.py", "tests/ui/test_ui_cli.py", "tests/ui/test_ui_load.py",
                               "tests/ui/test_ui_pieces.py")
 T_HF, T_RUN, T_E2E = "tests/hf/test_hf_pipeline.py", "tests/eval/test_runner.py", "tests/eval/test_runner_e2e.py"
+T_CLI, T_SPS, T_SFL, T_SMP, T_SED = ("tests/test_vl_chat_cli.py", "tests/server/test_server_prompt_size.py",
+                                    "tests/server/test_server_fields.py", "tests/server/test_media_policy.py",
+                                    "tests/server/test_server_edge.py")
+T_RPR, T_RFT = "tests/server/test_remote_protocol.py", "tests/eval/test_remote_faults.py"
+SEAMS = "found by real clients (openai SDKs, llama.cpp, curl, raw sockets) and public media corpora"
 R = "tests/reliability/"
 R_SRV, R_INP, R_ISO, R_CK, R_NUM = (R + "test_serving_rows.py", R + "test_serving_inprocess.py",
                                     R + "test_isolation_leaks.py", R + "test_checkpoint_rows.py",
@@ -70,7 +76,8 @@ ROWS = [
         _t(T_IMG, "test_i3_zero_dimensions", "test_i3_zero_sized_pil_input")),
     Row("I4", "JPEG/PNG truncated at 50 %, last byte removed, bad CRC", "clear error (strict); never a half-grey image",
         _t(T_IMG, "test_i4_truncated", "test_i4_bad_png_crc", "test_i4_strict_mode_cannot_be_bypassed")),
-    Row("I5", "empty, random bytes, text, TIFF/EPS/PDF named .png", "'unsupported format'; EPS never reaches Ghostscript",
+    Row("I5", "empty, random bytes, text, EPS/PDF/MP4/PSD named .png", "'unsupported format'; EPS never reaches "
+        "Ghostscript (a TIFF named .png is read as the TIFF it is: row I15)",
         _t(T_IMG, "test_i5_unsupported_formats_by_magic_bytes", "test_i5_allowlisted_formats_decode")),
     Row("I6", "EXIF orientation 0, 9, rational (-1,0), doubled Exif header", "accepted un-rotated, warning logged",
         _t(T_IMG, "test_i6_invalid_orientation_kept_unrotated_with_warning", "test_i6_duplicated_exif_header_accepted"),
@@ -305,6 +312,125 @@ ROWS = [
            "test_evalai_vk_golden_differs_on_trailing_period", "test_vqa_accuracy_golden", "test_mcq_le_golden",
            "test_mcq_old_golden", "test_ocrbench_golden", "test_strip_reasoning_golden",
            "test_mlvu_macro_divides_by_all_types_even_if_empty")),
+    # --- 6.8 real clients and real files: images and PDFs -----------------------------------------------
+    Row("I14", "BMP with 4-bit / 8-bit RLE (odd literal runs, early end of bitmap)", "golden pixels; truncated or "
+        "garbage runs give typed errors", _t(T_IMG, "test_bmp_rle_golden_pixels", "test_bmp_rle_truncated_and_garbage_are_typed"),
+        SEAMS),
+    Row("I15", "TIFF scans (7 codecs, multi-page), HEIC and AVIF photos, any file name", "decoded by content with "
+        "the same caps before decode and rotation once; rare TIFF codecs refused by name; fuzzed copies only typed",
+        _t(T_IMG, "test_i5_allowlisted_formats_decode", "test_tiff_compressions_scanners_write_decode",
+           "test_tiff_rare_compressions_refused_by_name", "test_tiff_modes_orientation_and_pages",
+           "test_tiff_header_bomb_refused_before_decode", "test_heic_avif_decode_with_orientation_and_size_cap",
+           "test_iso_media_brands", "test_phone_and_scanner_files_through_the_processor_next_to_png")
+        + _t(R + "test_image_fuzz.py", "test_i12_later_formats_mutated_only_typed_errors_escape",
+             "test_i12_later_formats_fuzz_reached_every_decoder"), SEAMS),
+    Row("I16", "an unreadable file given to `vl chat` (text named .png, truncated JPEG, bad CRC, EPS)",
+        "refused by the header checks before the model loads; the next good file works",
+        _t(T_IMG, "test_sniff_image_refuses_what_decoding_refuses_without_decoding")
+        + _t(T_CLI, "test_an_unreadable_file_is_refused_before_the_model_loads",
+             "test_a_refused_file_then_a_good_one_in_one_process", "test_files_the_model_reads_pass_the_check"), SEAMS),
+    Row("P9", "filled PDF form fields (appearance streams, NeedAppearances)", "drawn as viewers draw them; blank "
+        "fields stay blank", _t(T_PDF, "test_filled_form_fields_are_drawn"), SEAMS),
+    Row("P10", "a page whose font is not embedded, rendered after other PDFs", "identical pixels whatever was "
+        "rendered before, in-process and in one worker", _t(T_PDF,
+        "test_pages_with_missing_fonts_render_independently_of_history"), SEAMS),
+    # --- 6.8 video -----------------------------------------------------------------------------------------
+    Row("V15", "a 2-video + 2-audio clip at 8 fps, other videos, the clip again, through one sandbox worker",
+        "every frame, identical both times; a resource failure is never corrupt_media; a worker is replaced after "
+        "any failure that is not the file's", _t(T_VID, "test_several_videos_in_a_row_through_one_sandbox_worker",
+        "test_an_allocation_failure_is_never_corrupt_media", "test_a_decord_that_does_not_load_is_ours_not_the_files")
+        + _t(R_ISO, "test_the_apps_processor_decodes_videos_in_a_row_in_one_worker")
+        + _t(T_SBX, "test_a_library_maps_under_the_memory_cap", "test_a_failure_that_is_not_the_files_replaces_the_worker",
+             "test_resident_memory_over_the_cap_kills_the_worker"), SEAMS),
+    Row("V16", "repeated decodes with the garbage collector off", "decoder thread count back to its start; a worker "
+        "that keeps threads or memory is replaced", _t(T_VID, "test_decoding_leaves_no_decoder_threads_behind")
+        + _t(T_SBX, "test_a_worker_that_keeps_threads_or_memory_is_replaced"), SEAMS),
+    Row("V17", "CENC-encrypted MP4 (box scan or packet side data); Matroska ContentEncryption",
+        "encrypted_media before any frame is decoded, every backend", _t(T_VRF, "test_10_cenc_mp4_is_refused",
+        "test_10_cenc_packets_are_refused_without_the_box_scan",
+        "test_10_matroska_content_encryption_is_refused_by_the_same_code", "test_10_mp4_box_scan_finds_every_marker"),
+        SEAMS),
+    Row("V18", "MKV / FLV declaring 1000 or 60 fps with frames every 1/30 s", "sampling and duration follow the "
+        "presentation times", _t(T_VRF, "test_10_sampling_follows_presentation_times_not_the_declared_rate")
+        + _t(T_VID, "test_duration_cap_applies_to_the_presentation_times"), SEAMS),
+    Row("V19", "VP9 hidden (alt-ref) frames, in packets of their own and in superframes", "only shown frames counted "
+        "and timed; not partial", _t(T_VRF, "test_10_vp9_hidden_frames_are_not_counted_or_timed",
+                                     "test_10_shown_frame_bits"), SEAMS),
+    Row("V20", "a stream no decoder in PyAV knows", "unsupported_format, sandboxed or not",
+        _t(T_VRF, "test_10_a_stream_without_a_decoder_is_unsupported_format"), SEAMS),
+    Row("V21", "a decode past video_timeout_s in-process (the CLI path)", "decode_timeout at the first check past "
+        "the deadline", _t(T_VID, "test_in_process_deadline_while_indexing", "test_in_process_deadline_while_decoding"),
+        SEAMS),
+    # --- 6.8 the OpenAI-compatible server (`vl serve`) --------------------------------------------------------------
+    Row("H1", "a multi-megabyte text prompt", "context_length 400 with nothing tokenized (counted); RSS flat; a "
+        "concurrent short request answered", _t(T_SPS, "test_a_multi_megabyte_prompt_is_a_400_with_nothing_tokenized_and_flat_memory",
+        "test_a_long_prompt_is_refused_before_tokenizing_in_every_processor",
+        "test_the_bound_is_the_longest_token_and_holds_on_random_text"), SEAMS),
+    Row("H2", "one seed >= 2**64 among 25 concurrent requests; a row whose own code fails", "that request 400 (or "
+        "500) alone; its batch-mates 200, equal to their single runs", _t(T_SFL,
+        "test_one_bad_seed_among_25_concurrent_requests_fails_alone", "test_a_batch_fault_fails_only_the_row_that_causes_it",
+        "test_a_row_whose_own_code_fails_ends_alone", "test_sampling_params_refuse_what_would_fail_later"), SEAMS),
+    Row("H3", "12 media URLs over a cap of 4 (--allow-fetch); IPv4-compatible, NAT64, 6to4, Teredo forms of "
+        "loopback / private addresses", "refused before any fetch (hit count 0); refused by the embedded IPv4",
+        _t(T_SMP, "test_item_caps_are_checked_before_any_url_is_fetched",
+           "test_ipv6_forms_of_forbidden_ipv4_addresses_are_refused", "test_ipv6_forms_of_public_ipv4_addresses_pass_the_check"),
+        SEAMS),
+    Row("H4", "logit_bias, min_p, guided_json, best_of, reasoning_effort, an unknown field", "implemented as "
+        "defined, or 400 naming the field; never ignored", _t(T_SFL, "test_min_p_and_logit_bias_equal_their_definitions",
+        "test_logit_bias_and_min_p_change_the_answer_as_defined", "test_fields_are_implemented_refused_by_name_or_accepted",
+        "test_reasoning_effort_maps_to_the_reasoning_toggle")
+        + _t(T_SMP, "test_reasoning_follows_the_request_then_the_messages_then_the_default"), SEAMS),
+    Row("H5", "JSON nested 100k deep, a 5,000-digit integer, a lone surrogate, %00 in a file:// path, an injected bug",
+        "400 with a code (the bug: a JSON 500) on a keep-alive connection that keeps serving",
+        _t(T_SED, "test_hostile_bodies_are_typed_400s_on_a_connection_that_stays_open",
+           "test_an_unexpected_error_is_a_500_that_keeps_the_connection")
+        + _t(T_SMP, "test_no_body_reaches_an_untyped_error", "test_malformed_urls_and_paths_are_400s"), SEAMS),
+    Row("H6", "a bad image (plain and streamed), 429, models.retrieve, 405, an unknown /v1 path with a key",
+        "400 BadRequestError before any stream; Retry-After; 200 / 404; invalid_request_error; 401; x-request-id "
+        "on every response", _t(T_SED, "test_request_ids_routes_and_statuses",
+        "test_a_streamed_request_with_a_bad_image_is_an_http_400")
+        + _t("tests/server/test_server_openai.py", "test_bad_requests_are_400_with_our_codes",
+             "test_too_many_items_is_400_and_bad_json_too", "test_models_and_health"), SEAMS),
+    Row("H7", "a client sending its head one byte at a time; a slow body; too many connections; a client that "
+        "leaves", "cut off at the header timeout; 408; 503 over the cap; a timestamped log line naming the request",
+        _t(T_SED, "test_slow_clients_are_cut_off", "test_the_log_has_timestamps_and_names_a_client_that_went_away"),
+        SEAMS),
+    # --- 6.8 the client (RemoteEngine) and remote eval ---------------------------------------------------------
+    Row("R1", "a stream that ends without finish_reason or [DONE], is cut, stalls; an HTML / JSON 200 to a stream; "
+        "a malformed event; a gateway 504", "unavailable (retriable) or bad_server_reply, never an answer; a stall "
+        "is not resent; gateway errors retried", _t(T_RPR,
+        "test_a_stream_that_ends_without_finish_or_done_is_unavailable_not_an_answer",
+        "test_a_connection_cut_mid_stream_is_unavailable", "test_a_stream_with_finish_reason_but_no_done_is_complete",
+        "test_a_200_that_is_not_an_event_stream_is_a_protocol_error", "test_a_malformed_event_is_a_protocol_error",
+        "test_a_server_that_stops_sending_is_unavailable_after_the_read_timeout",
+        "test_a_stall_past_the_callers_deadline_is_a_timeout_with_the_text_so_far",
+        "test_gateway_errors_are_retried_then_unavailable", "test_a_refused_connection_is_unavailable"), SEAMS),
+    Row("R2", "`vl eval --backend openai`: streams dropped, stalled or cut; the server gone mid-run; no server",
+        "records unavailable and redone by --resume; the run stops after 3 unanswered items in a row, exit 1; "
+        "nothing answered = no score, not 0", _t(T_RFT,
+        "test_dropped_stalled_and_cut_streams_are_redone_by_resume_after_the_server_left_and_came_back",
+        "test_a_server_that_goes_away_mid_run_stops_the_run_after_three_items",
+        "test_a_run_against_no_server_stops_and_prints_no_score", "test_a_gateway_error_page_and_a_good_answer_next_to_it")
+        + _t("tests/eval/test_eval_score.py", "test_nothing_answered_has_no_score_not_zero"), SEAMS),
+    Row("R3", "a llama.cpp / vLLM server with a smaller context or no vision", "the served context length; "
+        "no_vision; has_vision as the server says", _t(T_RPR, "test_context_length_from_vllm_llama_cpp_and_ours",
+        "test_a_server_without_vision_becomes_no_vision"), SEAMS),
+    Row("R4", "`vl eval --task synthetic_docs` without its data", "the error names `vl eval make-data`, which writes "
+        "what eval reads (twice: byte-identical)", _t("tests/eval/test_make_data.py",
+        "test_missing_data_names_make_data_which_writes_what_eval_reads", "test_make_data_refuses_what_it_cannot_make"),
+        SEAMS),
+    # --- 6.8 the command line -------------------------------------------------------------------------------------
+    Row("A6", "a `vl quantize` copy of the demo model", "the synthetic-inputs warning in `vl chat` and the app",
+        _t("tests/quant/test_quantize_cli.py", "test_a_quantized_copy_of_the_demo_model_keeps_its_warning"), SEAMS),
+    Row("A7", "`vl chat` start-up; `vl quantize --help`", "'loading' said before the model's imports; help without "
+        "torch; --max-tiles help true for any checkpoint", _t(T_CLI,
+        "test_loading_is_said_before_the_model_modules_are_imported", "test_quantize_help_does_not_import_torch",
+        "test_help_says_what_holds_for_any_checkpoint"), SEAMS),
+    Row("A8", "reasoning in the CLI, the engine, the pipeline, the server; a limit that ends inside the reasoning",
+        "one default (the option, else a message's toggle, else off); no complete answer = exit 3 with a note",
+        _t(T_CLI, "test_reasoning_is_off_unless_asked_for", "test_no_complete_answer_exits_3_with_a_note",
+           "test_incomplete_note_covers_every_way_to_end_without_an_answer")
+        + _t("tests/test_request_options.py", "test_one_reasoning_default_in_every_front_end"), SEAMS),
 ]
 
 
