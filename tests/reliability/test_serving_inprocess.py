@@ -180,10 +180,9 @@ def test_s4_slow_decode_is_killed_at_the_worker_time_limit_and_the_worker_replac
 
 # --- S6: a decode worker over its memory cap ---------------------------------------------------------------
 def test_s6_worker_over_its_memory_cap_is_a_clear_error_and_the_service_stays_up(apps, media_limits, tmp_path):
-    """A "bomb without our cap": the pixel cap raised to Pillow's own limit, the worker capped at 640 MB of
-    address space. 81 MP decodes to 243 MB of RGB and more while tiling: the worker runs out, not the server.
-    (Under 768 MB a worker with one OpenMP thread, hence less reserved stack, still fit.) A normal page is
-    served under the same cap first, so the error is the bomb's, not the cap's."""
+    """A "bomb without our cap": the pixel cap raised to Pillow's own limit, the worker's data and resident set
+    capped at 640 MB. 81 MP decodes to 243 MB of RGB and more while tiling: the worker runs out, not the server.
+    A normal page is served under the same cap first, so the error is the bomb's, not the cap's."""
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(_solid_png(9000, 9000))
     assert bomb.stat().st_size < 2 << 20
