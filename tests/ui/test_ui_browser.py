@@ -532,6 +532,7 @@ def test_browser_app_against_a_remote_server(remote_served, examples, browser, t
 
         # Chat: a question with a picture; an unreadable upload is an assistant message; the same question again
         _set_number(page, "#max-new-tokens", 64)  # the streaming was seen above
+        _wait_until(lambda: page.locator(".toast-body").count() == 0, "the Document tab's error notice stayed", 60)
         page.get_by_role("tab", name="Chat").click()
         png = next(e for e in examples.tabs["document"] if e["path"].endswith(".png"))
         box, chat = page.locator("#chat-input"), page.locator("#chat-box")
@@ -550,7 +551,8 @@ def test_browser_app_against_a_remote_server(remote_served, examples, browser, t
         bubbles = chat.locator(".bot").all_inner_texts()
         answers = [t for t in bubbles if t.strip().startswith(png["answer"])]
         assert len(answers) >= 2, bubbles
-        assert page.locator(".toast-body").count() == 0  # chat errors are messages, not notices
+        toasts = page.locator(".toast-body").all_inner_texts()
+        assert not toasts, toasts  # the chat's error is a message, not a notice  # chat errors are messages, not notices
     finally:
         page.close()
 
