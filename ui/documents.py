@@ -24,7 +24,7 @@ from vl.errors import InputError
 from vl.processing.documents import parse_page_range
 
 # what the image decoder accepts (vl/processing/images.py ALLOWED_FORMATS; it checks the bytes, not the name)
-IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"]
+IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".avif"]
 MAX_QUESTION_CHARS = 4000
 
 

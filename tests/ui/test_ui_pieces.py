@@ -320,3 +320,19 @@ def test_the_media_tabs_follow_what_the_engine_says_about_vision():
     assert has_vision(SimpleNamespace())  # an engine that says nothing at all
     assert not has_vision(SimpleNamespace(processor=SimpleNamespace(has_vision=False)))  # text-only Nemotron-H
     assert has_vision(SimpleNamespace(processor=SimpleNamespace(has_vision=True)))
+
+
+def test_the_upload_filters_name_every_image_format_the_decoder_accepts():
+    """A format the decoder reads but the upload filter leaves out is one the app's user can never send
+    (TIFF scans and HEIC phone photos were)."""
+    from PIL import Image
+
+    from ui.documents import IMAGE_TYPES
+    from vl.processing.images import ALLOWED_FORMATS
+
+    Image.init()
+    extensions = {fmt: {e for e, f in Image.registered_extensions().items() if f == fmt} for fmt in ALLOWED_FORMATS}
+    extensions["HEIF"] = {".heic", ".heif"}  # pillow-heif registers its extensions only once a HEIF file is opened
+    extensions["AVIF"] = {".avif"}
+    for fmt, names in extensions.items():
+        assert names & set(IMAGE_TYPES), f"{fmt} ({sorted(names)}) is decoded but missing from IMAGE_TYPES"
