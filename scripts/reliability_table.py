@@ -1,6 +1,6 @@
 """Measure every row of the reliability matrix and write docs/reliability.md.
 
-Each row of docs/reliability_policy.md §6 (I1-I16, V1-V21, P1-P10, C1-C10, N1-N15, S1-S13, H1-H7, R1-R4, A1-A10,
+Each row of docs/reliability_policy.md §6 (I1-I16, V1-V21, P1-P10, C1-C10, N1-N15, S1-S13, H1-H7, R1-R4, A1-A9,
 E1-E9) is mapped below to the tests that reproduce its fault and check its pass criterion. The script runs pytest
 on exactly those tests (one session, a junit XML), and fills the result column from what pytest reported, so
 the table is measured:
@@ -419,6 +419,35 @@ ROWS = [
         "what eval reads (twice: byte-identical)", _t("tests/eval/test_make_data.py",
         "test_missing_data_names_make_data_which_writes_what_eval_reads", "test_make_data_refuses_what_it_cannot_make"),
         SEAMS),
+    # --- 6.8 the app ----------------------------------------------------------------------------------------------
+    Row("A1", "`vl app --backend URL` against a `vl serve`", "starts; every tab answers through the server, streamed, "
+        "twice and after an error; what a server does not report says so", _t("tests/ui/test_ui_browser.py",
+        "test_browser_app_against_a_remote_server") + _t(T_UIP, "test_the_media_tabs_follow_what_the_engine_says_about_vision"),
+        SEAMS),
+    Row("A2", "a second PDF in a later chat message; an encrypted one; a text follow-up after a 14-page PDF",
+        "caps per message; the new file's own error shown; earlier attachments not rendered again (counted)",
+        _t("tests/ui/test_ui_chat_media.py", "test_a_second_pdf_in_a_later_message_is_answered",
+           "test_an_encrypted_pdf_in_a_later_message_shows_its_own_error", "test_a_text_follow_up_after_a_pdf_renders_no_page",
+           "test_more_than_one_pdf_in_one_message_is_still_refused",
+           "test_the_assembled_prompt_equals_the_processor_on_the_whole_conversation",
+           "test_the_cache_is_bounded_and_least_recently_used_goes_first"), SEAMS),
+    Row("A3", "the app run from the repository folder (`make app`, .venv beside it)", "the Chat tab's icons load; "
+        "the folder's files stay blocked", _t("tests/ui/test_ui_browser.py",
+        "test_browser_new_chat_icon_loads_when_run_from_the_repository")
+        + _t(T_UIP, "test_a_link_towards_a_kept_folder_does_not_block_it",
+             "test_the_upload_filters_name_every_image_format_the_decoder_accepts"), SEAMS),
+    Row("A4", "an unreadable file in the Document and Video tabs", "the message stays in the status line; Stop off; "
+        "no stale stage text or error badges; the next question answered", _t("tests/ui/test_ui_browser.py",
+        "test_browser_errors_keep_their_message_and_reset_the_controls"), SEAMS),
+    Row("A5", "`vl app` with its port taken", "exit 2 naming --port before the model loads",
+        _t(T_UIC, "test_port_in_use_is_refused_before_loading"), SEAMS),
+    Row("A9", "redundant-token pruning that its similarity floor stops", "a note with the numbers and the floor, in "
+        "the app's stats and `vl chat --json`", _t("tests/token_reduction/test_redundant_tokens.py",
+        "test_a_floor_that_stops_the_rate_is_named_in_the_note",
+        "test_the_note_counts_a_partly_stopped_rate_and_is_none_when_the_rate_is_met")
+        + _t("tests/ui/test_ui_demo_model.py", "test_pruning_that_the_similarity_floor_stops_says_so")
+        + _t(T_CLI, "test_the_pruning_note_reaches_json_and_stderr_as_it_is",
+             "test_json_stats_carry_every_field_of_the_results_stats"), SEAMS),
     # --- 6.8 the command line -------------------------------------------------------------------------------------
     Row("A6", "a `vl quantize` copy of the demo model", "the synthetic-inputs warning in `vl chat` and the app",
         _t("tests/quant/test_quantize_cli.py", "test_a_quantized_copy_of_the_demo_model_keeps_its_warning"), SEAMS),
