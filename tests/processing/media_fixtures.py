@@ -166,19 +166,8 @@ def make_pdf(pages, user_password: str | None = None, owner_password: str = "own
             f"<< /Filter /Standard /V 1 /R 2 /O <{o_entry.hex()}> /U <{u_entry.hex()}> /P {permissions} >>".encode()
         )
         trailer_extra = f" /Encrypt {len(objects)} 0 R"
-    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
-    offsets = []
-    for n, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{n} 0 obj\n".encode() + body + b"\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
-    out += (
-        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /ID [<{file_id.hex()}> <{file_id.hex()}>]"
-        f"{trailer_extra} >>\nstartxref\n{xref}\n%%EOF\n"
-    ).encode()
-    return bytes(out)
+    return pdf_from_objects(objects, version="1.4",
+                            trailer=f" /ID [<{file_id.hex()}> <{file_id.hex()}>]{trailer_extra}")
 
 
 def _pad(password: str) -> bytes:
@@ -190,9 +179,10 @@ def red_square_page(w: float = 200, h: float = 100) -> tuple[float, float, bytes
     return (w, h, f"1 0 0 rg 0 0 {w / 2} {h / 2} re f".encode())
 
 
-def pdf_from_objects(objects: list[bytes]) -> bytes:
-    """A PDF of the given object bodies, object n being objects[n-1]; object 1 is the catalog."""
-    out = bytearray(b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n")
+def pdf_from_objects(objects: list[bytes], version: str = "1.7", trailer: str = "") -> bytes:
+    """A PDF of the given object bodies, object n being objects[n-1]; object 1 is the catalog; `trailer`: more
+    trailer entries (an /ID, an /Encrypt reference)."""
+    out = bytearray(f"%PDF-{version}\n".encode() + b"%\xe2\xe3\xcf\xd3\n")
     offsets = []
     for n, body in enumerate(objects, start=1):
         offsets.append(len(out))
@@ -200,7 +190,7 @@ def pdf_from_objects(objects: list[bytes]) -> bytes:
     xref = len(out)
     out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
     out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{trailer} >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return bytes(out)
 
 

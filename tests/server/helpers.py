@@ -96,6 +96,16 @@ def in_process_server(engine, **config):
         vl_log.handlers[:], vl_log.propagate = saved[1], saved[2]
 
 
+def never_stopping(engine):
+    """The same model and processor behind an engine with no stop token: answers run to max_tokens (queue and
+    timeout tests need requests that hold the engine)."""
+    from vl.runtime.engine import Engine
+
+    e = Engine(engine.model, engine.processor)
+    e.stop_ids = set()
+    return e
+
+
 def data_uri(data: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from helpers import DEMO, in_process_server, paced
+from helpers import DEMO, in_process_server, never_stopping, paced
 
 pytestmark = pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model is not shipped here")
 HELLO = [{"role": "user", "content": "hello"}]
@@ -33,11 +33,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def endless(engine):
-    from vl.runtime.engine import Engine
-
-    e = Engine(engine.model, engine.processor)
-    e.stop_ids = set()
-    return e
+    return never_stopping(engine)
 
 
 class Conn:

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from helpers import DEMO, data_uri, in_process_server, paced, png_bytes
+from helpers import DEMO, data_uri, in_process_server, never_stopping, paced, png_bytes
 
 openai = pytest.importorskip("openai", reason="the openai client is a [dev] extra: pip install openai")
 pytestmark = pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model is not shipped here")
@@ -33,11 +33,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def endless(engine):
-    from vl.runtime.engine import Engine
-
-    e = Engine(engine.model, engine.processor)
-    e.stop_ids = set()
-    return e
+    return never_stopping(engine)
 
 
 def client_for(base, key="unused"):
