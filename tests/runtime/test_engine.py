@@ -57,7 +57,8 @@ def test_thinking_off_prompt_and_vision_cache(engine):
     inputs = engine.processor(image_msgs(), thinking=False)
     assert inputs.text.endswith("<think></think>")
     assert engine.processor(image_msgs(system="/no_think")).text.endswith("<think></think>")
-    assert engine.processor(image_msgs()).text.endswith("<think>\n")
+    assert engine.processor(image_msgs()).text.endswith("<think></think>")  # unset: off (vl.options.DEFAULT_THINKING)
+    assert engine.processor(image_msgs(system="/think")).text.endswith("<think>\n")
     engine.chat(image_msgs("blue"), max_new_tokens=2)
     again = engine.chat(image_msgs("blue", text="And now?"), max_new_tokens=2)
     assert again.stats.vision_cache_hits == 1  # the follow-up did not re-encode the image
