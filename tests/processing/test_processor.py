@@ -8,8 +8,9 @@ from PIL import Image
 import vl
 from data_recipes.synthetic.export import write_mp4, write_pdf
 from tiny_models import make_tiny_vl_dir
-from vl.errors import RemoteMediaError, TooManyItemsError
+from vl.errors import GenerationOptionError, RemoteMediaError, TooManyItemsError
 from vl.processing.chat import PromptFormatError
+from vl.processing.limits import MediaLimits
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,39 @@ def test_too_many_images_and_placeholders_in_text(proc):
         proc(user(*([img] * 5)))
     with pytest.raises(PromptFormatError, match="placeholder"):
         proc(user({"type": "text", "text": "sneaky <image> token"}))
+
+
+def test_a_media_part_s_own_options_apply_to_that_item_only(proc, tmp_path):
+    """Per-part keys (by option name or alias) override the request's value for their item alone."""
+    wide = Image.new("RGB", (128, 64), "red")  # 2x1 grid + thumbnail = 3 tiles at the request's cap
+    out = proc(user({"type": "image", "image": wide, "max_tiles": 1}, {"type": "image", "image": wide}))
+    assert [m.num_tiles for m in out.items] == [1, 3]
+    assert [m.options for m in out.prompt.media] == [{"max_num_tiles": 1}, {}]
+    frames = [Image.fromarray(np.full((32, 48, 3), i * 20, np.uint8)) for i in range(8)]
+    path = str(write_mp4(frames, 4.0, tmp_path / "clip.mp4"))  # 2 s
+    three = vl.processing.processor.Processor(proc.tokenizer, proc.config, limits=MediaLimits(max_videos=3))
+    out = three(user({"type": "video", "video": path, "fps": 1}, {"type": "video", "video": path},
+                     {"type": "video", "video": path, "max_frames": 3}), fps=2.0)
+    assert [m.num_tiles for m in out.items] == [2, 4, 3]
+
+
+@pytest.mark.parametrize("part, match", [
+    ({"type": "video", "fps": 0}, r"fps must be in \(0, 30\], found 0"),
+    ({"type": "video", "fps": 31.0}, r"fps must be in \(0, 30\], found 31"),
+    ({"type": "video", "max_frames": 513}, r"max_frames must be 1\.\.512, found 513"),
+    ({"type": "video", "max_frames": 2.5}, r"max_frames must be an integer, found 2\.5"),
+    ({"type": "image", "max_num_tiles": 13}, r"max_num_tiles must be 1\.\.12, found 13"),
+    ({"type": "image", "max_tiles": 0}, r"max_tiles \(max_num_tiles\) must be 1\.\.12, found 0"),
+    ({"type": "image", "max_tiles": 2, "max_num_tiles": 2}, "max_num_tiles is given twice"),
+    ({"type": "video", "num_frames": 8}, r"'num_frames' is not an option of a video item \(per-item options: fps, "
+                                         r"max_frames\)"),
+    ({"type": "image", "fps": 1.0}, r"'fps' is not an option of an image item \(per-item options: max_num_tiles\)"),
+    ({"type": "pdf", "max_num_tiles": 2}, r"'max_num_tiles' is not an option of a pdf item \(per-item options: none\)"),
+])
+def test_a_media_part_s_options_are_checked_by_the_options_record(proc, tmp_path, part, match):
+    """The same ranges as the request's options (vl/options.py Spec.check); an unknown key is refused by name.
+    Refused while the prompt is built, before any media is read."""
+    part = {**part, part["type"]: str(tmp_path / "never-read.bin")}
+    with pytest.raises(GenerationOptionError, match=match) as err:
+        proc(user(part, {"type": "text", "text": "hi"}))
+    assert "message 0 (user) item 0" in str(err.value)

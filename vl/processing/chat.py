@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vl.errors import ConfigError, InputError, VLError
-from vl.options import DEFAULT_THINKING
+from vl.errors import ConfigError, GenerationOptionError, InputError, VLError
+from vl.options import DEFAULT_THINKING, canonical, spec
 
 SYSTEM_HEADER, USER_HEADER = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n"
 ASSISTANT_HEADER, END_OF_TURN = "<SPECIAL_11>Assistant\n", "<SPECIAL_12>"
@@ -84,7 +84,7 @@ class MediaItem:
     """One image or video in prompt order. `source` is whatever the caller gave (PIL image, path, ...)."""
     kind: str  # "image" | "video"
     source: Any
-    options: Mapping = field(default_factory=dict)  # other keys of the content item (fps, ...), untouched
+    options: Mapping = field(default_factory=dict)  # the part's own options by canonical name, checked (PART_OPTIONS)
     document: Any = None  # for PDF pages: the PDF they came from
     page: int | None = None
 
@@ -106,6 +106,31 @@ class _Turn:
 
 
 # --- messages ---------------------------------------------------------------------------------------
+# Options a media part may carry for itself ({"type": "video", "video": p, "fps": 1}): they override the request's
+# value for that item only. Each key is an option name or alias of vl/options.py and is checked by that option's
+# one range; any other key is refused by name, as an unknown request option is. A PDF part takes none (its pages
+# follow the request's pages, max_pages and max_num_tiles).
+PART_OPTIONS = {"image": ("max_num_tiles",), "video": ("fps", "max_frames"), "pdf": ()}
+
+
+def _part_options(item: Mapping, kind: str, at: str) -> dict:
+    given: dict = {}
+    for key, value in item.items():
+        if key in ("type", kind, "path", "url"):
+            continue
+        name = canonical(key) if isinstance(key, str) else None
+        if name not in PART_OPTIONS[kind]:
+            allowed = ", ".join(PART_OPTIONS[kind]) or "none"
+            article = "an" if kind == "image" else "a"
+            raise GenerationOptionError(f"{at}: {key!r} is not an option of {article} {kind} item (per-item "
+                                        f"options: {allowed}); pass request options with the request instead")
+        if name in given:
+            raise GenerationOptionError(f"{at}: {name} is given twice (as {key!r} too); pass it once")
+        label = f"{at}: {key}" if key == name else f"{at}: {key} ({name})"
+        given[name] = spec(name).check(value, label)
+    return {name: value for name, value in given.items() if value is not None}  # None: the request's value
+
+
 def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list[tuple[str, Any]]:
     content = message.get("content")
     content = [{"type": "text", "text": content}] if isinstance(content, str) else content
@@ -129,9 +154,9 @@ def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list
                                         "{'type': 'image'|'video', ...} items instead")
             parts.append(("text", text))
         elif kind in ("image", "video"):
-            options = {k: v for k, v in item.items() if k not in ("type", kind, "path", "url")}
-            parts.append((kind, MediaItem(kind, source, options)))
+            parts.append((kind, MediaItem(kind, source, _part_options(item, kind, at))))
         elif kind == "pdf":
+            _part_options(item, kind, at)
             if pdf_pages is None:
                 raise PromptFormatError(f"{at}: PDF items need a page loader; pass pdf_pages=callable(path) -> images")
             parts += [("image", MediaItem("image", img, {}, source, n)) for n, img in enumerate(pdf_pages(source))]

@@ -247,7 +247,7 @@ class Processor:
         tiles, spans, infos, runs = [], [], [], []
         work = Work.current()
         for k, (item, cap) in enumerate(zip(prompt.media, caps)):
-            opts = item.options or {}
+            opts = item.options  # the part's own options, checked by their ranges (vl/processing/chat.py PART_OPTIONS)
             if item.kind == "image":
                 work.report("tiling page" if item.document is not None else "tiling image", k, len(prompt.media))
                 if isinstance(item.source, PdfPage):
@@ -255,7 +255,7 @@ class Processor:
                 else:
                     img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean,
                                            norm_std=cfg.norm_std, tile_size=cfg.force_image_size,
-                                           max_num_tiles=int(opts.get("max_num_tiles", cap)),
+                                           max_num_tiles=opts.get("max_num_tiles", cap),
                                            use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
                 pixels, skipped = img.pixel_values, []
                 if skip_blank_tiles and img.num_tiles > 1:
@@ -269,9 +269,9 @@ class Processor:
                                        page=item.page, tiles_skipped=skipped))
                 runs.append(chat.image_placeholder(n, cfg.tokens_per_tile, self.tokens))
             else:
-                work.report(f"decoding the video (up to {int(opts.get('max_frames', max_frames))} frames)", 0, 0)
-                vid = self._load_video(self._check_source(item.source), float(opts.get("fps", fps)),
-                                       int(opts.get("max_frames", max_frames)), notes)
+                work.report(f"decoding the video (up to {opts.get('max_frames', max_frames)} frames)", 0, 0)
+                vid = self._load_video(self._check_source(item.source), opts.get("fps", fps),
+                                       opts.get("max_frames", max_frames), notes)
                 n = vid.pixel_values.shape[0]  # "video frames decoded" i/n was reported frame by frame (video.py)
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
