@@ -321,10 +321,28 @@ def test_json_stats_carry_every_field_of_the_results_stats():
     Extended = dataclasses.make_dataclass("Extended", [("pruning_floor_kept", int, 0)], bases=(Stats,))
     stats = Extended(new_tokens=3, total_s=0.123456, notes=["a note"], pruning_floor_kept=7)
     doc = result_json(ChatResult("12", "", "12", [1, 2, 3], stats, "stop"), "m")
-    assert set(doc["stats"]) == {f.name for f in dataclasses.fields(Extended)} >= DOCUMENTED_STATS
+    reported = {f.name for f in dataclasses.fields(Extended) if not f.metadata.get("in_process")}
+    assert set(doc["stats"]) == reported >= DOCUMENTED_STATS | {"pruning_floor_kept"}
     assert (doc["stats"]["pruning_floor_kept"], doc["stats"]["notes"], doc["stats"]["total_s"]) == (7, ["a note"],
                                                                                                     0.1235)
     json.dumps(doc)
+
+
+def test_stats_refuse_an_undeclared_attribute_and_keep_in_process_fields_out_of_json():
+    """Every `Stats` field is declared (slots): a caller cannot attach a stray attribute; the app's tensors
+    (vision_keep, media_items, pixel_values) are declared but never printed by --json."""
+    import torch
+
+    from vl.chat_cli import result_json
+    from vl.runtime.results import ChatResult, Stats
+
+    stats = Stats(new_tokens=2)
+    with pytest.raises(AttributeError, match="vision_kept"):
+        stats.vision_kept = None  # a misspelt field
+    stats.vision_keep, stats.pixel_values, stats.media_items = torch.ones(4, dtype=torch.bool), torch.zeros(3, 3), []
+    doc = result_json(ChatResult("a", "", "a", [1, 2], stats, "stop"), "m")
+    assert set(doc["stats"]) == set(stats.as_dict()) >= DOCUMENTED_STATS
+    assert not {"vision_keep", "pixel_values", "media_items"} & set(doc["stats"])
 
 
 def test_files_the_model_reads_pass_the_check(example, clip, tmp_path):
