@@ -1,5 +1,5 @@
 """Calibration samples for `vl quantize` when no prompts are given: the validation split of the synthetic
-documents and clips, sent through the real processor by vl/quant/ptq.py (documents and clips alternate; clips are
+documents and clips, sent through the real processor by vl/quantize/ptq.py (documents and clips alternate; clips are
 encoded to MP4 so that they go through the video decoder)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from data_recipes.synthetic import make_dataset, write_mp4
 
 
 class SyntheticCalibration:
-    """A `vl.quant.ptq.CalibrationSource` over data_recipes.synthetic."""
+    """A `vl.quantize.ptq.CalibrationSource` over data_recipes.synthetic."""
 
     @staticmethod
     def messages(n: int, tile_size: int, seed: int = 0) -> list[tuple[list[dict], str]]:

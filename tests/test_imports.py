@@ -173,9 +173,9 @@ KNOWN_BAD: set[str] = {
     "spans: vl/", "spans: vl/quant/", "spans: vl/server/",
     "up: vl/ -> vl/modeling/", "up: vl/ -> vl/quant/", "up: vl/ -> vl/runtime/", "up: vl/ -> vl/__init__.py",
     "up: vl/ -> vl/processing/", "up: vl/quant/ -> vl/__init__.py", "up: vl/quant/ -> vl/checkpoint/",
-    "up: vl/quant/ -> vl/runtime/",
+    "up: vl/quant/ -> vl/runtime/", "up: vl/ -> vl/quantize/", "up: vl/quant/ -> vl/quantize/",
     "cycle: vl/ <-> vl/__init__.py <-> vl/checkpoint/ <-> vl/hf/ <-> vl/modeling/ <-> vl/processing/ <-> vl/quant/ "
-    "<-> vl/runtime/",
+    "<-> vl/quantize/ <-> vl/runtime/",
 }
 
 

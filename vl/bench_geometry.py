@@ -79,7 +79,7 @@ def _nbytes(dtype, shape) -> int:
 def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None) -> Path:
     """Stream a random FP8 / NVFP4 checkpoint of `cfg` to `out_dir` (config.json, hf_quant_config.json,
     model.safetensors). Peak memory: one row block (~128 MiB of float32) plus its packed output."""
-    from vl.quant.ptq import FORMATS
+    from vl.quantize.ptq import FORMATS
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

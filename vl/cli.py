@@ -33,7 +33,7 @@ def quantize_main(argv: list[str]) -> int:
     """`vl quantize` with the synthetic calibration documents and clips as the default data (the quantizer itself
     knows no data set; this dispatcher is the one place allowed to reach the tools above the library)."""
     from data_recipes.calibration import SYNTHETIC
-    from vl.quant.cli import main as quantize
+    from vl.quantize.cli import main as quantize
 
     return quantize(argv, calib_source=SYNTHETIC)
 

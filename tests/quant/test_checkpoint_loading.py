@@ -282,7 +282,7 @@ def test_quantized_lm_head_loads_and_stays_packed(tmp_path_factory, src, inputs)
 def test_text_only_nemotron_h_checkpoint(tmp_path):
     from tiny_models import save_hf_nemotron
 
-    from vl.quant.ptq import quantize_checkpoint
+    from vl.quantize.ptq import quantize_checkpoint
 
     d, _ = save_hf_nemotron(tmp_path, "hybrid")
     res = quantize_checkpoint(d, tmp_path / "fp8", "fp8", num_calib=2, progress=False, calib_source=SYNTHETIC)

@@ -18,10 +18,10 @@ from data_recipes.calibration import SYNTHETIC
 import vl
 import vl.directory
 from vl.errors import ConfigError
-from vl.quant.cli import main
+from vl.quantize.cli import main
 from vl.quant.config import read_quant_config
 from vl.quant.linear import QuantizedLinear
-from vl.quant.ptq import quantize_checkpoint
+from vl.quantize.ptq import quantize_checkpoint
 
 from tiny_quant import quantized, rel_err, tiny_vl
 
@@ -118,7 +118,7 @@ def test_calibration_sees_every_position_of_the_stateless_tail(src, computed):
     """The input amax of every quantized Linear, the MLP after the last Mamba / attention layer included (prefill
     runs that tail at the kept position only), equals a full forward's over every position of the same inputs."""
     from vl.quant.export import collect_input_amax
-    from vl.quant.ptq import calibration_inputs
+    from vl.quantize.ptq import calibration_inputs
 
     model = vl.load_pretrained(src, dtype="float32")
     lm = model.language_model

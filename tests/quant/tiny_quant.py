@@ -23,7 +23,7 @@ def tiny_vl(tmp_path_factory) -> Path:
 
 def quantized(tmp_path_factory, fmt: str, *extra: str) -> Path:
     """The tiny VL model exported by the `vl quantize` command line."""
-    from vl.quant.cli import main
+    from vl.quantize.cli import main
 
     src = tiny_vl(tmp_path_factory)
     name = f"tiny_vl_{fmt}" + "".join(e.strip("-").replace("-", "_") for e in extra)

@@ -1,7 +1,8 @@
 """FP8 / NVFP4 (NVIDIA ModelOpt layout): formats, checkpoint detection, quantized Linear execution, PTQ export.
 
 The names below are imported from their modules on first use, not when the package is: every module of the package
-needs torch, and `vl quantize --help` (vl/quant/cli.py) should answer without paying for it.
+needs torch, and importing the package alone should not pay for it. The offline quantizer (`vl quantize`)
+is vl/quantize.
 """
 
 import importlib

@@ -4,7 +4,7 @@ and logit error / greedy-token agreement against the BF16 original, with and wit
 Everything is measured in one process on one model, as ratios against the BF16 run of the same model
 (docs/design.md §3). Without `model_dir`, a random ~32M-parameter Nano-V2-VL (the 12B model's layer mix at width
 512, a ViT-Tiny RADIO tower, 128 px tiles, the demo model's tokenizer) is built and saved as BF16 in a temporary
-directory, then exported with `vl quantize`'s own code (vl/quant/ptq.py). Random weights have no outlier
+directory, then exported with `vl quantize`'s own code (vl/quantize/ptq.py). Random weights have no outlier
 channels, so they understate what the Hadamard rotation does on trained weights; `outlier_gain` plants a few
 (an RMSNorm gain of that size on 1% of the channels, as trained LLMs show) to see that case.
 
@@ -153,13 +153,13 @@ def quant_table(model_dir=None, *, formats=("fp8", "nvfp4"), modes=MODES, hadama
     without BF16 units run BF16 matmuls many times slower). Quantized models run weight-only for accuracy.
     `threads`: torch intra-op threads while measuring (1 by default: on a shared or small machine, thread
     oversubscription makes small decode steps several times slower and the figures noisy); None keeps torch's.
-    `calib_source`: where calibration and evaluation documents come from (a `vl.quant.ptq.CalibrationSource`;
+    `calib_source`: where calibration and evaluation documents come from (a `vl.quantize.ptq.CalibrationSource`;
     the `vl bench` command supplies the synthetic one of data_recipes/calibration.py).
     """
     if calib_source is None:
         raise ConfigError("quant_table needs calib_source (e.g. data_recipes.calibration.SYNTHETIC): the documents "
                           "it calibrates and evaluates on")
-    from vl.quant.ptq import quantize_checkpoint
+    from vl.quantize.ptq import quantize_checkpoint
 
     logging.getLogger("vl").setLevel(logging.ERROR)  # the per-load notices would flood the table
     tmp = tempfile.TemporaryDirectory(prefix="vl-quant-bench-") if work_dir is None else None
@@ -297,7 +297,7 @@ def quantized_copy(model: nn.Module, fmt: str, calib_ids: torch.Tensor, mode: st
     """A Nemotron-H LM with `model`'s weights as `vl quantize --format fmt` writes them (ModelOpt per-tensor FP8
     or NVFP4 with static input scales from a calibration pass on `calib_ids`, lm_head left in high precision)
     and swapped in as a user's load does (`mode` auto: weight-only on the CPU). Compute dtype = model's dtype."""
-    from vl.quant.ptq import FORMATS
+    from vl.quantize.ptq import FORMATS
 
     dtype = next(model.parameters()).dtype
     names = quantizable_linear_names(model, exclude_patterns())

@@ -3,7 +3,7 @@
     vl quantize --format nvfp4 --model IN --out OUT [--calib-prompts FILE] [--hadamard] [--block-2d]
                 [--exclude-lm-head | --no-exclude-lm-head]
 
-The work is `vl.quant.ptq.quantize_checkpoint`; this file only parses flags and prints the summary. The quantizer
+The work is `vl.quantize.ptq.quantize_checkpoint`; this file only parses flags and prints the summary. The quantizer
 (torch, transformers) is imported after the flags are parsed, so `--help` and a flag error answer at once; the
 format is checked by the quantizer, before any weight loads.
 """
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     """`vl quantize`; without --calib-prompts it calibrates on `calib_source` (vl/cli.py supplies the synthetic
     documents and clips of data_recipes/calibration.py)."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from vl.quant.ptq import quantize_checkpoint, read_prompts
+    from vl.quantize.ptq import quantize_checkpoint, read_prompts
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
