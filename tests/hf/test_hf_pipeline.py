@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -78,6 +77,9 @@ def test_auto_classes_return_ours(tiny_dir, pipe):
     assert type(model) is vl.hf.NemotronNanoVLV2ForImageTextToText
     assert isinstance(model, transformers.PreTrainedModel) and not model.training
     assert type(pipe.model) is type(model) and type(pipe.processor).__name__ == "NemotronNanoVLV2Processor"
+    # our pipeline class, a subclass of transformers' own (vl/hf/pipeline.py); other models: test_hf_other_models.py
+    assert type(pipe) is vl.hf.NemotronNanoVLV2Pipeline
+    assert isinstance(pipe, transformers.pipelines.image_text_to_text.ImageTextToTextPipeline)
     assert pipe.model.engine.model is pipe.model.model  # a thin wrapper over our NemotronVL
 
 
@@ -252,32 +254,7 @@ def test_pipeline_on_gpu_equals_engine_on_gpu(tiny_dir):
         assert answer(gpu_pipe, messages) == engine_text(gpu_engine, messages)
 
 
-# --- the boundary (docs/reliability_policy.md §1.2, row S12) ---------------------------------------------------------
-@pytest.fixture()
-def http_server():
-    """A loopback server that counts requests and serves a real PNG: a fetch would succeed and be seen."""
-    hits = []
-    png = encode(image("blue"), "PNG")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            hits.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", str(len(png)))
-            self.end_headers()
-            self.wfile.write(png)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/doc.png", hits
-    server.shutdown()
-    server.server_close()
-
-
+# --- the boundary (docs/reliability_policy.md §1.2, row S12; http_server: tests/hf/conftest.py) ------------------
 def test_urls_are_refused_and_never_fetched(pipe, http_server):
     url, hits = http_server
     for key in ("url", "image", "path"):

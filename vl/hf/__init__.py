@@ -13,9 +13,12 @@ installs an import hook, and each registration runs the moment transformers load
   imports; importing it there would double that path's start-up. So the mapping first holds a stand-in whose
   `from_pretrained`/`from_config` import the real class (vl/hf/model.py), and the real class replaces the
   stand-in as soon as `transformers.modeling_utils` is loaded by anyone;
-- `transformers.pipelines.image_text_to_text`    -> the S12 guard: for *our* processor only, plain (non-chat)
-  pipeline inputs go through our decoding instead of transformers' `load_images`, which would fetch a URL or
-  open a path (docs/reliability_policy.md §1.2). Other models' pipelines are untouched.
+- `transformers.pipelines`                      -> the `image-text-to-text` task's registry entry names our pipeline
+  class (vl/hf/pipeline.py) by its dotted path, as transformers' own entries do. transformers picks a pipeline
+  class by task only, so every model's pipeline is asked of that class; for any processor but ours it builds
+  transformers' own `ImageTextToTextPipeline`, unchanged. Our checkpoints get the subclass: the S12 guard (plain
+  inputs never reach transformers' `load_images`, which would fetch a URL or open a path;
+  docs/reliability_policy.md §1.2) and the answer/reasoning split. No transformers class is modified.
 Modules already imported when `vl` is imported are handled at once. The checkpoint's `auto_map` is never used:
 transformers prefers registered local classes over remote code (`explicit_local_code`).
 
@@ -29,7 +32,6 @@ from __future__ import annotations
 import sys
 import warnings
 
-from vl.errors import GenerationOptionError
 from vl.hf.names import (  # noqa: F401 - re-exported
     OUR_GENERATE_OPTIONS,
     LOADER_KEYS,
@@ -40,8 +42,12 @@ from vl.hf.names import (  # noqa: F401 - re-exported
     PROCESSOR_KEYS,
 )
 
-__all__ = ["MODEL_TYPE", "NemotronNanoVLV2Config", "NemotronNanoVLV2ForImageTextToText", "NemotronNanoVLV2Processor",
-           "registered"]
+__all__ = ["MODEL_TYPE", "NemotronNanoVLV2Config", "NemotronNanoVLV2ForImageTextToText", "NemotronNanoVLV2Pipeline",
+           "NemotronNanoVLV2Processor", "registered"]
+
+PIPELINE_TASK = "image-text-to-text"
+PIPELINE_IMPL = "vl.hf.pipeline.NemotronNanoVLV2Pipeline"
+_TRANSFORMERS_PIPELINE_IMPL = "transformers.pipelines.image_text_to_text.ImageTextToTextPipeline"
 
 _done: set[str] = set()
 
@@ -94,99 +100,17 @@ def _real_model_class(register: bool = True):
     return NemotronNanoVLV2ForImageTextToText
 
 
-def _guard_pipeline(module) -> None:
-    from transformers.utils.chat_template_utils import Chat
-
-    cls = module.ImageTextToTextPipeline
-    if getattr(cls.preprocess, "_vl_guard", False):
+def _register_pipeline(module) -> None:
+    tasks = module.PIPELINE_REGISTRY.supported_tasks
+    entry = tasks[PIPELINE_TASK]
+    impl = entry["impl"]
+    name = impl if isinstance(impl, str) else f"{impl.__module__}.{impl.__qualname__}"
+    if name == PIPELINE_IMPL:
         return
-    original = cls.preprocess
-
-    def preprocess(self, inputs=None, timeout=None, continue_final_message=None, **processing_kwargs):
-        plain = getattr(self.processor, "_vl_preprocess_plain", None)
-        if plain is None or isinstance(inputs, Chat):
-            return original(self, inputs, timeout=timeout, continue_final_message=continue_final_message,
-                            **processing_kwargs)
-        return plain(inputs, dtype=self.dtype, **processing_kwargs)  # never reaches transformers' load_images
-
-    preprocess._vl_guard = True
-    preprocess.__wrapped__ = original
-    preprocess.__doc__ = original.__doc__
-    cls.preprocess = preprocess
-
-    original_sanitize = cls._sanitize_parameters
-
-    def _sanitize_parameters(self, *args, **kwargs):
-        preprocess_params, forward_params, postprocess_params = original_sanitize(self, *args, **kwargs)
-        if getattr(getattr(self, "processor", None), "_vl_preprocess_plain", None) is not None:
-            route_generation_args(preprocess_params, forward_params)
-        return preprocess_params, forward_params, postprocess_params
-
-    _sanitize_parameters.__wrapped__ = original_sanitize
-    _sanitize_parameters.__doc__ = original_sanitize.__doc__
-    cls._sanitize_parameters = _sanitize_parameters
-
-    original_post = cls.postprocess
-
-    def postprocess(self, model_outputs, *args, **kwargs):
-        records = original_post(self, model_outputs, *args, **kwargs)
-        if getattr(self.processor, "_vl_preprocess_plain", None) is None:
-            return records
-        return [_split_reply(r, _prompt_opened_think(self.processor.tokenizer, model_outputs.get("input_ids")))
-                for r in records]
-
-    postprocess.__wrapped__ = original_post
-    postprocess.__doc__ = original_post.__doc__
-    cls.postprocess = postprocess
-
-
-def route_generation_args(preprocess_params: dict, forward_params: dict) -> None:
-    """Generation arguments given directly to the pipeline call (`do_sample=False`, `temperature=...`) go to
-    `generate`, as `generate_kwargs={...}` and `max_new_tokens` already do; transformers' image-text-to-text
-    pipeline would hand them to the processor. A key is a generation argument when `GenerationConfig` has it and
-    our processor does not take it; anything else stays with the processor, which refuses what it does not know."""
-    from transformers.generation import GenerationConfig
-
-    from vl.hf.processor import HF_TEMPLATE_KEYS, OUR_KEYS
-
-    generation = ((set(GenerationConfig().to_dict()) | set(OUR_GENERATE_OPTIONS)) - set(HF_TEMPLATE_KEYS)
-                  - set(OUR_KEYS) - {"transformers_version"})
-    moved = {k: preprocess_params.pop(k) for k in list(preprocess_params) if k in generation}
-    if not moved:
-        return
-    given = dict(forward_params.get("generate_kwargs") or {})
-    twice = sorted(set(moved) & set(given))
-    if twice:
-        raise GenerationOptionError(f"{twice} given both directly and in generate_kwargs; pass each once")
-    forward_params["generate_kwargs"] = {**given, **moved}
-
-
-def _prompt_opened_think(tokenizer, input_ids) -> bool:
-    if input_ids is None:
-        return False
-    from vl.processing.chat import opens_think
-
-    row = input_ids[0] if getattr(input_ids, "ndim", 1) == 2 else input_ids
-    return opens_think(tokenizer.decode(row, skip_special_tokens=False))  # the rule the engine's prompts follow
-
-
-def _split_reply(record: dict, opened: bool) -> dict:
-    """The default (chat) output's new assistant message carries the answer as `content` and the reasoning as
-    `reasoning_content`, as the model card's reasoning parsers (vLLM's) return them, never a raw `</think>`.
-    Plain-text outputs (`return_full_text=False`) and continued assistant messages stay as generated."""
-    from vl.processing.chat import split_reasoning
-
-    messages, inputs = record.get("generated_text"), record.get("input_text")
-    if not (isinstance(messages, list) and isinstance(inputs, (list, tuple)) and len(messages) == len(inputs) + 1):
-        return record
-    last = messages[-1]
-    if not (isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str)):
-        return record
-    reasoning, answer, _ = split_reasoning(last["content"], opened)
-    reply = {**last, "content": answer}
-    if reasoning or opened:
-        reply["reasoning_content"] = reasoning
-    return {**record, "generated_text": messages[:-1] + [reply]}
+    if name != _TRANSFORMERS_PIPELINE_IMPL:  # someone else's pipeline: theirs stays
+        raise RuntimeError(f"the {PIPELINE_TASK!r} task is registered to {name}, not to transformers' own class; "
+                           f"left as it is (pass pipeline_class=vl.hf.NemotronNanoVLV2Pipeline to pipeline())")
+    tasks[PIPELINE_TASK] = {**entry, "impl": PIPELINE_IMPL}  # resolved (imported) only when a pipeline is built
 
 
 class _ModelStandIn:
@@ -216,7 +140,7 @@ _HOOKS = {
     "transformers.models.auto.processing_auto": _register_processor,
     "transformers.models.auto.modeling_auto": _register_model,
     "transformers.modeling_utils": _on_modeling_utils,
-    "transformers.pipelines.image_text_to_text": _guard_pipeline,
+    "transformers.pipelines": _register_pipeline,
 }
 
 
@@ -298,6 +222,16 @@ def __getattr__(name):
         return NemotronNanoVLV2Processor
     if name == "NemotronNanoVLV2ForImageTextToText":
         return _real_model_class()
+    if name == "NemotronNanoVLV2Pipeline":
+        from vl.hf.pipeline import NemotronNanoVLV2Pipeline
+
+        return NemotronNanoVLV2Pipeline
+    if name == "route_generation_args":
+        warnings.warn("vl.hf.route_generation_args moved to vl.hf.pipeline.route_generation_args; the old name goes "
+                      "in the next release", DeprecationWarning, stacklevel=2)
+        from vl.hf.pipeline import route_generation_args
+
+        return route_generation_args
     raise AttributeError(f"module 'vl.hf' has no attribute {name!r}")
 
 

@@ -10,7 +10,7 @@ URIs (decoded here, size-checked first) or local paths. A URL is refused before 
 also when the caller sets `allow_remote_media=True` (fetching is not implemented: download it with your own
 SSRF policy and pass the bytes). Local paths are confined to `allowed_roots` when set (`Processor(allowed_roots=)`);
 set it whenever messages come from untrusted users. transformers' own loaders never see a string: chats go
-through `apply_chat_template` here, and plain pipeline inputs through `_vl_preprocess_plain` (see vl/hf/__init__.py).
+through `apply_chat_template` here, and plain pipeline inputs through `_vl_preprocess_plain` (see vl/hf/pipeline.py).
 
 Model inputs carry two keys of our own besides `input_ids`, `attention_mask` and `pixel_values`
 (`(N, 3, S, S)`, every tile of every row in row order, possibly N = 0): `media`, the `MediaSpan`s of each row
@@ -171,7 +171,7 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
                                         return_dict=True, **kwargs)
 
     def _vl_preprocess_plain(self, inputs, dtype=None, **kwargs):
-        """`ImageTextToTextPipeline.preprocess` for non-chat inputs (installed by vl/hf/__init__.py): the same
+        """`NemotronNanoVLV2Pipeline.preprocess` for non-chat inputs (vl/hf/pipeline.py): the same
         work as transformers' version, except that image strings are ours to refuse or decode."""
         if isinstance(inputs, Mapping):
             images, text = inputs.get("images"), inputs.get("text")
