@@ -39,11 +39,11 @@ from vl import bench_geometry
 from vl.bench_llama_cpp import LlamaCpp
 from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
-from vl.modeling import kernels, ssd_cpu
+from vl.kernels import gemv, ssd_scan
+from vl.kernels.loader import cpu_flags
+from vl.modeling import kernels
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.native import cpu_flags
 from vl.quant import bench as quant_bench
-from vl.quant import cpu_gemv
 from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 from vl.runtime import cpu_decode, cpu_matmul
@@ -467,9 +467,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
     if not a.device.startswith("cuda"):
         print(f"eager decode (the default): {cpu_decode.status()}; ReLU^2 down_proj: {cpu_matmul.sparse_down_status()}")
-        print(f"prefill SSD scan: {ssd_cpu.status()}")
+        print(f"prefill SSD scan: {ssd_scan.status()}")
     if formats:
-        print(f"FP8/NVFP4 decode: {cpu_gemv.status()}")
+        print(f"FP8/NVFP4 decode: {gemv.status()}")
     print(llama_note)
     if rows:
         print(format_table(rows))

@@ -9,7 +9,7 @@ import time
 import psutil
 import torch
 
-from vl.native import cpu_flags
+from vl.kernels.loader import cpu_flags
 from vl.runtime.cache import HybridCache
 from vl.runtime.generate import default_prefill_chunk, generate_steps
 from vl.runtime.sampling import SamplingParams

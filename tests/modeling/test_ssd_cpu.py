@@ -1,4 +1,4 @@
-"""The C++ chunked SSD scan of CPU prefill (vl/modeling/ssd_cpu.py, ssd_scan.cpp) against its reference twin
+"""The C++ chunked SSD scan of CPU prefill (vl/kernels/ssd_scan.py, csrc/ssd_scan.cpp) against its reference twin
 `ssd_ref.ssd_chunked` and the plain recurrence: outputs and final states on odd shapes (vector tails in the head dim,
 the state size and the chunk), batches, carried states, both model dtypes, the strided views the mixer passes, a
 group's heads split across threads, and both builds (AVX512 where the CPU has it, the portable loops everywhere).
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vl.config import LMConfig
-from vl.modeling import kernels, ssd_cpu, ssd_ref
+from vl.kernels import ssd_scan
+from vl.modeling import kernels, ssd_ref
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime.cache import HybridCache
 
@@ -26,12 +27,12 @@ def _has_avx512() -> bool:
 @contextlib.contextmanager
 def _mode(monkeypatch, mode: str):
     monkeypatch.setenv("VL_SSD_KERNEL", mode)
-    ssd_cpu._load.cache_clear()
+    ssd_scan._load.cache_clear()
     try:
         yield
     finally:
         monkeypatch.delenv("VL_SSD_KERNEL")
-        ssd_cpu._load.cache_clear()
+        ssd_scan._load.cache_clear()
 
 
 @pytest.fixture(params=["auto", "portable"])
@@ -41,9 +42,9 @@ def lib(request, tmp_path_factory, monkeypatch):
     if request.param == "auto" and not _has_avx512():
         pytest.skip("this CPU lacks AVX512: the scan's AVX512 build is not used here (portable is tested)")
     with _mode(monkeypatch, request.param):
-        got = ssd_cpu.library()
+        got = ssd_scan.library()
         if got is None:
-            pytest.skip(f"the C++ scan does not build here: {ssd_cpu.status()}")
+            pytest.skip(f"the C++ scan does not build here: {ssd_scan.status()}")
         assert got.isa == ("avx512" if request.param == "auto" else "portable")
         yield got
 
@@ -83,7 +84,7 @@ def test_the_scan_equals_its_reference_twin(lib, shape, init, dtype):
     b, t, h, p, g, n, chunk = shape
     x, dt, A, B, C, s0 = inputs(b, t, h, p, g, n, dtype, init=init)
     y_ref, s_ref = ssd_ref.ssd_chunked(x, dt, A, B, C, chunk, s0)
-    y, s = ssd_cpu.ssd_chunked(x, dt, A, B, C, chunk, s0, lib)
+    y, s = ssd_scan.ssd_chunked(x, dt, A, B, C, chunk, s0, lib)
     assert y.dtype == s.dtype == torch.float32 and y.shape == y_ref.shape and s.shape == s_ref.shape
     close(y, y_ref)
     close(s, s_ref)
@@ -93,7 +94,7 @@ def test_the_scan_equals_the_plain_recurrence(lib):
     """Against the oracle the reference itself is tested with, over several chunks and a carried state."""
     x, dt, A, B, C, s0 = inputs(2, 70, 6, 20, 3, 24, torch.float32, seed=3, init=True)
     y_seq, s_seq = ssd_ref.ssd_sequential(x, dt, A, B, C, s0)
-    y, s = ssd_cpu.ssd_chunked(x, dt, A, B, C, 16, s0, lib)
+    y, s = ssd_scan.ssd_chunked(x, dt, A, B, C, 16, s0, lib)
     close(y, y_seq, rtol=1e-4)
     close(s, s_seq, rtol=1e-4)
 
@@ -106,9 +107,9 @@ def test_a_groups_heads_split_across_threads_give_the_same_scan(lib, threads):
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        y1, s1 = ssd_cpu.ssd_chunked(x, dt, A, B, C, 32, s0, lib)
+        y1, s1 = ssd_scan.ssd_chunked(x, dt, A, B, C, 32, s0, lib)
         torch.set_num_threads(threads)
-        y, s = ssd_cpu.ssd_chunked(x, dt, A, B, C, 32, s0, lib)
+        y, s = ssd_scan.ssd_chunked(x, dt, A, B, C, 32, s0, lib)
     finally:
         torch.set_num_threads(old)
     assert torch.equal(y, y1) and torch.equal(s, s1)  # each head's sums do not depend on the split
@@ -119,23 +120,23 @@ def test_a_groups_heads_split_across_threads_give_the_same_scan(lib, threads):
 
 def test_contiguous_and_strided_inputs_give_the_same_scan(lib):
     x, dt, A, B, C, _ = inputs(2, 50, 4, 16, 2, 16, torch.float32, seed=2)
-    y1, s1 = ssd_cpu.ssd_chunked(x, dt, A, B, C, 32, None, lib)
-    y2, s2 = ssd_cpu.ssd_chunked(x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), 32, None, lib)
+    y1, s1 = ssd_scan.ssd_chunked(x, dt, A, B, C, 32, None, lib)
+    y2, s2 = ssd_scan.ssd_chunked(x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), 32, None, lib)
     assert torch.equal(y1, y2) and torch.equal(s1, s2)
 
 
 def test_mismatched_shapes_are_refused(lib):
     x, dt, A, B, C, _ = inputs(1, 10, 4, 8, 2, 8, torch.float32)
     with pytest.raises(ValueError, match="shapes do not agree"):
-        ssd_cpu.ssd_chunked(x, dt[..., :3], A, B, C, 32, None, lib)
+        ssd_scan.ssd_chunked(x, dt[..., :3], A, B, C, 32, None, lib)
     with pytest.raises(ValueError, match="initial state"):
-        ssd_cpu.ssd_chunked(x, dt, A, B, C, 32, torch.zeros(1, 4, 8, 9), lib)
+        ssd_scan.ssd_chunked(x, dt, A, B, C, 32, torch.zeros(1, 4, 8, 9), lib)
 
 
 def _spy(monkeypatch):
     calls = []
-    real = ssd_cpu.ssd_chunked
-    monkeypatch.setattr(ssd_cpu, "ssd_chunked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = ssd_scan.ssd_chunked
+    monkeypatch.setattr(ssd_scan, "ssd_chunked", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
@@ -161,7 +162,7 @@ def test_the_mixer_uses_the_scan_only_without_autograd_and_not_under_override_re
 def test_off_runs_the_reference_and_says_so(monkeypatch):
     calls = _spy(monkeypatch)
     with _mode(monkeypatch, "off"):
-        assert ssd_cpu.library() is None and "VL_SSD_KERNEL=off" in ssd_cpu.status()
+        assert ssd_scan.library() is None and "VL_SSD_KERNEL=off" in ssd_scan.status()
         x, dt, A, B, C, _ = inputs(1, 40, 4, 16, 2, 16, torch.float32)
         with torch.no_grad():
             y, s = kernels.ssd_scan(x, dt, A, B, C, 128)
@@ -214,6 +215,6 @@ def test_loading_a_cpu_model_builds_the_scan_before_the_first_prefill(monkeypatc
                    head_dim=16, intermediate_size=32, mamba_num_heads=4, mamba_head_dim=8, n_groups=1,
                    ssm_state_size=16, chunk_size=16)
     with _mode(monkeypatch, "portable"):
-        assert ssd_cpu._load.cache_info().currsize == 0
+        assert ssd_scan._load.cache_info().currsize == 0
         runtime_passes(NemotronHForCausalLM(cfg).eval())
-        assert ssd_cpu._load.cache_info().currsize == 1 and list(tmp_path.glob("ssd_scan-portable-*.so"))
+        assert ssd_scan._load.cache_info().currsize == 1 and list(tmp_path.glob("ssd_scan-portable-*.so"))

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vl import cpu_gemm, native
-from vl.quant import cpu_gemv
+from vl import cpu_gemm
+from vl.kernels import gemv, loader
+from vl.quant import gemv_ref
 from vl.quant.fp8 import quantize_fp8_blockwise, quantize_fp8_per_channel, quantize_fp8_per_tensor
 from vl.quant.linear import resident_weight_bytes, swap_quantized_linears
 from vl.quant.nvfp4 import quantize_nvfp4
@@ -21,7 +22,7 @@ FP8_QUANT = {"tensor": quantize_fp8_per_tensor, "channel": quantize_fp8_per_chan
 
 
 def _build(tmp_path_factory, folder: str, variants: dict) -> dict:
-    """{name: Kernel} of `native.build(SOURCE, **kwargs)` for each variant, into a fresh test cache; skips when no
+    """{name: Kernel} of `loader.build(SOURCE, **kwargs)` for each variant, into a fresh test cache; skips when no
     compiler works."""
     cache = tmp_path_factory.mktemp(folder)
     out = {}
@@ -29,7 +30,7 @@ def _build(tmp_path_factory, folder: str, variants: dict) -> dict:
         mp.setenv("VL_KERNEL_CACHE", str(cache))
         for name, kwargs in variants.items():
             try:
-                out[name] = cpu_gemv.Kernel(native.build(cpu_gemv.SOURCE, **kwargs))
+                out[name] = gemv.Kernel(loader.build(gemv.SOURCE, **kwargs))
             except Exception as e:  # noqa: BLE001
                 pytest.skip(f"the fused kernel does not build here ({e}); the reference path is what runs")
     return out
@@ -70,7 +71,7 @@ def test_fp8_kernel_equals_reference_gemv(kernels, build, kind, shape, rows, act
     if act == "bf16":
         x = x.bfloat16()
     got = k.fp8(x, w8, s.contiguous(), kind, act == "bf16")
-    _close(got, cpu_gemv.fp8_gemv_ref(x, w8, s, act == "bf16"))
+    _close(got, gemv_ref.fp8_gemv_ref(x, w8, s, act == "bf16"))
 
 
 @pytest.mark.parametrize("build", ["native", "portable"])
@@ -86,7 +87,7 @@ def test_nvfp4_kernel_equals_reference_gemv(kernels, build, shape, rows, act):
     if act == "bf16":
         x = x.bfloat16()
     got = k.nvfp4(x, packed, bs, float(gs), act == "bf16")
-    _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16"))
+    _close(got, gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16"))
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +114,10 @@ def test_both_nvfp4_bf16_loops_equal_the_reference(nvfp4_loops, loop, shape, row
     x = torch.randn(rows, kin).bfloat16()
     x[0, :3] = torch.tensor([1e-39, -3e-40, 0.0]).bfloat16()  # subnormal activations: exact in the FMA loop
     got = k.nvfp4(x, packed, bs, float(gs), True)
-    _close(got, cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, True))
+    _close(got, gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, True))
     # float32 activations take the FMA loop in both builds
     xf = torch.randn(rows, kin)
-    _close(k.nvfp4(xf, packed, bs, float(gs), False), cpu_gemv.nvfp4_gemv_ref(xf, packed, bs, gs, False))
+    _close(k.nvfp4(xf, packed, bs, float(gs), False), gemv_ref.nvfp4_gemv_ref(xf, packed, bs, gs, False))
 
 
 @pytest.mark.parametrize("build", ["native", "portable"])
@@ -159,12 +160,12 @@ def test_tiny_scales_whose_weights_are_float32_subnormal(kernels, build, fmt, ac
         w8, _ = quantize_fp8_per_tensor(torch.randn(n, kin))
         s = torch.tensor(2.0 ** -136)  # |w8| ~ 2^-6..448 times 2^-136: nearly all below 2^-126, subnormal
         got = k.fp8(x, w8, s, "tensor", act == "bf16")
-        ref = cpu_gemv.fp8_gemv_ref(x, w8, s, act == "bf16")
+        ref = gemv_ref.fp8_gemv_ref(x, w8, s, act == "bf16")
     else:
         packed, bs, _ = quantize_nvfp4(torch.randn(n, kin))
         gs = torch.tensor(2.0 ** -140)  # |E2M1| x block scale <= 6 x 448 ~ 2^11.4: nearly all below 2^-126
         got = k.nvfp4(x, packed, bs, float(gs), act == "bf16")
-        ref = cpu_gemv.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16")
+        ref = gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, act == "bf16")
     assert ref.abs().max() > 0
     # subnormal sums: accumulation-order noise is absolute (2^-149 per addition, 336 terms); weights flushed
     # to zero would lose most of each sum
@@ -199,7 +200,7 @@ def test_weight_only_decode_equals_dequantize_mode(kernels, monkeypatch, fmt, ki
     """The user-facing twin: a weight-only layer on decode-sized inputs (fused kernel) against the same
     checkpoint loaded in dequantize mode (plain Linear in the compute dtype)."""
     monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
-    cpu_gemv._load.cache_clear()
+    gemv._load.cache_clear()
     n, kin = shape
     sd = _one_linear_sd(fmt, n, kin, bias, kind or "tensor")
     fast = _model(sd, "weight-only", dtype, n, kin, bias)
@@ -223,17 +224,17 @@ def test_weight_only_decode_equals_dequantize_mode(kernels, monkeypatch, fmt, ki
 
 def test_prefill_sized_inputs_take_the_reference_path(kernels, monkeypatch):
     monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
-    cpu_gemv._load.cache_clear()
+    gemv._load.cache_clear()
     sd = _one_linear_sd("nvfp4", 32, 64, False)
     fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
     monkeypatch.setattr(type(fast["proj"]), "_fused_gemv", lambda *a: pytest.fail("fused on a prefill"))
-    fast["proj"](torch.randn(cpu_gemv.MAX_ROWS + 1, 64))
+    fast["proj"](torch.randn(gemv.MAX_ROWS + 1, 64))
 
 
 def test_fp8_nan_codes_fall_back_to_the_reference(kernels, monkeypatch):
     """E4M3 0x7F is NaN; the SIMD decode does not produce NaN, so such a layer runs the reference (NaN out)."""
     monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
-    cpu_gemv._load.cache_clear()
+    gemv._load.cache_clear()
     sd = _one_linear_sd("fp8", 16, 32, False)
     sd["proj.weight"].view(torch.uint8)[3, 5] = 0x7F
     m = _model(sd, "weight-only", torch.float32, 16, 32, False)
@@ -244,11 +245,11 @@ def test_fp8_nan_codes_fall_back_to_the_reference(kernels, monkeypatch):
 def test_falls_back_with_a_logged_reason_when_the_kernel_cannot_build(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "/bin/false")
-    cpu_gemv._load.cache_clear()
-    cpu_gemv._warn_once.cache_clear()
+    gemv._load.cache_clear()
+    gemv._warn_once.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="vl.quant.cpu_gemv"):
-            assert cpu_gemv.kernel() is None
+        with caplog.at_level(logging.WARNING, logger="vl.kernels.gemv"):
+            assert gemv.kernel() is None
         assert "unavailable" in caplog.text and "/bin/false failed" in caplog.text
         sd = _one_linear_sd("fp8", 16, 32, True)
         fast = _model(sd, "weight-only", torch.float32, 16, 32, True)
@@ -257,13 +258,13 @@ def test_falls_back_with_a_logged_reason_when_the_kernel_cannot_build(tmp_path, 
         with torch.no_grad():  # the reference path: the dequantized weight through the same GEMM (vl/cpu_gemm.py)
             assert torch.equal(fast["proj"](x), cpu_gemm.linear(x, ref["proj"].weight, ref["proj"].bias))
     finally:
-        cpu_gemv._load.cache_clear()
+        gemv._load.cache_clear()
 
 
 def test_off_switch(monkeypatch):
     monkeypatch.setenv("VL_QUANT_KERNEL", "off")
-    assert cpu_gemv.kernel() is None
-    assert "VL_QUANT_KERNEL=off" in cpu_gemv.status()
+    assert gemv.kernel() is None
+    assert "VL_QUANT_KERNEL=off" in gemv.status()
 
 
 
@@ -271,14 +272,14 @@ def test_a_layer_rebinds_its_kernel_call_when_its_tensors_change_in_place(kernel
     """The bound kernel call (pointers, global scale, NaN check) is cached per layer; an in-place change of a
     tensor (load_state_dict copies into the buffers) bumps its version, so the next call sees the new values."""
     monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
-    cpu_gemv._load.cache_clear()
+    gemv._load.cache_clear()
     sd = _one_linear_sd("nvfp4", 32, 64, False)
     fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
     x = torch.randn(1, 64)
     with torch.no_grad():
         fast["proj"](x)
         fast["proj"].weight_scale_2.mul_(2.0)  # the global scale is bound as a float: must be re-read
-        want = cpu_gemv.nvfp4_gemv_ref(x, fast["proj"].weight, fast["proj"].weight_scale, fast["proj"].weight_scale_2,
+        want = gemv_ref.nvfp4_gemv_ref(x, fast["proj"].weight, fast["proj"].weight_scale, fast["proj"].weight_scale_2,
                                        False)
         _close(fast["proj"](x), want)
     sd8 = _one_linear_sd("fp8", 16, 32, False)

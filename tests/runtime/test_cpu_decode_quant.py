@@ -10,7 +10,7 @@ import torch
 from test_cpu_decode import (  # noqa: F401 -- `lib` is the fixture of both builds
     assert_eager_uses_the_step_with_the_modules_tokens, compare_steps, lib, model)
 from vl.config import LMConfig
-from vl.quant import cpu_gemv
+from vl.kernels import gemv
 from vl.quant.export import exclude_patterns, quantizable_linear_names, quantize_state_dict
 from vl.quant.linear import QuantizedLinear, swap_quantized_linears
 from vl.runtime import cpu_decode
@@ -52,8 +52,8 @@ def quantized(algo: str, dtype, mode: str = "weight-only", seed: int = 0, **swap
 def test_fused_step_equals_the_modules_on_packed_weights(lib, algo, dtype):
     lm, truth = quantized(algo, dtype)
     assert sum(isinstance(m, QuantizedLinear) for m in lm.modules()) == 18  # every projection, not lm_head
-    if cpu_gemv.kernel() is None:
-        pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
+    if gemv.kernel() is None:
+        pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
     assert cpu_decode.unsupported(lm) is None
     ids = torch.randint(3, 301, (1, 9))
     compare_steps(lm, lib, ids, truth=truth if dtype == torch.bfloat16 else None)
@@ -62,16 +62,16 @@ def test_fused_step_equals_the_modules_on_packed_weights(lib, algo, dtype):
 @pytest.mark.parametrize("algo", ["FP8", "W4A16_NVFP4"])
 def test_fused_step_on_packed_weights_and_padded_batches(lib, algo):
     lm, truth = quantized(algo, torch.bfloat16, seed=1)
-    if cpu_gemv.kernel() is None:
-        pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
+    if gemv.kernel() is None:
+        pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3)])  # kernel row groups 4 + 2
     compare_steps(lm, lib, ids, mask, truth=truth)
 
 
 def test_the_eager_mode_decodes_packed_weights_with_the_modules_tokens(lib, monkeypatch):
     lm, _ = quantized("W4A16_NVFP4", torch.float32, seed=2)
-    if cpu_gemv.kernel() is None:
-        pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
+    if gemv.kernel() is None:
+        pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
     assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch)
 
 
@@ -84,8 +84,8 @@ def test_what_keeps_a_packed_model_on_the_modules(lib, monkeypatch):
     with torch.no_grad():  # a NaN code in an FP8 weight: that layer takes the reference path, so the model does too
         lm, _ = quantized("FP8_PER_CHANNEL_PER_TOKEN", torch.float32)
         monkeypatch.delenv("VL_QUANT_KERNEL")
-        if cpu_gemv.kernel() is None:
-            pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
+        if gemv.kernel() is None:
+            pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
         w = lm.backbone.layers[0].mixer.in_proj.weight
         w.view(torch.uint8)[0, 0] = 0x7F
     assert "reference path" in cpu_decode.unsupported(lm)
@@ -93,8 +93,8 @@ def test_what_keeps_a_packed_model_on_the_modules(lib, monkeypatch):
 
 def test_a_changed_packed_weight_is_seen(lib):
     lm, _ = quantized("W4A16_NVFP4", torch.float32)
-    if cpu_gemv.kernel() is None:
-        pytest.skip(f"the packed kernel does not build here: {cpu_gemv.status()}")
+    if gemv.kernel() is None:
+        pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
     ids = torch.randint(3, 301, (1, 5))
     compare_steps(lm, lib, ids, steps=1)
     with torch.no_grad():

@@ -5,17 +5,17 @@ import pytest
 import torch
 from torch import nn
 
-from vl.quant import cpu_gemv
+from vl.kernels import gemv
 from vl.runtime import cpu_matmul
 
 
 @pytest.fixture()
 def kern(tmp_path, monkeypatch):
     monkeypatch.setenv("VL_KERNEL_CACHE", str(tmp_path))
-    cpu_gemv._load.cache_clear()
-    k = cpu_gemv.kernel()
+    gemv._load.cache_clear()
+    k = gemv.kernel()
     yield k
-    cpu_gemv._load.cache_clear()
+    gemv._load.cache_clear()
 
 
 def _need(k, dtype):
@@ -42,7 +42,7 @@ def test_gemv_equals_the_layers_own_forward(kern, dtype, shape, bias):
         assert cpu_matmul.gemv_decode_linears(lin) == 1
         assert cpu_matmul.gemv_decode_linears(lin) == 0  # applied once
         with torch.no_grad():
-            for rows in (1, 2, 5, cpu_gemv.MAX_ROWS + 3):  # the last one keeps torch's forward
+            for rows in (1, 2, 5, gemv.MAX_ROWS + 3):  # the last one keeps torch's forward
                 x = torch.randn(1, rows, k).to(dtype)
                 got, want = lin(x), ref(x)
                 assert got.dtype == want.dtype and got.shape == want.shape

@@ -1,7 +1,7 @@
 """Fast-path selection for the Mamba-2 mixer (in the manner of nanochat's `flash_attention.py`).
 
 One API over the implementations: the pure-PyTorch reference (`ssd_ref`, the test oracle, and what runs whenever
-an autograd graph is recorded), the C++ chunked scan for CPU prefill (`ssd_cpu`, the CPU default without
+an autograd graph is recorded), the C++ chunked scan for CPU prefill (`vl.kernels.ssd_scan`, the CPU default without
 autograd), and the mamba-ssm / causal-conv1d CUDA kernels, used only on CUDA tensors when those packages import.
 Tests force the reference or the CUDA kernels with `override("ref" | "fast")`.
 """
@@ -14,7 +14,8 @@ import logging
 
 import torch
 
-from vl.modeling import ssd_cpu, ssd_ref
+from vl.kernels import ssd_scan as ssd_cpp  # the C++ scan (a name apart from `ssd_scan` below)
+from vl.modeling import ssd_ref
 
 log = logging.getLogger(__name__)
 _override: str | None = None
@@ -140,10 +141,10 @@ def ssd_scan(x, dt, A, B, C, chunk_size, initial_state=None):
         )
         return y.float(), final.float()
     chunk = min(chunk_size, REF_CHUNK)
-    if _override != "ref" and _no_graph(x, dt, A, B, C, initial_state) and ssd_cpu.applies(x, B, C):
-        lib = ssd_cpu.library()
+    if _override != "ref" and _no_graph(x, dt, A, B, C, initial_state) and ssd_cpp.applies(x, B, C):
+        lib = ssd_cpp.library()
         if lib is not None:
-            return ssd_cpu.ssd_chunked(x, dt, A, B, C, chunk, initial_state, lib)
+            return ssd_cpp.ssd_chunked(x, dt, A, B, C, chunk, initial_state, lib)
     return ssd_ref.ssd_chunked(x, dt, A, B, C, chunk, initial_state)
 
 

@@ -11,7 +11,7 @@ an older GPU unless "native" was asked for explicitly):
 - "weight-only": keep packed FP8 / FP4 weights + scales resident; dequantize per forward in the
                  activation dtype (an NVFP4 model holds ~1/4 of its BF16 weight bytes). The pure-torch
                  reference path and the CPU default; on the CPU, products of up to 16 rows (decode) run the
-                 fused dequantize + dot kernel of vl/quant/cpu_gemv.py instead (same weights, float32 sums).
+                 fused dequantize + dot kernel of vl/kernels/gemv.py instead (same weights, float32 sums).
 - "native":      FP8 through `torch._scaled_mm` (CUDA capability >= 8.9, per-tensor scales); raises
                  QuantUnavailableError when that is not possible. Native NVFP4 GEMM is not implemented.
 - "auto":        per forward, native FP8 when the input is on a capable GPU, else weight-only.
@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from vl import cpu_gemm
 from vl.errors import CheckpointError, ConfigError
-from vl.quant import cpu_gemv
+from vl.kernels import gemv
 from vl.quant.config import (
     QUANT_SUFFIXES,
     LinearQuantSpec,
@@ -188,10 +188,10 @@ class QuantizedLinear(nn.Module, abc.ABC):
         if self.emulate_activations:
             x = self._fake_quant_input(x)
         rows = x.numel() // self.in_features if self.in_features else 0
-        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= cpu_gemv.MAX_ROWS
+        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= gemv.MAX_ROWS
                 and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)):
-            kern = cpu_gemv.kernel()
-            if kern is not None:  # few rows (decode): read the packed bytes once (vl/quant/cpu_gemv.py)
+            kern = gemv.kernel()
+            if kern is not None:  # few rows (decode): read the packed bytes once (vl/kernels/gemv.py)
                 x2 = x.reshape(rows, self.in_features)  # the kernel wrapper casts as it needs
                 y = self._fused_gemv(x2, kern, x.dtype == torch.bfloat16)
                 if y is not None:
@@ -474,7 +474,7 @@ def swap_quantized_linears(
         first = model.get_submodule(next(iter(report.modules)))
         if mode in ("weight-only", "auto") and first.weight.device.type in ("cpu", "meta"):
             # build (or find in the persistent cache) the fused decode kernel now, at load, not on the first request
-            log.info("vl.quant: CPU decode of weight-only layers: %s", cpu_gemv.status())
+            log.info("vl.quant: CPU decode of weight-only layers: %s", gemv.status())
     return report
 
 

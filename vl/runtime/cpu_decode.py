@@ -3,15 +3,16 @@ or weight-only FP8 / NVFP4 ones (read packed, as the checkpoint stores them).
 
 An eager decode step through the modules runs ~20 small torch ops per layer (norms, the Mamba-2 conv window
 and state update, gating, attention over the cache, residual adds), and on a small model their dispatch and
-allocations cost as much as reading the weights (docs/cpu_decode.md has the profile). `kernels/decode_step.cpp`
-does the same operations in one pass over the layers, with the plain-math modules as its reference twin: same
-roundings to the model dtype, float32 accumulation, only the order of float32 additions differs. Tests compare
-the two (tests/runtime/test_cpu_decode.py).
+allocations cost as much as reading the weights (docs/cpu_decode.md has the profile). The C++ step
+(vl/kernels/decode_step.py over `csrc/decode_step.cpp`) does the same operations in one pass over the layers, with
+the plain-math modules as its reference twin: same roundings to the model dtype, float32 accumulation, only the
+order of float32 additions differs. Tests compare the two (tests/runtime/test_cpu_decode.py). This file is the
+runtime pass: which models the step covers, the plan of pointers it reads, the step function decode uses.
 
 One API, the fast or the reference path at run time (nanochat `flash_attention.py`): `step_fn(lm)` returns the
 fused step where it applies and None otherwise, saying why once in the log. `VL_CPU_DECODE` = auto (default) |
 portable (the plain C++ loops, no AVX512 intrinsics) | off (the modules); tests force a mode with `override`.
-The library is built by the compile cache of vl/native.py (g++ -O3 at first use, ~4 s, then loaded from
+The library is built by the compile cache of vl/kernels/loader.py (g++ -O3 at first use, ~4 s, then loaded from
 `$VL_KERNEL_CACHE`).
 """
 
@@ -23,52 +24,26 @@ import functools
 import logging
 import math
 import operator
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from vl import native
+from vl.kernels import decode_step as fused
+from vl.kernels import gemv, loader
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.quant import cpu_gemv
 from vl.quant.linear import QuantizedLinear
 from vl.runtime.cpu_matmul import transposed
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(cpu_gemv.__file__).with_name("kernels") / "decode_step.cpp"
 MAX_ROWS = 64  # rows (batch) one fused step takes; larger batches keep the modules
-_KINDS = {"M": 0, "*": 1, "-": 2}
-_FORMATS = {"fp8": 1, "nvfp4": 2}  # VlMat.fmt; 0 = dense
-_DENSE_T = 3  # VlMat.fmt of a dense weight stored transposed: the kernel skips its zero inputs
 _override: str | None = None
-
-_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-
-
-class _Mat(ctypes.Structure):  # mirrors `struct VlMat` of kernels/decode_step.cpp
-    _fields_ = [("fmt", _i), ("N", _i), ("K", _i), ("w", _p), ("scale", _p), ("scale_kind", _i),
-                ("block_scale", _p), ("global_scale", _f)]
-
-
-class _Layer(ctypes.Structure):  # mirrors `struct VlLayer`
-    _fields_ = [("kind", _i), ("norm_w", _p), ("w_in", _Mat), ("w_k", _Mat), ("w_v", _Mat), ("w_out", _Mat),
-                ("d_inner", _i), ("conv_dim", _i), ("n_heads", _i),
-                ("head_dim", _i), ("n_groups", _i), ("d_state", _i), ("conv_k", _i), ("conv_w", _p), ("conv_b", _p),
-                ("dt_bias", _p), ("A", _p), ("Dskip", _p), ("gnorm_w", _p), ("dt_lo", _f), ("dt_hi", _f),
-                ("dt_clamp", _i), ("n_q_heads", _i), ("n_kv_heads", _i), ("attn_head_dim", _i)]
-
-
-class _Model(ctypes.Structure):  # mirrors `struct VlModel`
-    _fields_ = [("bf16", _i), ("res_f32", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
-                ("embed", _p), ("embed_rows", _i), ("norm_f", _p), ("lm_head", _Mat),
-                ("layers", ctypes.POINTER(_Layer))]
-
+_load = fused.load  # (mode) -> (library, why), cached per mode
 
 def _mode() -> str:
     if _override is not None:
         return _override
-    return native.mode("VL_CPU_DECODE")
+    return loader.mode("VL_CPU_DECODE")
 
 
 @contextlib.contextmanager
@@ -84,23 +59,7 @@ def override(mode: str | None):
         _override = old
 
 
-class Library:
-    def __init__(self, path: Path):
-        lib = ctypes.CDLL(str(path))
-        lib.vl_decode_step.argtypes = [ctypes.POINTER(_Model), _i, _p, _p, _i, _i, _p, _i, _p, _i]
-        lib.vl_decode_step.restype = _i
-        lib.vl_gemv_isa.restype = _i
-        self.lib, self.path = lib, path
-        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
-
-
-@functools.cache
-def _load(mode: str) -> tuple[Library | None, str]:
-    # auto keeps the modules without AVX512: the portable loops lose to torch's GEMV
-    return native.load(SOURCE, mode, "VL_CPU_DECODE", "the fused decode step", Library)
-
-
-def library() -> Library | None:
+def library() -> fused.Library | None:
     return _load(_mode())[0]
 
 
@@ -117,8 +76,8 @@ def unsupported(lm) -> str | None:
     if type(lm) is not NemotronHForCausalLM:
         return f"not a NemotronHForCausalLM ({type(lm).__name__})"
     cfg = lm.config
-    if set(cfg.pattern) - set(_KINDS):
-        return f"layer kinds {sorted(set(cfg.pattern) - set(_KINDS))} are not in the fused step"
+    if set(cfg.pattern) - set(fused.KINDS):
+        return f"layer kinds {sorted(set(cfg.pattern) - set(fused.KINDS))} are not in the fused step"
     if cfg.mlp_hidden_act != "relu2":
         return f"MLP activation {cfg.mlp_hidden_act!r}"
     if cfg.mamba_ssm_cache_dtype != "float32":
@@ -151,7 +110,7 @@ def unsupported(lm) -> str | None:
 
 def _matrix_unsupported(mod) -> str | None:
     """Why the step cannot read this projection's weights as its module would use them (None: it can). Plain
-    Linears are read in place; weight-only FP8 / NVFP4 Linears through the packed kernels of quant_gemv.cpp, as
+    Linears are read in place; weight-only FP8 / NVFP4 Linears through the packed row kernels (vl/kernels/gemv.py), as
     their own forward does on the CPU (so the kernel library must be on: `VL_QUANT_KERNEL` not off)."""
     if type(mod) is nn.Linear:
         return None
@@ -159,8 +118,8 @@ def _matrix_unsupported(mod) -> str | None:
         return f"a {type(mod).__name__}"
     if mod.mode not in ("weight-only", "auto") or mod.emulate_activations or mod.bias is not None:
         return f"a {mod.fmt.upper()} Linear in mode {mod.mode!r}{' emulating activations' * mod.emulate_activations}"
-    if cpu_gemv.kernel() is None:
-        return f"a {mod.fmt.upper()} Linear and the packed kernel is off ({cpu_gemv.status()})"
+    if gemv.kernel() is None:
+        return f"a {mod.fmt.upper()} Linear and the packed kernel is off ({gemv.status()})"
     if mod.packed_operands() is None:
         return f"a {mod.fmt.upper()} Linear whose packed weights take the reference path"
     return None
@@ -191,24 +150,24 @@ class Plan:
             keep.append(t)
             return t.data_ptr()
 
-        def mat(mod) -> _Mat:
+        def mat(mod) -> fused.Mat:
             if type(mod) is nn.Linear:
                 n, k = mod.weight.shape
                 if transposed(mod.weight):  # laid out (K, N) by cpu_matmul.transpose_relu2_down_proj
-                    return _Mat(fmt=_DENSE_T, N=n, K=k, w=ptr(mod.weight.t()))
-                return _Mat(fmt=0, N=n, K=k, w=ptr(mod.weight))
+                    return fused.Mat(fmt=fused.DENSE_T, N=n, K=k, w=ptr(mod.weight.t()))
+                return fused.Mat(fmt=0, N=n, K=k, w=ptr(mod.weight))
             ops = mod.packed_operands()
-            m = _Mat(fmt=_FORMATS[ops["fmt"]], N=mod.out_features, K=mod.in_features, w=ptr(ops["weight"]))
+            m = fused.Mat(fmt=fused.FORMATS[ops["fmt"]], N=mod.out_features, K=mod.in_features, w=ptr(ops["weight"]))
             if ops["fmt"] == "fp8":
-                m.scale, m.scale_kind = ptr(ops["scale"]), cpu_gemv.SCALE_KIND[ops["kind"]]
+                m.scale, m.scale_kind = ptr(ops["scale"]), gemv.SCALE_KIND[ops["kind"]]
             else:
                 m.block_scale, m.global_scale = ptr(ops["block_scale"]), ops["global_scale"]
             return m
 
-        layers = (_Layer * len(lm.backbone.layers))()
+        layers = (fused.Layer * len(lm.backbone.layers))()
         for L, block in zip(layers, lm.backbone.layers):
             mix = block.mixer
-            L.kind = _KINDS[block.kind]
+            L.kind = fused.KINDS[block.kind]
             L.norm_w = ptr(_f32(block.norm.weight))
             if block.kind == "M":
                 L.w_in, L.w_out = mat(mix.in_proj), mat(mix.out_proj)
@@ -228,7 +187,7 @@ class Plan:
                 L.n_q_heads, L.n_kv_heads, L.attn_head_dim = mix.n_heads, mix.n_kv, mix.head_dim
             else:
                 L.w_in, L.w_out = mat(mix.up_proj), mat(mix.down_proj)
-        self.model = _Model(bf16=int(self.dtype == torch.bfloat16),
+        self.model = fused.Model(bf16=int(self.dtype == torch.bfloat16),
                             res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
                             D=cfg.hidden_size, vocab=lm.lm_head.out_features, n_layers=len(layers),
                             eps=cfg.layer_norm_epsilon, embed=ptr(lm.backbone.embeddings.weight),
@@ -264,7 +223,7 @@ def _plan(lm, full_check: bool = True) -> Plan:
     return plan
 
 
-def run_step(lm, lib: Library, tok: torch.Tensor, cache, plan: Plan | None = None) -> torch.Tensor | None:
+def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None = None) -> torch.Tensor | None:
     """One token per row: tok (b, 1) ids -> logits (b, vocab) float32, the cache advanced by one position, as
     `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read or an id
     outside the embedding table (the modules raise their IndexError). `plan`: the one `step_fn` checked at the

@@ -22,7 +22,7 @@ from torch import nn
 
 from vl import cpu_gemm
 from vl.modeling.mlp import MLP
-from vl.quant import cpu_gemv
+from vl.kernels import gemv
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // w.shape[1] if w.shape[1] else 0
     grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     by_rows = transposed(w)
-    if (0 < rows <= cpu_gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+    if (0 < rows <= gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
             and not torch.compiler.is_compiling() and not grad and (by_rows or w.is_contiguous())):
-        kern = cpu_gemv.kernel()
+        kern = gemv.kernel()
         if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
             x2 = x.reshape(rows, w.shape[1])
             y = kern.dense_t(x2.float().contiguous(), w.t()) if by_rows else kern.dense(x2.contiguous(), w)
@@ -115,11 +115,11 @@ def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def gemv_decode_linears(model: nn.Module) -> int:
     """Route few-row products (decode) of the model's bf16 / fp32 CPU `nn.Linear`s through the fused GEMV of
-    `vl/quant/cpu_gemv.py`, which reads the weights at memory speed (torch 2.14's CPU GEMV reads bf16 weights
+    `vl/kernels/gemv.py`, which reads the weights at memory speed (torch 2.14's CPU GEMV reads bf16 weights
     at ~5 GB/s on an AVX512 core). Same float32 accumulation, one rounding of the output, sums in another
     order. Many rows, autograd, compile tracing and CPUs without the kernel keep the layer's own forward.
     Returns how many layers were routed (0 where the kernel is unavailable)."""
-    kern = cpu_gemv.kernel()
+    kern = gemv.kernel()
     if kern is None or not (kern.dense_bf16 or kern.dense_fp32):
         return 0
     n = 0
@@ -143,9 +143,9 @@ def sparse_down_off() -> str | None:
     """Why `transpose_relu2_down_proj` leaves the weights as stored on this machine (None: it lays them out)."""
     if os.environ.get("VL_SPARSE_DOWN", "1") == "0":
         return "VL_SPARSE_DOWN=0"
-    kern = cpu_gemv.kernel()
+    kern = gemv.kernel()
     if kern is None or kern.isa != "avx512":
-        return f"no AVX512 build of the CPU kernel ({cpu_gemv.status()})"
+        return f"no AVX512 build of the CPU kernel ({gemv.status()})"
     return None
 
 
@@ -161,7 +161,7 @@ def transpose_relu2_down_proj(model: nn.Module) -> int:
     summation order). The input of that product is relu(up(x))^2: zero wherever up(x) <= 0, about half the
     entries for random weights and more in trained models. Stored by rows of the input dimension, a decode
     step skips the rows whose input is zero and reads that much less of the layer (vl_dense_t_gemv in
-    vl/quant/kernels/quant_gemv.cpp; the fused step and the modules' GEMV path both use it); prefill's GEMMs
+    vl/kernels/csrc/row_kernels.h; the fused step and the modules' GEMV path both use it); prefill's GEMMs
     take the transposed operand at the same speed. Plain bf16 / fp32 CPU Linears only (packed FP8 / NVFP4
     weights stay as stored), where the AVX512 kernel builds, not under accelerate hooks; `VL_SPARSE_DOWN=0`
     turns it off. Returns how many layers were laid out; a second call finds them done."""

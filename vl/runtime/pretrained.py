@@ -4,7 +4,7 @@ the model code, in gpt-fast's `_load_model` order: build and assign, then the CP
 from __future__ import annotations
 
 from vl.checkpoint.load import load_model
-from vl.modeling import ssd_cpu
+from vl.kernels import ssd_scan
 from vl.modeling.mamba2 import Mamba2Mixer
 from vl.runtime import cpu_decode, gpu_libs, heap, hugepages
 from vl.runtime.cpu_matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
@@ -30,7 +30,7 @@ def runtime_passes(model, device_map=None, max_memory=None):
     hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     if any(isinstance(m, Mamba2Mixer) and m.dt_bias.device.type == "cpu" for m in model.modules()):
-        ssd_cpu.library()  # and the CPU prefill's C++ scan (vl/modeling/ssd_scan.cpp; ~3 s once per machine)
+        ssd_scan.library()  # and the CPU prefill's C++ scan (vl/kernels/csrc/ssd_scan.cpp; ~3 s once per machine)
     gpu_libs.page_out()  # no CUDA device: the CUDA libraries' pages that `import torch` mapped go back (same dir)
     heap.trim_heap()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
     heap.keep_freed_memory()  # from now on a prefill's freed temporaries stay for the next layer (same file)

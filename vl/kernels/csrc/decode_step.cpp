@@ -8,23 +8,22 @@
 // allocations (docs/cpu_decode.md has the measured breakdown).
 //
 // Weight matrices are dense (the model dtype) or packed as the checkpoint stores them (FP8 E4M3 with its scales,
-// NVFP4 with block and global scales): the products are those of quant_gemv.cpp, included below, which the
-// weight-only quantized Linears of vl/quant/linear.py call one layer at a time (the same kernels, so the fused step
-// and the modules compute the same weights and the same float32 sums).
+// NVFP4 with block and global scales): the products are the row kernels of row_kernels.h, which the weight-only
+// quantized Linears of vl/quant/linear.py call one layer at a time through quant_gemv.cpp (the same kernels, so the
+// fused step and the modules compute the same weights and the same float32 sums).
 //
-// Built at load by vl/runtime/cpu_decode.py through the build cache of vl/native.py (g++ -O3 -march=native
-// -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+// Built at load (vl/runtime/cpu/decode.py) through vl/kernels/decode_step.py and the build cache of
+// vl/kernels/loader.py (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "quant_gemv.cpp"  // VL_AVX512, the dense / FP8 / NVFP4 row kernels, bf16_to_float
+#include "row_kernels.h"  // VL_AVX512, the dense / FP8 / NVFP4 row kernels, bf16_to_float
 
 extern "C" {
 
-// One layer. Field use depends on `kind`; the struct is mirrored by ctypes in vl/runtime/cpu_decode.py.
-// One weight matrix (N, K): y = x W^T. Mirrored by ctypes in vl/runtime/cpu_decode.py.
+// One weight matrix (N, K): y = x W^T. Mirrored by ctypes in vl/kernels/decode_step.py, as the structs below.
 struct VlMat {
   int fmt;                     // 0 = dense in the model dtype, 1 = FP8 E4M3, 2 = NVFP4, 3 = dense stored (K, N)
   int N, K;
@@ -83,7 +82,7 @@ struct Round {  // the model dtype's rounding of a float32 value (identity for f
 };
 
 #ifdef VL_AVX512
-#include "../../modeling/simd_exp.h"  // vl_exp16
+#include "simd_exp.h"  // vl_exp16
 
 static inline __m512 silu_v(__m512 v) {
   return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), vl_exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
@@ -173,20 +172,20 @@ static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat
 static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
   const int K = W.K, N = W.N;
   if (W.fmt == 3) {  // dense, stored transposed (K, N): skips the zero inputs (a ReLU^2 down_proj)
-    vl_dense_t_gemv(x, M, K, W.w, N, bf16, y, nthreads);
+    dense_t_gemv(x, M, K, W.w, N, bf16, y, nthreads);
     return;
   }
   if (W.fmt == 1 || W.fmt == 2) {
-    const int x_bf16 = bf16 && vl_gemv_bf16_dot();
+    const int x_bf16 = bf16 && gemv_bf16_dot();
     for (int m0 = 0; m0 < M; m0 += 4) {
       const int mm = M - m0 < 4 ? M - m0 : 4;
       const void* xm = x_bf16 ? (const void*)(xb + (size_t)m0 * K) : (const void*)(x + (size_t)m0 * K);
       if (W.fmt == 1)
-        vl_fp8_gemv(xm, mm, K, (const uint8_t*)W.w, N, W.scale, W.scale_kind, bf16, x_bf16, y + (size_t)m0 * N,
-                    nthreads);
+        fp8_gemv(xm, mm, K, (const uint8_t*)W.w, N, W.scale, W.scale_kind, bf16, x_bf16, y + (size_t)m0 * N,
+                 nthreads);
       else
-        vl_nvfp4_gemv(xm, mm, K, (const uint8_t*)W.w, W.block_scale, W.global_scale, N, bf16, x_bf16,
-                      y + (size_t)m0 * N, nthreads);
+        nvfp4_gemv(xm, mm, K, (const uint8_t*)W.w, W.block_scale, W.global_scale, N, bf16, x_bf16,
+                   y + (size_t)m0 * N, nthreads);
     }
     return;
   }
@@ -563,6 +562,8 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
 }
 
 extern "C" {
+
+int vl_isa() { return gemv_isa(); }  // 2 = AVX512 path, 0 = portable path
 
 // ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
 // pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes: the step marks

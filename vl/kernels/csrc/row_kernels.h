@@ -1,4 +1,7 @@
-// Fused dequantize + dot for few-row products (decode) with weights kept as the checkpoint stores them.
+// The row kernels: fused dequantize + dot for few-row products (decode) with weights kept as the checkpoint
+// stores them, and the dense bf16 / fp32 few-row products. Shared by quant_gemv.cpp (the quantized Linears'
+// entry points, one layer at a time) and decode_step.cpp (the whole fused step), so both compute the same weights
+// and the same float32 sums. A header of internal (static) functions: each .cpp that includes it exports its own.
 //
 // y[m, o] = sum_i x[m, i] * W[o, i], where W[o, i] is bit for bit the weight the pure-torch reference
 // (vl/quant/fp8.py dequantize_fp8, vl/quant/nvfp4.py dequantize_nvfp4) builds in float32, optionally rounded
@@ -14,8 +17,9 @@
 // scale's row with one permute (nvfp4_rows_perm, float32 FMAs), or, with bf16 activations on CPUs without AMX,
 // a table of bf16 values four blocks at a time (nvfp4_rows_bf16, VDPBF16PS).
 //
-// Built at first use by vl/quant/cpu_gemv.py with g++ -O3 -march=native -fopenmp; -DVL_PORTABLE builds
-// the plain C++ path (table lookups) that any CPU runs.
+// Built into each library by vl/kernels/loader.py (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain
+// C++ path (table lookups) that any CPU runs.
+#pragma once
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -112,9 +116,7 @@ static inline void prefetch2(const void* p) {
 }
 #endif
 
-extern "C" {
-
-int vl_gemv_bf16_dot() {  // 1: vl_fp8_gemv takes bf16 activations (x_bf16=1): the table path below
+static int gemv_bf16_dot() {  // 1: fp8_gemv takes bf16 activations (x_bf16=1): the table path below
 #if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
   return 1;
 #else
@@ -122,7 +124,7 @@ int vl_gemv_bf16_dot() {  // 1: vl_fp8_gemv takes bf16 activations (x_bf16=1): t
 #endif
 }
 
-int vl_gemv_isa() {  // 2 = AVX512 path, 0 = portable path
+static int gemv_isa() {  // 2 = AVX512 path, 0 = portable path
 #ifdef VL_AVX512
   return 2;
 #else
@@ -130,7 +132,6 @@ int vl_gemv_isa() {  // 2 = AVX512 path, 0 = portable path
 #endif
 }
 
-}  // extern "C"
 
 #if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define VL_FP8_TABLE 1
@@ -585,8 +586,6 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
   }
 }
 
-extern "C" {
-
 #define VL_DISPATCH(FN, ...)                  \
   switch (M) {                                \
     case 1: FN<1>(__VA_ARGS__); break;        \
@@ -596,9 +595,9 @@ extern "C" {
   }
 
 // M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
-// x_bf16 = 1 (only where vl_gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
-void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind, int round16,
-                 int x_bf16, float* y, int nthreads) {
+// x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
+static void fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind,
+                     int round16, int x_bf16, float* y, int nthreads) {
   const int grain = kind == 2 ? 128 : 16;  // a block-scaled chunk never straddles two scale rows needlessly
   const int chunks = (N + grain - 1) / grain;
 #ifdef VL_FP8_TABLE
@@ -641,7 +640,7 @@ void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const flo
 
 // The loop NVFP4 layers take with bf16 activations: 2 = VDPBF16PS on the bf16 table, 1 = VPERMPS + FMA (float32
 // activations always take it on AVX512), 0 = the portable loop.
-int vl_nvfp4_loop() {
+static int nvfp4_loop() {
 #if defined(VL_NVFP4_DOT)
   return 2;
 #elif defined(VL_AVX512)
@@ -651,9 +650,9 @@ int vl_nvfp4_loop() {
 #endif
 }
 
-// x_bf16 = 1 (only where vl_gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
-void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
-                   int round16, int x_bf16, float* y, int nthreads) {
+// x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
+static void nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
+                       int round16, int x_bf16, float* y, int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
 #ifdef VL_NVFP4_DOT
@@ -696,7 +695,7 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
 }
 
 // Dense: x (M, K) and w (N, K) both bf16 (bf16=1) or both float32; y (M, N) float32. M in 1..4.
-int vl_dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar loop: the caller keeps torch's)
+static int dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar loop: the caller keeps torch's)
 #if defined(VL_AVX512) && defined(__AVX512BF16__)
   return 1;
 #else
@@ -704,7 +703,7 @@ int vl_dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar 
 #endif
 }
 
-void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
+static void dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
   float* xf = nullptr;  // bf16 activations widened, for CPUs without AVX512-BF16
@@ -731,7 +730,7 @@ void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, 
 // product (a non-finite weight times a zero input would be NaN there and is skipped here). Threads split the
 // columns; each output is summed by one thread in the same order whatever the thread count, and a row whose
 // x[m, i] is 0 skips that term, so no row's result depends on the other rows. M: any.
-void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf16, float* y, int nthreads) {
+static void dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf16, float* y, int nthreads) {
   static thread_local std::vector<int> nz;
   nz.clear();
   for (int i = 0; i < K; ++i)
@@ -811,5 +810,3 @@ void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf
     }
   });
 }
-
-}  // extern "C"

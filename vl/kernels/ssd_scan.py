@@ -1,4 +1,5 @@
-"""The chunked SSD scan on the CPU in C++ (`ssd_scan.cpp`): the prefill's fast path, `ssd_ref.ssd_chunked` its twin.
+"""The chunked SSD scan on the CPU in C++ (`csrc/ssd_scan.cpp`): the prefill's fast path; its twin is
+`vl.modeling.ssd_ref.ssd_chunked`.
 
 The reference scan spends most of its time around the arithmetic: two small batched products per 32-token chunk
 in a sequential loop, float32 copies of x, B and C in two layouts, full-size decay tensors. The C++ scan does the
@@ -8,9 +9,9 @@ test_ssd_cpu.py); speed: docs/benchmarks.md, "SSD scan in C++".
 
 It runs where `vl.modeling.kernels.ssd_scan` sends it: CPU tensors in bfloat16 or float32 with no autograd graph
 being recorded. `VL_SSD_KERNEL` = auto (default: the AVX512 build, else the reference) | portable (the plain C++
-loops, any CPU) | off (the reference). Built by the compile cache of vl/native.py (~3 s, once per machine) when a
-CPU model with Mamba layers is loaded (`runtime_passes`), or at first use; where it cannot be built, one log line
-says why and the reference runs.
+loops, any CPU) | off (the reference). Built by the compile cache of vl/kernels/loader.py (~3 s, once per machine)
+when a CPU model with Mamba layers is loaded (`runtime_passes`), or at first use; where it cannot be built, one log
+line says why and the reference runs.
 """
 
 from __future__ import annotations
@@ -18,36 +19,27 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 
 import torch
 
-from vl import native
+from vl.kernels import loader
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ssd_scan.cpp")
+SOURCE = loader.CSRC / "ssd_scan.cpp"
 DTYPES = (torch.bfloat16, torch.float32)
 _i, _l, _p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
-
-
-class Library:
-    def __init__(self, path: Path):
-        lib = ctypes.CDLL(str(path))
-        lib.vl_ssd_scan.argtypes = [_i] * 8 + [_p, _l, _l, _l, _p, _l, _l, _l, _p, _p, _p, _l, _l, _l, _p, _p, _p, _i]
-        lib.vl_ssd_scan.restype = None
-        lib.vl_ssd_isa.restype = _i
-        self.lib, self.path = lib, path
-        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_ssd_isa(), "unknown")
+FUNCTIONS = {"vl_ssd_scan": ([_i] * 8 + [_p, _l, _l, _l, _p, _l, _l, _l, _p, _p, _p, _l, _l, _l, _p, _p, _p, _i], None)}
+Library = loader.Library
 
 
 @functools.cache
 def _load(mode: str) -> tuple[Library | None, str]:
-    return native.load(SOURCE, mode, "VL_SSD_KERNEL", "the C++ scan", Library)
+    return loader.load(SOURCE, mode, "VL_SSD_KERNEL", "the C++ scan", functools.partial(Library, functions=FUNCTIONS))
 
 
 def library() -> Library | None:
-    lib, why = _load(native.mode("VL_SSD_KERNEL"))
+    lib, why = _load(loader.mode("VL_SSD_KERNEL"))
     if lib is None:
         _say_once(why)
     return lib
@@ -55,12 +47,12 @@ def library() -> Library | None:
 
 @functools.cache
 def _say_once(why: str) -> None:
-    log.info("vl.modeling: the CPU prefill's SSD scan runs the torch reference (%s)", why)
+    log.info("vl.kernels: the CPU prefill's SSD scan runs the torch reference (%s)", why)
 
 
 def status() -> str:
     """One line for logs and `vl bench`: which scan a CPU prefill uses here."""
-    lib, why = _load(native.mode("VL_SSD_KERNEL"))
+    lib, why = _load(loader.mode("VL_SSD_KERNEL"))
     return f"C++ {lib.isa} scan ({lib.path.name})" if lib is not None else f"torch reference ({why})"
 
 

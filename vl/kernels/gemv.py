@@ -1,14 +1,15 @@
-"""Fused dequantize + dot for weight-only FP8 / NVFP4 decode on the CPU, with its pure-torch twin.
+"""Fused dequantize + dot for weight-only FP8 / NVFP4 decode on the CPU, and the dense few-row products.
 
 A decode step multiplies every weight by one token: it is bound by the bytes it reads. Dequantizing a packed
 layer per call (the reference path) writes and re-reads a full float copy, so the packed formats ran several
-times slower than BF16. The kernel in `kernels/quant_gemv.cpp` reads the packed bytes once and rebuilds each
-weight in registers, bit for bit the float32 weight the reference builds (rounded to bfloat16 when the
-activations are bf16, as the reference's `dequantized_weight(bf16)` is); only the order of the float32
-additions differs. torch 2.14's CPU offers no usable alternative (docs/quant_cpu_kernels.md).
+times slower than BF16. The kernel (`csrc/quant_gemv.cpp`, over the row kernels of `csrc/row_kernels.h`) reads the
+packed bytes once and rebuilds each weight in registers, bit for bit the float32 weight the reference builds
+(rounded to bfloat16 when the activations are bf16, as the reference's `dequantized_weight(bf16)` is); only the
+order of the float32 additions differs. Its twins are `vl/quant/gemv_ref.py` (FP8 / NVFP4) and `F.linear` (dense); torch's CPU
+offers no usable alternative (docs/quant_cpu_kernels.md).
 
 The kernel is plain C++ with no torch headers, so it compiles in ~2 s: at first use (`vl.load_pretrained`
-of a quantized checkpoint triggers it) it is built into the per-CPU cache of vl/native.py and loaded with
+of a quantized checkpoint triggers it) it is built into the per-CPU cache of vl/kernels/loader.py and loaded with
 ctypes. Where it cannot be built or loaded, one log line says why and the reference path runs.
 `VL_QUANT_KERNEL` = auto (default) | portable (the plain C++ path, no AVX512 intrinsics) | off (reference).
 Same pattern as nanochat `flash_attention.py`: one API, the fast or the reference path at run time, tests
@@ -24,38 +25,33 @@ from pathlib import Path
 
 import torch
 
-from vl import native
-from vl.quant.fp8 import dequantize_fp8
-from vl.quant.nvfp4 import dequantize_nvfp4
+from vl.kernels import loader
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels") / "quant_gemv.cpp"
+SOURCE = loader.CSRC / "quant_gemv.cpp"
 MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
 KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
 SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
-class Kernel:
-    """The loaded library: `fp8(...)` and `nvfp4(...)` on float32 rows."""
+_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+class Kernel(loader.Library):
+    """The loaded library: `fp8(...)` and `nvfp4(...)` on float32 rows, `dense(...)` and `dense_t(...)`."""
+
+    functions = {"vl_fp8_gemv": ([_p, _i, _i, _p, _i, _p, _i, _i, _i, _p, _i], None),
+                 "vl_nvfp4_gemv": ([_p, _i, _i, _p, _p, _f, _i, _i, _i, _p, _i], None),
+                 "vl_gemv_bf16_dot": ([], _i),
+                 "vl_dense_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
+                 "vl_dense_bf16_native": ([], _i),
+                 "vl_dense_t_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
+                 "vl_nvfp4_loop": ([], _i)}
 
     def __init__(self, path: Path):
-        lib = ctypes.CDLL(str(path))
-        p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        lib.vl_fp8_gemv.argtypes = [p, i, i, p, i, p, i, i, i, p, i]
-        lib.vl_fp8_gemv.restype = None
-        lib.vl_nvfp4_gemv.argtypes = [p, i, i, p, p, f, i, i, i, p, i]
-        lib.vl_nvfp4_gemv.restype = None
-        lib.vl_gemv_isa.restype = i
-        lib.vl_gemv_bf16_dot.restype = i
+        super().__init__(path)
+        lib = self.lib
         self.bf16_dot = bool(lib.vl_gemv_bf16_dot())  # FP8 with bf16 activations takes them as bf16
-        lib.vl_dense_gemv.argtypes = [p, i, i, p, i, i, p, i]
-        lib.vl_dense_gemv.restype = None
-        lib.vl_dense_bf16_native.restype = i
-        lib.vl_dense_t_gemv.argtypes = [p, i, i, p, i, i, p, i]
-        lib.vl_dense_t_gemv.restype = None
         self.dense_bf16 = bool(lib.vl_dense_bf16_native())
-        self.lib, self.path = lib, path
-        self.isa = {2: "avx512", 0: "portable"}.get(lib.vl_gemv_isa(), "unknown")
-        lib.vl_nvfp4_loop.restype = i
         # the NVFP4 loop bf16 activations take (docs/quant_cpu_kernels.md, "Why two loops for bf16 activations")
         self.nvfp4_loop = {2: "vdpbf16ps table", 1: "vpermps + fma", 0: "portable"}[lib.vl_nvfp4_loop()]
         self.dense_fp32 = self.isa == "avx512"  # the portable fp32 loop is no faster than torch's
@@ -128,12 +124,12 @@ class Kernel:
 
 
 def _mode() -> str:
-    return native.mode("VL_QUANT_KERNEL")
+    return loader.mode("VL_QUANT_KERNEL")
 
 
 @functools.cache
 def _load(mode: str) -> tuple[Kernel | None, str]:
-    return native.load(SOURCE, mode, "VL_QUANT_KERNEL", "the fused CPU kernel", Kernel, linux_only_in_auto=True,
+    return loader.load(SOURCE, mode, "VL_QUANT_KERNEL", "the fused CPU kernel", Kernel, linux_only_in_auto=True,
                        avx512_in_auto=False)
 
 
@@ -156,19 +152,3 @@ def status() -> str:
     k, why = _load(_mode())
     return (f"fused {k.isa} kernel ({k.path.name}; NVFP4 with bf16 activations: {k.nvfp4_loop})" if k is not None
             else f"reference path ({why})")
-
-
-# --- reference twins: what the kernel computes, in pure torch (tests compare the two) ---------------------------
-def fp8_gemv_ref(x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, round_bf16: bool) -> torch.Tensor:
-    w = dequantize_fp8(w8, scale, torch.float32)
-    if round_bf16:
-        w = w.to(torch.bfloat16).float()
-    return x.float() @ w.t()
-
-
-def nvfp4_gemv_ref(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: torch.Tensor,
-                   round_bf16: bool) -> torch.Tensor:
-    w = dequantize_nvfp4(packed, block_scale, global_scale, torch.float32)
-    if round_bf16:
-        w = w.to(torch.bfloat16).float()
-    return x.float() @ w.t()

@@ -1,5 +1,5 @@
-// exp over 16 float32 lanes (AVX512), shared by the C++ kernels: vl/modeling/ssd_scan.cpp (the scan's decay factors)
-// and vl/quant/kernels/decode_step.cpp (SiLU). Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial for
+// exp over 16 float32 lanes (AVX512), shared by the C++ kernels: ssd_scan.cpp (the scan's decay factors) and
+// decode_step.cpp (SiLU). Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial for
 // expf: within ~1 ulp of std::exp over the float range, the same +-inf / 0 / NaN at the ends; the power of two goes
 // in with VSCALEFPS, which rounds subnormal results correctly. Include inside an AVX512-only block.
 #pragma once

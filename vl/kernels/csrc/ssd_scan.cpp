@@ -12,8 +12,8 @@
 // chunk's C.B^T scores. With fewer pairs than threads a group's heads are split too (each part computes the
 // group's scores itself). Shapes, as in ssd_ref.py: b batch, t time, h heads = g groups x r, p head dim, n state.
 //
-// Built at first use by vl/modeling/ssd_cpu.py through the compile cache of vl/native.py (g++ -O3 -march=native
-// -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+// Built at first use by vl/kernels/ssd_scan.py through the compile cache of vl/kernels/loader.py (g++ -O3
+// -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -180,7 +180,7 @@ void chunk_scores(const float* C, const float* B, int Lk, int n, int L, float* s
 
 extern "C" {
 
-int vl_ssd_isa() {
+int vl_isa() {  // 2 = AVX512 path, 0 = portable path
 #ifdef VL_AVX512
   return 2;
 #else

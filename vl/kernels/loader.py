@@ -1,16 +1,17 @@
-"""The package's plain C++ kernels, compiled at first use into a per-CPU cache and loaded with ctypes.
+"""The package's plain C++ kernels (csrc/), compiled at first use into a per-CPU cache and loaded with ctypes.
 
-The kernels (vl/quant/kernels/quant_gemv.cpp and decode_step.cpp: weight-only GEMV and the fused CPU decode step;
-vl/modeling/ssd_scan.cpp: the CPU prefill's SSD scan) include no torch headers, so each compiles in a few seconds
-with the system's C++ compiler. The result is cached in `$VL_KERNEL_CACHE` (default `~/.cache/vl/kernels`) under a
-key of the source (with the package files it includes), the flags, the compiler's version and the CPU's flags, so a
-library is never loaded on a machine it was not built for. `load` is the one way a module gets its kernel: a mode
-(auto | portable | off, from the module's environment variable) in, the library or the reason there is none out;
-the module logs the reason once and runs its torch reference.
+The sources include no torch headers, so each compiles in a few seconds with the system's C++ compiler. The
+result is cached in `$VL_KERNEL_CACHE` (default `~/.cache/vl/kernels`) under a key of the source (with the headers
+it includes, so a changed header rebuilds), the flags, the compiler's version and the CPU's flags, so a library is
+never loaded on a machine it was not built for. `load` is the one way a module gets its kernel: a mode (auto |
+portable | off, from the kernel's `VL_*` switch) in, the library or the reason there is none out; the module logs
+the reason once and runs its torch twin. Every library is a `Library`: its functions typed once from a table, its
+instruction set read from the `vl_isa()` that every source exports.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -22,6 +23,8 @@ from pathlib import Path
 
 BUILD_TIMEOUT_S = 120
 MODES = ("auto", "portable", "off")
+CSRC = Path(__file__).with_name("csrc")  # every C++ source and header of the package
+ISA = {2: "avx512", 0: "portable"}  # what a source's vl_isa() returns
 
 
 def _cache_dir() -> Path:
@@ -61,7 +64,7 @@ def _flags(portable: bool, defines: tuple[str, ...] = ()) -> list[str]:
 
 
 def _source_text(source: Path) -> str:
-    """The source and, recursively, the package files it includes with `#include "..."` (part of the cache key)."""
+    """The source and, recursively, the headers of csrc/ it includes with `#include "..."` (part of the cache key)."""
     text = source.read_text()
     parts = [text]
     for line in text.splitlines():
@@ -72,7 +75,7 @@ def _source_text(source: Path) -> str:
 
 
 def build(source: Path, portable: bool = False, defines: tuple[str, ...] = ()) -> Path:
-    """Compile one of the package's kernel sources into the cache (or find it there); -> path of the shared
+    """Compile one of the kernel sources of csrc/ into the cache (or find it there); -> path of the shared
     library. `portable`: the plain C++ loops (-DVL_PORTABLE) instead of the AVX512 ones; `defines`: extra
     `NAME=VALUE` macros (tests use them to build a loop the CPU would not pick by default). Raises on failure."""
     cxx = _compiler()
@@ -123,3 +126,20 @@ def load(source: Path, mode: str, var: str, what: str, wrap: Callable[[Path], ob
     if avx512_in_auto and mode == "auto" and getattr(lib, "isa", None) != "avx512":
         return None, f"this CPU lacks AVX512 ({var}=portable forces the plain C++ loops)"
     return lib, "ok"
+
+
+class Library:
+    """A built kernel library: `functions` ({name: (argtypes, restype)}) typed once on the ctypes handle `lib`;
+    `path`; `isa` ("avx512" | "portable"), from the `vl_isa()` every source exports. Kernels with Python-side
+    helpers subclass it (vl/kernels/gemv.py); the others use it as it is."""
+
+    functions: dict = {}
+
+    def __init__(self, path: Path, functions: dict | None = None):
+        lib = ctypes.CDLL(str(path))
+        for name, (argtypes, restype) in {**self.functions, **(functions or {})}.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, restype
+        lib.vl_isa.restype = ctypes.c_int
+        self.lib, self.path = lib, path
+        self.isa = ISA.get(lib.vl_isa(), "unknown")

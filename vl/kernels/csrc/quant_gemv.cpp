@@ -1,0 +1,37 @@
+// The row kernels of row_kernels.h as a library: the entry points the quantized Linears (vl/quant/linear.py) and
+// the dense decode GEMV pass (vl/runtime/cpu/matmul.py) call one layer at a time, through vl/kernels/gemv.py.
+//
+// Twins: vl/quant/gemv_ref.py (fp8_gemv_ref, nvfp4_gemv_ref: dequantize, then a float32 product) and F.linear for
+// the dense products; tests/quant/test_cpu_gemv.py compares them. See docs/quant_cpu_kernels.md.
+#include "row_kernels.h"
+
+extern "C" {
+
+int vl_isa() { return gemv_isa(); }  // 2 = AVX512 path, 0 = portable path
+
+int vl_gemv_bf16_dot() { return gemv_bf16_dot(); }  // 1: vl_fp8_gemv takes bf16 activations (x_bf16=1)
+
+int vl_nvfp4_loop() { return nvfp4_loop(); }
+
+int vl_dense_bf16_native() { return dense_bf16_native(); }
+
+// M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
+void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind, int round16,
+                 int x_bf16, float* y, int nthreads) {
+  fp8_gemv(x, M, K, w, N, scale, kind, round16, x_bf16, y, nthreads);
+}
+
+void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N, int round16,
+                   int x_bf16, float* y, int nthreads) {
+  nvfp4_gemv(x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
+}
+
+void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
+  dense_gemv(x, M, K, w, N, bf16, y, nthreads);
+}
+
+void vl_dense_t_gemv(const float* x, int M, int K, const void* wt, int N, int bf16, float* y, int nthreads) {
+  dense_t_gemv(x, M, K, wt, N, bf16, y, nthreads);
+}
+
+}  // extern "C"
