@@ -412,3 +412,10 @@ def test_demo_pipeline_default_output_is_the_answer_with_the_reasoning_apart(dem
         assert reply["role"] == "assistant" and reply["content"] == want.answer and want.answer
         assert reply.get("reasoning_content", "") == want.reasoning and bool(want.reasoning) == thinking
         assert "think>" not in reply["content"] + reply.get("reasoning_content", "")
+
+
+def test_moved_helper_keeps_its_old_name_for_a_release():
+    from vl.hf.pipeline import route_generation_args
+
+    with pytest.warns(DeprecationWarning, match="vl.hf.pipeline.route_generation_args"):
+        assert vl.hf.route_generation_args is route_generation_args
