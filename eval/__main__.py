@@ -33,7 +33,7 @@ def _on_off(text: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     from eval.backend import EVAL_OPTIONS
     from eval.tasks import task_names
-    from vl.cli_flags import add_option_flags
+    from vl.cli.flags import add_option_flags
     from vl.options import spec
 
     p = argparse.ArgumentParser(prog="vl eval", description="Batch evaluation: resumable, distributed "
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace):
     from eval.runner import RunConfig
-    from vl.cli_flags import flag_values
+    from vl.cli.flags import flag_values
 
     import os
 
@@ -182,7 +182,7 @@ def _tile_size(model: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None, make_data=None) -> int:
-    """`make_data`: the synthetic-set writer `vl eval make-data` runs (vl/cli.py supplies it)."""
+    """`make_data`: the synthetic-set writer `vl eval make-data` runs (vl/cli/__init__.py supplies it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["make-data"]:
         return make_data_main(argv[1:], make_data)

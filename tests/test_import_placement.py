@@ -186,7 +186,7 @@ def test_the_rule_sees_what_it_should():
 
 def test_command_help_needs_no_torch():
     """`vl --help`, `vl chat --help` and `vl serve --help` answer at once: their modules import no torch (4-9 s)."""
-    code = ("import sys, vl.cli, vl.chat_cli, vl.server.cli; "
+    code = ("import sys, vl.cli, vl.cli.chat, vl.server.cli; "
             "print(sorted(m for m in ('torch', 'transformers', 'gradio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -97,7 +97,7 @@ def test_processor_kwargs_are_the_processor_options_that_are_set():
 
 # --- the front ends ------------------------------------------------------------------------------------------
 def _chat_parser():
-    from vl.cli_flags import add_generation_flags, add_media_flags
+    from vl.cli.flags import add_generation_flags, add_media_flags
 
     p = argparse.ArgumentParser()
     add_media_flags(p)
@@ -113,7 +113,7 @@ def _argv(s, value):
 
 @pytest.mark.parametrize("name", [n for n in ALL if spec(n).flag])
 def test_every_flag_reaches_vl_chat(name):
-    from vl.cli_flags import options_from_args
+    from vl.cli.flags import options_from_args
 
     s, p = spec(name), _chat_parser()
     value = other_value(s)
@@ -266,15 +266,15 @@ def test_max_pages_reaches_every_front_end(pdf_engine, three_pages, tmp_path, ca
     from eval.backend import EngineBackend, GenerationSettings
     from eval.runner import RunConfig
     from eval.sweep import parse_sweep
-    from vl.chat_cli import main as chat_main
-    from vl.cli_flags import options_from_args
+    from vl.cli.chat import main as chat_main
+    from vl.cli.flags import options_from_args
     from vl.errors import MediaTooLargeError
     from vl.hf.processor import NemotronNanoVLV2Processor
     from vl.server.media import MediaPolicy
     from vl.server.request import Ceilings, parse_chat_request
 
     # vl chat: the flag, checked before any model loads; its default is the interactive cap
-    from vl.cli_flags import INTERACTIVE_PDF_PAGES
+    from vl.cli.flags import INTERACTIVE_PDF_PAGES
 
     assert options_from_args(_chat_parser().parse_args([])).max_pages == INTERACTIVE_PDF_PAGES
     assert options_from_args(_chat_parser().parse_args(["--max-pages", "2"])).max_pages == 2
@@ -303,7 +303,7 @@ def test_one_reasoning_default_in_every_front_end(pdf_engine, tmp_path):
     else `DEFAULT_THINKING` (off). `vl chat`, `Engine.chat`, the pipeline, eval, the server and `RemoteEngine`'s
     body all resolve it the same way."""
     from eval.runner import RunConfig
-    from vl.cli_flags import options_from_args
+    from vl.cli.flags import options_from_args
     from vl.hf.processor import NemotronNanoVLV2Processor
     from vl.options import DEFAULT_THINKING
     from vl.remote import RemoteEngine

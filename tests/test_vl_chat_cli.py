@@ -2,7 +2,7 @@
 files, flags and the files' contents checked before any model loads, one reasoning default, help that is true for
 every model.
 
-Answers run on the shipped demo model (vl/demo) over a bundled example, in-process (`vl.chat_cli.main`), and are
+Answers run on the shipped demo model (vl/demo) over a bundled example, in-process (`vl.cli.chat.main`), and are
 compared with `vl.Engine.chat` given the same options; the checks that must not load a model, and the exit codes a
 script sees, run as subprocesses. "The model was not loaded" is counted from `python -X importtime`: the model's
 modules (`vl.runtime.engine`, torch) were never imported.
@@ -84,7 +84,7 @@ def test_a_missing_file_is_named_before_any_model_loads(tmp_path):
     (["--token-pruning-rate", "1.5"], "--token-pruning-rate must be in [0, 1)"),
 ])
 def test_contradictory_or_out_of_range_flags_are_errors(argv, words, capsys):
-    from vl.chat_cli import main
+    from vl.cli.chat import main
 
     assert main(argv + ["--prompt", "x", "--json"]) == 2
     out, err = capsys.readouterr()
@@ -94,7 +94,7 @@ def test_contradictory_or_out_of_range_flags_are_errors(argv, words, capsys):
 def test_every_flag_has_help_and_shares_the_common_spelling():
     import argparse
 
-    from vl.cli_flags import add_generation_flags, add_json_flag, add_media_flags, add_model_flags
+    from vl.cli.flags import add_generation_flags, add_json_flag, add_media_flags, add_model_flags
 
     p = argparse.ArgumentParser()
     for add in (add_model_flags, add_media_flags, add_generation_flags, add_json_flag):
@@ -109,7 +109,7 @@ def test_every_flag_has_help_and_shares_the_common_spelling():
 
 @needs_demo
 def test_only_the_answer_goes_to_stdout(example, engine, capsys):
-    from vl.chat_cli import main
+    from vl.cli.chat import main
 
     assert main(["--image", example["path"], "--prompt", example["question"], "--thinking", "on"]) == 0
     out, err = capsys.readouterr()
@@ -123,7 +123,7 @@ def test_only_the_answer_goes_to_stdout(example, engine, capsys):
 
 @needs_demo
 def test_json_has_the_documented_schema(example, engine, capsys):
-    from vl.chat_cli import main
+    from vl.cli.chat import main
 
     assert main(["--image", example["path"], "--prompt", example["question"], "--json", "--thinking", "off",
                  "--max-new-tokens", "8"]) == 0
@@ -164,7 +164,7 @@ class _Terminal:
 
 @needs_demo
 def test_video_progress_goes_to_stderr_frame_by_frame(clip, engine, capsys, monkeypatch):
-    from vl import chat_cli
+    from vl.cli import chat as chat_cli
 
     argv = ["--video", clip["path"], "--prompt", clip["question"], "--max-frames", "8", "--max-new-tokens", "24"]
     assert chat_cli.main(argv) == 0
@@ -233,7 +233,7 @@ def test_an_unreadable_file_is_refused_before_the_model_loads(flag, name, conten
 
 @needs_demo
 def test_a_refused_file_then_a_good_one_in_one_process(example, tmp_path, capsys):
-    from vl.chat_cli import main
+    from vl.cli.chat import main
 
     bad = tmp_path / "scan.png"
     bad.write_bytes(_jpeg_cut_in_half())  # a JPEG named .png, cut short: read by content, refused as corrupt
@@ -281,7 +281,7 @@ def test_no_complete_answer_exits_3_with_a_note(example):
 
 
 def test_incomplete_note_covers_every_way_to_end_without_an_answer():
-    from vl.chat_cli import incomplete_note
+    from vl.cli.chat import incomplete_note
     from vl.runtime.results import ChatResult, Stats
 
     def result(answer, finish, truncated=False):
@@ -315,7 +315,7 @@ def test_quantize_help_does_not_import_torch():
 
 def test_json_stats_carry_every_field_of_the_results_stats():
     """A field another part adds to `Stats` (a note, a counter) reaches --json without a change here."""
-    from vl.chat_cli import result_json
+    from vl.cli.chat import result_json
     from vl.runtime.results import ChatResult, Stats
 
     Extended = dataclasses.make_dataclass("Extended", [("pruning_floor_kept", int, 0)], bases=(Stats,))
@@ -333,7 +333,7 @@ def test_stats_refuse_an_undeclared_attribute_and_keep_in_process_fields_out_of_
     (vision_keep, media_items, pixel_values) are declared but never printed by --json."""
     import torch
 
-    from vl.chat_cli import result_json
+    from vl.cli.chat import result_json
     from vl.runtime.results import ChatResult, Stats
 
     stats = Stats(new_tokens=2)
@@ -349,8 +349,8 @@ def test_files_the_model_reads_pass_the_check(example, clip, tmp_path):
     """The early check is the processor's own (vl.processing): what the model reads passes it, a TIFF scan too."""
     from PIL import Image
 
-    from vl.chat_cli import parse_args
-    from vl.cli_flags import check_media_files, options_from_args
+    from vl.cli.chat import parse_args
+    from vl.cli.flags import check_media_files, options_from_args
 
     scan = tmp_path / "scan.tif"
     Image.new("L", (40, 30), 255).save(scan, "TIFF", compression="tiff_lzw")

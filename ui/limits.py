@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vl.cli_flags import INTERACTIVE_PDF_PAGES
+from vl.cli.flags import INTERACTIVE_PDF_PAGES
 from vl.options import spec
 from vl.errors import GenerationOptionError, InputError, RemoteMediaError, VLError
 from vl.processing.limits import MediaLimits

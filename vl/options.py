@@ -5,7 +5,7 @@ options (read by the model's reducers) and generation options (read by the decod
 metadata -- type, default, bounds, one help text, its CLI flag, its OpenAI-request key (vLLM's spellings such as
 `mm_processor_kwargs.max_num_tiles` where vLLM has one), other names it is known by, and where it acts. The front
 ends derive what they accept from here instead of keeping their own lists: `vl chat` / `vl eval` flags
-(vl/cli_flags.py), the server's body parsing (vl/server/request.py) and `RemoteEngine`'s request body
+(vl/cli/flags.py), the server's body parsing (vl/server/request.py) and `RemoteEngine`'s request body
 (vl/remote.py), the pipeline's keywords (vl/hf/processor.py), the eval run config and sweep keys (eval/), and the
 app's bounds (ui/). The record is built once at the edge, validated in `__post_init__` (one validator per option,
 one range), and handed down unchanged to `vl.Engine` and the processor.
@@ -103,7 +103,7 @@ DEFAULT_THINKING = False
 @dataclass(frozen=True)
 class RequestOptions:
     """One request's options. Build it with keywords (aliases accepted: `from_kwargs`), from an OpenAI body
-    (`from_openai`) or from parsed CLI flags (vl/cli_flags.py); it is checked when built."""
+    (`from_openai`) or from parsed CLI flags (vl/cli/flags.py); it is checked when built."""
 
     # --- media: read by the processor (vl/processing/processor.py), docs/app_and_cli.md ---------------------
     max_num_tiles: int | None = _option(

@@ -242,7 +242,7 @@ def test_a_quantized_copy_of_the_demo_model_keeps_its_warning(src, tmp_path):
     from PIL import Image
 
     from ui.app import _is_demo
-    from vl.chat_cli import DEMO_WARNING
+    from vl.cli.chat import DEMO_WARNING
     from vl.config import vl_config_from_hf
     from vl.directory import SYNTHETIC_ONLY_KEY, synthetic_only
 

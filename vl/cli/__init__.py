@@ -1,7 +1,8 @@
-"""The `vl` command: one entry point, one subcommand per job; each lives with the code it drives.
+"""The `vl` command: one entry point, one subcommand per job; each lives with the code it drives (this package
+holds `vl chat`, chat.py, and the flags every command shares, flags.py).
 
     vl app        [--model PATH] ...         Gradio app (ui/app.py)
-    vl chat       --model PATH --image F --prompt "..." [--json]   (vl/chat_cli.py)
+    vl chat       --model PATH --image F --prompt "..." [--json]   (vl/cli/chat.py)
     vl eval       ... | score | compare | make-data   evaluation, re-scoring, two runs compared, the synthetic sets
     vl quantize   --format fp8|nvfp4 --model IN --out OUT
     vl bench      [--json] ...               speed and memory against transformers (vl/bench.py)
@@ -19,7 +20,7 @@ from vl.directory import default_model  # noqa: F401 - `vl.cli.default_model` st
 # subcommand -> "module:function" taking argv (list[str]) and returning an exit code
 COMMANDS = {
     "app": ("ui.app:main", "serve the Gradio app"),
-    "chat": ("vl.chat_cli:main", "one question about images / a PDF / a video, answer streamed to stdout"),
+    "chat": ("vl.cli.chat:main", "one question about images / a PDF / a video, answer streamed to stdout"),
     "eval": ("vl.cli:eval_main", "batch evaluation (vl eval score re-scores a predictions file, vl eval compare "
                                  "compares two, vl eval make-data writes the synthetic sets)"),
     "serve": ("vl.server.cli:main", "OpenAI-compatible server: /v1/models, /v1/chat/completions (docs/server.md)"),
@@ -90,7 +91,3 @@ def main(argv: list[str] | None = None) -> int:
     except VLError as exc:  # a typed error a command let through: its code and message, not a traceback
         print(f"error [{exc.code}]: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from vl.cli_flags import (
+from vl.cli.flags import (
     add_generation_flags,
     add_json_flag,
     add_media_flags,
