@@ -1,13 +1,13 @@
 """16-bit matmuls on CPUs without native 16-bit GEMM: compute them in fp32 (a pass applied from outside).
 
-A bf16 GEMM on a CPU without AVX512-BF16 or AMX (this project's 2-core AMD runner, most laptops) runs through
-oneDNN's emulation at ~1/6 of the fp32 GEMM's speed: measured 1365 ms against 220 ms for a 2048x1024 @
-1024x3072 product at 1 thread. So every `nn.Linear` with 16-bit weights that sees enough rows (a prefill chunk,
-a batch of image tiles) upcasts its operands to fp32, multiplies, and rounds the result back: the same
-arithmetic as a native bf16 GEMM (16-bit inputs, fp32 accumulation, one rounding of the output), at fp32
-speed. Weights stay 16-bit in memory; the fp32 copy of a weight is made per call, in blocks of output rows
-so the temporary stays under ~32 MiB. Few rows (decode, which is bandwidth-bound and where 16-bit weights are
-the faster read) keep the plain 16-bit product.
+A bf16 GEMM on a CPU without AVX512-BF16 or AMX (most laptops; an x86-64 AVX-512 build machine without
+AVX512-BF16, where it was measured) runs through oneDNN's emulation at ~1/6 of the fp32 GEMM's speed: 1365 ms
+against 220 ms for a 2048x1024 @ 1024x3072 product at 1 thread. So every `nn.Linear` with 16-bit weights that
+sees enough rows (a prefill chunk, a batch of image tiles) upcasts its operands to fp32, multiplies, and rounds the
+result back: the same arithmetic as a native bf16 GEMM (16-bit inputs, fp32 accumulation, one rounding of the
+output), at fp32 speed. Weights stay 16-bit in memory; the fp32 copy of a weight is made per call, in blocks of
+output rows so the temporary stays under ~32 MiB. Few rows (decode, which is bandwidth-bound and where 16-bit
+weights are the faster read) keep the plain 16-bit product.
 """
 
 from __future__ import annotations

@@ -1,41 +1,33 @@
-"""Hand freed heap memory back to the operating system (glibc `malloc_trim`): after every load, and after every
-request of the app.
+"""Freed heap memory: give it back to the operating system after a load and after each app request (glibc
+`malloc_trim`), keep it between trims so that a CPU prefill reuses it (glibc's thresholds).
 
-After a load: the huge-page pass copies a model's small tensors (norm weights, block scales, small projections)
-into one arena and frees the originals (vl/runtime/hugepages.py), and glibc keeps such freed chunks (below its
-mmap threshold) resident inside the heap. Measured on the first 6 layers of the 12B NVFP4 geometry: 85 MiB free
-but resident after `vl.load_pretrained`, given back by one trim (`vl/runtime/pretrained.py` calls it last).
+`trim_heap()`. Gradio runs each step of a handler's generator on a pool thread, so a request's tensors, tiles and
+preview pictures are allocated in several per-thread arenas, and glibc gives a non-main arena's memory back only
+from the arena's top: free space pinned below a live chunk stays resident, request after request. Measured inside
+`vl app` over a 5-minute soak (`mallinfo2()`, `tracemalloc`): Python objects grew by 5 MB and the heap in use by
+26 MB, while the free chunks malloc kept grew from 10 MB to 120 MB and RSS followed them (+180 MB).
+`malloc_trim(0)` walks every arena and releases each whole free page (`MADV_DONTNEED`); the next request gets the
+pages back on demand. It runs once per request, when the request's stream closes (`ui/runner.py` `stream_chat`):
+about 0.5 ms when little is free, 145 ms when 355 MB are released at once. With it the 10-minute soak of `vl app`
+(scripts/soak.py, docs/reliability_policy.md row S11) grows 5.3% (7.3 MB/min) instead of 12% (12.8 MB/min); the
+rest is memory still in use, not traced to its owner. After a load it gives back the small tensors the huge-page
+pass copied into its arena (vl/runtime/cpu/hugepages.py), which glibc keeps resident below its mmap threshold:
+85 MiB on the first 6 layers of the 12B NVFP4 geometry (`vl/runtime/pretrained.py` calls it last).
+On a C library without `malloc_trim` (musl, macOS) it does nothing and says so (returns None): those allocators
+have no arena retention of this kind to undo.
 
-After a request: the first 10-minute soak of `vl app` (docs/reliability_policy.md row S11) grew the server's RSS by 12 %
-(about 13 MB/min, steady, no plateau) while every request was served. Measured inside the server with
-`mallinfo2()` and `tracemalloc` during a 5-minute soak: Python objects grew by 5 MB and the heap in use by
-26 MB, but the *free* chunks that malloc kept in its arenas grew from 10 MB to 120 MB, and RSS followed them
-(+180 MB). Gradio runs each step of a handler's generator on a pool thread, so a request's tensors, tiles and
-preview pictures are allocated in several per-thread arenas; glibc gives a non-main arena's memory back only
-from the arena's top, so free space pinned below a live chunk stays resident, request after request.
-`malloc_trim(0)` walks every arena and releases each whole free page (`MADV_DONTNEED`); the next request
-gets the pages back on demand. It is called once per request, when the request's stream closes
-(`ui/runner.py` `stream_chat`). Measured: about 0.5 ms when little is free, 145 ms when 355 MB were released at once.
-After the fix the 10-minute soak grew 5.3 % (slope 7.3 MB/min, was 12.8): most of the growth was this, a
-smaller part is memory still in use, not yet traced to its owner.
-
-On a C library without `malloc_trim` (musl, macOS) this does nothing and says so (`trim_heap` returns
-None): those allocators have no arena retention of this kind to undo.
-
-Between trims the opposite is wanted: a CPU prefill allocates and frees the same large temporaries layer after layer
-(projection outputs, the SSD scan's fp32 blocks: 4-33 MB each for the 180m config at 2k tokens), and glibc's
-defaults hand them back to the OS as soon as they are freed (blocks above its dynamic mmap threshold are mapped and
-unmapped per allocation; the top of the heap is trimmed once more than twice that threshold is free), so each new
-temporary starts on fresh pages, each a page fault that the kernel must also zero. How many depends on what the
-process allocated before (glibc's threshold is history). Measured on this project's 2-core runner (AMD EPYC VM, 1
-thread): a 2048-token prefill of the 180m config in the process `vl bench` builds took 180-390 thousand faults per
-call (bf16 before the SSD scan change of 3 Dec, fp32 after it), ~2.3 us each (a fresh 16 MB copy 9-12 ms, 3 ms into
-memory already touched), 3-15% of the prefill (docs/benchmarks.md, "Prefill temporaries"). `keep_freed_memory()`
-sets glibc's mmap threshold to its maximum (32 MiB) and its automatic trim threshold to 1 GiB, so freed temporaries
-stay in the heap for the next layer: the same prefills then took under 5200 faults, mostly none. This is what
-PyTorch's CPU performance-tuning guide gets from jemalloc or TCMalloc ("reusing memory as much as possible"),
-without swapping the process's allocator. `trim_heap()` still releases it all, after a load and after each app
-request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
+`keep_freed_memory()`. A CPU prefill allocates and frees the same large temporaries layer after layer (projection
+outputs, the SSD scan's fp32 blocks: 4-33 MB each for the 180m config at 2k tokens), and glibc's defaults hand them
+back to the OS as soon as they are freed (blocks above its dynamic mmap threshold are mapped and unmapped per
+allocation; the top of the heap is trimmed once more than twice that threshold is free), so each new temporary
+starts on fresh pages, each a page fault that the kernel must also zero; how many depends on what the process
+allocated before (glibc's threshold is history). It sets glibc's mmap threshold to its maximum (32 MiB) and its
+automatic trim threshold to 1 GiB, so freed temporaries stay in the heap for the next layer: a 2048-token prefill
+of the 180m config in the process `vl bench` builds then takes under 5200 faults instead of 180-390 thousand
+(~2.3 us each on an AMD EPYC VM, 3-15% of the prefill; `scripts/research/prefill_page_faults.py`,
+docs/benchmarks.md "Prefill temporaries"). This is what PyTorch's CPU performance-tuning guide gets from jemalloc
+or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. `trim_heap()` still
+releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Back a CPU model's large weight tensors with 2 MiB pages (Linux transparent huge pages), in place.
 
 A CPU decode step streams every weight once per token. With 4 KiB pages that is one TLB miss per 4 KiB read, and
-the CPU's stream prefetchers stop at every 4 KiB page boundary. Measured on this project's 2-core AVX512 runner
-(AMD EPYC, 1 thread, 2 Dec 2026): the fp32 GEMV of `kernels/quant_gemv.cpp` over a 512 MiB matrix read 23-26 GB/s
-from 4 KiB pages and 29-32 GB/s from 2 MiB pages of the same process, in alternating rounds (docs/cpu_decode.md).
+the CPU's stream prefetchers stop at every 4 KiB page boundary. On an AMD EPYC runner (AVX512-BF16, 1 thread) the
+fp32 GEMV of the decode kernels over a 512 MiB matrix read 23-26 GB/s from 4 KiB pages and 29-32 GB/s from 2 MiB
+pages of the same process, in alternating rounds, and the 180m config's fused decode step 5-7% more tokens/s
+(`scripts/bench_hugepages.py`, docs/cpu_decode.md "Huge pages under the weights").
 
 Most Linux machines ship THP in `madvise` mode (only memory that asks gets huge pages), and torch's CPU allocator
 does not ask. `advise(model)` asks, for every CPU storage the model holds:
