@@ -28,7 +28,7 @@ def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):
     assert {"decode tok/s after 64", "decode tok/s after 64 (modules)"} <= metrics
     printed = capsys.readouterr().out
     assert "eager decode (the default): " in printed
-    from vl.runtime.cpu_matmul import sparse_down_status
+    from vl.runtime.cpu.matmul import sparse_down_status
     assert f"ReLU^2 down_proj: {sparse_down_status()}" in printed  # the layout the decode rows ran with
     assert "prefill SSD scan: " in printed  # which scan the prefill rows ran (C++ or the reference)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from vl.runtime.heap import trim_heap
+from vl.runtime.cpu.heap import trim_heap
 from ui.steps import Step
 from vl.errors import VLError
 

@@ -20,7 +20,7 @@ from ui.chat_media import MediaCache, conversation_inputs, has_media
 from vl.options import RequestOptions
 from vl.processing.progress import Work
 from vl.runtime.batch import Tokenized
-from vl.runtime.heap import trim_heap
+from vl.runtime.cpu.heap import trim_heap
 from vl.runtime.engine import ChatResult, Engine, Stats
 from vl.runtime.outcome import finish_label, finish_note
 
@@ -92,7 +92,7 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
     Errors from the processor or the engine propagate (the caller turns them into messages). When the
     consumer stops iterating (Gradio cancel, client gone) `finally` closes the engine stream, which ends the
     generation at its next token and releases the engine's lock for the next request. Either way the freed
-    heap pages go back to the OS (`vl.runtime.heap.trim_heap`), so RSS stays flat over many requests.
+    heap pages go back to the OS (`vl.runtime.cpu.heap.trim_heap`), so RSS stays flat over many requests.
     """
     t0 = time.perf_counter()
     it = None

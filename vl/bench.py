@@ -46,7 +46,8 @@ from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant import bench as quant_bench
 from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
-from vl.runtime import cpu_decode, cpu_matmul
+from vl.runtime.cpu import decode as cpu_decode
+from vl.runtime.cpu import matmul as cpu_matmul
 from vl.runtime.cache import HybridCache
 from vl.runtime.pretrained import runtime_passes
 

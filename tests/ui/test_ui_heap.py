@@ -1,4 +1,4 @@
-"""vl/runtime/heap.py and its use in the app: freed heap pages go back to the OS after every request.
+"""vl/runtime/cpu/heap.py and its use in the app: freed heap pages go back to the OS after every request.
 
 The leak class these catch (soak row S11, docs/reliability_soak.json before the fix): RSS grows request after
 request while the heap in use stays flat, because glibc keeps freed chunks resident in per-thread arenas.
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import ui.runner as runner
-from vl.runtime.heap import trim_heap
+from vl.runtime.cpu.heap import trim_heap
 from ui.runner import GenOptions, stream_chat
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 FRAGMENT = r"""
 import json, sys, threading
 sys.path.insert(0, sys.argv[1])
-from vl.runtime.heap import trim_heap
+from vl.runtime.cpu.heap import trim_heap
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 keep = []
 def request():

@@ -36,7 +36,7 @@ from vl.modeling.random_init import randomize_
 from vl.quant.export import collect_input_amax, exclude_patterns, quantizable_linear_names, quantize_state_dict
 from vl.quant.linear import MODES  # the one list of quantized execution modes
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes, swap_quantized_linears
-from vl.runtime import hugepages
+from vl.runtime.cpu import hugepages
 from vl.runtime.generate import generate_steps
 
 TEXT = ("The total is 47. Which field is at the top? NAME. The red circle moves to the right, then the blue "

@@ -114,7 +114,7 @@ def quantize_state_dict(
         key = f"{name}.weight"
         if key not in state_dict:
             raise QuantFormatError(f"{key}: expected the weight of Linear '{name}' in the state dict, found none")
-        w = state_dict[key].contiguous()  # a loaded model's down_proj may be stored by input rows (cpu_matmul.py)
+        w = state_dict[key].contiguous()  # a loaded model's down_proj may be stored by input rows (vl/runtime/cpu/matmul.py)
         if w.dim() != 2 or not w.is_floating_point() or w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise QuantFormatError(f"{key}: expected a 2-D BF16/FP16/FP32 weight, found {w.dtype} {tuple(w.shape)}")
         amax = input_amax.get(name)

@@ -30,9 +30,8 @@ from typing import Mapping
 import torch
 import torch.nn as nn
 
-from vl import cpu_gemm
 from vl.errors import CheckpointError, ConfigError
-from vl.kernels import gemv
+from vl.kernels import gemm, gemv
 from vl.quant.config import (
     QUANT_SUFFIXES,
     LinearQuantSpec,
@@ -167,7 +166,7 @@ class QuantizedLinear(nn.Module, abc.ABC):
     # --- shared -----------------------------------------------------------------------------------
     def packed_operands(self) -> dict | None:
         """The packed tensors as the CPU kernels read them (`kernels/quant_gemv.cpp`, also through the fused decode
-        step of vl/runtime/cpu_decode.py), or None where this layer's bytes must take the reference path."""
+        step of vl/runtime/cpu/decode.py), or None where this layer's bytes must take the reference path."""
         return None
 
     def _fused_layer(self, kern):  # -> call(x2, round_bf16) -> (M, out) float32, or None when this layer cannot
@@ -201,12 +200,12 @@ class QuantizedLinear(nn.Module, abc.ABC):
         b = self.bias.to(x.dtype) if self.bias is not None else None
         blocks = row_blocks(self.out_features, self.in_features)
         if len(blocks) == 1:
-            return cpu_gemm.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
+            return gemm.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
         # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
         y = x.new_empty(*x.shape[:-1], self.out_features)
         for r0, r1 in blocks:
-            y[..., r0:r1] = cpu_gemm.linear(x, self._dequantized_block(r0, r1, x.dtype),
+            y[..., r0:r1] = gemm.linear(x, self._dequantized_block(r0, r1, x.dtype),
                                             b[r0:r1] if b is not None else None)
         return y
 
@@ -537,7 +536,7 @@ def dequantize_state_dict(
 
 def resident_weight_bytes(model: nn.Module) -> int:
     """Bytes spanned by the model's parameters and buffers, where views overlap (tied or shared weights) counted
-    once. A tensor counts its own byte range, not its whole storage: the huge-page arena (vl/runtime/hugepages.py)
+    once. A tensor counts its own byte range, not its whole storage: the huge-page arena (vl/runtime/cpu/hugepages.py)
     is one storage under many small weights."""
     spans: dict[torch.device, list[tuple[int, int]]] = {}
     for t in list(model.parameters()) + list(model.buffers()):

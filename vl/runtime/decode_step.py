@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vl.errors import GenerationOptionError
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 
 
 DECODE_MODES = ("eager", "static", "compiled", "cuda-graphs")
@@ -19,7 +19,7 @@ def decode_step(lm, mode: str):
     mode="reduce-overhead" so each step replays one CUDA graph). Compiled steps are kept on the model."""
     if mode not in DECODE_MODES:
         raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
-    if mode == "eager":  # on the CPU, the fused step of vl/runtime/cpu_decode.py where it applies
+    if mode == "eager":  # on the CPU, the fused step of vl/runtime/cpu/decode.py where it applies
         fused = cpu_decode.step_fn(lm) if _on_cpu(lm) else None
         return fused or (lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1])
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from vl.checkpoint.load import load_model
 from vl.kernels import ssd_scan
 from vl.modeling.mamba2 import Mamba2Mixer
-from vl.runtime import cpu_decode, gpu_libs, heap, hugepages
-from vl.runtime.cpu_matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
+from vl.runtime.cpu import decode as cpu_decode
+from vl.runtime.cpu import gpu_libs, heap, hugepages
+from vl.runtime.cpu.matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
                                    upcast_16bit_matmuls)
 from vl.runtime.placement import place
 
@@ -22,16 +23,16 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
 def runtime_passes(model, device_map=None, max_memory=None):
     """The passes every loaded model gets (also applied by `vl bench` to the models it builds in memory)."""
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
-    onednn_fp32_matmuls(model)  # fp32 products through oneDNN where MKL is slow (vl/cpu_gemm.py)
+    onednn_fp32_matmuls(model)  # fp32 products through oneDNN where MKL is slow (vl/kernels/gemm.py)
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)
-    transpose_relu2_down_proj(model)  # decode reads only the down_proj rows of non-zero ReLU^2 inputs (cpu_matmul.py)
-    hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/hugepages.py)
+    transpose_relu2_down_proj(model)  # decode reads only the down_proj rows of non-zero ReLU^2 inputs (cpu/matmul.py)
+    hugepages.advise(model)  # CPU weights on 2 MiB pages: decode streams them faster (vl/runtime/cpu/hugepages.py)
     cpu_decode.prepare(getattr(model, "language_model", model))  # build the fused step now, not at the first request
     if any(isinstance(m, Mamba2Mixer) and m.dt_bias.device.type == "cpu" for m in model.modules()):
         ssd_scan.library()  # and the CPU prefill's C++ scan (vl/kernels/csrc/ssd_scan.cpp; ~3 s once per machine)
     gpu_libs.page_out()  # no CUDA device: the CUDA libraries' pages that `import torch` mapped go back (same dir)
-    heap.trim_heap()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/heap.py)
+    heap.trim_heap()  # the pages of the tensors the passes above copied and freed go back to the OS (vl/runtime/cpu/heap.py)
     heap.keep_freed_memory()  # from now on a prefill's freed temporaries stay for the next layer (same file)
     return model

@@ -13,7 +13,7 @@ from vl.config import LMConfig
 from vl.kernels import gemv
 from vl.quant.export import exclude_patterns, quantizable_linear_names, quantize_state_dict
 from vl.quant.linear import QuantizedLinear, swap_quantized_linears
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.generate import left_pad
 
 # widths that NVFP4 allows (in_features % 16 == 0) but the vector loops do not divide (64-column groups: tails)

@@ -1,4 +1,4 @@
-"""vl/cpu_gemm.py: fp32 products through oneDNN where torch's MKL is slow, equal to `F.linear` within fp32
+"""vl/kernels/gemm.py: fp32 products through oneDNN where torch's MKL is slow, equal to `F.linear` within fp32
 accumulation order and batch-invariant (a row's bits do not depend on the other rows); the choice, its switch
 and the cases that must stay on `F.linear`."""
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vl import cpu_gemm
+from vl.kernels import gemm as cpu_gemm
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -108,7 +108,7 @@ def test_loaded_fp32_models_route_their_linears(choice, tmp_path, monkeypatch):
     the unrouted model's."""
     import vl
     from tiny_models import save_hf_nemotron
-    from vl.runtime import cpu_matmul
+    from vl.runtime.cpu import matmul as cpu_matmul
 
     def routed(model):
         lins = [m for m in model.modules() if type(m) is nn.Linear]

@@ -1,10 +1,10 @@
-"""16-bit matmuls computed in fp32 on CPUs without native 16-bit GEMM (vl/runtime/cpu_matmul.py)."""
+"""16-bit matmuls computed in fp32 on CPUs without native 16-bit GEMM (vl/runtime/cpu/matmul.py)."""
 
 import pytest
 import torch
 from torch import nn
 
-from vl.runtime import cpu_matmul
+from vl.runtime.cpu import matmul as cpu_matmul
 
 
 def _operands(m, k=64, n=96, dtype=torch.bfloat16, seed=0):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
-from vl.runtime.heap import linux_switch, madvise_libc
+from vl.runtime.cpu.heap import linux_switch, madvise_libc
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,22 @@ def gpu_mappings(maps: str) -> list[tuple[int, int, str]]:
             start, end = (int(x, 16) for x in parts[0].split("-"))
             out.append((start, end, parts[5].strip()))
     return out
+
+
+def resident_kib() -> int:
+    """Resident KiB of this process's mappings of GPU libraries (/proc/self/smaps; 0 where there is none)."""
+    total, cur = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header line
+                    cur = len(head) == 6 and GPU_LIBRARY.search(head[5]) is not None
+                elif line.startswith("Rss:") and cur:
+                    total += int(head[1])
+    except OSError:
+        return 0
+    return total
 
 
 def _rss_kib() -> int | None:

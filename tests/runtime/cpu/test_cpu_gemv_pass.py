@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from vl.kernels import gemv
-from vl.runtime import cpu_matmul
+from vl.runtime.cpu import matmul as cpu_matmul
 
 
 @pytest.fixture()

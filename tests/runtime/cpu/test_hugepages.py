@@ -1,4 +1,4 @@
-"""vl/runtime/hugepages.py: large CPU weights moved onto 2 MiB pages in place -- same pointers, same bytes, same
+"""vl/runtime/cpu/hugepages.py: large CPU weights moved onto 2 MiB pages in place -- same pointers, same bytes, same
 outputs -- where the kernel allows it; nothing happens with VL_HUGEPAGES=0 or for small tensors."""
 
 import gc
@@ -9,7 +9,7 @@ import torch
 
 from vl.config import LMConfig
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.runtime import hugepages
+from vl.runtime.cpu import hugepages
 from vl.runtime.pretrained import runtime_passes
 
 pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="transparent huge pages are a Linux feature")

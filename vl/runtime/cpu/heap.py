@@ -49,7 +49,7 @@ TRIM_THRESHOLD = 1 << 30
 @functools.cache
 def libc():
     """The process's C library through ctypes, loaded once for the memory passes (this file's malloc calls,
-    vl/runtime/hugepages.py's `madvise`); None where it cannot be loaded."""
+    vl/runtime/cpu/hugepages.py's `madvise`); None where it cannot be loaded."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
@@ -69,7 +69,7 @@ def _glibc(name: str, argtypes: tuple):
 @functools.cache
 def madvise_libc():
     """`libc()` once, with `madvise(addr, length, advice) -> int` typed for ctypes: the page passes' one handle
-    (vl/runtime/hugepages.py, vl/runtime/gpu_libs.py); None where the C library cannot be loaded."""
+    (vl/runtime/cpu/hugepages.py, vl/runtime/cpu/gpu_libs.py); None where the C library cannot be loaded."""
     lib = libc()
     if lib is not None:
         lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -79,7 +79,7 @@ def madvise_libc():
 
 def linux_switch(var: str) -> bool:
     """Whether a Linux-only memory setting is on: always off elsewhere; `VAR=0|off|no` turns it off (this file's
-    `VL_HEAP_KEEP`, vl/runtime/hugepages.py's `VL_HUGEPAGES`). No torch import here: the app's heap test measures a
+    `VL_HEAP_KEEP`, vl/runtime/cpu/hugepages.py's `VL_HUGEPAGES`). No torch import here: the app's heap test measures a
     bare process."""
     return platform.system() == "Linux" and os.environ.get(var, "1").strip().lower() not in ("0", "off", "no")
 

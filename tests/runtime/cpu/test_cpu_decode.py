@@ -1,4 +1,4 @@
-"""The fused CPU decode step (vl/runtime/cpu_decode.py, kernels/decode_step.cpp) against its reference twin, the
+"""The fused CPU decode step (vl/runtime/cpu/decode.py, vl/kernels/csrc/decode_step.cpp) against its reference twin, the
 modules' own one-token forward: logits and every cache tensor after several steps, in fp32 and bf16, on odd
 shapes (vector tails everywhere), padded batches, and both builds (AVX512 where the CPU has it, the portable loops
 everywhere). Also: the eager decode mode picks it, and everything it does not cover falls back to the modules."""
@@ -11,9 +11,9 @@ import torch
 from vl.config import LMConfig
 from vl.errors import ContextLengthError
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import gemv_decode_linears, transpose_relu2_down_proj, transposed
+from vl.runtime.cpu.matmul import gemv_decode_linears, transpose_relu2_down_proj, transposed
 from vl.runtime.generate import generate_ids, left_pad
 
 

@@ -28,7 +28,7 @@ import weakref
 import torch
 from torch import nn
 
-from vl.runtime.heap import linux_switch, madvise_libc
+from vl.runtime.cpu.heap import linux_switch, madvise_libc
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ ALIGN = 64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
 
-_libc = madvise_libc  # the C library with madvise typed (vl/runtime/heap.py); a name tests can replace
+_libc = madvise_libc  # the C library with madvise typed (vl/runtime/cpu/heap.py); a name tests can replace
 
 
 def enabled() -> bool:

@@ -32,7 +32,7 @@ from vl.kernels import decode_step as fused
 from vl.kernels import gemv, loader
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant.linear import QuantizedLinear
-from vl.runtime.cpu_matmul import transposed
+from vl.runtime.cpu.matmul import transposed
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class Plan:
         def mat(mod) -> fused.Mat:
             if type(mod) is nn.Linear:
                 n, k = mod.weight.shape
-                if transposed(mod.weight):  # laid out (K, N) by cpu_matmul.transpose_relu2_down_proj
+                if transposed(mod.weight):  # laid out (K, N) by matmul.transpose_relu2_down_proj
                     return fused.Mat(fmt=fused.DENSE_T, N=n, K=k, w=ptr(mod.weight.t()))
                 return fused.Mat(fmt=0, N=n, K=k, w=ptr(mod.weight))
             ops = mod.packed_operands()

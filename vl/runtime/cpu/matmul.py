@@ -20,7 +20,7 @@ import types
 import torch
 from torch import nn
 
-from vl import cpu_gemm
+from vl.kernels import gemm
 from vl.modeling.mlp import MLP
 from vl.kernels import gemv
 
@@ -48,7 +48,7 @@ def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     parts = []
     for s in range(0, weight.shape[0], step):
         b = bias[s:s + step].float() if bias is not None else None
-        parts.append(cpu_gemm.linear(xf, weight[s:s + step].float(), b).to(x.dtype))
+        parts.append(gemm.linear(xf, weight[s:s + step].float(), b).to(x.dtype))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
@@ -78,15 +78,15 @@ def upcast_16bit_matmuls(model: nn.Module) -> int:
 
 
 def _fp32_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return cpu_gemm.linear(x, self.weight, self.bias)
+    return gemm.linear(x, self.weight, self.bias)
 
 
 def onednn_fp32_matmuls(model: nn.Module) -> int:
-    """Route the model's fp32 CPU `nn.Linear`s through `vl.cpu_gemm.linear` where that picks oneDNN (x86 CPUs not
+    """Route the model's fp32 CPU `nn.Linear`s through `vl.kernels.gemm.linear` where that picks oneDNN (x86 CPUs not
     made by Intel, on which torch's MKL runs fp32 GEMMs at half oneDNN's speed); decode-sized products still take
-    the GEMV pass applied after this one. Returns how many layers were routed (0 where `cpu_gemm.use_onednn()` is
+    the GEMV pass applied after this one. Returns how many layers were routed (0 where `gemm.use_onednn()` is
     False)."""
-    if not cpu_gemm.use_onednn():
+    if not gemm.use_onednn():
         return 0
     n = 0
     for module in _cpu_linears(model):

@@ -1,4 +1,4 @@
-"""vl/runtime/heap.py at load time: every load gives the heap's free pages back, then keeps what a prefill frees for
+"""vl/runtime/cpu/heap.py at load time: every load gives the heap's free pages back, then keeps what a prefill frees for
 reuse (the trim itself is tested in tests/ui/test_ui_heap.py)."""
 
 import os
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from vl.runtime import heap
+from vl.runtime.cpu import heap
 
 
 def test_every_load_trims_the_heap_then_keeps_freed_memory(monkeypatch, tmp_path):
@@ -26,7 +26,7 @@ def test_every_load_trims_the_heap_then_keeps_freed_memory(monkeypatch, tmp_path
 
 _PROBE = textwrap.dedent("""
     import ctypes, torch
-    from vl.runtime import heap
+    from vl.runtime.cpu import heap
     class Info(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]

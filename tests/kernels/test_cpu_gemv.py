@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from vl import cpu_gemm
-from vl.kernels import gemv, loader
+from vl.kernels import gemm, gemv, loader
 from vl.quant import gemv_ref
 from vl.quant.fp8 import quantize_fp8_blockwise, quantize_fp8_per_channel, quantize_fp8_per_tensor
 from vl.quant.linear import resident_weight_bytes, swap_quantized_linears
@@ -255,8 +254,8 @@ def test_falls_back_with_a_logged_reason_when_the_kernel_cannot_build(tmp_path, 
         fast = _model(sd, "weight-only", torch.float32, 16, 32, True)
         ref = _model(sd, "dequantize", torch.float32, 16, 32, True)
         x = torch.randn(1, 32)
-        with torch.no_grad():  # the reference path: the dequantized weight through the same GEMM (vl/cpu_gemm.py)
-            assert torch.equal(fast["proj"](x), cpu_gemm.linear(x, ref["proj"].weight, ref["proj"].bias))
+        with torch.no_grad():  # the reference path: the dequantized weight through the same GEMM (vl/kernels/gemm.py)
+            assert torch.equal(fast["proj"](x), gemm.linear(x, ref["proj"].weight, ref["proj"].bias))
     finally:
         gemv._load.cache_clear()
 
