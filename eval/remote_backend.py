@@ -1,4 +1,4 @@
-"""`vl eval --backend openai`: generations from any OpenAI-compatible server through `vl.remote.RemoteEngine`.
+"""`vl eval --backend openai`: generations from any OpenAI-compatible server through `vl.server.client.RemoteEngine`.
 
 The runner is unchanged: the same conversations (eval/tasks build them), the same settings (sent as OpenAI
 fields and extensions), the same records, resume and scoring. Conversations of one `generate` call go out
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from eval.backend import Generation, GenerationSettings
 from vl.errors import InputError
-from vl.remote import RemoteEngine
+from vl.server.client import RemoteEngine
 
 
 class RemoteBackend:

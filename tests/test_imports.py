@@ -172,7 +172,7 @@ DISPATCHER, TOOLS = "vl.cli", ("ui", "eval", "data_recipes")
 KNOWN_BAD: set[str] = {
     "spans: vl/", "spans: vl/quant/", "spans: vl/server/",
     "up: vl/ -> vl/modeling/", "up: vl/ -> vl/quant/", "up: vl/ -> vl/runtime/", "up: vl/ -> vl/__init__.py",
-    "up: vl/ -> vl/processing/", "up: vl/quant/ -> vl/__init__.py", "up: vl/quant/ -> vl/checkpoint/",
+    "up: vl/quant/ -> vl/__init__.py", "up: vl/quant/ -> vl/checkpoint/",
     "up: vl/quant/ -> vl/runtime/", "up: vl/ -> vl/quantize/", "up: vl/quant/ -> vl/quantize/", "spans: vl/cli/",
     "cycle: vl/ <-> vl/__init__.py <-> vl/checkpoint/ <-> vl/hf/ <-> vl/modeling/ <-> vl/processing/ <-> vl/quant/ "
     "<-> vl/quantize/ <-> vl/runtime/",

@@ -306,7 +306,7 @@ def test_one_reasoning_default_in_every_front_end(pdf_engine, tmp_path):
     from vl.cli.flags import options_from_args
     from vl.hf.processor import NemotronNanoVLV2Processor
     from vl.options import DEFAULT_THINKING
-    from vl.remote import RemoteEngine
+    from vl.server.client import RemoteEngine
     from vl.server.media import MediaPolicy
     from vl.server.request import Ceilings, parse_chat_request
 

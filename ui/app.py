@@ -31,7 +31,7 @@ from ui.page_style import APP_CSS
 from ui.steps import Step as _Step
 from vl.directory import checkpoint_choices, default_model, synthetic_only
 from vl.errors import VLError
-from vl.remote import RemoteEngine
+from vl.server.client import RemoteEngine
 
 TITLE = "Nemotron Nano V2 VL · documents and video"
 NO_VISION = ("This model is text-only (Nemotron-H without a vision tower): it cannot read documents, images or "

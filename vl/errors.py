@@ -131,7 +131,7 @@ class DecoderResourceError(VLError):
     http_status = 503
 
 
-# --- serving (vl/server, vl/remote.py) ---------------------------------------------------------------
+# --- serving (vl/server, its client) ------------------------------------------------------------------
 class MediaURLRefusedError(RemoteMediaError):
     """An http(s) media URL sent to a server started without --allow-fetch."""
 

@@ -6,7 +6,7 @@ metadata -- type, default, bounds, one help text, its CLI flag, its OpenAI-reque
 `mm_processor_kwargs.max_num_tiles` where vLLM has one), other names it is known by, and where it acts. The front
 ends derive what they accept from here instead of keeping their own lists: `vl chat` / `vl eval` flags
 (vl/cli/flags.py), the server's body parsing (vl/server/request.py) and `RemoteEngine`'s request body
-(vl/remote.py), the pipeline's keywords (vl/hf/processor.py), the eval run config and sweep keys (eval/), and the
+(vl/server/client.py), the pipeline's keywords (vl/hf/processor.py), the eval run config and sweep keys (eval/), and the
 app's bounds (ui/). The record is built once at the edge, validated in `__post_init__` (one validator per option,
 one range), and handed down unchanged to `vl.Engine` and the processor.
 

@@ -81,12 +81,12 @@ def test_remote_backend_equals_local_and_resumes_after_a_server_restart(tmp_path
 
         # kill the server mid-run (right after its second answer, so the point is the same on any machine), then
         # restart it and resume
-        import vl.remote
+        import vl.server.client
 
         task, data = "synthetic_docs", datasets["synthetic_docs"]
         out = tmp_path / "interrupted"
         records = out / "records" / "rank0.jsonl"
-        answered, real_chat = [], vl.remote.RemoteEngine.chat
+        answered, real_chat = [], vl.server.client.RemoteEngine.chat
 
         def chat_then_kill(self, *args, **kwargs):
             result = real_chat(self, *args, **kwargs)
@@ -95,13 +95,13 @@ def test_remote_backend_equals_local_and_resumes_after_a_server_restart(tmp_path
                 stop(server)
             return result
 
-        monkeypatch.setattr(vl.remote.RemoteEngine, "chat", chat_then_kill)
+        monkeypatch.setattr(vl.server.client.RemoteEngine, "chat", chat_then_kill)
         worker = threading.Thread(target=run_in_process, kwargs=dict(
             task=task, data=str(data), out=str(out), backend="openai", base_url=base, concurrency=1, batch_size=1,
             retries=0))
         worker.start()
         worker.join(300)
-        monkeypatch.setattr(vl.remote.RemoteEngine, "chat", real_chat)
+        monkeypatch.setattr(vl.server.client.RemoteEngine, "chat", real_chat)
         first, run = summary(out)["counts"], summary(out)["run"]
         # the items after the kill are `unavailable`; after 3 in a row the run stops and leaves the rest unrun
         assert 2 <= first["ok"] < 6 and first["error"] == first["unavailable"] == min(3, 6 - first["ok"]), first

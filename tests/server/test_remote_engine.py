@@ -1,10 +1,11 @@
-"""`vl.remote.RemoteEngine` against the `vl serve` app in this process: the same answers as `Engine.chat` for
+"""`vl.server.client.RemoteEngine` against the `vl serve` app in this process: the same answers as `Engine.chat` for
 media given as paths, bytes and PIL images; retries with backoff when nobody answers; typed errors back; the
 Gradio app's runner on a remote engine (stats only a local engine knows are shown as unavailable)."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from helpers import DEMO, free_port, in_process_server, png_bytes  # noqa: E402
 from media_fixtures import make_pdf, make_video, red_square_page  # noqa: E402
 
 from vl.errors import CorruptMediaError, GenerationOptionError, ServerUnavailableError  # noqa: E402
-from vl.remote import RemoteEngine, to_openai_messages  # noqa: E402
+from vl.server.client import RemoteEngine, to_openai_messages  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (DEMO / "config.json").is_file(), reason="the demo model is not shipped here")
 
@@ -59,17 +60,18 @@ def test_remote_chat_equals_engine_chat(engine, served, tmp_path):
         assert text == stream.result.answer == wants[False].answer
 
 
-def test_errors_come_back_typed_and_retries_back_off(served):
+def test_errors_come_back_typed_and_retries_back_off(served, monkeypatch):
     remote = RemoteEngine(served)
     with pytest.raises(CorruptMediaError):
         remote.chat([{"role": "user", "content": [{"type": "image", "image": b"\x89PNG\r\n\x1a\nbroken"}]}])
     with pytest.raises(GenerationOptionError):
         remote.chat([{"role": "user", "content": "hi"}], max_new_tokens=10**6)
     nobody = RemoteEngine(f"http://127.0.0.1:{free_port()}", model="x", max_retries=2, backoff_s=0.2)
-    t0 = time.monotonic()
+    waits, sleep, me = [], time.sleep, threading.get_ident()  # the waits this thread asks for, counted not slept
+    monkeypatch.setattr(time, "sleep", lambda s: waits.append(s) if threading.get_ident() == me else sleep(s))
     with pytest.raises(ServerUnavailableError, match="3 attempts"):
         nobody.chat([{"role": "user", "content": "hi"}])
-    assert time.monotonic() - t0 >= 0.2 + 0.4
+    assert waits == [0.2, 0.4]  # exponential backoff between the 3 attempts
 
 
 def test_messages_carry_media_as_data_uris(tmp_path):

@@ -25,7 +25,7 @@ from fake_openai import (  # noqa: E402
 )
 
 from vl.errors import DecodeTimeoutError, InputError, ServerReplyError, ServerUnavailableError  # noqa: E402
-from vl.remote import RemoteEngine  # noqa: E402
+from vl.server.client import RemoteEngine  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 IMAGE = [{"role": "user", "content": [{"type": "image", "image": b"\x89PNG\r\n\x1a\n" + b"\0" * 64},

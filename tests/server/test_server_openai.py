@@ -75,7 +75,7 @@ def test_models_and_health(server, client):
     assert [m.id for m in models] == ["demo"]
     health = httpx.get(server + "/health").json()
     assert health["status"] == "ok" and health["max_queue"] == 4
-    from vl.remote import RemoteEngine  # what `vl app --backend` and eval read of a vl serve
+    from vl.server.client import RemoteEngine  # what `vl app --backend` and eval read of a vl serve
 
     remote = RemoteEngine(server + "/v1")
     assert (remote.has_vision, remote.model.config.max_num_tiles) == (True, 1)
