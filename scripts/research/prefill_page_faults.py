@@ -10,7 +10,6 @@ The setting is process-wide, so compare separate runs of this script, alternated
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import time
 
@@ -18,6 +17,7 @@ import torch
 
 from vl.bench import CONFIGS, DTYPES, build_pair
 from vl.bench_timing import our_prefill
+from vl.kernels import switches
 
 
 def minor_faults() -> int:
@@ -34,7 +34,7 @@ def main():
     ours, _ = build_pair(CONFIGS["180m"](), DTYPES[a.dtype])
     ids = torch.randint(3, 16384, (1, a.tokens), generator=torch.Generator().manual_seed(0))
     our_prefill(ours, ids)  # warm-up
-    print(f"VL_HEAP_KEEP={os.environ.get('VL_HEAP_KEEP', '1')}, {a.dtype}, {a.tokens} tokens, 1 thread")
+    print(f"VL_HEAP_KEEP={switches.get('VL_HEAP_KEEP')}, {a.dtype}, {a.tokens} tokens, 1 thread")
     for _ in range(a.runs):
         f0, t0 = minor_faults(), time.perf_counter()
         our_prefill(ours, ids)

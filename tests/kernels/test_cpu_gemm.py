@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vl.errors import ConfigError
 from vl.kernels import gemm as cpu_gemm
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -98,8 +99,11 @@ def test_the_switch_and_the_auto_rule(choice, monkeypatch):
         monkeypatch.setattr(cpu_gemm.platform, "machine", lambda m=machine: m)
         cpu_gemm.use_onednn.cache_clear()
         assert cpu_gemm.use_onednn() is (want and ONEDNN and torch.backends.mkl.is_available()), vendor
-    choice("fast please")  # unknown: a warning, then auto
-    assert cpu_gemm.use_onednn() in (True, False)
+    choice("fast please")  # unknown: the switch's typed error, naming the values it takes
+    with pytest.raises(ConfigError, match=r"VL_CPU_GEMM='fast please'.*auto \| onednn \| blas"):
+        cpu_gemm.use_onednn()
+    choice(" OneDNN ")  # case and spaces as before
+    assert cpu_gemm.use_onednn() is ONEDNN
 
 
 @pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN linear op")

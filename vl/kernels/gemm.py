@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import platform
 
 import torch
 import torch.nn.functional as F
+
+from vl.kernels import switches
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,7 @@ def _cpu_vendor() -> str:
 @functools.cache
 def use_onednn() -> bool:
     """Whether many-row fp32 products go through oneDNN in this process (see the module docstring)."""
-    choice = os.environ.get("VL_CPU_GEMM", "auto").strip().lower()
-    if choice not in ("auto", "onednn", "blas"):
-        log.warning("vl: VL_CPU_GEMM=%r is not one of auto, onednn, blas; using auto", choice)
-        choice = "auto"
+    choice = switches.get("VL_CPU_GEMM")
     if choice == "blas":
         return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):

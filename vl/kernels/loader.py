@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from vl.kernels import switches
+
 BUILD_TIMEOUT_S = 120
 MODES = ("auto", "portable", "off")
 CSRC = Path(__file__).with_name("csrc")  # every C++ source and header of the package
@@ -28,7 +30,7 @@ ISA = {2: "avx512", 0: "portable"}  # what a source's vl_isa() returns
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("VL_KERNEL_CACHE")
+    env = switches.get("VL_KERNEL_CACHE")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -103,10 +105,9 @@ def build(source: Path, portable: bool = False, defines: tuple[str, ...] = ()) -
 
 
 def mode(var: str) -> str:
-    """A kernel's mode from its environment variable: auto (the default), portable (the plain C++ loops) or off;
-    anything else reads as auto."""
-    got = os.environ.get(var, "auto").strip().lower() or "auto"
-    return got if got in MODES else "auto"
+    """A kernel's mode from its switch (vl/kernels/switches.py): auto (the default), portable (the plain C++ loops)
+    or off; anything else is a ConfigError."""
+    return switches.get(var)
 
 
 def load(source: Path, mode: str, var: str, what: str, wrap: Callable[[Path], object], *,

@@ -8,11 +8,11 @@ Flags follow vLLM's spellings where one exists (`--host`, `--port`, `--api-key`,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from vl.directory import default_model
 from vl.errors import VLError
+from vl.kernels import switches
 from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
 
@@ -25,7 +25,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
                    "anything else should sit behind a proxy and use --api-key)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("VL_API_KEY"), help="require Authorization: Bearer KEY on "
+    p.add_argument("--api-key", default=switches.get("VL_API_KEY"), help="require Authorization: Bearer KEY on "
                    "/v1/* (default: $VL_API_KEY; none = open)")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model "
                    "folder's name)")

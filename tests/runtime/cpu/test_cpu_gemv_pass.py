@@ -108,7 +108,7 @@ def test_relu2_down_proj_stored_by_rows(kern, dtype, monkeypatch, tmp_path):
     fast.load_state_dict(base.state_dict())
     monkeypatch.setenv("VL_SPARSE_DOWN", "0")
     assert cpu_matmul.transpose_relu2_down_proj(fast) == 0
-    assert cpu_matmul.sparse_down_status() == "as stored (VL_SPARSE_DOWN=0)"
+    assert cpu_matmul.sparse_down_status() == "as stored (VL_SPARSE_DOWN=off)"
     monkeypatch.delenv("VL_SPARSE_DOWN")
     assert cpu_matmul.sparse_down_status().startswith("stored by input rows")
     cpu_matmul.gemv_decode_linears(fast)

@@ -36,8 +36,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
 import platform
+
+from vl.kernels import switches
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,10 @@ def madvise_libc():
 
 
 def linux_switch(var: str) -> bool:
-    """Whether a Linux-only memory setting is on: always off elsewhere; `VAR=0|off|no` turns it off (this file's
-    `VL_HEAP_KEEP`, vl/runtime/cpu/hugepages.py's `VL_HUGEPAGES`). No torch import here: the app's heap test measures a
-    bare process."""
-    return platform.system() == "Linux" and os.environ.get(var, "1").strip().lower() not in ("0", "off", "no")
+    """Whether a Linux-only memory setting is on: always off elsewhere; its on/off switch (vl/kernels/switches.py)
+    turns it off (this file's `VL_HEAP_KEEP`, vl/runtime/cpu/hugepages.py's `VL_HUGEPAGES`). No torch import here:
+    the app's heap test measures a bare process."""
+    return platform.system() == "Linux" and switches.on(var)
 
 
 @functools.cache

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import types
 
 import torch
 from torch import nn
 
-from vl.kernels import gemm
+from vl.kernels import gemm, switches
 from vl.modeling.mlp import MLP
 from vl.kernels import gemv
 
@@ -141,8 +140,8 @@ def transposed(w: torch.Tensor) -> bool:
 
 def sparse_down_off() -> str | None:
     """Why `transpose_relu2_down_proj` leaves the weights as stored on this machine (None: it lays them out)."""
-    if os.environ.get("VL_SPARSE_DOWN", "1") == "0":
-        return "VL_SPARSE_DOWN=0"
+    if not switches.on("VL_SPARSE_DOWN"):
+        return "VL_SPARSE_DOWN=off"
     kern = gemv.kernel()
     if kern is None or kern.isa != "avx512":
         return f"no AVX512 build of the CPU kernel ({gemv.status()})"
@@ -163,7 +162,7 @@ def transpose_relu2_down_proj(model: nn.Module) -> int:
     step skips the rows whose input is zero and reads that much less of the layer (vl_dense_t_gemv in
     vl/kernels/csrc/row_kernels.h; the fused step and the modules' GEMV path both use it); prefill's GEMMs
     take the transposed operand at the same speed. Plain bf16 / fp32 CPU Linears only (packed FP8 / NVFP4
-    weights stay as stored), where the AVX512 kernel builds, not under accelerate hooks; `VL_SPARSE_DOWN=0`
+    weights stay as stored), where the AVX512 kernel builds, not under accelerate hooks; `VL_SPARSE_DOWN=off`
     turns it off. Returns how many layers were laid out; a second call finds them done."""
     if sparse_down_off() is not None:
         return 0
