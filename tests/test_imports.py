@@ -95,7 +95,7 @@ def test_imports_point_down_the_layer_table():
         src = owner(name, table)
         for target, line, _ in imports(path, name, modules):
             dst = owner(target, table)
-            if dst is None or src is None:
+            if dst is None or src is None or (name == DISPATCHER and target.split(".")[0] in TOOLS):
                 continue
             rel = path.relative_to(ROOT)
             if dst[0] > src[0]:
@@ -167,15 +167,11 @@ def test_only_the_cli_dispatcher_reaches_the_tools_above_the_library():
 # `vl` command's dispatch into the tools above the library (the last test keeps them to that one file).
 DISPATCHER, TOOLS = "vl.cli", ("ui", "eval", "data_recipes")
 
-# Known-bad while the moves of issue 53 are under way: each entry is a key of folder_problems' answer. An entry
-# that no longer matches fails too, so that a mark goes as soon as the move that fixes it lands.
-KNOWN_BAD: set[str] = {
-    "spans: vl/", "spans: vl/quant/", "spans: vl/server/",
-    "up: vl/ -> vl/modeling/", "up: vl/ -> vl/quant/", "up: vl/ -> vl/runtime/", "up: vl/ -> vl/__init__.py",
-    "up: vl/quant/ -> vl/__init__.py", "up: vl/quant/ -> vl/checkpoint/",
-    "up: vl/quant/ -> vl/runtime/", "up: vl/ -> vl/quantize/", "up: vl/quant/ -> vl/quantize/", "spans: vl/cli/",
-    "cycle: vl/ <-> vl/__init__.py <-> vl/checkpoint/ <-> vl/hf/ <-> vl/modeling/ <-> vl/processing/ <-> vl/quant/ "
-    "<-> vl/quantize/ <-> vl/runtime/",
+# Known-bad while the moves of issue 53 are under way: folder -> why. A problem charged to a marked folder (see
+# `blamed`) is let through; a mark with nothing left to excuse fails, so that it goes as soon as its move lands.
+KNOWN_BAD: dict[str, str] = {
+    "vl/": "the benchmarks loose at the top of vl/ (bench*.py) until they move to vl/bench/",
+    "vl/quant/": "vl/quant/bench.py until it moves to vl/bench/",
 }
 
 
@@ -221,9 +217,18 @@ def folder_problems(folders: dict[str, str], layers: dict[str, tuple[int, str]],
         elif lb == la and ga != gb:
             out.setdefault(f"sideways: {a} -> {b}", f"{where}: {a} imports {dst} of {b}: siblings of layer {la} "
                                                     f"never import each other")
-    for loop in strongly_connected(graph):
-        out[f"cycle: {' <-> '.join(loop)}"] = f"folders that import each other (directly or around a loop): {loop}"
+    for loop in strongly_connected(graph):  # each pair that imports each other, else the loop as a whole
+        pairs = [[a, b] for i, a in enumerate(loop) for b in loop[i + 1:] if b in graph[a] and a in graph[b]]
+        for members in pairs or [loop]:
+            out[f"cycle: {' <-> '.join(members)}"] = f"folders that import each other: {members}"
     return out
+
+
+def blamed(key: str) -> set[str]:
+    """The folders a problem of folder_problems is charged to: the importer of an arrow, the folder that holds two
+    layers, every folder of a loop."""
+    kind, _, rest = key.partition(": ")
+    return set(rest.split(" <-> ")) if kind == "cycle" else {rest.split(" -> ")[0]}
 
 
 def folder_report(root: Path = ROOT, doc: str | None = None) -> dict[str, str]:
@@ -244,9 +249,9 @@ def folder_report(root: Path = ROOT, doc: str | None = None) -> dict[str, str]:
 
 def test_folders_hold_one_layer_and_import_only_below():
     problems = folder_report()
-    new = {k: v for k, v in problems.items() if k not in KNOWN_BAD}
+    new = {k: v for k, v in problems.items() if not blamed(k) & set(KNOWN_BAD)}
     assert not new, "folders against docs/architecture.md's layers:\n" + "\n".join(new.values())
-    stale = sorted(KNOWN_BAD - set(problems))
+    stale = sorted(f for f in KNOWN_BAD if not any(f in blamed(k) for k in problems))
     assert not stale, f"fixed: remove these marks from KNOWN_BAD: {stale}"
 
 
@@ -306,6 +311,14 @@ def test_the_folder_check_catches_a_planted_upward_import_and_a_folder_cycle(tmp
     spans = folder_report(tmp_path, LAYERS_DOC.replace("| 4 | `vl.runtime`", "| 4 | `vl.quant.ptq`, `vl.runtime`"))
     assert spans["spans: vl/quant/"] == "vl/quant/ holds layers [2, 4]: vl.quant.ptq (4)"
 
+    # a loop of three folders, no two of which import each other, is named as a whole
+    _plant(tmp_path, {"vl/quant/ptq.py": "import vl.runtime.engine\n", "vl/runtime/pipe.py": ""})
+    assert set(folder_report(tmp_path, LAYERS_DOC)) == {"up: vl/quant/ -> vl/runtime/",
+                                                        "cycle: vl/checkpoint/ <-> vl/quant/ <-> vl/runtime/"}
+    assert blamed("cycle: vl/checkpoint/ <-> vl/quant/ <-> vl/runtime/") == {"vl/checkpoint/", "vl/quant/",
+                                                                               "vl/runtime/"}
+    assert blamed("up: vl/quant/ -> vl/runtime/") == blamed("spans: vl/quant/") == {"vl/quant/"}
+
     # the exemption is the dispatcher's alone: another module of vl/cli/ importing a tool is an arrow like any
-    _plant(tmp_path, {"vl/quant/ptq.py": "", "vl/runtime/pipe.py": "", "vl/cli/chat.py": "import eval.run\n"})
+    _plant(tmp_path, {"vl/quant/ptq.py": "", "vl/cli/chat.py": "import eval.run\n"})
     assert set(folder_report(tmp_path, LAYERS_DOC)) == {"up: vl/cli/ -> eval/", "cycle: eval/ <-> vl/cli/"}
