@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, calib_source=None) -> int:
-    """`vl quantize`; without --calib-prompts it calibrates on `calib_source` (vl/cli.py supplies the synthetic
-    documents and clips of data_recipes/calibration.py)."""
+    """`vl quantize`; without --calib-prompts it calibrates on `calib_source` (the dispatcher, vl/cli/__init__.py,
+    supplies the synthetic documents and clips of data_recipes/calibration.py)."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     from vl.quantize.ptq import quantize_checkpoint, read_prompts
 
