@@ -27,6 +27,16 @@ def sleep_after_writing_pid(path: str, seconds: float):
     return "finished"
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie does not): for the tests, not a worker target."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def kill_self(sig: int = signal.SIGKILL):
     os.kill(os.getpid(), sig)
     time.sleep(5)

@@ -57,14 +57,25 @@ def test_stop_during_pdf_rendering_renders_no_further_page(monkeypatch):
     assert rendered == ["1"], calls  # the plan (render=False), then one page, then the stop
 
 
-def test_stop_kills_a_running_decode_worker():
-    cancel = threading.Event()
-    threading.Timer(0.3, cancel.set).start()
-    t0 = time.perf_counter()
+def test_stop_kills_a_running_decode_worker(tmp_path):
+    """The stop comes once the worker is busy (it wrote its pid, then sleeps 30 s): the call ends with
+    StoppedError and that worker is gone, not left to run on; the next call gets a fresh worker."""
+    pid_file, cancel = tmp_path / "pid", threading.Event()
+
+    def stop_when_busy():
+        for _ in range(3000):  # 30 s: only a guard against a worker that never starts
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.01)
+        cancel.set()
+
+    threading.Thread(target=stop_when_busy, daemon=True).start()
     with pytest.raises(StoppedError), Work(cancel):
-        run_isolated(targets.sleep, 30, timeout=60)
-    assert time.perf_counter() - t0 < 5
-    assert run_isolated(targets.echo, 7, timeout=30) == 7  # the next call gets a fresh worker
+        run_isolated(targets.sleep_after_writing_pid, str(pid_file), 30, timeout=60)
+    busy = int(pid_file.read_text())
+    assert not targets.running(busy), "the stopped worker is still running"
+    assert run_isolated(targets.pid, timeout=30) != busy
+    assert run_isolated(targets.echo, 7, timeout=30) == 7
 
 
 def test_without_a_stop_the_worker_runs_as_before():

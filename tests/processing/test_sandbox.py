@@ -130,11 +130,15 @@ def test_v8_worker_killed_mid_decode(tmp_path):
     assert run_isolated(targets.echo, "ok", timeout=30) == "ok"
 
 
-def test_timeout_kills_and_next_call_works():
-    start = time.monotonic()
+def test_timeout_kills_and_next_call_works(tmp_path):
+    """The worker past its time limit is killed then (not left to run its 30 s); the next call gets a fresh one."""
+    pid_file = tmp_path / "pid"
+    run_isolated(targets.echo, 0, timeout=30)  # a warm worker: the call below starts its target at once
     with pytest.raises(DecodeTimeoutError, match="did not finish within 0.5 s"):
-        run_isolated(targets.sleep, 30, timeout=0.5)
-    assert time.monotonic() - start < 5
+        run_isolated(targets.sleep_after_writing_pid, str(pid_file), 30, timeout=0.5)
+    busy = int(pid_file.read_text())
+    assert not targets.running(busy), "the worker past its time limit is still running"
+    assert run_isolated(targets.pid, timeout=30) != busy
     assert run_isolated(targets.sleep, 0, timeout=30) == 0
 
 

@@ -118,9 +118,10 @@ def test_s2_burst_of_50_sheds_at_once_and_the_queued_ones_finish_in_order(served
     assert {status for status, _, _ in refused} == {503}
     assert all("Queue is full. Max size is 4" in body["detail"] for _, body, _ in refused)
     assert max(s for *_, s in refused) < 2.0, "refusals must be immediate"
-    # 1 running + at most 4 waiting; a request that finished during the burst frees its place
-    assert 5 <= len(accepted) <= 5 + int(burst_s / 0.5) + 1, len(accepted)
+    assert len(accepted) >= 5  # 1 running + 4 waiting; a request that finished during the burst freed its place
     events = read_events(served.url, session, set(accepted), timeout=180)
+    waiting = [m["queue_size"] for _, m in events if m.get("msg") == "estimation"]
+    assert waiting and max(waiting) <= 4, waiting  # the queue's own count, never over its size
     completed = [m for _, m in events if m.get("msg") == "process_completed"]
     assert [m["event_id"] for m in completed] == accepted, "the queued requests complete in join order"
     assert all(m["success"] for m in completed), [m for m in completed if not m["success"]][:1]

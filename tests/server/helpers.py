@@ -122,9 +122,11 @@ def png_bytes(colour="red", size=(96, 64)) -> bytes:
 def paced(engine, step_s: float = 0.001):
     """Every forward of `engine`'s LM takes at least `step_s` (a forward hook, which also sends the decode steps
     through the modules): a test whose long answer must outlast a second or two then holds on any machine,
-    however fast its decode step (the demo model's fused step decodes 4000 tokens in about a second here)."""
-    hook = engine.lm.register_forward_hook(lambda *_: time.sleep(step_s))
+    however fast its decode step (the demo model's fused step decodes 4000 tokens in about a second here).
+    Yields the forward calls counted so far (a list, one entry per call): tests read steps, not clocks."""
+    steps = []
+    hook = engine.lm.register_forward_hook(lambda *_: steps.append(1) or time.sleep(step_s))  # None: output kept
     try:
-        yield
+        yield steps
     finally:
         hook.remove()

@@ -7,6 +7,7 @@ checkpoint, given the original files (the app sees its own uploaded copies).
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -168,12 +169,25 @@ def test_too_many_images_and_missing_question(client, examples):
         client.predict(*document_args([png], "   "), api_name="/document")
 
 
-def test_stop_really_stops_generation(client, app, examples):
-    """Cancelling (what the Stop button asks the server to do) ends the engine's decoding within a token."""
-    steps = []
-    hook = app.engine.lm.register_forward_hook(lambda *_: steps.append(time.perf_counter()))
+def test_stop_really_stops_generation(client, app, examples, monkeypatch):
+    """Cancelling (what the Stop button asks the server to do) closes the engine's stream mid-answer: the answer
+    never runs to its end, and after the stop the model's only steps are the next request's own."""
+    steps, ended, outcome = [], threading.Event(), {}
+    chat_events = app.engine._chat_events
+
+    def watched(request, params):  # the engine's stream for one request; `finally` runs when it is closed
+        try:
+            outcome["result"] = yield from chat_events(request, params)
+        finally:
+            ended.set()
+
+    ex = _doc(examples, ".png")
+    short = document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4)
+    hook = app.engine.lm.register_forward_hook(lambda *_: steps.append(1))
     try:
-        ex = _doc(examples, ".png")
+        assert client.predict(*short, api_name="/document")[1]
+        alone = len(steps)  # the short request's steps when it runs alone
+        monkeypatch.setattr(app.engine, "_chat_events", watched)
         # /think on this example runs past 600 tokens on the tiny model (about 20 s here): only a stop ends it early
         job = client.submit(*document_args([handle_file(ex["path"])], ex["question"], thinking=True,
                                            max_new_tokens=2048), api_name="/document")
@@ -182,15 +196,12 @@ def test_stop_really_stops_generation(client, app, examples):
             assert time.perf_counter() - t0 < 60, "no streamed text"
             time.sleep(0.05)
         job.cancel()
-        time.sleep(1.5)
-        n = len(steps)
-        time.sleep(1.0)
-        assert len(steps) == n, f"the model kept decoding after the stop ({len(steps) - n} more steps)"
-        assert n < 300
-        t1 = time.perf_counter()
-        out = client.predict(*document_args([handle_file(ex["path"])], ex["question"], max_new_tokens=4),
-                             api_name="/document")
-        assert out[1] and time.perf_counter() - t1 < 30
+        assert ended.wait(60), "the engine's stream was not closed by the stop"
+        assert "result" not in outcome, "the answer ran to its end: the stop did not end it"
+        monkeypatch.undo()
+        before = len(steps)
+        out = client.predict(*short, api_name="/document")
+        assert out[1] and len(steps) - before == alone, "the stopped request kept decoding beside the next one"
     finally:
         hook.remove()
 

@@ -99,11 +99,13 @@ def test_stream_chat_trims_the_heap_when_every_request_ends(monkeypatch, case):
     assert calls == [1], case
 
 
-def test_trim_heap_is_cheap_when_there_is_little_to_release():
-    import time
-
-    trim_heap()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        trim_heap()
-    assert (time.perf_counter() - t0) / 10 < 0.05  # per request, beside a generation of >= 100 ms
+def test_trim_heap_is_one_malloc_trim_call_and_nothing_else(monkeypatch):
+    """What a request pays for the trim is glibc's own walk of its arenas (timed by `vl bench`, not here): the
+    pass adds no work around its one `malloc_trim(0)`, and does nothing where the C library has none."""
+    heap = sys.modules[trim_heap.__module__]
+    calls = []
+    monkeypatch.setattr(heap, "_glibc", lambda name, argtypes: lambda pad: calls.append((name, pad)) or 0)
+    assert [trim_heap() for _ in range(3)] == [False] * 3
+    assert calls == [("malloc_trim", 0)] * 3
+    monkeypatch.setattr(heap, "_glibc", lambda name, argtypes: None)  # musl, macOS
+    assert trim_heap() is None and len(calls) == 3
