@@ -1,4 +1,4 @@
-"""A/B of vl/runtime/hugepages.py: two copies of the `vl bench` 180m model in one process, one left on 4 KiB pages
+"""A/B of vl/runtime/cpu/hugepages.py: two copies of the `vl bench` 180m model in one process, one left on 4 KiB pages
 (VL_HUGEPAGES=0 while it is built) and one on 2 MiB pages, decoded alternately (fused CPU step, 1 thread).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_hugepages.py [--dtype fp32|bf16] [--rounds 5]
@@ -10,8 +10,8 @@ import statistics
 
 import torch
 
-from vl.bench import build_pair
-from vl.bench_timing import our_decode_s
+from vl.bench.run import build_pair
+from vl.bench.timing import our_decode_s
 from vl.config import bench_180m_lm
 
 

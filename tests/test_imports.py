@@ -169,10 +169,7 @@ DISPATCHER, TOOLS = "vl.cli", ("ui", "eval", "data_recipes")
 
 # Known-bad while the moves of issue 53 are under way: folder -> why. A problem charged to a marked folder (see
 # `blamed`) is let through; a mark with nothing left to excuse fails, so that it goes as soon as its move lands.
-KNOWN_BAD: dict[str, str] = {
-    "vl/": "the benchmarks loose at the top of vl/ (bench*.py) until they move to vl/bench/",
-    "vl/quant/": "vl/quant/bench.py until it moves to vl/bench/",
-}
+KNOWN_BAD: dict[str, str] = {}
 
 
 def folder_of(name: str, path: Path, root: Path = ROOT) -> str:

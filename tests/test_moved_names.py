@@ -16,7 +16,9 @@ import vl
 
 ROOT = Path(__file__).resolve().parent.parent
 # old module -> a name users take from it (docs/server.md: RemoteEngine; docs/app_and_cli.md: the PDF page cap)
-USED = {"vl.remote": "RemoteEngine", "vl.cli_flags": "INTERACTIVE_PDF_PAGES", "vl.chat_cli": "main"}
+USED = {"vl.remote": "RemoteEngine", "vl.cli_flags": "INTERACTIVE_PDF_PAGES", "vl.chat_cli": "main",
+        "vl.native": "build", "vl.cpu_gemm": "linear", "vl.bench_geometry": "run", "vl.bench_llama_cpp": "LlamaCpp",
+        "vl.bench_timing": "our_decode_s"}
 
 
 def test_every_moved_module_has_a_case_here():

@@ -35,6 +35,11 @@ MOVED = {
     "vl.remote": "vl.server.client",
     "vl.cli_flags": "vl.cli.flags",
     "vl.chat_cli": "vl.cli.chat",
+    "vl.native": "vl.kernels.loader",
+    "vl.cpu_gemm": "vl.kernels.gemm",
+    "vl.bench_geometry": "vl.bench.geometry",
+    "vl.bench_llama_cpp": "vl.bench.llama_cpp",
+    "vl.bench_timing": "vl.bench.timing",
 }
 
 

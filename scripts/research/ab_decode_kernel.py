@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from vl import native
-from vl.bench import CONFIGS, build_pair
-from vl.bench_timing import our_decode_s
-from vl.quant.bench import quantized_copy
+from vl.bench.run import CONFIGS, build_pair
+from vl.bench.timing import our_decode_s
+from vl.bench.quant import quantized_copy
 from vl.runtime import cpu_decode
 
 from profile_decode_step import kernel_tree  # this folder (sys.path[0] when run as a script)

@@ -18,7 +18,7 @@ import torch
 from vl.config import bench_180m_lm
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl import native
-from vl.quant.bench import quantized_copy
+from vl.bench.quant import quantized_copy
 from vl.runtime import cpu_decode
 from vl.runtime.cache import HybridCache
 

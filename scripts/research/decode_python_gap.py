@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from vl.bench import CONFIGS, build_pair
-from vl.bench_timing import our_decode_s
+from vl.bench.run import CONFIGS, build_pair
+from vl.bench.timing import our_decode_s
 from vl.runtime import cpu_decode
 
 

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from vl.bench import CONFIGS, DTYPES, build_pair
-from vl.bench_timing import our_prefill
+from vl.bench.run import CONFIGS, DTYPES, build_pair
+from vl.bench.timing import our_prefill
 from vl.kernels import switches
 
 

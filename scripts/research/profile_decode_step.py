@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from vl.bench import CONFIGS, build_pair
-from vl.bench_timing import our_decode_s
-from vl.quant.bench import quantized_copy
+from vl.bench.run import CONFIGS, build_pair
+from vl.bench.timing import our_decode_s
+from vl.bench.quant import quantized_copy
 from vl.runtime import cpu_decode
 
 KERNELS = Path(cpu_decode.SOURCE).parent

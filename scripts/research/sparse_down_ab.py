@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from vl.bench_timing import our_decode_s
+from vl.bench.timing import our_decode_s
 from vl.config import bench_180m_lm
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.runtime import cpu_decode

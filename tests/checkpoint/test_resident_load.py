@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 import vl
 from tiny_models import save_hf_nemotron
-from vl import bench_geometry
+from vl.bench import geometry as bench_geometry
 from vl.checkpoint import files as ckfiles
 from vl.config import nano_12b_lm
 from vl.errors import CheckpointError

@@ -5,7 +5,7 @@ holds `vl chat`, chat.py, and the flags every command shares, flags.py).
     vl chat       --model PATH --image F --prompt "..." [--json]   (vl/cli/chat.py)
     vl eval       ... | score | compare | make-data   evaluation, re-scoring, two runs compared, the synthetic sets
     vl quantize   --format fp8|nvfp4 --model IN --out OUT
-    vl bench      [--json] ...               speed and memory against transformers (vl/bench.py)
+    vl bench      [--json] ...               speed and memory against transformers (vl/bench/run.py)
     vl train-demo ...                        train the demo model or a fine-tune of it (data_recipes/train.py)
     vl --version
 """
@@ -56,7 +56,7 @@ def _write_synthetic_test_split(kind: str, per_family: int, out, *, tile_size: i
 def bench_main(argv: list[str]) -> int:
     """`vl bench`, whose FP8/NVFP4 table calibrates and evaluates on the synthetic documents."""
     from data_recipes.calibration import SYNTHETIC
-    from vl.bench import main as bench
+    from vl.bench.run import main as bench
 
     return bench(argv, calib_source=SYNTHETIC)
 

@@ -65,7 +65,7 @@ def test_autograd_keeps_torchs_forward(kern):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cached_decode_with_the_pass_equals_without(kern, dtype):
     _need(kern, dtype)
-    from vl.bench import CONFIGS
+    from vl.bench.run import CONFIGS
     from vl.modeling.nemotron_h import NemotronHForCausalLM
     from vl.runtime.cache import HybridCache
 
@@ -96,7 +96,7 @@ def test_relu2_down_proj_stored_by_rows(kern, dtype, monkeypatch, tmp_path):
     VL_SPARSE_DOWN=0 turns it off."""
     if kern is None or kern.isa != "avx512":
         pytest.skip("the pass needs the AVX512 build of the kernel; without it the weights stay as loaded")
-    from vl.bench import CONFIGS
+    from vl.bench.run import CONFIGS
     from vl.checkpoint.files import CheckpointFiles, save_tensors
     from vl.modeling.nemotron_h import NemotronHForCausalLM
     from vl.runtime.cache import HybridCache

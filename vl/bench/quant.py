@@ -8,7 +8,7 @@ directory, then exported with `vl quantize`'s own code (vl/quantize/ptq.py). Ran
 channels, so they understate what the Hadamard rotation does on trained weights; `outlier_gain` plants a few
 (an RMSNorm gain of that size on 1% of the channels, as trained LLMs show) to see that case.
 
-    python -m vl.quant.bench [--model DIR] [--json]
+    python -m vl.bench.quant [--model DIR] [--json]
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vl.quant.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m vl.bench.quant", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="BF16/FP32 checkpoint directory (default: a random ~32M model)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32)")
     p.add_argument("--new-tokens", type=int, default=16)

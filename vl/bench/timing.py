@@ -1,5 +1,5 @@
 """What `vl bench` and `vl bench --geometry` measure with: peak memory, the CPU's vector ISA, our prefill and our
-per-token decode time (shared by vl/bench.py and vl/bench_geometry.py)."""
+per-token decode time (shared by vl/bench/run.py and vl/bench/geometry.py)."""
 
 from __future__ import annotations
 

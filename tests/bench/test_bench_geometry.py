@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from vl import bench_geometry
+from vl.bench import geometry as bench_geometry
 from vl.config import nano_12b_lm
 from vl.errors import ConfigError
 

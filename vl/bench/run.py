@@ -18,7 +18,7 @@ the median of each round's own ratio, which drifts in the machine's speed betwee
 - `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0, one
   repetition per round in the same rotation (docs/bench_llama_cpp.md);
 - `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
-  (vl/bench_geometry.py).
+  (vl/bench/geometry.py).
 Each row carries its spread, (max - min) / median of its repeats; the CPU's vector ISA is printed with the table.
 """
 
@@ -35,16 +35,16 @@ from pathlib import Path
 
 import torch
 
-from vl import bench_geometry
-from vl.bench_llama_cpp import LlamaCpp
-from vl.bench_timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
+from vl.bench import geometry as bench_geometry
+from vl.bench import quant as quant_bench
+from vl.bench.llama_cpp import LlamaCpp
+from vl.bench.quant import quantized_copy
+from vl.bench.timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.kernels import gemv, ssd_scan
 from vl.kernels.loader import cpu_flags
 from vl.modeling import kernels
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.quant import bench as quant_bench
-from vl.quant.bench import quantized_copy
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cpu import matmul as cpu_matmul
@@ -133,7 +133,7 @@ def hf_decode_s(model, ids, n) -> float:
 def copy_s_per_byte(nbytes: int = 256 << 20):
     """A timing fn for `interleaved`: seconds per byte read + written by torch's copy of an `nbytes` buffer (best
     of 3), the memory-bandwidth reference a decode step's weight read is set against (as in
-    vl/bench_geometry.py)."""
+    vl/bench/geometry.py)."""
     return lambda: 1.0 / bench_geometry.copy_bandwidth(nbytes, repeats=3)
 
 
@@ -164,7 +164,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
              repeats=3, device="cpu", decode_modes=("eager",), formats=(), llama=None, gguf=None) -> list[dict]:
     """Rows for one config and dtype. `formats` (fp8, nvfp4): the same weights quantized as `vl quantize` does and
     loaded as a user loads them (auto: weight-only on the CPU), timed in the same interleaved runs. `llama`: a
-    `bench_llama_cpp.LlamaCpp` and `gguf` {kind: path} of these weights; its llama-bench runs join the rotation."""
+    `llama_cpp.LlamaCpp` and `gguf` {kind: path} of these weights; its llama-bench runs join the rotation."""
     cfg = CONFIGS[name]()
     dtype = DTYPES[dtype_name]
     ours, hf = build_pair(cfg, dtype, device)
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "eager step through the modules, without the fused CPU step), static, compiled, cuda-graphs "
                    "(default: eager,modules,compiled on cpu, eager,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
-    p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/quant/bench.py): resident "
+    p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/bench/quant.py): resident "
                    "weight bytes, decode tok/s per mode, logit error and greedy agreement against BF16")
     p.add_argument("--quant-only", action="store_true", help="only the FP8 / NVFP4 table")
     p.add_argument("--formats", default="", help="also time our FP8 / NVFP4 weight-only decode and prefill on "
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     if a.quant or a.quant_only:
         qrows = quant_bench.quant_table(threads=a.threads or 1, progress=False, calib_source=calib_source)
         compute = next((r["dtype"] for r in qrows if r.get("kind") == "speed" and "dtype" in r), "float32")
-        print(f"\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/quant/bench.py; every row computes in {compute}, the "
+        print(f"\nFP8 / NVFP4 of one random Nano-V2-VL model (vl/bench/quant.py; every row computes in {compute}, the "
               f"bf16 row is the BF16 checkpoint run in {compute}):")
         print(quant_bench.format_table(qrows))
         rows += [dict(section="quant", **r) for r in qrows]

@@ -32,7 +32,7 @@ import psutil
 import torch
 
 import vl
-from vl.bench_timing import PeakRSS, memory_counters, our_decode_s, our_prefill
+from vl.bench.timing import PeakRSS, memory_counters, our_decode_s, our_prefill
 from vl.config import lm_config_to_hf, nano_12b_lm
 from vl.errors import ConfigError
 from vl.modeling.nemotron_h import NemotronHForCausalLM

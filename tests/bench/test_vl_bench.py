@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vl.bench import cache_bytes, CONFIGS, main
+from vl.bench.run import cache_bytes, CONFIGS, main
 
 
 def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
@@ -62,7 +62,7 @@ def test_bench_formats_and_a_missing_llama_cpp(tmp_path, capsys):
 
 def test_llama_cpp_runner_reads_llama_bench_json(tmp_path):
     """The llama-bench call and its JSON, with a stand-in executable (the real one is measured by `vl bench`)."""
-    from vl.bench_llama_cpp import LlamaCpp
+    from vl.bench.llama_cpp import LlamaCpp
 
     (tmp_path / "build" / "bin").mkdir(parents=True)
     fake = tmp_path / "build" / "bin" / "llama-bench"
@@ -83,7 +83,7 @@ def test_llama_cpp_runner_reads_llama_bench_json(tmp_path):
 
 
 def test_interleaved_rounds_rotate_and_paired_ratios_are_per_round():
-    from vl.bench import format_table, interleaved, paired
+    from vl.bench.run import format_table, interleaved, paired
 
     calls = []
     fns = {k: (lambda k=k: calls.append(k) or 1.0) for k in "abc"}
@@ -102,8 +102,8 @@ def test_interleaved_rounds_rotate_and_paired_ratios_are_per_round():
 
 def test_a_peer_that_crashes_is_left_out_and_named(tmp_path):
     """llama.cpp's AMX prompt kernels die with SIGILL on some VMs: that peer's row says so, the rest is measured."""
-    from vl.bench import format_table, interleaved
-    from vl.bench_llama_cpp import LlamaCpp
+    from vl.bench.run import format_table, interleaved
+    from vl.bench.llama_cpp import LlamaCpp
 
     (tmp_path / "build" / "bin").mkdir(parents=True)
     fake = tmp_path / "build" / "bin" / "llama-bench"
@@ -121,3 +121,19 @@ def test_a_peer_that_crashes_is_left_out_and_named(tmp_path):
     row = dict(config="180m", dtype="bf16", metric="prefill tok/s @2048", peer="llama.cpp q8_0 AMX", ours=900.0,
                peer_error=failed["llama.cpp q8_0 AMX"])
     assert "not measured: llama-bench m.gguf -p 64" in format_table([row])
+
+
+def test_the_old_module_names_of_vl_bench_answer_with_a_warning():
+    """`vl.bench` was one module before it became the package of every benchmark: its names answer for one release
+    from vl/bench/run.py, each use warning at the caller's line; the submodules import without a warning."""
+    import warnings
+
+    from vl.bench import run
+
+    with pytest.warns(DeprecationWarning, match=r"vl\.bench\.(main|CONFIGS) moved to vl\.bench\.run\.") as caught:
+        from vl.bench import main as old_main, CONFIGS as old_configs  # noqa: F401
+    assert (old_main, old_configs) == (run.main, run.CONFIGS)
+    assert {w.filename for w in caught} == {__file__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from vl.bench import geometry, llama_cpp, quant, timing  # noqa: F401

@@ -1,10 +1,10 @@
-"""vl/quant/bench.py: the rows `vl bench` will print, on the tiny model with the smallest settings (the figures
-themselves come from `python -m vl.quant.bench`, not from tests)."""
+"""vl/bench/quant.py: the rows `vl bench` will print, on the tiny model with the smallest settings (the figures
+themselves come from `python -m vl.bench.quant`, not from tests)."""
 
 import torch
 
 from data_recipes.calibration import SYNTHETIC
-from vl.quant.bench import format_table, quant_table
+from vl.bench.quant import format_table, quant_table
 
 from tiny_quant import tiny_vl
 
