@@ -7,7 +7,7 @@ and prints per library the median tok/s and the median (min, max) of its round-b
 machine's speed drifts between rounds, the ratio within a round does not carry that drift.
 
     PYTHONPATH=. .venv/bin/python scripts/research/ab_decode_kernel.py --threads 1 --rounds 12 --formats bf16,nvfp4 \
-        --variant 'T0:quant_gemv.cpp:PREFETCH_BYTES, _MM_HINT_T1);=>PREFETCH_BYTES, _MM_HINT_T0);'
+        --variant 'T0:row_kernels.h:PREFETCH_BYTES, _MM_HINT_T1);=>PREFETCH_BYTES, _MM_HINT_T0);'
 
 A variant is NAME:FILE:OLD=>NEW, several replacements in one FILE separated by '|'; every OLD must occur.
 """
@@ -23,16 +23,18 @@ from pathlib import Path
 
 import torch
 
-from vl import native
+import functools
+
+from vl.kernels import decode_step, loader
 from vl.bench.run import CONFIGS, build_pair
 from vl.bench.timing import our_decode_s
 from vl.bench.quant import quantized_copy
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 
 from profile_decode_step import kernel_tree  # this folder (sys.path[0] when run as a script)
 
 
-def build_variant(tmp: Path, fname: str, edits: str) -> cpu_decode.Library:
+def build_variant(tmp: Path, fname: str, edits: str) -> decode_step.Library:
     kernels = kernel_tree(tmp)
     if edits:
         path = kernels / fname
@@ -43,7 +45,7 @@ def build_variant(tmp: Path, fname: str, edits: str) -> cpu_decode.Library:
                 raise SystemExit(f"{fname}: {old!r} not found")
             text = text.replace(old, new)
         path.write_text(text)
-    return cpu_decode.Library(native.build(kernels / "decode_step.cpp"))
+    return decode_step.Library(loader.build(kernels / "decode_step.cpp"), functions=decode_step.FUNCTIONS)
 
 
 def main():

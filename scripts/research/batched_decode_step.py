@@ -1,4 +1,4 @@
-"""Time the fused CPU decode step (vl/runtime/cpu_decode.py) at 1, 4 and 8 rows on the 180m config, in bf16 and as
+"""Time the fused CPU decode step (vl/runtime/cpu/decode.py) at 1, 4 and 8 rows on the 180m config, in bf16 and as
 NVFP4 weight-only (`vl quantize`'s format, loaded as a user's load does), for one optimisation level of its build.
 
     PYTHONPATH=. .venv/bin/python scripts/research/batched_decode_step.py [--opt O2|O3] [--steps 40]
@@ -17,9 +17,9 @@ import torch
 
 from vl.config import bench_180m_lm
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl import native
+from vl.kernels import loader as native
 from vl.bench.quant import quantized_copy
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cache import HybridCache
 
 

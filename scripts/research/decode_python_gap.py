@@ -18,7 +18,7 @@ import torch
 
 from vl.bench.run import CONFIGS, build_pair
 from vl.bench.timing import our_decode_s
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 
 
 class Timed:

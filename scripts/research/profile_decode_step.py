@@ -1,6 +1,6 @@
 """Where one fused CPU decode step's time goes (docs/cpu_decode.md, "Where a step's time goes").
 
-Builds a timed copy of `vl/quant/kernels/decode_step.cpp` (wall-clock counters around every weight product, each
+Builds a timed copy of `vl/kernels/csrc/decode_step.cpp` (wall-clock counters around every weight product, each
 layer kind and the Mamba-2 conv / state / gated-norm parts) in a temporary directory, then decodes 32 tokens
 after a 128-token prompt with the 180m `vl bench` config in bf16 and as weight-only FP8 / NVFP4 copies, 1 thread (`--threads`),
 and prints ms per token for each part and for the Python side (wall time per token minus the C++ step).
@@ -23,13 +23,14 @@ import torch
 from vl.bench.run import CONFIGS, build_pair
 from vl.bench.timing import our_decode_s
 from vl.bench.quant import quantized_copy
-from vl.runtime import cpu_decode
+from vl.kernels import decode_step
+from vl.runtime.cpu import decode as cpu_decode
 
-KERNELS = Path(cpu_decode.SOURCE).parent
+KERNELS = Path(decode_step.SOURCE).parent
 EDITS = [  # (anchor, replacement): counters PROF[0..2] GEMV by format, [3..5] layer kinds, [6] step, [7] steps,
     # [8] conv, [9] state update, [10] gated norm
-    ('#include "quant_gemv.cpp"  // VL_AVX512, the dense / FP8 / NVFP4 row kernels, bf16_to_float',
-     '#include "quant_gemv.cpp"\n#include <chrono>\nstatic double PROF[12];\n'
+    ('#include "row_kernels.h"  // VL_AVX512, the dense / FP8 / NVFP4 row kernels, bf16_to_float',
+     '#include "row_kernels.h"\n#include <chrono>\nstatic double PROF[12];\n'
      'static inline double now_s() { return std::chrono::duration<double>('
      'std::chrono::steady_clock::now().time_since_epoch()).count(); }\n'
      'extern "C" void vl_prof(double* o) { for (int i = 0; i < 12; ++i) { o[i] = PROF[i]; PROF[i] = 0; } }\n'),
@@ -54,7 +55,7 @@ EDITS = [  # (anchor, replacement): counters PROF[0..2] GEMV by format, [3..5] l
 
 
 def timed_source(tmp: Path) -> Path:
-    text = Path(cpu_decode.SOURCE).read_text()
+    text = Path(decode_step.SOURCE).read_text()
     for anchor, new in EDITS:
         if anchor not in text:
             raise SystemExit(f"decode_step.cpp changed: cannot place a counter at {anchor[:60]!r}")
@@ -65,14 +66,12 @@ def timed_source(tmp: Path) -> Path:
 
 
 def kernel_tree(tmp: Path) -> Path:
-    """A copy of the decode step's C++ sources under `tmp` in the package's layout (the relative includes need it)
-    -> its quant/kernels folder; also used by ab_decode_kernel.py."""
-    kernels = tmp / "quant" / "kernels"
-    (tmp / "modeling").mkdir(parents=True, exist_ok=True)
+    """A copy of vl/kernels/csrc (the sources with the headers they include) under `tmp` -> the copy's folder; also
+    used by ab_decode_kernel.py."""
+    kernels = tmp / "csrc"
     kernels.mkdir(parents=True, exist_ok=True)
-    for f in KERNELS.glob("*.cpp"):
+    for f in KERNELS.iterdir():
         shutil.copy(f, kernels / f.name)
-    shutil.copy(KERNELS.parent.parent / "modeling" / "simd_exp.h", tmp / "modeling" / "simd_exp.h")
     return kernels
 
 
@@ -84,7 +83,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        cpu_decode.SOURCE = timed_source(Path(tmp))
+        decode_step.SOURCE = timed_source(Path(tmp))
         cpu_decode._load.cache_clear()
         lib = cpu_decode.library()
         if lib is None:

@@ -25,9 +25,9 @@ import torch
 from vl.bench.timing import our_decode_s
 from vl.config import bench_180m_lm
 from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.runtime import cpu_decode
+from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cache import HybridCache
-from vl.runtime.cpu_matmul import transposed
+from vl.runtime.cpu.matmul import transposed
 from vl.runtime.pretrained import runtime_passes
 
 

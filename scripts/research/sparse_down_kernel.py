@@ -1,6 +1,6 @@
 """The by-input-rows product alone (docs/cpu_decode.md, "ReLU^2 zeros: down_proj stored by input rows"): 1024 x 3072
 layers (the 180m down_proj) past the caches (720 MiB in all), one activation row, through the CPU kernel of
-vl/quant/cpu_gemv.py: the row-major dense GEMV ("dense"), the by-rows kernel on an input with half its entries zero
+vl/kernels/gemv.py: the row-major dense GEMV ("dense"), the by-rows kernel on an input with half its entries zero
 ("t_sparse": relu of a normal draw) and on one with none ("t_full"); 5 interleaved rounds, medians.
 
     PYTHONPATH=. .venv/bin/python scripts/research/sparse_down_kernel.py bf16|fp32 THREADS [LAYERS]
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from vl.quant import cpu_gemv
+from vl.kernels import gemv as cpu_gemv
 
 torch.set_num_threads(int(sys.argv[2]))
 k = cpu_gemv.kernel()

@@ -1,4 +1,4 @@
-"""The C++ SSD scan (vl/modeling/ssd_scan.cpp) against the reference scan (vl/modeling/ssd_ref.py) on the 180m
+"""The C++ SSD scan (vl/kernels/csrc/ssd_scan.cpp) against the reference scan (vl/modeling/ssd_ref.py) on the 180m
 config's Mamba layer shapes, then whole 2048-token prefills of the 180m config with each (docs/benchmarks.md, "SSD
 scan in C++"): per-layer milliseconds and prefill tok/s, alternated, best and median of the rounds, and the
 prefill logits' largest difference next to the reference's own against a 64-token chunking (exact maths, another
@@ -17,7 +17,8 @@ import torch
 
 from vl.bench.run import CONFIGS, DTYPES, build_pair
 from vl.bench.timing import our_prefill
-from vl.modeling import kernels, ssd_cpu, ssd_ref
+from vl.kernels import ssd_scan as ssd_cpu
+from vl.modeling import kernels, ssd_ref
 
 
 def timed(fn) -> float:
