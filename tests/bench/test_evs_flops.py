@@ -1,16 +1,14 @@
-"""scripts/research/evs_flops.py: forward FLOPs to the first token at each EVS rate, counted on the meta device."""
+"""vl/bench/evs_flops.py: forward FLOPs to the first token at each EVS rate, counted on the meta device."""
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
+import json
 from pathlib import Path
 
+import vl.bench.evs_flops as evs_flops
+from vl.config import vl_config_from_hf
+
 REPO = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("evs_flops", REPO / "scripts/research/evs_flops.py")
-evs_flops = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(evs_flops)
 
 
 def test_released_geometry_tower_equals_its_closed_form_and_only_the_llm_shrinks():
@@ -42,9 +40,12 @@ def test_released_geometry_tower_equals_its_closed_form_and_only_the_llm_shrinks
     assert rows[0]["total"] / rows[1]["total"] < rows[0]["prompt_tokens"] / rows[1]["prompt_tokens"]
 
 
-def test_the_script_prints_a_row_per_rate_for_a_checkpoint_config():
-    out = subprocess.run([sys.executable, str(REPO / "scripts/research/evs_flops.py"), "--model", str(REPO / "vl/demo"),
-                          "--frames", "8", "--rates", "0,0.75", "--text-tokens", "100"], capture_output=True,
-                         text=True, timeout=120, check=True, cwd=REPO).stdout
-    assert "8 frames, 9 tokens a frame, 100 text tokens" in out
+def test_a_row_per_rate_for_a_checkpoint_config(capsys):
+    """`--model DIR` counts that checkpoint's geometry (the demo model: 9 tokens a frame)."""
+    cfg = vl_config_from_hf(json.loads((REPO / "vl/demo/config.json").read_text()))
+    out = evs_flops.table(evs_flops.count(cfg, frames=8, rates=[0.0, 0.75], text_tokens=100))
+    assert cfg.tokens_per_tile == 9
     assert "| 0 | 72 | 172 |" in out and "| 0.75 | 18 | 118 |" in out and "| 1.00x |" in out
+    evs_flops.main(["--model", str(REPO / "vl/demo"), "--frames", "8", "--rates", "0,0.75", "--text-tokens", "100"])
+    printed = capsys.readouterr().out
+    assert "8 frames, 9 tokens a frame, 100 text tokens" in printed and out in printed
