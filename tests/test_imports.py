@@ -167,11 +167,6 @@ def test_only_the_cli_dispatcher_reaches_the_tools_above_the_library():
 # `vl` command's dispatch into the tools above the library (the last test keeps them to that one file).
 DISPATCHER, TOOLS = "vl.cli", ("ui", "eval", "data_recipes")
 
-# Known-bad while the moves of issue 53 are under way: folder -> why. A problem charged to a marked folder (see
-# `blamed`) is let through; a mark with nothing left to excuse fails, so that it goes as soon as its move lands.
-KNOWN_BAD: dict[str, str] = {}
-
-
 def folder_of(name: str, path: Path, root: Path = ROOT) -> str:
     """A module's folder: one level below vl/ (vl/runtime/cpu/ counts with vl/runtime/), the top package for the
     other packages; vl/__init__.py, the facade, is a box of its own, apart from the loose modules of vl/."""
@@ -221,13 +216,6 @@ def folder_problems(folders: dict[str, str], layers: dict[str, tuple[int, str]],
     return out
 
 
-def blamed(key: str) -> set[str]:
-    """The folders a problem of folder_problems is charged to: the importer of an arrow, the folder that holds two
-    layers, every folder of a loop."""
-    kind, _, rest = key.partition(": ")
-    return set(rest.split(" <-> ")) if kind == "cycle" else {rest.split(" -> ")[0]}
-
-
 def folder_report(root: Path = ROOT, doc: str | None = None) -> dict[str, str]:
     """folder_problems of the tree at `root` against the layer table of `doc` (docs/architecture.md by default)."""
     table = classify(layer_table(doc), doc)
@@ -246,10 +234,7 @@ def folder_report(root: Path = ROOT, doc: str | None = None) -> dict[str, str]:
 
 def test_folders_hold_one_layer_and_import_only_below():
     problems = folder_report()
-    new = {k: v for k, v in problems.items() if not blamed(k) & set(KNOWN_BAD)}
-    assert not new, "folders against docs/architecture.md's layers:\n" + "\n".join(new.values())
-    stale = sorted(f for f in KNOWN_BAD if not any(f in blamed(k) for k in problems))
-    assert not stale, f"fixed: remove these marks from KNOWN_BAD: {stale}"
+    assert not problems, "folders against docs/architecture.md's layers:\n" + "\n".join(problems.values())
 
 
 LAYERS_DOC = """## Layers
@@ -312,9 +297,6 @@ def test_the_folder_check_catches_a_planted_upward_import_and_a_folder_cycle(tmp
     _plant(tmp_path, {"vl/quant/ptq.py": "import vl.runtime.engine\n", "vl/runtime/pipe.py": ""})
     assert set(folder_report(tmp_path, LAYERS_DOC)) == {"up: vl/quant/ -> vl/runtime/",
                                                         "cycle: vl/checkpoint/ <-> vl/quant/ <-> vl/runtime/"}
-    assert blamed("cycle: vl/checkpoint/ <-> vl/quant/ <-> vl/runtime/") == {"vl/checkpoint/", "vl/quant/",
-                                                                               "vl/runtime/"}
-    assert blamed("up: vl/quant/ -> vl/runtime/") == blamed("spans: vl/quant/") == {"vl/quant/"}
 
     # the exemption is the dispatcher's alone: another module of vl/cli/ importing a tool is an arrow like any
     _plant(tmp_path, {"vl/quant/ptq.py": "", "vl/cli/chat.py": "import eval.run\n"})
