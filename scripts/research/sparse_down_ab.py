@@ -56,7 +56,7 @@ def single_rows(plain, rows, rounds: int, label: str) -> None:
     for r in range(rounds):
         order = [("plain", plain), ("rows", rows)] if r % 2 == 0 else [("rows", rows), ("plain", plain)]
         for name, m in order:
-            t[name].append(our_decode_s(m, ids, 32, "eager"))
+            t[name].append(our_decode_s(m, ids, 32, "fused"))
     ratios = sorted(x / y for x, y in zip(t["plain"], t["rows"]))
     ms = {k: 1e3 * statistics.median(v) for k, v in t.items()}
     print(f"{label}, {rounds} rounds: ms per token plain {ms['plain']:.2f}, rows {ms['rows']:.2f}; plain/rows per "

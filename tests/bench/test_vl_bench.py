@@ -22,15 +22,30 @@ def test_bench_quick_writes_a_table_and_json(tmp_path, capsys):
 
 def test_bench_times_the_fused_step_next_to_the_modules(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert main(["--quick", "--configs", "tiny", "--dtypes", "fp32", "--decode", "eager,modules", "--json",
+    assert main(["--quick", "--configs", "tiny", "--dtypes", "fp32", "--decode", "fused,modules", "--json",
                  str(out)]) == 0
-    metrics = {r.get("metric") for r in json.loads(out.read_text())}
-    assert {"decode tok/s after 64", "decode tok/s after 64 (modules)"} <= metrics
+    rows = [r for r in json.loads(out.read_text()) if "decode" in r]
+    assert {(r["metric"], r["decode"]) for r in rows} == {("decode tok/s after 64", "fused"),
+                                                          ("decode tok/s after 64 (modules)", "modules")}
     printed = capsys.readouterr().out
-    assert "eager decode (the default): " in printed
+    assert "fused decode (the default): " in printed
     from vl.runtime.cpu.matmul import sparse_down_status
     assert f"ReLU^2 down_proj: {sparse_down_status()}" in printed  # the layout the decode rows ran with
     assert "prefill SSD scan: " in printed  # which scan the prefill rows ran (C++ or the reference)
+
+
+def test_the_old_decode_mode_name_eager_is_fused_with_a_warning(tmp_path, capsys):
+    """`--decode eager,modules` (eager: the old name of fused) times the same rows as `fused,modules`, saying so;
+    an unknown mode is a usage error before anything is built."""
+    out = tmp_path / "bench.json"
+    with pytest.warns(DeprecationWarning, match="decode mode 'eager' is now 'fused'"):
+        assert main(["--quick", "--configs", "tiny", "--dtypes", "fp32", "--decode", "eager,modules", "--json",
+                     str(out)]) == 0
+    assert {r["decode"] for r in json.loads(out.read_text()) if "decode" in r} == {"fused", "modules"}
+    assert "--decode eager is now fused" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--quick", "--configs", "tiny", "--decode", "fused,fast"])
+    assert e.value.code == 2 and "decode mode 'fast'" in capsys.readouterr().err
 
 
 def test_a_missing_work_dir_is_made(tmp_path):

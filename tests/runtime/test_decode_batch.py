@@ -1,6 +1,6 @@
 """vl/runtime/decode_batch.py at the token level: rows that join a running batch at different steps (with
 prompts shorter and longer than the batch's running length, so the cache is re-padded both ways) and rows that
-leave it produce exactly the tokens of their single runs, in the eager and the fixed-shape step, and the batch
+leave it produce exactly the tokens of their single runs, in the fused and the fixed-shape step, and the batch
 never decodes a row that has ended."""
 
 import pytest
@@ -20,11 +20,11 @@ def lm(tmp_path_factory):
     return vl.load_pretrained(path)
 
 
-def single(lm, ids, n, decode="eager", **kw):
+def single(lm, ids, n, decode="fused", **kw):
     return [ev.tokens[0] for ev in generate_steps(lm, input_ids=ids[None], max_new_tokens=n, decode=decode, **kw)]
 
 
-@pytest.mark.parametrize("decode", ["eager", "static"])
+@pytest.mark.parametrize("decode", ["fused", "static"])
 def test_rows_joining_and_leaving_equal_single_runs(lm, decode):
     g = torch.Generator().manual_seed(0)
     prompts = {k: torch.randint(3, 128, (n,), generator=g) for k, n in
@@ -89,7 +89,7 @@ def test_repetition_penalty_counts_each_rows_own_tokens(lm):
     assert got["b"] == single(lm, b, 6, params=params)
 
 
-@pytest.mark.parametrize("decode", ["eager", "static"])
+@pytest.mark.parametrize("decode", ["fused", "static"])
 def test_each_row_keeps_its_own_end_rules(lm, decode):
     """vLLM's `ignore_eos` (no stop id ends the row) and `min_tokens` (stop ids masked out of the row's logits until
     then), per row: rows with different rules in one batch equal their runs alone."""
@@ -167,7 +167,7 @@ class _ForceAt:
         self.seen.append(token_id)
 
 
-@pytest.mark.parametrize("decode", ["eager", "static"])
+@pytest.mark.parametrize("decode", ["fused", "static"])
 def test_a_forced_token_is_what_the_row_is_fed_next(lm, decode):
     """A token forced by a controller (the reasoning budget closing the think block) is reported, recorded and fed
     to the model at the next step, so the row continues exactly as a run whose prompt ended with that token; the

@@ -41,6 +41,7 @@ from vl.bench.llama_cpp import LlamaCpp
 from vl.bench.quant import quantized_copy
 from vl.bench.timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
+from vl.errors import GenerationOptionError
 from vl.kernels import gemv, ssd_scan
 from vl.kernels.loader import cpu_flags
 from vl.modeling import kernels
@@ -49,6 +50,7 @@ from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cpu import matmul as cpu_matmul
 from vl.runtime.cache import HybridCache
+from vl.runtime.decode_step import DEPRECATED_MODES, decode_mode
 from vl.runtime.pretrained import runtime_passes
 
 CONFIGS = {
@@ -161,7 +163,7 @@ def cache_bytes(cfg: LMConfig, length: int = 32768) -> dict:
 
 
 def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(128, 4096), new_tokens=32,
-             repeats=3, device="cpu", decode_modes=("eager",), formats=(), llama=None, gguf=None) -> list[dict]:
+             repeats=3, device="cpu", decode_modes=("fused",), formats=(), llama=None, gguf=None) -> list[dict]:
     """Rows for one config and dtype. `formats` (fp8, nvfp4): the same weights quantized as `vl quantize` does and
     loaded as a user loads them (auto: weight-only on the CPU), timed in the same interleaved runs. `llama`: a
     `llama_cpp.LlamaCpp` and `gguf` {kind: path} of these weights; its llama-bench runs join the rotation."""
@@ -236,11 +238,9 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         if on_cpu:
             fns["copy"] = copy_s_per_byte()
         for mode in decode_modes:
-            fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)
-            if mode == "modules":  # the eager step through the modules: what the fused CPU step replaces
-                fns[mode] = lambda: _modules_decode_s(ours, ids, new_tokens)
+            fns[mode] = lambda m=mode: our_decode_s(ours, ids, new_tokens, m)  # "modules": what "fused" replaces
         for fmt, qm in quant.items():
-            fns[fmt] = lambda qm=qm: our_decode_s(qm, ids, new_tokens, "eager")
+            fns[fmt] = lambda qm=qm: our_decode_s(qm, ids, new_tokens, "fused")
         for label, (kind, repack) in peers.items():
             fns[label] = lambda kind=kind, repack=repack: 1 / llama.tokens_per_s(gguf[kind], gen=new_tokens, depth=ctx,
                                                                                  threads=threads, repack=repack)
@@ -250,7 +250,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         copy_GBps = 1e-9 / statistics.median(times["copy"]) if on_cpu else None
         for mode in decode_modes:
             o = statistics.median(times[mode])
-            label = f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})")
+            label = f"decode tok/s after {ctx}" + ("" if mode == "fused" else f" ({mode})")
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=label, decode=mode,
                              ours=1 / o, transformers=1 / h, ratio=h / o, spread=_spread(times[mode]),
                              ours_weight_GBps=read_bytes[ours] / o / 1e9, copy_GBps=copy_GBps))
@@ -276,7 +276,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             for mode in decode_modes:
                 ref = statistics.median(times[mode])
                 rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label, ours_mode=mode,
-                                 metric=f"decode tok/s after {ctx}" + ("" if mode == "eager" else f" ({mode})"),
+                                 metric=f"decode tok/s after {ctx}" + ("" if mode == "fused" else f" ({mode})"),
                                  ours=1 / ref, peer_tok_s=1 / p_, ratio=p_ / ref,
                                  paired=paired(times[label], times[mode]), spread=_spread(times[label])))
             for fmt in quant:
@@ -288,11 +288,6 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
 
 
 GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
-
-
-def _modules_decode_s(model, ids, n) -> float:
-    with cpu_decode.override("off"):
-        return our_decode_s(model, ids, n, "eager")
 
 
 def paired(slow: list[float], fast: list[float]) -> tuple[float, float, float]:
@@ -330,7 +325,7 @@ def format_table(rows: list[dict]) -> str:
             continue
         note = ""
         if "format" in r:
-            note = f"{r['vs_ours']:.2f}x our {r['dtype']} ({r.get('ours_mode', 'eager')})"
+            note = f"{r['vs_ours']:.2f}x our {r['dtype']} ({r.get('ours_mode', 'fused')})"
             if "vs_ours_paired" in r:
                 note += " [paired " + _paired_text(r["vs_ours_paired"]) + "]"
             if "resident_bytes" in r:
@@ -370,6 +365,21 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def decode_modes(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    """`--decode`'s comma list as decode modes: "eager", the old name of "fused", is taken with a note on stderr
+    (and the runtime's DeprecationWarning); an unknown mode is a usage error."""
+    modes = []
+    for mode in text.split(","):
+        if mode in DEPRECATED_MODES:
+            print(f"[vl bench] --decode {mode} is now {DEPRECATED_MODES[mode]} (the old name goes in the next "
+                  "release)", file=sys.stderr)
+        try:
+            modes.append(decode_mode(mode))
+        except GenerationOptionError as e:
+            p.error(f"--decode: {e}")
+    return tuple(dict.fromkeys(modes))
+
+
 def main(argv: list[str] | None = None, calib_source=None) -> int:
     """`vl bench`; `calib_source` feeds the FP8/NVFP4 table (`--quant`): vl/cli.py supplies the synthetic one."""
     p = argparse.ArgumentParser(prog="vl bench", description=__doc__.split("\n")[0])
@@ -381,9 +391,10 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of eager, modules (the "
-                   "eager step through the modules, without the fused CPU step), static, compiled, cuda-graphs "
-                   "(default: eager,modules,compiled on cpu, eager,cuda-graphs on cuda)")
+    p.add_argument("--decode", default=None, help="our decode step modes to time, comma list of fused (the fused "
+                   "C++ step where it applies, else the modules), modules (the step through the modules, without the "
+                   "fused CPU step), static, compiled, cuda-graphs; eager is the old name of fused (default: "
+                   "fused,modules,compiled on cpu, modules,cuda-graphs on cuda)")
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat: a smoke run")
     p.add_argument("--quant", action="store_true", help="also the FP8 / NVFP4 table (vl/bench/quant.py): resident "
                    "weight bytes, decode tok/s per mode, logit error and greedy agreement against BF16")
@@ -412,7 +423,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         torch.set_num_threads(a.threads)
     if a.quick:
         a.prefill, a.decode_ctx, a.new_tokens, a.repeats = "256", "64", 4, 1
-        a.decode = a.decode or "eager"
+        a.decode = a.decode or "fused"
+    modes = decode_modes(p, a.decode or ("modules,cuda-graphs" if a.device.startswith("cuda")
+                                          else "fused,modules,compiled"))
     if a.layers is not None and not a.geometry:
         p.error("--layers applies to --geometry runs")
     if a.geometry:
@@ -457,8 +470,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                       flush=True)
                 rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
                                  [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
-                                 tuple((a.decode or ("eager,cuda-graphs" if a.device.startswith("cuda")
-                                                     else "eager,modules,compiled")).split(",")),
+                                 modes,
                                  formats=formats, llama=llama, gguf=gguf)
             rows.append(dict(config=name, **cache_bytes(CONFIGS[name]())))
     finally:
@@ -467,7 +479,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     where = torch.cuda.get_device_name() if a.device.startswith("cuda") else f"{torch.get_num_threads()} CPU threads"
     print(f"torch {torch.__version__}, {where}; medians of {a.repeats} interleaved runs; CPU: {cpu_isa()}")
     if not a.device.startswith("cuda"):
-        print(f"eager decode (the default): {cpu_decode.status()}; ReLU^2 down_proj: {cpu_matmul.sparse_down_status()}")
+        print(f"fused decode (the default): {cpu_decode.status()}; ReLU^2 down_proj: {cpu_matmul.sparse_down_status()}")
         print(f"prefill SSD scan: {ssd_scan.status()}")
     if formats:
         print(f"FP8/NVFP4 decode: {gemv.status()}")

@@ -98,7 +98,7 @@ def our_prefill(model, ids):
 
 
 @torch.no_grad()
-def our_decode_s(model, ids, n, decode="eager") -> float:
+def our_decode_s(model, ids, n, decode="fused") -> float:
     """Seconds per token over tokens 2..n+1 of a greedy run (timestamps as each token arrives)."""
     stamps = []
     for _ in generate_steps(model, input_ids=ids, max_new_tokens=n + 1, params=SamplingParams(), decode=decode):

@@ -5,8 +5,8 @@ layer per call (the reference path) writes and re-reads a full float copy, so th
 times slower than BF16. The kernel (`csrc/quant_gemv.cpp`, over the row kernels of `csrc/row_kernels.h`) reads the
 packed bytes once and rebuilds each weight in registers, bit for bit the float32 weight the reference builds
 (rounded to bfloat16 when the activations are bf16, as the reference's `dequantized_weight(bf16)` is); only the
-order of the float32 additions differs. Its twins are `vl/quant/gemv_ref.py` (FP8 / NVFP4) and `F.linear` (dense); torch's CPU
-offers no usable alternative (docs/quant_cpu_kernels.md).
+order of the float32 additions differs. Its twins are `vl/quant/gemv_ref.py` (FP8 / NVFP4) and `F.linear` (dense);
+torch's CPU offers no usable alternative (docs/quant_cpu_kernels.md).
 
 The kernel is plain C++ with no torch headers, so it compiles in ~2 s: at first use (`vl.load_pretrained`
 of a quantized checkpoint triggers it) it is built into the per-CPU cache of vl/kernels/loader.py and loaded with

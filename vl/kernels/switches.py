@@ -84,7 +84,7 @@ SWITCHES = (
            "fused step on packed weights): auto = the native build (AVX512 intrinsics where the CPU has them, "
            "else its plain loops; Linux); portable = the plain C++ loops; off = dequantize and torch's GEMM", _MODES),
     Switch("VL_CPU_DECODE", "mode", "auto",
-           "the fused C++ decode step: auto = its AVX512 build where the CPU has it, else "
+           "the fused C++ decode step (decode mode `fused`): auto = its AVX512 build where the CPU has it, else "
            "the modules; portable = the plain C++ loops; off = decode through the modules", _MODES),
     Switch("VL_CPU_GEMM", "choice", "auto",
            "which library runs many-row fp32 products: auto = oneDNN on x86 CPUs not made by Intel where torch "

@@ -22,10 +22,11 @@ import torch
 
 from vl.errors import GenerationOptionError
 from vl.runtime.cache import HybridCache
-from vl.runtime.decode_step import _bucket, decode_step, default_prefill_chunk
+from vl.runtime.decode_step import _bucket, decode_mode, decode_step, default_prefill_chunk
 from vl.runtime.sampling import SamplingParams, apply_logit_bias, apply_repetition_penalty, draw
 
-ELASTIC_MODES = ("eager", "static")
+ELASTIC_MODES = ("fused", "modules", "static")
+POSITIONS_IN_PYTHON = ("fused", "modules")  # the other modes keep a fixed-shape cache and a tensor position
 
 
 class _Seq:
@@ -51,11 +52,12 @@ class DecodeBatch:
     `finish(key)` ends a row from outside (a stop string, a cancel, a deadline)."""
 
     def __init__(self, lm, *, params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
-                 context_length: int | None = None, decode: str = "eager"):
+                 context_length: int | None = None, decode: str = "fused"):
+        decode = decode_mode(decode)  # "eager" warns and reads as "fused"; an unknown mode is refused
         self.lm, self.params, self.decode = lm, params, decode
         self.context_length = context_length or lm.config.max_position_embeddings
-        self.step_fn = decode_step(lm, decode)  # validates the mode
-        self.static = decode != "eager"
+        self.step_fn = decode_step(lm, decode)
+        self.static = decode not in POSITIONS_IN_PYTHON
         self.elastic = decode in ELASTIC_MODES
         self.stop = frozenset(int(s) for s in stop_ids)
         if prefill_chunk is not None and prefill_chunk < 1:

@@ -1,7 +1,10 @@
-"""How one decode step runs (eager, fixed-shape, compiled, CUDA graphs), and the sizes decode and prefill use; shared
-by the generation loop (vl/runtime/generate.py) and the batch rows join and leave (vl/runtime/decode_batch.py)."""
+"""How one decode step runs (fused, modules, fixed-shape, compiled, CUDA graphs), and the sizes decode and prefill
+use; shared by the generation loop (vl/runtime/generate.py) and the batch rows join and leave
+(vl/runtime/decode_batch.py)."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -9,18 +12,32 @@ from vl.errors import GenerationOptionError
 from vl.runtime.cpu import decode as cpu_decode
 
 
-DECODE_MODES = ("eager", "static", "compiled", "cuda-graphs")
+DECODE_MODES = ("fused", "modules", "static", "compiled", "cuda-graphs")
+DEPRECATED_MODES = {"eager": "fused"}  # the old name of "fused" (on the CPU it ran the fused step), for one release
+
+
+def decode_mode(mode: str, stacklevel: int = 1) -> str:
+    """A decode mode's current name: "eager" reads as "fused" with a DeprecationWarning (blaming the caller
+    `stacklevel` frames above the one that asks); a name not in DECODE_MODES is a GenerationOptionError."""
+    if mode in DEPRECATED_MODES:
+        new = DEPRECATED_MODES[mode]
+        warnings.warn(f"decode mode {mode!r} is now {new!r} (the fused C++ step where it applies, else the modules); "
+                      f"{mode!r} goes in the next release", DeprecationWarning, stacklevel=stacklevel + 2)
+        return new
+    if mode not in DECODE_MODES:
+        raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
+    return mode
 
 
 def decode_step(lm, mode: str):
-    """The one-token step for `mode`: "eager" (Python positions; the modules, or on the CPU the fused step of
-    `cpu_decode` that they are the reference twin of), "static" (fixed shapes,
-    a tensor position), "compiled" (static under torch.compile) or "cuda-graphs" (static, compiled with
-    mode="reduce-overhead" so each step replays one CUDA graph). Compiled steps are kept on the model."""
-    if mode not in DECODE_MODES:
-        raise GenerationOptionError(f"decode mode {mode!r}: expected one of {DECODE_MODES}")
-    if mode == "eager":  # on the CPU, the fused step of vl/runtime/cpu/decode.py where it applies
-        fused = cpu_decode.step_fn(lm) if _on_cpu(lm) else None
+    """The one-token step for `mode`: "fused" (the fused C++ step of vl/runtime/cpu/decode.py on a CPU model it
+    covers, else the modules), "modules" (the modules with Python positions: the fused step's reference twin),
+    "static" (the modules with fixed shapes, a tensor position), "compiled" (static under torch.compile) or
+    "cuda-graphs" (static, compiled with mode="reduce-overhead" so each step replays one CUDA graph). Compiled
+    steps are kept on the model."""
+    mode = decode_mode(mode)
+    if mode in ("fused", "modules"):
+        fused = cpu_decode.step_fn(lm) if mode == "fused" and _on_cpu(lm) else None
         return fused or (lambda tok, cache, pos: lm(input_ids=tok, cache=cache).logits[:, -1])
 
     def step(tok, cache, pos):

@@ -21,7 +21,7 @@ from vl.processing.load import load_processor
 from vl.processing.progress import Work
 from vl.options import RequestOptions, canonical, spec
 from vl.runtime.batch import ChatRequest, Tokenized, run_batch
-from vl.runtime.generate import decode_step, generate_ids
+from vl.runtime.generate import decode_mode, decode_step, generate_ids
 from vl.runtime.placement import execution_device
 from vl.runtime.pretrained import load_pretrained
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
@@ -33,8 +33,8 @@ class Engine:
     def __init__(self, model, processor, *, stop_ids=(), vision_cache_size: int = 32,
                  prefill_chunk: int | None = None,
                  decode: str = "auto"):
-        """`decode`: how one-token steps run (vl/runtime/generate.py `decode_step`); "auto" = CUDA graphs on a
-        GPU, eager on the CPU (where compiling costs a minute per model and shape family)."""
+        """`decode`: how one-token steps run (vl/runtime/decode_step.py `decode_step`); "auto" = CUDA graphs on a
+        GPU, "fused" on the CPU (where compiling costs a minute per model and shape family)."""
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
         self.stop_ids = set(stop_ids) | processor.stop_token_ids()
@@ -42,13 +42,15 @@ class Engine:
         self._vision_cache = VisionCache(vision_cache_size)
         self._lock = threading.Lock()
         if decode == "auto":
-            decode = "cuda-graphs" if execution_device(model).type == "cuda" else "eager"
+            decode = "cuda-graphs" if execution_device(model).type == "cuda" else "fused"
+        decode = decode_mode(decode)  # "eager" warns and reads as "fused"
         decode_step(self.lm, decode)  # validates the name
         self.decode = decode
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device_map=None, video_pruning_rate=None, quant_mode=None,
                         decode: str = "auto", **processor_kwargs):
+        decode = decode if decode == "auto" else decode_mode(decode)  # "eager" warns here, at the caller's line
         video_pruning_rate = spec("video_pruning_rate").check(video_pruning_rate)  # the request option's range
         model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video

@@ -17,6 +17,7 @@ import torch
 from vl.errors import ContextLengthError, GenerationOptionError
 from vl.runtime.decode_batch import DecodeBatch
 from vl.runtime.decode_step import DECODE_MODES, decode_step, default_prefill_chunk  # noqa: F401 - re-exported
+from vl.runtime.decode_step import decode_mode
 from vl.runtime.sampling import SamplingParams
 
 
@@ -65,7 +66,7 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
                    params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
                    controllers: list | None = None, context_length: int | None = None, context_ids=None,
                    on_prefill_done: Callable[[], None] | None = None,
-                   decode: str = "eager", finished: list[bool] | None = None) -> Iterator[StepEvent]:
+                   decode: str = "fused", finished: list[bool] | None = None) -> Iterator[StepEvent]:
     """Prefill then decode; yields one `StepEvent` per generated position.
 
     `lm` is a Nemotron-H LM (or anything with its forward signature and `.config`). `controllers[i]`, when
@@ -75,6 +76,8 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
     given, is the caller's own per-row flag list: setting a row's flag between steps ends that row (a client that
     went away, a stop string, the row's own token limit); the loop returns once every row has finished.
     """
+    decode = decode_mode(decode, stacklevel=2)  # at the first next(), under no_grad's generator wrapper: the
+    # warning blames the caller's loop
     x = input_ids if inputs_embeds is None else inputs_embeds
     b, t = x.shape[0], x.shape[1]
     check_lengths(t, max_new_tokens, context_length or lm.config.max_position_embeddings)
@@ -107,9 +110,10 @@ def generate_steps(lm, *, input_ids=None, inputs_embeds=None, attention_mask=Non
             return
 
 
-def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), decode: str = "eager",
+def generate_ids(lm, input_ids, *, attention_mask=None, max_new_tokens: int = 32, stop_ids=(), decode: str = "fused",
                  **sampling):
     """Token level, no processor: -> new ids (b, n), rows that stopped early padded with their stop id."""
+    decode = decode_mode(decode)
     params = SamplingParams.from_kwargs(**sampling)
     rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     for ev in generate_steps(lm, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,

@@ -1,7 +1,8 @@
 """The fused CPU decode step (vl/runtime/cpu/decode.py, vl/kernels/csrc/decode_step.cpp) against its reference twin, the
 modules' own one-token forward: logits and every cache tensor after several steps, in fp32 and bf16, on odd
 shapes (vector tails everywhere), padded batches, and both builds (AVX512 where the CPU has it, the portable loops
-everywhere). Also: the eager decode mode picks it, and everything it does not cover falls back to the modules."""
+everywhere). Also: the decode mode "fused" (the default) picks it, and everything it does not cover falls back to the
+modules."""
 
 import copy
 
@@ -162,8 +163,8 @@ def test_fused_step_with_the_gemv_pass_and_the_180m_widths(lib):
     compare_steps(lm, lib, torch.randint(3, 1000, (1, 5)), steps=3, truth=truth)
 
 
-def assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch):
-    """`generate_ids` in the default eager mode runs every decode step through the fused step, and its greedy
+def assert_fused_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch):
+    """`generate_ids` in the default mode ("fused") runs every decode step through the fused step, and its greedy
     tokens equal those of the modules (VL_CPU_DECODE=off) on a padded batch."""
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (6, 10)])
     with cpu_decode.override("off"):
@@ -177,8 +178,8 @@ def assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch):
     assert torch.equal(got, want)
 
 
-def test_the_eager_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, monkeypatch):
-    assert_eager_uses_the_step_with_the_modules_tokens(model(odd_config(), torch.float32, seed=2), lib, monkeypatch)
+def test_the_fused_mode_uses_the_fused_step_and_gives_the_modules_tokens(lib, monkeypatch):
+    assert_fused_uses_the_step_with_the_modules_tokens(model(odd_config(), torch.float32, seed=2), lib, monkeypatch)
 
 
 def test_changed_weights_are_seen(lib):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_cpu_decode import (  # noqa: F401 -- `lib` is the fixture of both builds
-    assert_eager_uses_the_step_with_the_modules_tokens, compare_steps, lib, model)
+    assert_fused_uses_the_step_with_the_modules_tokens, compare_steps, lib, model)
 from vl.config import LMConfig
 from vl.kernels import gemv
 from vl.quant.export import exclude_patterns, quantizable_linear_names, quantize_state_dict
@@ -68,11 +68,11 @@ def test_fused_step_on_packed_weights_and_padded_batches(lib, algo):
     compare_steps(lm, lib, ids, mask, truth=truth)
 
 
-def test_the_eager_mode_decodes_packed_weights_with_the_modules_tokens(lib, monkeypatch):
+def test_the_fused_mode_decodes_packed_weights_with_the_modules_tokens(lib, monkeypatch):
     lm, _ = quantized("W4A16_NVFP4", torch.float32, seed=2)
     if gemv.kernel() is None:
         pytest.skip(f"the packed kernel does not build here: {gemv.status()}")
-    assert_eager_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch)
+    assert_fused_uses_the_step_with_the_modules_tokens(lm, lib, monkeypatch)
 
 
 def test_what_keeps_a_packed_model_on_the_modules(lib, monkeypatch):

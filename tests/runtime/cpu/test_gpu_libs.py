@@ -61,6 +61,6 @@ def test_a_fresh_cpu_process_gives_the_pages_back_and_torch_still_runs():
     assert res["ok"]  # torch's CPU ops unaffected
     assert res["freed"] is not None  # the kernel took the advice
     # The kernel reclaims only pages no other process maps, and this test's own process maps the same libraries,
-    # so how much goes is measured by running scripts/research/gpu_libs_rss.py alone (docs/quant_cpu_kernels.md, "GPU libraries in a CPU
-    # process"), not here.
+    # so how much goes is measured by running scripts/research/gpu_libs_rss.py alone (docs/quant_cpu_kernels.md, "GPU
+    # libraries in a CPU process"), not here.
     assert res["after"] <= res["before"] + 1024, res

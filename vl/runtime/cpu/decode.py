@@ -1,7 +1,7 @@
 """The fused CPU decode step: one C++ call per generated token for bf16 / fp32 Nemotron-H models, with dense weights
 or weight-only FP8 / NVFP4 ones (read packed, as the checkpoint stores them).
 
-An eager decode step through the modules runs ~20 small torch ops per layer (norms, the Mamba-2 conv window
+A decode step through the modules runs ~20 small torch ops per layer (norms, the Mamba-2 conv window
 and state update, gating, attention over the cache, residual adds), and on a small model their dispatch and
 allocations cost as much as reading the weights (docs/cpu_decode.md has the profile). The C++ step
 (vl/kernels/decode_step.py over `csrc/decode_step.cpp`) does the same operations in one pass over the layers, with
@@ -64,7 +64,7 @@ def library() -> fused.Library | None:
 
 
 def status() -> str:
-    """One line for logs and `vl bench`: which path eager decode uses here."""
+    """One line for logs and `vl bench`: which path decode mode "fused" takes here."""
     lib, why = _load(_mode())
     return f"fused {lib.isa} step ({lib.path.name})" if lib is not None else f"modules ({why})"
 
@@ -277,8 +277,8 @@ def prepare(lm) -> bool:
 
 
 def step_fn(lm):
-    """The fused eager step for `lm` -- `(tok (b, 1), cache, pos) -> logits (b, vocab)` -- or None where it does
-    not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and tensors off
+    """The fused step for `lm` (decode mode "fused") -- `(tok (b, 1), cache, pos) -> logits (b, vocab)` -- or None
+    where it does not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and tensors off
     the CPU fall back per call."""
     lib, why = _load(_mode())
     reason = why if lib is None else unsupported(lm)
