@@ -118,7 +118,7 @@ def stream_chat(engine: Engine, messages, options: GenOptions, *, timeout_s: flo
     finally:
         if it is not None:
             it.close()
-        trim_heap()  # the request's buffers are free now; give their pages back (vl/runtime/heap.py says why)
+        trim_heap()  # the request's buffers are free now; give their pages back (vl/runtime/cpu/heap.py says why)
 
 
 def gradio_progress(progress):

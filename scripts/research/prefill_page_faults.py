@@ -1,6 +1,6 @@
 """Page faults and time of a 2048-token prefill of the 180m config, as `vl bench` builds it (our model and
-transformers' twin in one process), with glibc's defaults or with `vl.runtime.heap.keep_freed_memory` (the default
-after a load; docs/benchmarks.md, "Prefill temporaries").
+transformers' twin in one process), with glibc's defaults or with `vl.runtime.cpu.heap.keep_freed_memory` (the
+default after a load; docs/benchmarks.md, "Prefill temporaries").
 
     PYTHONPATH=. .venv/bin/python scripts/research/prefill_page_faults.py [--dtype bf16|fp32] [--runs 3]
     VL_HEAP_KEEP=0 PYTHONPATH=. .venv/bin/python scripts/research/prefill_page_faults.py   # glibc's defaults

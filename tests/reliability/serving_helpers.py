@@ -29,7 +29,7 @@ def start_app(model: Path, work: Path, *flags: str) -> SimpleNamespace:
     """`vl app` on a free port, cwd `work` (so that dotfiles there are "in the CWD"), uploads under work/uploads."""
     port = free_port()
     # VL_CPU_DECODE=off: these rows size their waits and limits for decoding through the modules (~1200 tok/s on
-    # the tiny models); the fused CPU step (docs/cpu_decode.md, twin-tested in tests/runtime/test_cpu_decode.py)
+    # the tiny models); the fused CPU step (docs/cpu_decode.md, twin-tested in tests/runtime/cpu/test_cpu_decode.py)
     # decodes them ~3x faster, so a burst's requests would finish before the queue fills
     env = {**os.environ, "GRADIO_TEMP_DIR": str(work / "uploads"), "GRADIO_ANALYTICS_ENABLED": "False",
            "VL_CPU_DECODE": "off"}

@@ -7,7 +7,7 @@ prefill shapes (2048 x 1024 @ 1024 x 3072 and the like), where oneDNN, the libra
 
 Batch invariance: a row's result must not depend on the other rows of the call (tiles encoded together equal
 tiles encoded alone; batched prefill equals single runs). oneDNN's fp32 GEMM gives a row the same bits for every
-row count from 2 up (measured over 2-300 rows on five layer shapes, tests/test_cpu_gemm.py), but a one-row call
+row count from 2 up (measured over 2-300 rows on five layer shapes, tests/kernels/test_cpu_gemm.py), but a one-row call
 takes a GEMV path with other sums, as does switching library at some row count. So every fp32 product goes
 through oneDNN once it is chosen, and a one-row product is computed as two copies of the row.
 

@@ -4,7 +4,7 @@
 The reference scan spends most of its time around the arithmetic: two small batched products per 32-token chunk
 in a sequential loop, float32 copies of x, B and C in two layouts, full-size decay tensors. The C++ scan does the
 same operations chunk by chunk with each group's state in cache, split over (batch row, group) across the OpenMP
-threads torch uses. Numbers: the same as the reference up to the order of float32 additions (tests/modeling/
+threads torch uses. Numbers: the same as the reference up to the order of float32 additions (tests/kernels/
 test_ssd_cpu.py); speed: docs/benchmarks.md, "SSD scan in C++".
 
 It runs where `vl.modeling.kernels.ssd_scan` sends it: CPU tensors in bfloat16 or float32 with no autograd graph

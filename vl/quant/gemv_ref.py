@@ -1,6 +1,6 @@
 """The pure-torch twins of the FP8 / NVFP4 GEMV kernels of vl/kernels/gemv.py (csrc/quant_gemv.cpp): dequantize
 to float32 (rounded to bf16 as the bf16 reference's weight is), then one float32 product. The tests' oracle
-(tests/quant/test_cpu_gemv.py); what the kernel computes up to the order of the float32 additions."""
+(tests/kernels/test_cpu_gemv.py); what the kernel computes up to the order of the float32 additions."""
 
 from __future__ import annotations
 

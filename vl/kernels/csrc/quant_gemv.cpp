@@ -2,7 +2,7 @@
 // the dense decode GEMV pass (vl/runtime/cpu/matmul.py) call one layer at a time, through vl/kernels/gemv.py.
 //
 // Twins: vl/quant/gemv_ref.py (fp8_gemv_ref, nvfp4_gemv_ref: dequantize, then a float32 product) and F.linear for
-// the dense products; tests/quant/test_cpu_gemv.py compares them. See docs/quant_cpu_kernels.md.
+// the dense products; tests/kernels/test_cpu_gemv.py compares them. See docs/quant_cpu_kernels.md.
 #include "row_kernels.h"
 
 extern "C" {

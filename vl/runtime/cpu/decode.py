@@ -6,7 +6,7 @@ and state update, gating, attention over the cache, residual adds), and on a sma
 allocations cost as much as reading the weights (docs/cpu_decode.md has the profile). The C++ step
 (vl/kernels/decode_step.py over `csrc/decode_step.cpp`) does the same operations in one pass over the layers, with
 the plain-math modules as its reference twin: same roundings to the model dtype, float32 accumulation, only the
-order of float32 additions differs. Tests compare the two (tests/runtime/test_cpu_decode.py). This file is the
+order of float32 additions differs. Tests compare the two (tests/runtime/cpu/test_cpu_decode.py). This file is the
 runtime pass: which models the step covers, the plan of pointers it reads, the step function decode uses.
 
 One API, the fast or the reference path at run time (nanochat `flash_attention.py`): `step_fn(lm)` returns the
@@ -278,8 +278,8 @@ def prepare(lm) -> bool:
 
 def step_fn(lm):
     """The fused step for `lm` (decode mode "fused") -- `(tok (b, 1), cache, pos) -> logits (b, vocab)` -- or None
-    where it does not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and tensors off
-    the CPU fall back per call."""
+    where it does not apply (then the modules run; the reason is logged once). Rows beyond MAX_ROWS, grad mode and
+    tensors off the CPU fall back per call."""
     lib, why = _load(_mode())
     reason = why if lib is None else unsupported(lm)
     if reason is not None:
