@@ -28,7 +28,7 @@ def load_processor(path, **kwargs):
     return _load(path, **kwargs)
 
 
-# Modules that moved (issue 53's one folder per layer): the old name answers for one release. Importing it costs
+# Modules that moved (one folder per layer): the old name answers for one release. Importing it costs
 # nothing; its first use imports the new home and warns. A string, not an import: the layer test sees the callers'
 # imports of the new names, and nothing of the library below the CLI depends on these.
 MOVED = {
