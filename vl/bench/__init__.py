@@ -5,7 +5,8 @@
 - quant.py: the FP8 / NVFP4 table (`vl bench --quant`; `python -m vl.bench.quant`);
 - geometry.py: a released-width random checkpoint streamed to disk, loaded and timed (`vl bench --geometry`);
 - llama_cpp.py: llama.cpp as a peer (converter shim, llama-bench runner);
-- timing.py: what they measure with (peak memory, the CPU's ISA, our prefill and per-token decode).
+- timing.py: what they measure with (peak memory, the CPU's ISA, our prefill and per-token decode);
+- evs_flops.py: the FLOPs and tokens EVS saves per video (`python -m vl.bench.evs_flops`).
 
 Times are taken only here, never in tests (docs/benchmarks.md).
 """
@@ -14,7 +15,7 @@ import importlib
 import sys
 import warnings
 
-_SUBMODULES = ("run", "quant", "geometry", "llama_cpp", "timing")
+_SUBMODULES = ("run", "quant", "geometry", "llama_cpp", "timing", "evs_flops")
 
 
 def __getattr__(name):
