@@ -86,8 +86,8 @@ ROWS = [
         _t(T_IMG, "test_i7_orientation_6_and_8_swap_and_move_the_corner", "test_orientation_size_used_for_tiling")),
     Row("I8", "RGBA, LA, P+transparency, CMYK, I;16, 1-bit, 16-bit PNG", "RGB of expected size; golden pixels",
         _t(T_IMG, "test_i8_modes_to_rgb_golden_pixels", "test_i8_cmyk_cyan")),
-    Row("I9", "5,000-frame GIF/WebP; MPO with a huge 2nd frame", "frame 0 only; time bounded; no seek to frame 2",
-        _t(T_IMG, "test_i9_many_frame_animation_uses_frame_0_quickly", "test_i9_mpo_huge_second_frame_never_sought")),
+    Row("I9", "5,000-frame GIF/WebP; MPO with a huge 2nd frame", "frame 0 only (seeks counted); no seek to frame 2",
+        _t(T_IMG, "test_i9_many_frame_animation_reads_frame_0_only", "test_i9_mpo_huge_second_frame_never_sought")),
     Row("I10", "limit+1 images (or documents, videos) in one request", "'at most N' error; nothing decoded",
         _t(T_IMG, "test_i10_too_many_images_refused_before_decode")
         + _t(R_ISO, "test_i10_one_item_over_a_cap_is_refused_before_anything_is_decoded")
@@ -167,12 +167,13 @@ ROWS = [
         _t(R_CK, "test_c2_every_torch_load_is_weights_only_and_pickle_is_confined",
            "test_c2_weights_only_load_refuses_a_disallowed_global"),
         "no torch.load exists in the product; pickle is read only from our own child processes (SECURITY.md)"),
-    Row("C3", "header > file; 150 MB header; overlap; gap; shape x dtype != span", "clean error per case; no OOM; < 1 s",
+    Row("C3", "header > file; 150 MB header; overlap; gap; shape x dtype != span", "clean error per case; no OOM; "
+        "< 20 MB allocated",
         _t(T_LM, "test_malformed_headers_fail_fast", "test_truncated_safetensors")
-        + _t(R_CK, "test_c3_malformed_header_fails_in_under_a_second_without_allocating")),
+        + _t(R_CK, "test_c3_malformed_header_fails_without_allocating")),
     Row("C3b", "duplicate tensor name in a header", "rejected by our pre-check",
         (f"{T_LM}::test_malformed_headers_fail_fast[duplicate]",
-         f"{R_CK}::test_c3_malformed_header_fails_in_under_a_second_without_allocating[duplicate]")),
+         f"{R_CK}::test_c3_malformed_header_fails_without_allocating[duplicate]")),
     Row("C4", "one projector tensor missing", "load fails naming the key",
         _t(T_LM, "test_missing_tensor_is_named", "test_missing_expert_is_refused")
         + _t(T_VLM, "test_missing_projector_tensor_is_refused")),
@@ -250,8 +251,8 @@ ROWS = [
     Row("S2", "queue(max_size=4), concurrency 1, burst of 50", "1 running + <= 4 waiting; rest 503 at once; in order",
         _t(R_SRV, "test_s2_burst_of_50_sheds_at_once_and_the_queued_ones_finish_in_order")
         + _t(T_UIL, "test_eight_concurrent_clients_complete_or_are_refused")),
-    Row("S3", "client disconnects mid-generation", "work aborted within 2 s; slot freed",
-        _t(R_INP, "test_s3_client_disconnect_aborts_generation_within_2s_and_frees_the_slot")
+    Row("S3", "client disconnects mid-generation", "work aborted before the answer's end; slot freed",
+        _t(R_INP, "test_s3_client_disconnect_aborts_generation_and_frees_the_slot")
         + _t(T_UIA, "test_stop_really_stops_generation")),
     Row("S4", "handler made slow", "our time limit fires -> clear message; worker recycled",
         _t(R_INP, "test_s4_slow_generation_is_cut_at_the_request_time_limit",

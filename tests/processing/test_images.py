@@ -302,7 +302,7 @@ def _gif_with_frames(n: int) -> bytes:
 
 
 @pytest.mark.parametrize("fmt", ["GIF", "WEBP"])
-def test_i9_many_frame_animation_uses_frame_0_quickly(fmt, monkeypatch):
+def test_i9_many_frame_animation_reads_frame_0_only(fmt, monkeypatch):
     """Quickly = no frame after the first is reached: the plugin's frame walk (`_seek`, behind `seek`, `n_frames`
     on GIF, `ImageSequence`) is counted, not timed."""
     from PIL import GifImagePlugin, WebPImagePlugin

@@ -118,7 +118,7 @@ def _write_raw(path: Path, header: bytes, data: bytes, claimed: int | None = Non
 
 @pytest.mark.parametrize("case", ["claims_150MB_header", "header_past_eof", "overlap", "gap", "span_mismatch",
                                   "huge_shape", "duplicate"])
-def test_c3_malformed_header_fails_in_under_a_second_without_allocating(tmp_path, case):
+def test_c3_malformed_header_fails_without_allocating(tmp_path, case):
     f = tmp_path / "model.safetensors"
     a = b'{"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}'
     if case == "claims_150MB_header":

@@ -95,7 +95,7 @@ def steps(apps):
 
 
 # --- S3: the client goes away mid-generation ------------------------------------------------------------------
-def test_s3_client_disconnect_aborts_generation_within_2s_and_frees_the_slot(apps, steps, tmp_path, monkeypatch):
+def test_s3_client_disconnect_aborts_generation_and_frees_the_slot(apps, steps, tmp_path, monkeypatch):
     """The client's process is killed mid-answer: the engine's stream for it is closed before the answer's end
     (events, not a clock: the generation would otherwise run past 600 tokens), and the next request is served."""
     ended, outcome = threading.Event(), {}
