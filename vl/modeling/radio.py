@@ -12,6 +12,13 @@ transformers' `RadioModel`.
 Parameter names equal the checkpoint keys under `vision_model.radio_model.model.` (docs/format.md §3.1), so a
 loader strips that prefix and loads strictly. K is `patch_generator.cls_token.token.shape[0]` of the
 checkpoint; the caller reads it and passes `num_prefix_tokens`.
+
+Nemotron 3 Nano Omni's tower adds two things (transformers `RadioPatchEmbeddings.embed_video`, docs/format.md
+§3.7): a second, bias-free patch embedding `patch_generator.video_embedder` for tubelets, T consecutive frames
+stacked on the channel axis (T*3 channels, each patch flattened (t, c, row, col)), chosen by the channel count;
+and native-resolution images arriving as already-flattened patches with their grid (`forward_patches`).
+transformers' RADIO also carries LayerScale (`layer_scale{1,2}.lambda1`, 1.0 in C-RADIO); `layer_scale=True`
+builds timm's `LayerScale` (`ls1.gamma`, `ls2.gamma`) for checkpoints that store it.
 """
 
 from __future__ import annotations
@@ -131,28 +138,43 @@ class ClsToken(nn.Module):
 
 
 class PatchGenerator(nn.Module):
-    """Patch embedding + CPE + prefix tokens (RADIO `ViTPatchGenerator`, eval path)."""
+    """Patch embedding + CPE + prefix tokens (RADIO `ViTPatchGenerator`, eval path).
 
-    def __init__(self, dim: int, patch_size: int, cpe_max_size: int, num_prefix_tokens: int, in_chans: int = 3):
+    With `video_temporal_patch_size` T, a second embedding (`video_embedder`) takes tubelets of T frames stacked
+    on the channel axis; the channel count of the input picks the embedding, as transformers' RADIO does.
+    """
+
+    def __init__(self, dim: int, patch_size: int, cpe_max_size: int, num_prefix_tokens: int, in_chans: int = 3,
+                 video_temporal_patch_size: int | None = None):
         super().__init__()
         if patch_size < 1 or cpe_max_size % patch_size:
             raise ConfigError(
                 f"cpe_max_size must be a multiple of patch_size; found {cpe_max_size} and {patch_size}"
             )
+        if video_temporal_patch_size is not None and video_temporal_patch_size < 2:
+            raise ConfigError(f"video_temporal_patch_size: expected None or at least 2 frames per tubelet, found "
+                              f"{video_temporal_patch_size} (tubelets are told from images by their channel count)")
         self.patch_size = patch_size
         self.in_chans = in_chans
+        self.video_chans = None if video_temporal_patch_size is None else video_temporal_patch_size * in_chans
         self.max_grid = cpe_max_size // patch_size
         self.embedder = nn.Linear(in_chans * patch_size * patch_size, dim, bias=False)
+        if self.video_chans is not None:
+            self.video_embedder = nn.Linear(self.video_chans * patch_size * patch_size, dim, bias=False)
         self.pos_embed = nn.Parameter(torch.empty(1, self.max_grid * self.max_grid, dim))
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.cls_token = ClsToken(num_prefix_tokens, dim)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        b, _, height, width = pixels.shape
-        grid = (height // self.patch_size, width // self.patch_size)
-        x = self.embedder(image_to_patches(pixels, self.patch_size))  # (B, h*w, D)
+        """(B, C, H, W) images (C = in_chans) or tubelets (C = T * in_chans) -> (B, K + h*w, D)."""
+        embedder = self.video_embedder if pixels.shape[1] == self.video_chans else self.embedder
+        grid = (pixels.shape[-2] // self.patch_size, pixels.shape[-1] // self.patch_size)
+        return self.embed(embedder(image_to_patches(pixels, self.patch_size)), grid)  # (B, K + h*w, D)
+
+    def embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Embedded patches (B, h*w, D) of an h x w grid -> CPE added, the K prefix rows in front (B, K + h*w, D)."""
         x = x + cropped_pos_embed(self.pos_embed, grid).to(x.dtype)  # position BEFORE the prefix
-        prefix = self.cls_token.token.to(x.dtype).unsqueeze(0).expand(b, -1, -1)  # (B, K, D)
+        prefix = self.cls_token.token.to(x.dtype).unsqueeze(0).expand(x.shape[0], -1, -1)  # (B, K, D)
         return torch.cat([prefix, x], dim=1)  # (B, K + h*w, D)
 
 
@@ -181,6 +203,8 @@ class RadioEncoder(nn.Module):
         patch_size: int = 16,
         cpe_max_size: int = 2048,
         num_prefix_tokens: int = 8,
+        video_temporal_patch_size: int | None = None,
+        layer_scale: bool = False,
     ):
         super().__init__()
         if dim % heads:
@@ -190,10 +214,12 @@ class RadioEncoder(nn.Module):
         self.embed_dim = dim
         self.patch_size = patch_size
         self.num_prefix_tokens = num_prefix_tokens
-        self.patch_generator = PatchGenerator(dim, patch_size, cpe_max_size, num_prefix_tokens)
+        self.patch_generator = PatchGenerator(dim, patch_size, cpe_max_size, num_prefix_tokens,
+                                              video_temporal_patch_size=video_temporal_patch_size)
         norm = partial(nn.LayerNorm, eps=LAYER_NORM_EPS)
         self.blocks = nn.ModuleList(
-            Block(dim, heads, qkv_bias=True, norm_layer=norm, act_layer=nn.GELU, mlp_layer=_fixed_width_mlp(mlp_dim))
+            Block(dim, heads, qkv_bias=True, norm_layer=norm, act_layer=nn.GELU, mlp_layer=_fixed_width_mlp(mlp_dim),
+                  init_values=1.0 if layer_scale else None)
             for _ in range(depth)
         )
         for block in self.blocks:
@@ -209,19 +235,36 @@ class RadioEncoder(nn.Module):
         return height // self.patch_size, width // self.patch_size
 
     def forward_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) tiles, or tubelets of T frames (C = T*3) when the tower has a video embedder -> (B, N, D)."""
         self._check_pixels(pixels)
-        x = self.patch_generator(pixels.to(self.patch_generator.embedder.weight.dtype))  # (B, K+N, D)
+        return self._blocks(self.patch_generator(pixels.to(self.patch_generator.embedder.weight.dtype)))
+
+    forward = forward_features
+
+    def forward_patches(self, patches: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
+        """One image as flattened patches (h*w, 3*p*p), each in (channel, row, col) order, row-major over its
+        h x w grid (transformers' Omni image processor output) -> (h*w, D). Same maths as `forward_features`
+        on the image the patches came from."""
+        h, w = grid_hw
+        want = self.patch_generator.in_chans * self.patch_size**2
+        if patches.ndim != 2 or patches.shape != (h * w, want):
+            raise TileShapeError(f"vision tower input: expected ({h * w}, {want}) patches for a {h}x{w} grid, found "
+                                 f"shape {tuple(patches.shape)}")
+        x = self.patch_generator.embedder(patches.to(self.patch_generator.embedder.weight.dtype))  # (h*w, D)
+        return self._blocks(self.patch_generator.embed(x[None], (h, w)))[0]  # (h*w, D)
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             x = block(x)  # (B, K+N, D)
         return x[:, self.num_prefix_tokens :]  # (B, N, D): no final norm, all prefix rows dropped
 
-    forward = forward_features
-
     def _check_pixels(self, pixels: torch.Tensor) -> None:
         in_chans, p = self.patch_generator.in_chans, self.patch_size
-        if pixels.ndim != 4 or pixels.shape[1] != in_chans:
+        video = self.patch_generator.video_chans
+        if pixels.ndim != 4 or pixels.shape[1] not in (in_chans, video):
+            also = "" if video is None else f" or (B, {video}, H, W) tubelets"
             raise TileShapeError(
-                f"vision tower input: expected (B, {in_chans}, H, W) tiles, found shape {tuple(pixels.shape)}"
+                f"vision tower input: expected (B, {in_chans}, H, W) tiles{also}, found shape {tuple(pixels.shape)}"
             )
         height, width = pixels.shape[-2:]
         if height < p or width < p or height % p or width % p:
