@@ -61,11 +61,25 @@ class MediaTokens:
     img_end: str = "</img>"
     img_context: str = "<image>"
     video_context: str = "<video>"
+    # Nemotron 3 Nano Omni's audio run `<so_start>` + `<so_embedding>` x n + `<so_end>` (OMNI_TOKENS); None: audio
+    # parts are refused, as for Nano V2 VL, which has no audio
+    audio_start: str | None = None
+    audio_context: str | None = None
+    audio_end: str | None = None
 
     def __post_init__(self):
         values = [self.img_start, self.img_end, self.img_context, self.video_context]
         if not all(isinstance(v, str) and v for v in values) or len(set(values)) != 4:
             raise ConfigError(f"media tokens must be 4 distinct non-empty strings, found {values}; fix config.json")
+        audio = [self.audio_start, self.audio_context, self.audio_end]
+        if audio != [None] * 3 and (not all(isinstance(v, str) and v for v in audio)
+                                    or len(set(values + audio)) != 7):
+            raise ConfigError(f"audio tokens must be 3 non-empty strings distinct from each other and from the image "
+                              f"tokens {values}, or all None; found {audio}")
+
+    @property
+    def has_audio(self) -> bool:
+        return self.audio_context is not None
 
     @classmethod
     def from_config(cls, config: Mapping | Any) -> MediaTokens:
@@ -77,12 +91,13 @@ class MediaTokens:
 
 
 DEFAULT_TOKENS = MediaTokens()
+OMNI_TOKENS = MediaTokens(audio_start="<so_start>", audio_context="<so_embedding>", audio_end="<so_end>")
 
 
 @dataclass(frozen=True)
 class MediaItem:
     """One image or video in prompt order. `source` is whatever the caller gave (PIL image, path, ...)."""
-    kind: str  # "image" | "video"
+    kind: str  # "image" | "video" | "audio"
     source: Any
     options: Mapping = field(default_factory=dict)  # the part's own options by canonical name, checked (PART_OPTIONS)
     document: Any = None  # for PDF pages: the PDF they came from
@@ -110,7 +125,7 @@ class _Turn:
 # value for that item only. Each key is an option name or alias of vl/options.py and is checked by that option's
 # one range; any other key is refused by name, as an unknown request option is. A PDF part takes none (its pages
 # follow the request's pages, max_pages and max_num_tiles).
-PART_OPTIONS = {"image": ("max_num_tiles",), "video": ("fps", "max_frames"), "pdf": ()}
+PART_OPTIONS = {"image": ("max_num_tiles",), "video": ("fps", "max_frames"), "pdf": (), "audio": ()}
 
 
 def _part_options(item: Mapping, kind: str, at: str) -> dict:
@@ -142,18 +157,19 @@ def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list
         if not isinstance(item, Mapping):
             raise PromptFormatError(f"{at}: expected a {{'type': ...}} dict, found {type(item).__name__}")
         kind = item.get("type")
-        is_media = kind in ("image", "video", "pdf")
+        is_media = kind in ("image", "video", "pdf") or (kind == "audio" and tokens.has_audio)
         source = next((item[k] for k in (kind, "path", "url") if item.get(k) is not None), None) if is_media else None
         if is_media and source is None:
             raise PromptFormatError(f"{at}: a {kind} item needs its data under '{kind}', 'path' or 'url'")
         if kind == "text":
             if not isinstance(text := item.get("text"), str):
                 raise PromptFormatError(f"{at}: 'text' must be a string, found {type(text).__name__}")
-            if bad := [p for p in (tokens.img_context, tokens.video_context) if p in text]:
+            if bad := [p for p in (tokens.img_context, tokens.video_context, tokens.audio_context) if p and p in text]:
+                kinds = "'image'|'video'|'audio'" if tokens.has_audio else "'image'|'video'"
                 raise PromptFormatError(f"{at}: the text contains the placeholder {bad[0]!r}; pass media as "
-                                        "{'type': 'image'|'video', ...} items instead")
+                                        f"{{'type': {kinds}, ...}} items instead")
             parts.append(("text", text))
-        elif kind in ("image", "video"):
+        elif kind in ("image", "video") or (kind == "audio" and is_media):
             parts.append((kind, MediaItem(kind, source, _part_options(item, kind, at))))
         elif kind == "pdf":
             _part_options(item, kind, at)
@@ -161,7 +177,8 @@ def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list
                 raise PromptFormatError(f"{at}: PDF items need a page loader; pass pdf_pages=callable(path) -> images")
             parts += [("image", MediaItem("image", img, {}, source, n)) for n, img in enumerate(pdf_pages(source))]
         else:
-            raise PromptFormatError(f"{at}: expected type text, image, video or pdf, found {kind!r}")
+            kinds = "text, image, video, audio or pdf" if tokens.has_audio else "text, image, video or pdf"
+            raise PromptFormatError(f"{at}: expected type {kinds}, found {kind!r}")
     return parts
 
 
@@ -178,7 +195,8 @@ def normalize_messages(messages: Sequence[Mapping], *, pdf_pages: Callable | Non
         if role == "system" and i != 0:
             raise PromptFormatError(f"message {i}: a system message must come first; merge it into message 0")
         parts = _parts(message, f"message {i} ({role})", pdf_pages, tokens)
-        placeholders = {"text": None, "image": tokens.img_context, "video": tokens.video_context}
+        placeholders = {"text": None, "image": tokens.img_context, "video": tokens.video_context,
+                        "audio": tokens.audio_context}
         media = tuple(p for k, p in parts if k != "text")
         turns.append(_Turn(role, PART_SEPARATOR.join(placeholders[k] or p for k, p in parts), tuple(parts), media))
         if media and role != "user":
@@ -284,7 +302,7 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
     mode = resolve_thinking(turns, thinking, DEFAULT_THINKING)
     lists = any(t.media for t in turns) and template_takes_lists(tokenizer, tokens)
-    placeholder = {"image": tokens.img_context, "video": tokens.video_context}
+    placeholder = {"image": tokens.img_context, "video": tokens.video_context, "audio": tokens.audio_context}
     plain = [] if turns[0].role == "system" else [{"role": "system", "content": ""}]
     for turn in turns:
         parts = [{"type": k, "text": p if turn.role == "assistant" else _drop_toggles(p)} if k == "text"
@@ -300,11 +318,14 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
         plain, prefill = plain[:-1], False
     text = tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=prefill,
                                          add_generation_prompt=add_generation_prompt and not prefill)
-    found = ["image" if p == tokens.img_context else "video" for p in _placeholder_re(tokens).findall(text)]
-    queues = {k: [m for t in turns for m in t.media if m.kind == k] for k in ("image", "video")}
+    kind_of = {v: k for k, v in placeholder.items() if v is not None}
+    found = [kind_of[p] for p in _placeholder_re(tokens).findall(text)]
+    queues = {k: [m for t in turns for m in t.media if m.kind == k] for k in ("image", "video", "audio")}
     if any(found.count(k) != len(q) for k, q in queues.items()):
+        audio = f" and {len(queues['audio'])} audio clips" if tokens.has_audio else ""
         raise ConfigError(f"the tokenizer's chat_template wrote placeholders {found} for {len(queues['image'])} "
-                          f"images and {len(queues['video'])} videos; fix that template or remove it to use ours")
+                          f"images{',' if audio else ''} {len(queues['video'])} videos{audio}; fix that template "
+                          "or remove it to use ours")
     return RenderedPrompt(text, tuple(queues[k].pop(0) for k in found), mode,
                           add_generation_prompt and opens_think(text))
 
@@ -336,7 +357,8 @@ def _drop_toggles(text: str) -> str:  # to a fixed point: one pass can form a ne
 
 
 def _placeholder_re(tokens: MediaTokens) -> re.Pattern:
-    return re.compile(f"{re.escape(tokens.img_context)}|{re.escape(tokens.video_context)}")
+    audio = f"|{re.escape(tokens.audio_context)}" if tokens.has_audio else ""
+    return re.compile(f"{re.escape(tokens.img_context)}|{re.escape(tokens.video_context)}{audio}")
 
 
 # The jinja twin of render_messages, shipped as `chat_template` with our tokenizers; a test renders both
@@ -411,19 +433,57 @@ def video_placeholder(frame_tokens: Sequence[int], timestamps: Sequence[float] |
                                                for head, n in zip(heads, frame_tokens))
 
 
-def expand_placeholders(text: str, replacements: Sequence[str], tokens: MediaTokens = DEFAULT_TOKENS) -> str:
-    """Replaces each `<image>` / `<video>` placeholder, in order, by its `image_placeholder` /
-    `video_placeholder` run. Each run is checked against its placeholder kind."""
+def tubelet_video_placeholder(num_frames: int, tokens_per_tubelet: int, temporal_patch_size: int,
+                              timestamps: Sequence[float] | None = None, tokens: MediaTokens = DEFAULT_TOKENS) -> str:
+    """Nemotron 3 Nano Omni's video run (transformers' `nemotron_h_omni` processor; no "This is a video:" line):
+    one `<img>...</img>` per tubelet of `temporal_patch_size` frames, headed by the real frames it packs joined by
+    " and " ("Frame 1 sampled at 0.00 seconds and frame 2 sampled at 0.50 seconds: "), tubelets joined by "\n"."""
+    if not all(isinstance(n, int) and n >= 1 for n in (num_frames, tokens_per_tubelet, temporal_patch_size)):
+        raise PlaceholderMismatchError(f"expected num_frames, tokens_per_tubelet, temporal_patch_size >= 1, found "
+                                       f"{num_frames}, {tokens_per_tubelet}, {temporal_patch_size}")
+    if timestamps is not None and len(timestamps) != num_frames:
+        raise PlaceholderMismatchError(f"expected one timestamp per frame ({num_frames}), found {len(timestamps)}")
+    run = tokens.img_start + tokens.img_context * tokens_per_tubelet + tokens.img_end
+    heads = []
+    for first in range(0, num_frames, temporal_patch_size):
+        names = [("Frame" if i == first else "frame") + f" {i + 1}"
+                 + ("" if timestamps is None else f" sampled at {timestamps[i]:.2f} seconds")
+                 for i in range(first, min(first + temporal_patch_size, num_frames))]
+        heads.append(" and ".join(names) + ": ")
+    return FRAME_SEPARATOR.join(head + run for head in heads)
+
+
+TUBELET_VIDEO_PREFIX = "Frame 1"  # how every `tubelet_video_placeholder` run starts
+
+
+def audio_placeholder(num_tokens: int, tokens: MediaTokens = OMNI_TOKENS) -> str:
+    """`<so_start>` + `<so_embedding>` x num_tokens + `<so_end>`: one clip's run, one placeholder per embedding the
+    audio encoder emits for it."""
+    if not tokens.has_audio:
+        raise PlaceholderMismatchError("these media tokens have no audio tokens; audio needs an Omni checkpoint")
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise PlaceholderMismatchError(f"expected num_tokens >= 1, found {num_tokens!r}")
+    return tokens.audio_start + tokens.audio_context * num_tokens + tokens.audio_end
+
+
+def expand_placeholders(text: str, replacements: Sequence[str], tokens: MediaTokens = DEFAULT_TOKENS, *,
+                        video_prefix: str = VIDEO_PREFIX) -> str:
+    """Replaces each `<image>` / `<video>` (/ `<so_embedding>` with audio tokens) placeholder, in order, by its
+    `image_placeholder` / `video_placeholder` (Omni: `tubelet_video_placeholder`, `video_prefix=TUBELET_VIDEO_PREFIX`)
+    / `audio_placeholder` run. Each run is checked against its placeholder kind."""
     pieces, found = _placeholder_re(tokens).split(text), _placeholder_re(tokens).findall(text)
     if len(found) != len(replacements):
         raise PlaceholderMismatchError(f"the prompt has {len(found)} media placeholders but {len(replacements)} "
                                        "replacements were given; render and expand the same media list")
     out = [pieces[0]]
     for k, (placeholder, run) in enumerate(zip(found, replacements)):
-        expected = VIDEO_PREFIX if placeholder == tokens.video_context else tokens.img_start
-        if not isinstance(run, str) or not run.startswith(expected) or not run.endswith(tokens.img_end):
+        expected = video_prefix if placeholder == tokens.video_context else tokens.img_start
+        end = tokens.img_end
+        if tokens.has_audio and placeholder == tokens.audio_context:
+            expected, end = tokens.audio_start, tokens.audio_end
+        if not isinstance(run, str) or not run.startswith(expected) or not run.endswith(end):
             raise PlaceholderMismatchError(f"placeholder {k} is {placeholder!r}, so its replacement must start with "
-                                           f"{expected!r} and end with {tokens.img_end!r}; found {str(run)[:40]!r}")
+                                           f"{expected!r} and end with {end!r}; found {str(run)[:40]!r}")
         out += [run, pieces[k + 1]]
     return "".join(out)
 

@@ -215,8 +215,10 @@ def _check_frame_size(width: int, height: int, limits: MediaLimits) -> None:
         )
 
 
-def _to_tile(image: Image.Image, tile_size: int) -> np.ndarray:
+def _to_tile(image: Image.Image, tile_size) -> np.ndarray:
     image = image if image.mode == "RGB" else image.convert("RGB")
+    if callable(tile_size):  # the caller's own per-frame resize (omni_video.py: aspect-kept, normalised float)
+        return tile_size(image)
     return np.asarray(image.resize((tile_size, tile_size), RESAMPLE))  # squash: aspect ratio not kept
 
 
@@ -512,7 +514,7 @@ def load_video(
     *,
     norm_mean,
     norm_std,
-    tile_size: int = 512,
+    tile_size=512,  # int: square uint8 tiles, normalised here; or a picklable callable RGB frame -> final array
     target_fps: float = 2.0,
     max_frames: int = 128,
     backend: str = "decord",
@@ -526,6 +528,8 @@ def load_video(
     `limits.worker_memory_mb`; normalization stays in this process. The same `video_timeout_s` deadline holds
     in-process (`DecodeTimeoutError`), and running out of memory there is `DecoderResourceError`.
     """
+    import torch
+
     if not target_fps > 0 or max_frames < 1:
         raise ValueError(f"need target_fps > 0 and max_frames >= 1, found {target_fps}, {max_frames}")
     frame_timestamps([], 1.0, timestamp_convention)  # validate the name before any work
@@ -544,7 +548,8 @@ def load_video(
                     "smaller video, or decode in a sandbox worker (isolate=True), which has its own memory cap."
                 ) from None
     return VideoFrames(
-        pixel_values=normalize(out["tiles"], norm_mean, norm_std),  # (T, 3, S, S)
+        pixel_values=(torch.from_numpy(out["tiles"]) if callable(tile_size)  # the callable's arrays, as they are
+                      else normalize(out["tiles"], norm_mean, norm_std)),  # (T, 3, S, S)
         frame_indices=out["indices"],
         timestamps_s=(list(out["pts_s"]) if timestamp_convention == "exact"
                       else frame_timestamps(out["indices"], out["fps"], timestamp_convention)),

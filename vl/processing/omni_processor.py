@@ -1,0 +1,406 @@
+"""Messages -> Nemotron 3 Nano Omni inputs: `input_ids`, image patches with their grids, video tubelets, audio clips.
+
+Order of work follows transformers' `nemotron_h_omni` processor (docs/format.md, "Omni processing"): render the chat
+(vl/processing/chat.py, the one prompt format) with one placeholder per media item (`<image>`, `<video>`,
+`<so_embedding>`); decode every item behind the media limits; expand each placeholder to its run: an image to
+`<img>` + `<image>` x (patches / merge**2) + `</img>`, a video to one timestamped `<img>...</img>` per tubelet (the
+image token serves both), an audio clip to `<so_start>` + `<so_embedding>` x (encoder outputs) + `<so_end>`;
+tokenize without BOS. Video placeholder runs are full length: Efficient Video Sampling drops positions inside the
+model, after the encoder. The images of one call share one patch budget, so all of them are decoded before any is
+resized.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from vl.config_policy import Check, KeyReader
+from vl.errors import ConfigError, InputError, RemoteMediaError
+from vl.processing import chat
+from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
+from vl.processing.omni_images import OmniImageConfig, load_omni_images
+from vl.processing.omni_video import OmniVideo, OmniVideoConfig, load_omni_video
+from vl.processing.processor import _is_url, check_prompt_size, max_chars_per_token, tokenizer_stop_ids
+from vl.processing.progress import Work
+
+if TYPE_CHECKING:
+    from vl.config_omni import OmniConfig
+
+BICUBIC = 3  # PIL's (and transformers' PILImageResampling) number for bicubic resampling
+
+
+@dataclass(frozen=True)
+class OmniProcessingConfig:
+    """Everything between media and placeholders that the checkpoint's processor files set."""
+    image: OmniImageConfig
+    video: OmniVideoConfig
+    audio_sampling_rate: int = 16000  # waveforms reach the feature extractor at this rate
+    audio_hop_length: int = 160  # samples between mel frames: a clip of n samples has 1 + n // hop frames
+    audio_subsampling_factor: int = 8  # the encoder's: log2 of it stride-2 convolutions
+    audio_conv_kernel_size: int = 3
+    audio_conv_stride: int = 2
+    tokens: chat.MediaTokens = chat.OMNI_TOKENS
+
+    def __post_init__(self):
+        for name in ("audio_sampling_rate", "audio_hop_length", "audio_conv_kernel_size", "audio_conv_stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, found {value!r}")
+        n = self.audio_subsampling_factor
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
+            raise ConfigError(f"audio_subsampling_factor must be a power of two, found {n!r}")
+        if not self.tokens.has_audio:
+            raise ConfigError("Omni processing needs media tokens with the audio tokens (chat.OMNI_TOKENS)")
+
+    def audio_tokens(self, num_samples: int) -> int:
+        """`<so_embedding>` placeholders for a clip of `num_samples` samples at `audio_sampling_rate`: its mel frames
+        (a centred STFT: 1 + n // hop) through the encoder's convolution stack (kernel k, stride s, padding
+        (k - 1) // 2 each side), at least 1."""
+        k, s = self.audio_conv_kernel_size, self.audio_conv_stride
+        length = 1 + num_samples // self.audio_hop_length
+        for _ in range(self.audio_subsampling_factor.bit_length() - 1):
+            length = (length + (k - 1) // 2 * 2 - k) // s + 1
+        return max(1, length)
+
+
+# --- the checkpoint's processor files -> OmniProcessingConfig ------------------------------------------------
+_IMAGE_KEYS = ("patch_size", "downsample_ratio", "min_num_patches", "max_num_patches", "max_model_len")
+_VIDEO_KEYS = ("patch_size", "downsample_ratio", "video_target_num_patches", "video_maintain_aspect_ratio")
+_PROCESSOR_KEYS = ("audio_sampling_rate", "audio_subsampling_factor", "audio_hop_length", "video_temporal_patch_dim")
+_NOT_READ = "not read by transformers' nemotron_h_omni processors (they always resize to their own grid)"
+_SAMPLING = "frame sampling is the request's fps / max_frames (vl/processing/video.py)"
+IMAGE_IGNORED = {
+    "image_processor_type": "class name", "processor_class": "class name", "do_resize": _NOT_READ, "size": _NOT_READ,
+    "crop_size": _NOT_READ, "do_center_crop": _NOT_READ, "do_pad": _NOT_READ, "default_to_square": _NOT_READ,
+    "data_format": _NOT_READ, "input_data_format": _NOT_READ, "device": "runs on the CPU",
+    "return_tensors": "always tensors", "disable_grouping": "batching only",
+}
+VIDEO_IGNORED = {
+    **IMAGE_IGNORED, "video_processor_type": "class name", "image_mean": "the video processor reads norm_mean",
+    "image_std": "the video processor reads norm_std", "do_sample_frames": _SAMPLING, "fps": _SAMPLING,
+    "num_frames": _SAMPLING, "return_metadata": "metadata is always kept", "video_metadata": "per call",
+    "rescale_factor": "the video processor divides by 255", "do_rescale": "the video processor always rescales",
+    "do_normalize": "the video processor always normalises", "resample": "the video processor always uses bicubic",
+    "do_convert_rgb": "frames are always decoded to RGB",
+    "temporal_patch_size": "the processor's video_temporal_patch_dim packs the frames (transformers' processor "
+                           "passes it over this one)",
+}
+IMAGE_CHECKS = {
+    "do_rescale": Check((True, None), "leave pixels in 0..255"),
+    "rescale_factor": Check((1 / 255, 0.00392156862745098, None), "scale pixels by another factor"),
+    "do_normalize": Check((True, None), "skip the per-channel normalisation"),
+    "do_convert_rgb": Check((True, None), "feed non-RGB pixels"),
+    "resample": Check((BICUBIC, None), "resize with another filter than bicubic"),
+}
+PROCESSOR_IGNORED = {"processor_class": "class name", "chat_template": "the tokenizer's chat_template is used",
+                     "image_processor": "read as preprocessor_config.json", "video_processor": "read as the video "
+                     "processor's config", "feature_extractor": "the audio features' (vl/processing/audio.py)"}
+
+
+def omni_processing_from_hf(preprocessor: Mapping | None, video: Mapping | None = None,
+                            processor: Mapping | None = None, *, model: OmniConfig | None = None,
+                            where: str = "preprocessor_config.json", notes: list | None = None) -> OmniProcessingConfig:
+    """The image processor's keys (`preprocessor_config.json`, or `processor_config.json`'s "image_processor"), the
+    video processor's (`video_preprocessor_config.json` or "video_processor") and the processor's own under the
+    policy of vl/config_policy.py. As in transformers, the processor's `video_temporal_patch_dim` packs the frames;
+    the video processor takes `norm_mean` / `norm_std` and the image processor `image_mean` / `image_std` (or the
+    released `norm_mean` / `norm_std`). `model` is checked against: the same patch size, merge factor and frames per
+    tubelet as the network."""
+    notes = [] if notes is None else notes
+    image_reader = KeyReader(where, "image processor", notes)
+    raw = dict(preprocessor or {})
+    norm = {"mean": raw.pop("image_mean", None), "std": raw.pop("image_std", None)}
+    legacy = {"mean": raw.pop("norm_mean", None), "std": raw.pop("norm_std", None)}
+    taken = {k: v for k, v in image_reader.sort(raw, mapped=_IMAGE_KEYS, specific=IMAGE_IGNORED,
+                                                  checks=IMAGE_CHECKS).items() if v is not None}
+    image_reader.finish("Omni image processor")
+    mean, std = norm["mean"] or legacy["mean"], norm["std"] or legacy["std"]
+    if model is not None:
+        mean = mean or model.vision.norm_mean
+        std = std or model.vision.norm_std
+        taken.setdefault("patch_size", model.vision.patch_size)
+        taken.setdefault("downsample_ratio", model.downsample_ratio)
+    if mean is None or std is None:
+        raise ConfigError(f"{where}: no normalisation statistics (image_mean / image_std or norm_mean / norm_std)")
+    image = OmniImageConfig(norm_mean=tuple(mean), norm_std=tuple(std), **taken)
+
+    video_reader = KeyReader(where if video is None else "video_preprocessor_config.json", "video processor", notes)
+    raw = dict(video or {})
+    vmean, vstd = raw.pop("norm_mean", None), raw.pop("norm_std", None)
+    vtaken = {k: v for k, v in video_reader.sort(raw, mapped=_VIDEO_KEYS, specific=VIDEO_IGNORED).items()
+              if v is not None}
+    video_reader.finish("Omni video processor")
+    vtaken.setdefault("patch_size", image.patch_size)
+    vtaken.setdefault("downsample_ratio", image.downsample_ratio)
+
+    proc_reader = KeyReader("processor_config.json", "processor", notes)
+    ptaken = {k: v for k, v in proc_reader.sort(dict(processor or {}), mapped=_PROCESSOR_KEYS,
+                                                specific=PROCESSOR_IGNORED).items() if v is not None}
+    proc_reader.finish("Omni processor")
+    vtaken["temporal_patch_size"] = ptaken.pop("video_temporal_patch_dim", 2)  # the processor's value packs
+    video_config = OmniVideoConfig(norm_mean=tuple(vmean or image.norm_mean), norm_std=tuple(vstd or image.norm_std),
+                                   **vtaken)
+    audio = {}
+    if model is not None:
+        _same(model.vision.patch_size, image.patch_size, "the vision tower's patch_size", "the image patch_size")
+        _same(model.vision.patch_size, video_config.patch_size, "the vision tower's patch_size",
+              "the video patch_size")
+        _same(model.merge_size, image.merge, "the model's pixel-shuffle factor", "the image processor's")
+        _same(model.merge_size, video_config.merge, "the model's pixel-shuffle factor", "the video processor's")
+        _same(model.video_temporal_patch_size, video_config.temporal_patch_size, "the model's "
+              "video_temporal_patch_size", "the processor's video_temporal_patch_dim")
+        if model.audio is not None:
+            audio = {"audio_subsampling_factor": model.audio.subsampling_factor,
+                     "audio_conv_kernel_size": model.audio.subsampling_conv_kernel_size,
+                     "audio_conv_stride": model.audio.subsampling_conv_stride}
+            if "audio_subsampling_factor" in ptaken:
+                _same(model.audio.subsampling_factor, ptaken.pop("audio_subsampling_factor"),
+                      "audio_config.subsampling_factor", "the processor's audio_subsampling_factor")
+    audio.update(ptaken)
+    return OmniProcessingConfig(image=image, video=video_config, **audio)
+
+
+def _same(a, b, what_a: str, what_b: str) -> None:
+    if a != b:
+        raise ConfigError(f"{what_a} is {a!r} but {what_b} is {b!r}; the processor and the model must agree")
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_processing_files(directory) -> tuple[dict | None, dict | None, dict | None]:
+    """(image processor, video processor, processor) dicts of a checkpoint directory: the transformers 4 files
+    (`preprocessor_config.json`, `video_preprocessor_config.json`) or the sections of transformers 5's
+    `processor_config.json`."""
+    directory = Path(directory)
+    processor = _read_json(directory / "processor_config.json") or {}
+    image = _read_json(directory / "preprocessor_config.json") or processor.get("image_processor")
+    video = _read_json(directory / "video_preprocessor_config.json") or processor.get("video_processor")
+    return image, video, {k: v for k, v in processor.items() if not isinstance(v, dict)} or None
+
+
+# --- the call ------------------------------------------------------------------------------------------------
+@dataclass
+class OmniMediaInfo:
+    """Per-item metadata for token reduction, stats and the UI."""
+    kind: str  # "image" | "video" | "audio"
+    num_tokens: int  # placeholders the item fills (full length for video: EVS prunes after the encoder)
+    grid: tuple[int, int] | None = None  # images: (rows, cols) in patches; videos: the tile's
+    image_size: tuple[int, int] | None = None  # images: (width, height)
+    num_frames: int = 0  # videos: real frames (tubelets = ceil(num_frames / temporal_patch_size))
+    frame_indices: list[int] = field(default_factory=list)
+    timestamps: list[float] = field(default_factory=list)
+    fps: float | None = None
+    num_samples: int = 0  # audio: samples at the processor's rate
+
+
+@dataclass
+class OmniInputs:
+    input_ids: torch.Tensor  # (1, t)
+    pixel_values: torch.Tensor | None  # (total_patches, 3 * p * p): every image's patches, in prompt order
+    image_grid_hw: torch.Tensor | None  # (num_images, 2) long: (rows, cols) per image
+    pixel_values_videos: torch.Tensor | None  # (num_videos, num_tubelets, t * 3, H, W)
+    video_num_frames: list[int]
+    audio: list[np.ndarray]  # float32 mono waveforms at `audio_sampling_rate`, in prompt order
+    audio_num_tokens: list[int]
+    items: list[OmniMediaInfo]
+    prompt: chat.RenderedPrompt
+    text: str  # the expanded prompt
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def opened_think(self) -> bool:
+        return self.prompt.prompt_opened_think
+
+
+def _count_parts(messages) -> dict[str, int]:
+    """Media parts by kind on the raw messages, so the per-request caps apply before anything is decoded."""
+    counts = {"image": 0, "video": 0, "audio": 0}
+    for message in messages if isinstance(messages, (list, tuple)) else ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for item in content if isinstance(content, (list, tuple)) else ():
+            kind = item.get("type") if isinstance(item, Mapping) else None
+            if isinstance(kind, str) and kind in counts:
+                counts[kind] += 1
+    return counts
+
+
+def _no_pdf(source):
+    raise chat.PromptFormatError("PDF parts are not supported by the Omni processor yet; send the pages as images")
+
+
+class OmniProcessor:
+    """The Omni twin of `Processor` (vl/processing/processor.py): same messages, same chat format, same source
+    rules (local paths or bytes; URLs never fetched; `allowed_roots`), same limits."""
+    has_vision = True
+    has_audio = True
+
+    def __init__(self, tokenizer, config: OmniProcessingConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
+                 allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
+                 timestamp_convention: str = "exact", image_token_id: int | None = None,
+                 audio_token_id: int | None = None):
+        self.tokenizer, self.config, self.limits = tokenizer, config, limits
+        self.allowed_roots = None if allowed_roots is None else [Path(r).resolve() for r in allowed_roots]
+        self.isolate, self.video_backend, self.timestamp_convention = isolate, video_backend, timestamp_convention
+        self.tokens = config.tokens
+        self.image_token_id = self._token_id(self.tokens.img_context, image_token_id)
+        self.audio_token_id = self._token_id(self.tokens.audio_context, audio_token_id)
+        self.chars_per_token = max_chars_per_token(tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, directory, tokenizer=None, *, model: OmniConfig | None = None, **kwargs):
+        """From a checkpoint directory's small files (tokenizer and processor configs); no weights are opened."""
+        from transformers import AutoTokenizer
+
+        image, video, processor = read_processing_files(directory)
+        config = omni_processing_from_hf(image, video, processor, model=model)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(directory))
+        ids = {} if model is None else {"image_token_id": model.tokens.image_token_id,
+                                        "audio_token_id": model.tokens.audio_token_id}
+        return cls(tokenizer, config, **ids, **kwargs)
+
+    def _token_id(self, text: str, configured: int | None) -> int:
+        found = self.tokenizer.convert_tokens_to_ids(text)
+        if found is None or found == self.tokenizer.unk_token_id:
+            raise ConfigError(f"the tokenizer has no single token for {text!r}")
+        if configured is not None and configured != found:
+            raise ConfigError(f"config says {text!r} is id {configured} but the tokenizer says {found}")
+        return found
+
+    def _check_source(self, source):
+        """Local paths only, and only under `allowed_roots` when set; URLs are never fetched."""
+        if isinstance(source, (str, os.PathLike)):
+            s = os.fspath(source)
+            if _is_url(s):
+                raise RemoteMediaError(f"{s[:80]!r} looks like a URL; remote media is never fetched. Download it "
+                                       f"yourself and pass the bytes or a local path")
+            if self.allowed_roots is not None:
+                p = Path(s).resolve()
+                if not any(p.is_relative_to(r) for r in self.allowed_roots):
+                    raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
+        return source
+
+    def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
+                 fps: float = 2.0, max_frames: int = 128, context_length: int | None = None) -> OmniInputs:
+        for kind, count in _count_parts(messages).items():  # before anything is decoded (matrix I10)
+            self.limits.check_count(kind, count)
+        prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
+                                    add_generation_prompt=add_generation_prompt, pdf_pages=_no_pdf,
+                                    tokens=self.tokens)
+        check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before decoding
+        media, cfg, work, notes = prompt.media, self.config, Work.current(), []
+        images = [m for m in media if m.kind == "image"]
+        work.report("decoding images", 0, len(media))
+        decoded = load_omni_images([self._check_source(m.source) for m in images], cfg.image, limits=self.limits,
+                                   isolate=self.isolate)
+        by_item = dict(zip(map(id, images), decoded))
+        runs, infos, videos, clips = [], [], [], []
+        for k, item in enumerate(media):
+            opts = item.options  # the part's own options, checked by their ranges (chat.PART_OPTIONS)
+            if item.kind == "image":
+                img = by_item[id(item)]
+                runs.append(chat.image_placeholder(1, img.num_tokens, self.tokens))
+                infos.append(OmniMediaInfo("image", img.num_tokens, img.grid, img.image_size))
+            elif item.kind == "video":
+                work.report(f"decoding the video (up to {opts.get('max_frames', max_frames)} frames)", k, len(media))
+                vid = load_omni_video(self._check_source(item.source), cfg.video, target_fps=opts.get("fps", fps),
+                                      max_frames=opts.get("max_frames", max_frames), backend=self.video_backend,
+                                      timestamp_convention=self.timestamp_convention, limits=self.limits,
+                                      isolate=self.isolate)
+                videos.append(vid)
+                runs.append(self._video_run(vid))
+                infos.append(self._video_info(vid))
+                frames = vid.frames
+                if frames.partial:
+                    notes.append("some video frames could not be decoded and were skipped")
+                if frames.backend_note:
+                    notes.append(f"video decoded with PyAV instead of {self.video_backend}: {frames.backend_note}")
+            else:
+                work.report("decoding audio", k, len(media))
+                wave = self._load_audio(self._check_source(item.source))
+                n = cfg.audio_tokens(len(wave))
+                clips.append(wave)
+                runs.append(chat.audio_placeholder(n, self.tokens))
+                infos.append(OmniMediaInfo("audio", n, num_samples=len(wave)))
+        if media:
+            work.report("media ready", len(media), len(media))
+        return self._finish(prompt, runs, infos, decoded, videos, clips, notes)
+
+    def _video_run(self, vid: OmniVideo) -> str:
+        stamps = None if vid.frames is None else vid.frames.timestamps_s
+        return chat.tubelet_video_placeholder(vid.num_frames, vid.tokens_per_tubelet,
+                                              self.config.video.temporal_patch_size, stamps, self.tokens)
+
+    def _video_info(self, vid: OmniVideo) -> OmniMediaInfo:
+        p = self.config.video.patch_size
+        grid = (int(vid.tubelets.shape[-2]) // p, int(vid.tubelets.shape[-1]) // p)
+        frames = vid.frames
+        return OmniMediaInfo("video", vid.num_tokens, grid, num_frames=vid.num_frames,
+                             frame_indices=[] if frames is None else list(frames.frame_indices),
+                             timestamps=[] if frames is None else list(frames.timestamps_s),
+                             fps=None if frames is None else frames.fps)
+
+    def _load_audio(self, source) -> np.ndarray:
+        """A clip as float32 mono samples at the processor's rate: an array given as such, else decoded (with its
+        caps and typed errors) by vl/processing/audio.py."""
+        if isinstance(source, (np.ndarray, torch.Tensor)):
+            wave = np.asarray(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else source)
+            if wave.ndim == 2 and 1 in wave.shape:
+                wave = wave.reshape(-1)
+            if wave.ndim != 1 or wave.size == 0 or not np.issubdtype(wave.dtype, np.floating):
+                raise InputError(f"an audio array must be 1-D float samples at {self.config.audio_sampling_rate} Hz, "
+                                 f"found {wave.dtype} {wave.shape}")
+            limit = self.limits.max_audio_duration_s * self.config.audio_sampling_rate
+            if wave.size > limit:
+                raise InputError(f"the audio array holds {wave.size / self.config.audio_sampling_rate:.0f} s, the cap "
+                                 f"is {self.limits.max_audio_duration_s:.0f} s; cut it")
+            return wave.astype(np.float32, copy=False)
+        from vl.processing import audio  # the decoder of audio files (caps, sandbox, resampling to 16 kHz mono)
+
+        return audio.load_audio(source, sampling_rate=self.config.audio_sampling_rate, limits=self.limits,
+                                isolate=self.isolate)
+
+    def _finish(self, prompt, runs, infos, images, videos, clips, notes) -> OmniInputs:
+        text = chat.expand_placeholders(prompt.text, runs, self.tokens, video_prefix=chat.TUBELET_VIDEO_PREFIX)
+        input_ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
+        visual = sum(i.num_tokens for i in infos if i.kind != "audio")
+        heard = sum(i.num_tokens for i in infos if i.kind == "audio")
+        for token, token_id, expected in ((self.tokens.img_context, self.image_token_id, visual),
+                                          (self.tokens.audio_context, self.audio_token_id, heard)):
+            found = int((input_ids == token_id).sum())
+            if found != expected:
+                raise InputError(f"the prompt text itself contains {found - expected} extra {token!r} tokens; "
+                                 "remove them from the messages")
+        pixel_values = torch.cat([i.pixel_values for i in images]) if images else None
+        grids = torch.tensor([i.grid for i in images], dtype=torch.long) if images else None
+        tubelets = None
+        if videos:
+            if len({tuple(v.tubelets.shape) for v in videos}) > 1:
+                raise InputError("the videos of one request must have the same frame size and number of tubelets "
+                                 f"(found {sorted({tuple(v.tubelets.shape) for v in videos})}); send them one per "
+                                 "request")
+            tubelets = torch.stack([v.tubelets for v in videos])
+        return OmniInputs(input_ids, pixel_values, grids, tubelets, [v.num_frames for v in videos], clips,
+                          [i.num_tokens for i in infos if i.kind == "audio"], infos, prompt, text, notes)
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def stop_token_ids(self) -> set[int]:
+        return tokenizer_stop_ids(self.tokenizer)
+
