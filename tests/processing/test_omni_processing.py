@@ -34,8 +34,10 @@ from vl.processing.omni_images import (
     patch_grid,
     preprocess_omni_images,
 )
+from vl.modeling.parakeet import omni_embedding_lengths
+from vl.processing.audio_features import log_mel_features
 from vl.processing.omni_processor import OmniProcessingConfig, OmniProcessor, omni_processing_from_hf
-from vl.processing.omni_video import OmniVideoConfig, frame_grid, omni_video_from_frames
+from vl.processing.omni_video import OmniVideoConfig, frame_grid, load_omni_video, omni_video_from_frames
 
 MEAN, STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -169,12 +171,17 @@ def test_tubelet_runs_equal_transformers(tokenizer, fps, num_frames):
 
 
 # --- audio and the whole prompt --------------------------------------------------------------------------------
-def test_audio_placeholder_count_equals_transformers(tokenizer):
+def test_audio_placeholder_count_equals_transformers_and_what_the_model_keeps(tokenizer):
     ref = ref_processor(tokenizer)
     ours = OmniProcessingConfig(image=OmniImageConfig(norm_mean=MEAN, norm_std=STD),
                                 video=OmniVideoConfig(norm_mean=MEAN, norm_std=STD))
-    for n in [0, 1, 159, 160, 161, 1279, 1280, 1281, 16000, 16001, 80000, 160000 * 3 + 17]:
-        assert ours.audio_tokens(n) == max(1, ref._estimate_audio_num_embeddings(n)), n
+    lengths = [320, 321, 1279, 1280, 1281, 16000, 16001, 80000, 160000 * 3 + 17]
+    _, mask = log_mel_features([np.ones(n, np.float32) for n in lengths], ours.mel)
+    kept = omni_embedding_lengths(mask, ours.audio_encoder).tolist()  # the encoder outputs the model scatters
+    for n, k in zip(lengths, kept):
+        assert ours.audio_tokens(n) == max(1, ref._estimate_audio_num_embeddings(n)) == k, n
+    assert [ours.audio_tokens(n) for n in (0, 1, 159)] == [max(1, ref._estimate_audio_num_embeddings(n))
+                                                          for n in (0, 1, 159)]
     assert chat.audio_placeholder(3) == "<so_start>" + "<so_embedding>" * 3 + "<so_end>"
 
 
@@ -197,10 +204,23 @@ def omni_processor(tokenizer, **kwargs):
     return OmniProcessor(tokenizer, config, video_backend="pyav", timestamp_convention="reference", **kwargs)
 
 
-def test_messages_with_image_video_and_audio_give_transformers_ids(tokenizer, clip):
+def write_wav(path, samples_int16, rate=16000):
+    import wave
+
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(samples_int16.astype("<i2").tobytes())
+    return path
+
+
+def test_messages_with_image_video_and_audio_give_transformers_ids(tokenizer, clip, tmp_path):
     path, decoded = clip
     image_a, image_b = rng_pixels(7, 50, 70, 3), rng_pixels(8, 90, 20, 3)
     wave = np.random.default_rng(3).standard_normal(23_456).astype(np.float32)
+    pcm = (np.random.default_rng(4).standard_normal(9_000) * 3000).astype(np.int16)
+    wav_path = write_wav(tmp_path / "speech.wav", pcm)
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [
                     {"type": "image", "image": Image.fromarray(image_a)},
@@ -208,18 +228,21 @@ def test_messages_with_image_video_and_audio_give_transformers_ids(tokenizer, cl
                     {"type": "video", "video": str(path)},
                     {"type": "audio", "audio": wave},
                     {"type": "image", "image": Image.fromarray(image_b)},
-                    {"type": "text", "text": "What is said while the dog runs?"}]}]
+                    {"type": "text", "text": "What is said while the dog runs?"},
+                    {"type": "audio", "audio": str(wav_path)}]}]
     proc = omni_processor(tokenizer)
     ours = proc(messages, fps=4.0)
     assert ours.prompt.text.count("<image>") == 2 and "<video>" in ours.prompt.text
-    assert ours.prompt.text.count("<so_embedding>") == 1
+    assert ours.prompt.text.count("<so_embedding>") == 2
 
+    assert ours.media_order == ["image", "video", "image"] and ours.model_inputs()["media_order"] == ours.media_order
     info = next(i for i in ours.items if i.kind == "video")
     assert info.num_frames == len(info.frame_indices) > 2 and info.fps == pytest.approx(6.0)
     ref = ref_processor(tokenizer, image_kwargs=dict(min_num_patches=16, max_num_patches=64, max_model_len=200),
                         video_kwargs=dict(video_target_num_patches=24))
     meta = VideoMetadata(total_num_frames=len(decoded), fps=info.fps, frames_indices=info.frame_indices)
-    out = ref(images=[image_a, image_b], videos=[decoded[info.frame_indices]], audio=[wave], text=ours.prompt.text,
+    waves = [wave, pcm.astype(np.float32) / 32768.0]  # the file's samples as a 16 kHz PCM decoder gives them
+    out = ref(images=[image_a, image_b], videos=[decoded[info.frame_indices]], audio=waves, text=ours.prompt.text,
               videos_kwargs={"video_metadata": [meta], "do_sample_frames": False}, return_tensors="pt")
     assert ours.input_ids.tolist() == out["input_ids"].tolist()
     assert ours.text == tokenizer.decode(out["input_ids"][0])
@@ -228,9 +251,11 @@ def test_messages_with_image_video_and_audio_give_transformers_ids(tokenizer, cl
     torch.testing.assert_close(ours.pixel_values_videos, out["pixel_values_videos"], **TOL)
     assert ours.video_num_frames == [info.num_frames] and ours.pixel_values_videos.shape[1] == math.ceil(
         info.num_frames / 2)
-    assert ours.audio_num_tokens == [int((out["input_ids"] == proc.audio_token_id).sum())] == [
-        proc.config.audio_tokens(len(wave))]
-    assert np.array_equal(ours.audio[0], wave)
+    assert sum(ours.audio_num_tokens) == int((out["input_ids"] == proc.audio_token_id).sum())
+    assert ours.audio_num_tokens == [proc.config.audio_tokens(len(w)) for w in waves]
+    assert np.array_equal(ours.audio[0], wave) and np.array_equal(ours.audio[1], waves[1])
+    assert torch.equal(ours.input_features_mask, out["input_features_mask"])
+    torch.testing.assert_close(ours.input_features, out["input_features"], **TOL)
 
 
 def test_string_only_template_gives_the_same_ids(tokenizer, clip):
@@ -269,11 +294,26 @@ def test_processor_files_are_read_under_the_key_policy():
                                    "image_processor_type": "X", "do_resize": True, "_downsample_factor": 2},
                                   {"norm_mean": list(MEAN), "norm_std": list(STD), "video_target_num_patches": 512,
                                    "fps": 1, "temporal_patch_size": 4},
-                                  {"video_temporal_patch_dim": 2, "audio_hop_length": 160}, notes=notes)
+                                  {"video_temporal_patch_dim": 2, "audio_hop_length": 160},
+                                  {"feature_size": 128, "hop_length": 160}, notes=notes)
     assert cfg.image.max_num_patches == 4096 and cfg.image.norm_mean == MEAN
     assert cfg.video.video_target_num_patches == 512 and cfg.video.temporal_patch_size == 2
+    assert cfg.mel.feature_size == 128
     assert any("do_resize" in n for n in notes) and any("temporal_patch_size" in n for n in notes)
     with pytest.raises(ConfigError, match="resample"):
         omni_processing_from_hf({"norm_mean": list(MEAN), "norm_std": list(STD), "resample": 2})
     with pytest.raises(ConfigError, match="normalisation"):
         omni_processing_from_hf({})
+    with pytest.raises(ConfigError, match="audio_hop_length"):
+        omni_processing_from_hf({"norm_mean": list(MEAN), "norm_std": list(STD)}, None, {"audio_hop_length": 320})
+
+
+@pytest.mark.parametrize("how", [dict(backend="decord"), dict(backend="pyav", isolate=True)])
+def test_decoded_videos_are_resized_where_they_are_decoded(clip, how):
+    """Each backend, in-process or in a sandbox worker, gives the tubelets of the frames PyAV decodes."""
+    path, decoded = clip
+    cfg = OmniVideoConfig(norm_mean=MEAN, norm_std=STD, video_target_num_patches=24)
+    video = load_omni_video(str(path), cfg, target_fps=4.0, **how)
+    indices = video.frames.frame_indices
+    assert video.frames.backend == how["backend"] and len(indices) == video.num_frames > 2
+    torch.testing.assert_close(video.tubelets, omni_video_from_frames(decoded[indices], cfg).tubelets, **TOL)

@@ -17,22 +17,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from vl.config import ParakeetConfig
+from vl.config_omni import OmniConfig
 from vl.config_policy import Check, KeyReader
-from vl.errors import ConfigError, InputError, RemoteMediaError
-from vl.processing import chat
+from vl.errors import ConfigError, InputError, MediaTooLargeError, RemoteMediaError
+from vl.modeling.parakeet import subsampled_length
+from vl.processing import audio, chat
+from vl.processing.audio_features import MelConfig, log_mel_features, mel_config_from_preprocessor
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.omni_images import OmniImageConfig, load_omni_images
 from vl.processing.omni_video import OmniVideo, OmniVideoConfig, load_omni_video
 from vl.processing.processor import _is_url, check_prompt_size, max_chars_per_token, tokenizer_stop_ids
 from vl.processing.progress import Work
-
-if TYPE_CHECKING:
-    from vl.config_omni import OmniConfig
 
 BICUBIC = 3  # PIL's (and transformers' PILImageResampling) number for bicubic resampling
 
@@ -42,33 +42,22 @@ class OmniProcessingConfig:
     """Everything between media and placeholders that the checkpoint's processor files set."""
     image: OmniImageConfig
     video: OmniVideoConfig
-    audio_sampling_rate: int = 16000  # waveforms reach the feature extractor at this rate
-    audio_hop_length: int = 160  # samples between mel frames: a clip of n samples has 1 + n // hop frames
-    audio_subsampling_factor: int = 8  # the encoder's: log2 of it stride-2 convolutions
-    audio_conv_kernel_size: int = 3
-    audio_conv_stride: int = 2
+    mel: MelConfig = field(default_factory=MelConfig)  # the audio features (vl/processing/audio_features.py)
+    audio_encoder: ParakeetConfig = field(default_factory=ParakeetConfig)  # only its subsampling is read here
     tokens: chat.MediaTokens = chat.OMNI_TOKENS
 
     def __post_init__(self):
-        for name in ("audio_sampling_rate", "audio_hop_length", "audio_conv_kernel_size", "audio_conv_stride"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, found {value!r}")
-        n = self.audio_subsampling_factor
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
-            raise ConfigError(f"audio_subsampling_factor must be a power of two, found {n!r}")
         if not self.tokens.has_audio:
             raise ConfigError("Omni processing needs media tokens with the audio tokens (chat.OMNI_TOKENS)")
+        if self.mel.sampling_rate != audio.SAMPLE_RATE:
+            raise ConfigError(f"the audio features expect {self.mel.sampling_rate} Hz but audio is decoded at "
+                              f"{audio.SAMPLE_RATE} Hz (vl/processing/audio.py)")
 
     def audio_tokens(self, num_samples: int) -> int:
-        """`<so_embedding>` placeholders for a clip of `num_samples` samples at `audio_sampling_rate`: its mel frames
-        (a centred STFT: 1 + n // hop) through the encoder's convolution stack (kernel k, stride s, padding
-        (k - 1) // 2 each side), at least 1."""
-        k, s = self.audio_conv_kernel_size, self.audio_conv_stride
-        length = 1 + num_samples // self.audio_hop_length
-        for _ in range(self.audio_subsampling_factor.bit_length() - 1):
-            length = (length + (k - 1) // 2 * 2 - k) // s + 1
-        return max(1, length)
+        """`<so_embedding>` placeholders for a clip of `num_samples` samples: the encoder's outputs for the clip's
+        mel frames (a centred STFT: 1 + n // hop), at least 1 (transformers' processor). The model keeps as many
+        (vl/modeling/parakeet.py `omni_embedding_lengths`: the subsampled length of the valid frames plus one)."""
+        return max(1, int(subsampled_length(self.mel.stft_frames(num_samples), self.audio_encoder)))
 
 
 # --- the checkpoint's processor files -> OmniProcessingConfig ------------------------------------------------
@@ -100,20 +89,20 @@ IMAGE_CHECKS = {
     "do_convert_rgb": Check((True, None), "feed non-RGB pixels"),
     "resample": Check((BICUBIC, None), "resize with another filter than bicubic"),
 }
-PROCESSOR_IGNORED = {"processor_class": "class name", "chat_template": "the tokenizer's chat_template is used",
-                     "image_processor": "read as preprocessor_config.json", "video_processor": "read as the video "
-                     "processor's config", "feature_extractor": "the audio features' (vl/processing/audio.py)"}
+PROCESSOR_IGNORED = {"processor_class": "class name", "chat_template": "the tokenizer's chat_template is used"}
 
 
 def omni_processing_from_hf(preprocessor: Mapping | None, video: Mapping | None = None,
-                            processor: Mapping | None = None, *, model: OmniConfig | None = None,
-                            where: str = "preprocessor_config.json", notes: list | None = None) -> OmniProcessingConfig:
+                            processor: Mapping | None = None, feature_extractor: Mapping | None = None, *,
+                            model: OmniConfig | None = None, where: str = "preprocessor_config.json",
+                            notes: list | None = None) -> OmniProcessingConfig:
     """The image processor's keys (`preprocessor_config.json`, or `processor_config.json`'s "image_processor"), the
-    video processor's (`video_preprocessor_config.json` or "video_processor") and the processor's own under the
-    policy of vl/config_policy.py. As in transformers, the processor's `video_temporal_patch_dim` packs the frames;
-    the video processor takes `norm_mean` / `norm_std` and the image processor `image_mean` / `image_std` (or the
-    released `norm_mean` / `norm_std`). `model` is checked against: the same patch size, merge factor and frames per
-    tubelet as the network."""
+    video processor's (`video_preprocessor_config.json` or "video_processor"), the feature extractor's
+    ("feature_extractor", vl/processing/audio_features.py) and the processor's own, under the policy of
+    vl/config_policy.py. As in transformers, the processor's `video_temporal_patch_dim` packs the frames; the video
+    processor takes `norm_mean` / `norm_std` and the image processor `image_mean` / `image_std` (or the released
+    `norm_mean` / `norm_std`). `model` is checked against: the same patch size, merge factor and frames per tubelet
+    as the network; its audio encoder sizes the audio runs."""
     notes = [] if notes is None else notes
     image_reader = KeyReader(where, "image processor", notes)
     raw = dict(preprocessor or {})
@@ -148,7 +137,12 @@ def omni_processing_from_hf(preprocessor: Mapping | None, video: Mapping | None 
     vtaken["temporal_patch_size"] = ptaken.pop("video_temporal_patch_dim", 2)  # the processor's value packs
     video_config = OmniVideoConfig(norm_mean=tuple(vmean or image.norm_mean), norm_std=tuple(vstd or image.norm_std),
                                    **vtaken)
-    audio = {}
+    mel = MelConfig() if feature_extractor is None else mel_config_from_preprocessor(
+        dict(feature_extractor), where="processor_config.json (feature_extractor)", notes=notes)
+    for key, value in (("audio_sampling_rate", mel.sampling_rate), ("audio_hop_length", mel.hop_length)):
+        if key in ptaken:
+            _same(ptaken.pop(key), value, f"the processor's {key}", "the feature extractor's")
+    encoder = ParakeetConfig()
     if model is not None:
         _same(model.vision.patch_size, image.patch_size, "the vision tower's patch_size", "the image patch_size")
         _same(model.vision.patch_size, video_config.patch_size, "the vision tower's patch_size",
@@ -157,15 +151,11 @@ def omni_processing_from_hf(preprocessor: Mapping | None, video: Mapping | None 
         _same(model.merge_size, video_config.merge, "the model's pixel-shuffle factor", "the video processor's")
         _same(model.video_temporal_patch_size, video_config.temporal_patch_size, "the model's "
               "video_temporal_patch_size", "the processor's video_temporal_patch_dim")
-        if model.audio is not None:
-            audio = {"audio_subsampling_factor": model.audio.subsampling_factor,
-                     "audio_conv_kernel_size": model.audio.subsampling_conv_kernel_size,
-                     "audio_conv_stride": model.audio.subsampling_conv_stride}
-            if "audio_subsampling_factor" in ptaken:
-                _same(model.audio.subsampling_factor, ptaken.pop("audio_subsampling_factor"),
-                      "audio_config.subsampling_factor", "the processor's audio_subsampling_factor")
-    audio.update(ptaken)
-    return OmniProcessingConfig(image=image, video=video_config, **audio)
+        encoder = model.audio or encoder
+    if "audio_subsampling_factor" in ptaken:
+        _same(encoder.subsampling_factor, ptaken.pop("audio_subsampling_factor"),
+              "the audio encoder's subsampling_factor", "the processor's audio_subsampling_factor")
+    return OmniProcessingConfig(image=image, video=video_config, mel=mel, audio_encoder=encoder)
 
 
 def _same(a, b, what_a: str, what_b: str) -> None:
@@ -182,15 +172,16 @@ def _read_json(path: Path) -> dict | None:
     return data
 
 
-def read_processing_files(directory) -> tuple[dict | None, dict | None, dict | None]:
-    """(image processor, video processor, processor) dicts of a checkpoint directory: the transformers 4 files
-    (`preprocessor_config.json`, `video_preprocessor_config.json`) or the sections of transformers 5's
-    `processor_config.json`."""
+def read_processing_files(directory) -> tuple[dict | None, dict | None, dict | None, dict | None]:
+    """(image processor, video processor, processor, feature extractor) dicts of a checkpoint directory: the
+    transformers 4 files (`preprocessor_config.json`, `video_preprocessor_config.json`) or the sections of
+    transformers 5's `processor_config.json`."""
     directory = Path(directory)
     processor = _read_json(directory / "processor_config.json") or {}
     image = _read_json(directory / "preprocessor_config.json") or processor.get("image_processor")
     video = _read_json(directory / "video_preprocessor_config.json") or processor.get("video_processor")
-    return image, video, {k: v for k, v in processor.items() if not isinstance(v, dict)} or None
+    own = {k: v for k, v in processor.items() if k not in ("image_processor", "video_processor", "feature_extractor")}
+    return image, video, own or None, processor.get("feature_extractor")
 
 
 # --- the call ------------------------------------------------------------------------------------------------
@@ -215,7 +206,9 @@ class OmniInputs:
     image_grid_hw: torch.Tensor | None  # (num_images, 2) long: (rows, cols) per image
     pixel_values_videos: torch.Tensor | None  # (num_videos, num_tubelets, t * 3, H, W)
     video_num_frames: list[int]
-    audio: list[np.ndarray]  # float32 mono waveforms at `audio_sampling_rate`, in prompt order
+    audio: list[np.ndarray]  # float32 mono waveforms at 16 kHz, in prompt order
+    input_features: torch.Tensor | None  # (num_clips, T, n_mels) normalised log-mel frames, clips padded
+    input_features_mask: torch.Tensor | None  # (num_clips, T) bool: each clip's real frames
     audio_num_tokens: list[int]
     items: list[OmniMediaInfo]
     prompt: chat.RenderedPrompt
@@ -225,6 +218,18 @@ class OmniInputs:
     @property
     def opened_think(self) -> bool:
         return self.prompt.prompt_opened_think
+
+    @property
+    def media_order(self) -> list[str]:
+        """"image" / "video" for each visual item in prompt order: both fill `<image>` placeholders, so a prompt
+        holding both tells the model (vl/modeling/omni.py) which run is which."""
+        return [i.kind for i in self.items if i.kind != "audio"]
+
+    def model_inputs(self) -> dict:
+        """The keyword arguments of the Omni model's forward."""
+        return {"input_ids": self.input_ids, "pixel_values": self.pixel_values, "image_grid_hw": self.image_grid_hw,
+                "pixel_values_videos": self.pixel_values_videos, "input_features": self.input_features,
+                "input_features_mask": self.input_features_mask, "media_order": self.media_order}
 
 
 def _count_parts(messages) -> dict[str, int]:
@@ -266,8 +271,7 @@ class OmniProcessor:
         """From a checkpoint directory's small files (tokenizer and processor configs); no weights are opened."""
         from transformers import AutoTokenizer
 
-        image, video, processor = read_processing_files(directory)
-        config = omni_processing_from_hf(image, video, processor, model=model)
+        config = omni_processing_from_hf(*read_processing_files(directory), model=model)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(directory))
         ids = {} if model is None else {"image_token_id": model.tokens.image_token_id,
                                         "audio_token_id": model.tokens.audio_token_id}
@@ -355,24 +359,20 @@ class OmniProcessor:
                              fps=None if frames is None else frames.fps)
 
     def _load_audio(self, source) -> np.ndarray:
-        """A clip as float32 mono samples at the processor's rate: an array given as such, else decoded (with its
-        caps and typed errors) by vl/processing/audio.py."""
+        """A clip as float32 mono samples at 16 kHz: an array given as such, else decoded (with its caps, sandbox and
+        typed errors) by vl/processing/audio.py."""
         if isinstance(source, (np.ndarray, torch.Tensor)):
             wave = np.asarray(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else source)
             if wave.ndim == 2 and 1 in wave.shape:
                 wave = wave.reshape(-1)
             if wave.ndim != 1 or wave.size == 0 or not np.issubdtype(wave.dtype, np.floating):
-                raise InputError(f"an audio array must be 1-D float samples at {self.config.audio_sampling_rate} Hz, "
+                raise InputError(f"an audio array must be 1-D float samples at {audio.SAMPLE_RATE} Hz, "
                                  f"found {wave.dtype} {wave.shape}")
-            limit = self.limits.max_audio_duration_s * self.config.audio_sampling_rate
-            if wave.size > limit:
-                raise InputError(f"the audio array holds {wave.size / self.config.audio_sampling_rate:.0f} s, the cap "
-                                 f"is {self.limits.max_audio_duration_s:.0f} s; cut it")
+            if wave.size > self.limits.max_audio_duration_s * audio.SAMPLE_RATE:
+                raise MediaTooLargeError(f"the audio array holds {wave.size / audio.SAMPLE_RATE:.0f} s, the cap is "
+                                         f"{self.limits.max_audio_duration_s:.0f} s; cut it")
             return wave.astype(np.float32, copy=False)
-        from vl.processing import audio  # the decoder of audio files (caps, sandbox, resampling to 16 kHz mono)
-
-        return audio.load_audio(source, sampling_rate=self.config.audio_sampling_rate, limits=self.limits,
-                                isolate=self.isolate)
+        return audio.load_audio(source, limits=self.limits, isolate=self.isolate).waveform
 
     def _finish(self, prompt, runs, infos, images, videos, clips, notes) -> OmniInputs:
         text = chat.expand_placeholders(prompt.text, runs, self.tokens, video_prefix=chat.TUBELET_VIDEO_PREFIX)
@@ -394,8 +394,11 @@ class OmniProcessor:
                                  f"(found {sorted({tuple(v.tubelets.shape) for v in videos})}); send them one per "
                                  "request")
             tubelets = torch.stack([v.tubelets for v in videos])
-        return OmniInputs(input_ids, pixel_values, grids, tubelets, [v.num_frames for v in videos], clips,
-                          [i.num_tokens for i in infos if i.kind == "audio"], infos, prompt, text, notes)
+        features = mask = None
+        if clips:
+            features, mask = log_mel_features(clips, self.config.mel)
+        return OmniInputs(input_ids, pixel_values, grids, tubelets, [v.num_frames for v in videos], clips, features,
+                          mask, [i.num_tokens for i in infos if i.kind == "audio"], infos, prompt, text, notes)
 
     # --- helpers -----------------------------------------------------------------------------------------
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
