@@ -214,3 +214,17 @@ def error_class_for(code: str) -> type[VLError]:
         found.setdefault(cls.code, cls)
         stack.extend(cls.__subclasses__())
     return found.get(code, VLError)
+
+
+# --- audio input (a file, or the sound track of a video) -------------------------------------------------
+class NoAudioStreamError(MediaError):
+    """A file sent as audio, or a video whose sound was asked for, holds no audio stream."""
+
+    code = "no_audio_stream"
+
+
+class AudioTooShortError(MediaError):
+    """A clip too short for the mel features' per-clip normalisation (fewer than two feature frames: its
+    standard deviation is undefined, NaN in transformers' extractor, refused in NeMo's)."""
+
+    code = "audio_too_short"

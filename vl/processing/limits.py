@@ -12,6 +12,9 @@ them so), chosen to admit what the model can use and refuse what only costs memo
 - PDF: 200 rendered pages (a long report), 4096 x 4096 rendered pixels per page (A0 at 144 dpi is larger
   and is refused; lower the render scale for such pages) and 400 M rendered pixels per request (200 Letter
   pages at 144 dpi);
+- audio: 1 h (the video cap, so the sound of any admitted video is admitted; 45,000 audio embeddings at the
+  encoder's 12.5 per second), 192 kHz and 8 channels (7.1) cover every studio and film format; 1 GiB (the video
+  cap) admits an hour of 48 kHz 24-bit stereo WAV (989 MiB);
 - decoding: wall-clock timeouts after which a sandbox worker is killed (the video one is also the deadline of an
   in-process decode, checked between packets and frames, so a video has one deadline everywhere), and a decode
   worker's 2 GiB memory cap
@@ -48,10 +51,17 @@ class MediaLimits:
     # per-page cap (3.4 G pixels, the 25 KB "page bomb" of 2048-pt blank pages) do not
     max_pdf_total_pixels: int = 400_000_000
     max_documents: int = 1
+    # --- audio (vl/processing/audio.py; a video's sound track is capped by the video's bytes) -------------
+    max_audio_bytes: int = 1024 * MiB
+    max_audio_duration_s: float = 3600.0  # header duration, then the decoded samples (headers may lie)
+    max_audio_sample_rate: int = 192_000  # the source's rate, before resampling to 16 kHz
+    max_audio_channels: int = 8  # 7.1; channels are averaged to mono
+    max_audios: int = 4  # per request
     # --- decoding deadlines and the decode worker's memory (sandbox.py) ------------------------------
     image_timeout_s: float = 10.0
     video_timeout_s: float = 60.0  # one deadline for a video's probe, index and decode, in-process or isolated
     pdf_timeout_s: float = 60.0
+    audio_timeout_s: float = 120.0  # one deadline for an audio file's (or a video's sound track's) probe and decode
     worker_memory_mb: int = 2048  # a sandbox worker's data (RLIMIT_DATA) and resident set, each; not address space
 
     def __post_init__(self):
@@ -68,9 +78,10 @@ class MediaLimits:
 
         Called by the processor before any item is decoded (docs/reliability_policy.md row I10).
         """
-        limit = {"image": self.max_images, "video": self.max_videos, "document": self.max_documents}.get(kind)
+        limit = {"image": self.max_images, "video": self.max_videos, "document": self.max_documents,
+                 "audio": self.max_audios}.get(kind)
         if limit is None:
-            raise ValueError(f"kind must be 'image', 'video' or 'document', found {kind!r}")
+            raise ValueError(f"kind must be 'image', 'video', 'document' or 'audio', found {kind!r}")
         if count > limit:
             raise TooManyItemsError(
                 f"at most {limit} {kind}(s) per request are accepted, found {count}; "

@@ -1,0 +1,224 @@
+"""Parakeet (FastConformer) encoder: numerics against transformers' `ParakeetEncoder` on the same random weights,
+output lengths and the Omni's audio-embedding count, the `audio_config` reader, contract checks."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from vl.config import ParakeetConfig, parakeet_config_from_hf, parakeet_config_to_hf, tiny_parakeet
+from vl.errors import ConfigError
+from vl.modeling.parakeet import ParakeetEncoder, omni_embedding_lengths, subsampled_length
+from vl.processing.audio_features import MelConfig
+
+VARIANTS = {  # the Omni's switches (no biases, no input scale) and transformers' defaults (both on), odd widths
+    "omni": tiny_parakeet(),
+    "defaults": tiny_parakeet(attention_bias=True, convolution_bias=True, scale_input=True),
+    "head_dim_gelu": tiny_parakeet(head_dim=6, hidden_act="gelu", subsampling_conv_kernel_size=5, conv_kernel_size=3,
+                                   num_mel_bins=24),
+}
+
+
+def transformers_twin(cfg: ParakeetConfig, attn: str = "eager", seed: int = 0):
+    """transformers' ParakeetEncoder with every tensor random (biases, u/v, batch-norm statistics too, so that no
+    term can hide), in eval mode."""
+    from transformers import ParakeetEncoderConfig
+    from transformers.models.parakeet.modeling_parakeet import ParakeetEncoder as Reference
+
+    hf_cfg = ParakeetEncoderConfig(**parakeet_config_to_hf(cfg))
+    hf_cfg._attn_implementation = attn
+    ref = Reference(hf_cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in ref.state_dict().items():
+            if not t.is_floating_point():
+                continue
+            if name.endswith("running_var"):
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif name.endswith(("norm_feed_forward1.weight", "norm_self_att.weight", "norm_conv.weight",
+                                "norm_feed_forward2.weight", "norm_out.weight", "conv.norm.weight")):
+                t.copy_(1.0 + 0.2 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(0.2 * torch.randn(t.shape, generator=g))
+    return ref
+
+
+def ours_from(ref, cfg: ParakeetConfig) -> ParakeetEncoder:
+    enc = ParakeetEncoder(cfg).eval()
+    enc.load_state_dict(ref.state_dict(), strict=True)  # the same names: the checkpoint adapter is a prefix strip
+    return enc
+
+
+def padded_batch(cfg: ParakeetConfig, lengths, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+    x = torch.randn(len(lengths), int(lengths.max()), cfg.num_mel_bins, generator=g) * mask[..., None]
+    return x, mask
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_state_dict_names_equal_transformers(variant):
+    cfg = VARIANTS[variant]
+    ref = transformers_twin(cfg)
+    assert list(ParakeetEncoder(cfg).state_dict()) == list(ref.state_dict())
+    assert {k: v.shape for k, v in ParakeetEncoder(cfg).state_dict().items()} == \
+        {k: v.shape for k, v in ref.state_dict().items()}
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_padded_batch_equals_transformers(variant, attn):
+    """Every position (padding included: both compute the same uniform attention there) and the lengths, which
+    equal transformers' output attention mask."""
+    cfg = VARIANTS[variant]
+    ref = transformers_twin(cfg, attn)
+    enc = ours_from(ref, cfg)
+    x, mask = padded_batch(cfg, [77, 50, 9, 64])
+    with torch.no_grad():
+        want = ref(input_features=x, attention_mask=mask)
+        hidden, lengths = enc(x, mask)
+    torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=1e-6)
+    assert lengths.tolist() == want.attention_mask.sum(-1).tolist() == [10, 7, 2, 8]
+
+
+@pytest.mark.parametrize("variant", ["omni", "defaults"])
+def test_unmasked_clip_equals_transformers(variant):
+    cfg = VARIANTS[variant]
+    ref = transformers_twin(cfg)
+    enc = ours_from(ref, cfg)
+    x, _ = padded_batch(cfg, [123])
+    with torch.no_grad():
+        want = ref(input_features=x).last_hidden_state
+        hidden, lengths = enc(x)
+    torch.testing.assert_close(hidden, want, rtol=1e-5, atol=1e-6)
+    assert lengths.tolist() == [want.shape[1]] == [16]
+
+
+def test_a_clip_in_a_padded_batch_equals_the_clip_alone():
+    cfg = VARIANTS["omni"]
+    enc = ours_from(transformers_twin(cfg), cfg)
+    x, mask = padded_batch(cfg, [80, 35, 61])
+    with torch.no_grad():
+        batch, lengths = enc(x, mask)
+        for i, n in enumerate([80, 35, 61]):
+            alone, alone_len = enc(x[i : i + 1, :n], mask[i : i + 1, :n])
+            assert alone_len.item() == lengths[i].item()
+            torch.testing.assert_close(batch[i, : lengths[i]], alone[0], rtol=1e-5, atol=1e-6)
+
+
+def _estimate(num_samples: int) -> int:
+    """transformers' Omni processor's count of <so_embedding> tokens for a clip (the method needs only these)."""
+    from transformers.models.nemotron_h_omni.processing_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3Processor as Processor,
+    )
+
+    return Processor._estimate_audio_num_embeddings(
+        types.SimpleNamespace(audio_hop_length=160, audio_subsampling_factor=8), num_samples)
+
+
+def test_embedding_counts_equal_the_omni_processor_for_many_lengths():
+    """For every length around the hop and subsampling boundaries: the frames the centred STFT makes, subsampled,
+    equal the processor's estimate; so does `omni_embedding_lengths` from the feature mask, and the encoder's
+    own output length for a clip run alone."""
+    from transformers.models.parakeet.modeling_parakeet import ParakeetEncoder as Reference
+
+    cfg, mel = VARIANTS["omni"], MelConfig(feature_size=16)
+    lengths = sorted({k * 160 + r for k in range(2, 70) for r in (0, 1, 80, 159)})
+    valid = mel.valid_frames(torch.tensor(lengths))
+    mask = torch.arange(int(valid.max()))[None, :] < valid[:, None]
+    counts = omni_embedding_lengths(mask, cfg).tolist()
+    expected = [_estimate(n) for n in lengths]
+    assert counts == expected == [subsampled_length(mel.stft_frames(n), cfg) for n in lengths]
+    ref = Reference.__new__(Reference)  # only its length formula, which reads the config
+    ref.config = types.SimpleNamespace(subsampling_conv_kernel_size=3, subsampling_conv_stride=2, subsampling_factor=8)
+    assert ref._get_subsampling_output_length(mask.sum(-1) + 1).tolist() == expected
+    enc = ParakeetEncoder(cfg).eval()
+    with torch.no_grad():
+        for n in lengths[::23]:
+            hidden, _ = enc(torch.zeros(1, mel.stft_frames(n), cfg.num_mel_bins))
+            assert hidden.shape[1] == _estimate(n)
+
+
+def test_released_width_one_layer_equals_transformers():
+    """The Omni audio tower's widths (1024 wide, 8 heads, MLP 4096, 128 mel bins, 256 subsampling channels, kernel
+    9) with one conformer block, on a 2 s and a 1.3 s clip batched."""
+    cfg = ParakeetConfig(hidden_size=1024, num_hidden_layers=1, num_attention_heads=8, intermediate_size=4096,
+                         num_mel_bins=128, attention_bias=False, scale_input=False, convolution_bias=False)
+    ref = transformers_twin(cfg, "sdpa")
+    enc = ours_from(ref, cfg)
+    x, mask = padded_batch(cfg, [200, 130])
+    with torch.no_grad():
+        want = ref(input_features=x, attention_mask=mask)
+        hidden, lengths = enc(x, mask)
+    torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=1e-5)
+    assert lengths.tolist() == want.attention_mask.sum(-1).tolist() == [25, 17]
+
+
+def test_forward_is_finite_and_every_parameter_gets_a_gradient():
+    cfg = VARIANTS["defaults"]
+    enc = ParakeetEncoder(cfg)
+    x, mask = padded_batch(cfg, [40, 24])
+    hidden, _ = enc(x, mask)
+    assert torch.isfinite(hidden).all()
+    hidden.square().mean().backward()
+    assert [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+# --- the audio_config reader -------------------------------------------------------------------------------
+
+
+def test_omni_defaults_apply_only_where_the_config_is_silent():
+    assert parakeet_config_from_hf({}).attention_bias is False
+    assert parakeet_config_from_hf({}).scale_input is False
+    assert parakeet_config_from_hf({"attention_bias": True, "scale_input": True}).scale_input is True
+    plain = parakeet_config_from_hf({}, omni=False)  # a plain ParakeetEncoderConfig
+    assert plain.attention_bias is True and plain.scale_input is True
+
+
+def test_released_style_config_maps_and_names_what_it_ignores():
+    raw = {"model_type": "parakeet", "hidden_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 24,
+           "intermediate_size": 4096, "num_mel_bins": 128, "conv_kernel_size": 9, "subsampling_conv_channels": 256,
+           "subsampling_factor": 8, "convolution_bias": False, "projection_hidden_size": 4096,
+           "projection_bias": False, "dropout": 0.1, "layerdrop": 0.1, "max_position_embeddings": 5000,
+           "sampling_rate": 16000, "torch_dtype": "bfloat16", "architectures": ["ParakeetEncoder"]}
+    notes = []
+    cfg = parakeet_config_from_hf(raw, notes=notes)
+    assert (cfg.hidden_size, cfg.num_mel_bins, cfg.projection_hidden_size, cfg.head_size) == (1024, 128, 4096, 128)
+    joined = " ".join(notes)
+    for key in ("dropout", "layerdrop", "max_position_embeddings", "sampling_rate", "torch_dtype", "model_type"):
+        assert key in joined
+
+
+def test_transformers_reads_our_export_the_same():
+    from transformers import ParakeetEncoderConfig
+
+    for cfg in VARIANTS.values():
+        hf = ParakeetEncoderConfig(**parakeet_config_to_hf(cfg))
+        for f in dataclasses.fields(ParakeetConfig):
+            if f.name == "head_dim":
+                assert getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads) == cfg.head_size
+            else:
+                assert getattr(hf, f.name) == getattr(cfg, f.name), f.name
+        assert parakeet_config_from_hf(parakeet_config_to_hf(cfg)) == cfg
+
+
+@pytest.mark.parametrize("raw, named", [
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"hidden_act": "tanh"}, "hidden_act"),
+])
+def test_maths_we_do_not_implement_is_refused_by_name(raw, named):
+    with pytest.raises(ConfigError, match=named):
+        parakeet_config_from_hf(raw)
+
+
+@pytest.mark.parametrize("raw, named", [
+    ({"num_mel_bins": 81}, "num_mel_bins"),
+    ({"subsampling_factor": 6}, "subsampling_factor"),
+    ({"conv_kernel_size": 8}, "conv_kernel_size"),
+    ({"hidden_size": 30, "num_attention_heads": 4}, "head_dim"),
+])
+def test_shapes_transformers_cannot_build_are_config_errors(raw, named):
+    with pytest.raises(ConfigError, match=named):
+        parakeet_config_from_hf(raw)
