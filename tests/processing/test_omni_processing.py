@@ -22,7 +22,7 @@ from transformers.video_utils import VideoMetadata
 
 from data_recipes.synthetic.export import write_mp4
 from data_recipes.tokenizer import build_tokenizer
-from vl.errors import ConfigError, TooManyItemsError
+from vl.errors import ConfigError, MediaTooLargeError, RemoteMediaError, TooManyItemsError
 from vl.processing import chat
 from vl.processing.chat import OMNI_TOKENS, PromptFormatError
 from vl.processing.limits import MediaLimits
@@ -120,7 +120,6 @@ def test_untrusted_images_keep_their_caps_and_thin_ones_are_typed_errors(tmp_pat
     Image.fromarray(rng_pixels(1, 40, 30, 3)).save(path)
     (img,) = load_omni_images([str(path)], cfg)
     assert img.image_size == (30, 40) and img.num_patches == img.grid[0] * img.grid[1] <= 64
-    from vl.errors import MediaTooLargeError
     with pytest.raises(MediaTooLargeError):
         load_omni_images([str(path)], cfg, limits=MediaLimits(max_image_bytes=10))
     with pytest.raises(ImageAspectError, match="aspect ratio"):  # transformers: ZeroDivisionError
@@ -242,6 +241,8 @@ def test_messages_with_image_video_and_audio_give_transformers_ids(tokenizer, cl
                         video_kwargs=dict(video_target_num_patches=24))
     meta = VideoMetadata(total_num_frames=len(decoded), fps=info.fps, frames_indices=info.frame_indices)
     waves = [wave, pcm.astype(np.float32) / 32768.0]  # the file's samples as a 16 kHz PCM decoder gives them
+    as_bytes = proc([{"role": "user", "content": [{"type": "audio", "audio": wav_path.read_bytes()}]}])
+    assert np.array_equal(as_bytes.audio[0], waves[1])
     out = ref(images=[image_a, image_b], videos=[decoded[info.frame_indices]], audio=waves, text=ours.prompt.text,
               videos_kwargs={"video_metadata": [meta], "do_sample_frames": False}, return_tensors="pt")
     assert ours.input_ids.tolist() == out["input_ids"].tolist()
@@ -286,6 +287,12 @@ def test_audio_and_placeholders_are_refused_where_they_do_not_belong(tokenizer):
         omni_processor(tokenizer, limits=MediaLimits(max_audios=2))([{"role": "user", "content": many}])
     with pytest.raises(ConfigError, match="audio tokens"):
         chat.MediaTokens(audio_start="<img>", audio_context="<so_embedding>", audio_end="<so_end>")
+    for kind in ("image", "video", "audio"):  # never fetched, whatever the kind
+        with pytest.raises(RemoteMediaError, match="never fetched"):
+            proc([{"role": "user", "content": [{"type": kind, kind: "http://169.254.169.254/x"}]}])
+    with pytest.raises(MediaTooLargeError, match="cap"):  # an audio array is held to the duration cap too
+        omni_processor(tokenizer, limits=MediaLimits(max_audio_duration_s=0.5))(
+            [{"role": "user", "content": [{"type": "audio", "audio": np.zeros(16000, np.float32)}]}])
 
 
 def test_processor_files_are_read_under_the_key_policy():
