@@ -93,13 +93,15 @@ def checkpoint_kind(raw: dict, directory: Path) -> str:
         kind = "nemotron_h"
     elif model_type == "NemotronH_Nano_VL_V2" or "NemotronH_Nano_VL_V2" in archs:
         kind = "nano_vl_v2"
+    elif model_type == "nemotron_h_omni" or "NemotronH_Omni_Reasoning_V3" in archs:
+        kind = "nemotron_h_omni"
     else:
         if raw.get("auto_map"):
             raise UnsafeCheckpointError(
                 f"{directory}: model_type={model_type!r} / architectures={archs} is not a supported architecture and "
                 f"would need its remote code (auto_map {raw['auto_map']}); remote code is never executed")
         raise ConfigError(f"{directory}: unsupported model_type={model_type!r} (architectures {archs}); supported: "
-                          f"nemotron_h, NemotronH_Nano_VL_V2")
+                          f"nemotron_h, NemotronH_Nano_VL_V2, nemotron_h_omni")
     if raw.get("auto_map"):
         log.info("%s: ignoring auto_map (remote code is never executed); loading %s natively", directory, kind)
     return kind

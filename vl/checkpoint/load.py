@@ -16,6 +16,7 @@ from torch import nn
 from vl.checkpoint import adapter as ad
 from vl.checkpoint import nano_vl
 from vl.checkpoint import nemotron_h as lm_adapter
+from vl.checkpoint import omni as omni_adapter
 from vl.checkpoint import quantized
 from vl.checkpoint.files import CheckpointFiles, scan_non_finite
 from vl.config import lm_config_from_hf
@@ -81,6 +82,8 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
         with torch.device("meta"):
             model = NemotronHForCausalLM(cfg)
         plan = lm_adapter.plan_lm(files.names())
+    elif kind == "nemotron_h_omni":
+        model, plan = omni_adapter.build_and_plan(raw, files, directory, notes=notes)
     else:
         model, plan = nano_vl.build_and_plan(raw, files, directory, notes=notes)
     if notes:  # once per load: what config.json holds that cannot change the maths (docs/config_policy.md)
@@ -93,6 +96,8 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":
         nano_vl.check_buffers(model, files, plan)
+    elif kind == "nemotron_h_omni":
+        omni_adapter.check_buffers(files, directory)
     if qload is not None:
         tensors = quantized.finish(tensors, plan, qload, target)
         fallback = qload.requested in (None, "auto") and qload.mode == "weight-only"
