@@ -4,7 +4,7 @@ The policy and the source of each list are written down in docs/config_policy.md
 section (`llm_config` / `text_config`, a text-only `nemotron_h` config.json, the `NemotronH_Nano_VL_V2` top level,
 `vision_config` and its RADIO `args`) goes through `KeyReader.sort`, in this order:
 
-1. mapped: the adapter in vl/config.py reads it into a dataclass field (it is honoured);
+1. mapped: the adapter in vl/config/__init__.py reads it into a dataclass field (it is honoured);
 2. a maths key with a value check: accepted when its value is what this code implements (`min_num_patches: null`,
    `pruned_heads: {}`), refused otherwise with a message naming the key and what it would change;
 3. a key the section's adapter names with its own reason (initialisation-only, derived, duplicate, ...);

@@ -15,7 +15,7 @@ from omni_adapter import AUD, IMG, TINY_TEXT, TINY_VISION, hf_omni
 from vl.checkpoint.files import CheckpointFiles, save_tensors
 from vl.checkpoint.load import load_model
 from vl.checkpoint.omni import export_state_dict
-from vl.config_omni import omni_config_from_hf
+from vl.config.omni import omni_config_from_hf
 from vl.errors import CheckpointError, ConfigError
 from vl.quant.export import collect_input_amax, exclude_patterns, make_hf_quant_config, quantize_state_dict
 from vl.quant.export import write_hf_quant_config

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from vl.config import ParakeetConfig, parakeet_config_from_hf, parakeet_config_to_hf, tiny_parakeet
+from vl.config.parakeet import ParakeetConfig, parakeet_config_from_hf, parakeet_config_to_hf, tiny_parakeet
 from vl.errors import ConfigError
 from vl.modeling.parakeet import ParakeetEncoder, omni_embedding_lengths, subsampled_length
 from vl.processing.audio_features import MelConfig

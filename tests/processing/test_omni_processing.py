@@ -324,3 +324,32 @@ def test_decoded_videos_are_resized_where_they_are_decoded(clip, how):
     indices = video.frames.frame_indices
     assert video.frames.backend == how["backend"] and len(indices) == video.num_frames > 2
     torch.testing.assert_close(video.tubelets, omni_video_from_frames(decoded[indices], cfg).tubelets, **TOL)
+
+
+def test_load_processor_reads_an_omni_directory(tokenizer, tmp_path):
+    """`vl.load_processor` dispatches on config.json (model_type nemotron_h_omni) to the Omni processor, read from
+    the files transformers' own processor saved; an image message gives transformers' input_ids and pixels."""
+    import sys
+    from pathlib import Path
+
+    import vl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from omni_adapter import hf_omni
+
+    model = hf_omni()
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in (("image_token_id", "<image>"),
+                                                              ("audio_token_id", OMNI_TOKENS.audio_context))}
+    model.config.image_token_id, model.config.audio_token_id = ids["image_token_id"], ids["audio_token_id"]
+    model.config.save_pretrained(tmp_path)
+    image_kwargs = dict(min_num_patches=16, max_num_patches=64, max_model_len=200)
+    ref = ref_processor(tokenizer, image_kwargs=image_kwargs)
+    ref.save_pretrained(tmp_path)
+    proc = vl.load_processor(tmp_path)
+    assert isinstance(proc, OmniProcessor)
+    image = rng_pixels(11, 40, 90, 3)
+    ours = proc([{"role": "user", "content": [{"type": "image", "image": Image.fromarray(image)},
+                                              {"type": "text", "text": "Describe the image."}]}])
+    out = ref(images=[image], text=ours.prompt.text, return_tensors="pt")
+    assert ours.input_ids.tolist() == out["input_ids"].tolist()
+    torch.testing.assert_close(ours.pixel_values, out["pixel_values"], **TOL)

@@ -26,7 +26,7 @@ import torch
 from vl.checkpoint import nemotron_h as lm_adapter
 from vl.checkpoint.adapter import Plan
 from vl.checkpoint.files import CheckpointFiles
-from vl.config_omni import omni_config_from_hf
+from vl.config.omni import omni_config_from_hf
 from vl.directory import read_preprocessor
 from vl.errors import CheckpointError
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from token_reduction import EVS, ReductionError, TokenLayout
-from vl.config_omni import OmniConfig
+from vl.config.omni import OmniConfig
 from vl.errors import InputError
 from vl.modeling.nemotron_h import CausalLMOutput, NemotronHForCausalLM
 from vl.modeling.norms import RMSNorm

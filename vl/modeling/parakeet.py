@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vl.config import ParakeetConfig
+from vl.config.parakeet import ParakeetConfig
 
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "relu": F.relu, "gelu": F.gelu}
 _LN_EPS = 1e-5  # nn.LayerNorm's and nn.BatchNorm1d's defaults, as transformers builds them

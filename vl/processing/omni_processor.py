@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vl.config import ParakeetConfig
-from vl.config_omni import OmniConfig
+from vl.config.parakeet import ParakeetConfig
+from vl.config.omni import OmniConfig
 from vl.config_policy import Check, KeyReader
 from vl.errors import ConfigError, InputError, MediaTooLargeError, RemoteMediaError
 from vl.modeling.parakeet import subsampled_length

@@ -2,9 +2,9 @@
 of its `config.json`, as transformers' `NemotronH_Omni_Reasoning_V3_Config` reads it.
 
 transformers' config (configuration_nemotron_h_omni.py) nests three sub-configs: `text_config` (Nemotron-H, read by
-vl/config.py `lm_config_from_hf`), `vision_config` (transformers' `RadioConfig`: width, depth and heads are fields,
+vl/config/__init__.py `lm_config_from_hf`), `vision_config` (transformers' `RadioConfig`: width, depth and heads are fields,
 not a timm name as in Nano V2 VL) and the optional `audio_config` (`ParakeetEncoderConfig` plus the audio
-projector's `projection_hidden_size` / `projection_bias`; read by vl/config.py `parakeet_config_from_hf` with the
+projector's `projection_hidden_size` / `projection_bias`; read by vl/config/__init__.py `parakeet_config_from_hf` with the
 Omni defaults). Released directories predate transformers' field names
 and store six of them under older names (`_legacy_field_names`): `llm_config`, `sound_config`,
 `img_context_token_id`, `video_context_token_id`, `sound_context_token_id`, `vit_hidden_size`. As there, an older
@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vl.config import LMConfig, ParakeetConfig, _float, lm_config_from_hf, parakeet_config_from_hf
+from vl.config import LMConfig, _float, lm_config_from_hf
+from vl.config.parakeet import ParakeetConfig, parakeet_config_from_hf
 from vl.config_policy import Check, KeyReader
 from vl.errors import ConfigError
 
