@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from vl.directory import resolve_dir
-from vl.errors import GenerationOptionError, InputError
+from vl.directory import checkpoint_kind, read_config, resolve_dir
+from vl.errors import ConfigError, GenerationOptionError, InputError
 from vl.processing.load import load_processor
 from vl.processing.progress import Work
 from vl.options import RequestOptions, canonical, spec
@@ -52,6 +52,12 @@ class Engine:
                         decode: str = "auto", **processor_kwargs):
         decode = decode if decode == "auto" else decode_mode(decode)  # "eager" warns here, at the caller's line
         video_pruning_rate = spec("video_pruning_rate").check(video_pruning_rate)  # the request option's range
+        directory = resolve_dir(path)
+        if checkpoint_kind(read_config(directory), directory) == "nemotron_h_omni":  # before any weight is read
+            raise ConfigError(f"{directory} is a Nemotron 3 Nano Omni checkpoint: vl.load_pretrained and "
+                              "vl.load_processor read it (model and processor, checked against transformers), but the "
+                              "engine and what runs on it (vl chat, vl serve, the app, eval) do not serve "
+                              "Omni yet; use a Nano V2 VL or Nemotron-H checkpoint with them")
         model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
