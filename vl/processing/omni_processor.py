@@ -13,7 +13,6 @@ resized.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +23,20 @@ import torch
 from vl.config.parakeet import ParakeetConfig
 from vl.config.omni import OmniConfig
 from vl.config_policy import Check, KeyReader
-from vl.errors import ConfigError, InputError, MediaTooLargeError, RemoteMediaError
+from vl.errors import ConfigError, InputError, MediaTooLargeError
 from vl.modeling.parakeet import subsampled_length
 from vl.processing import audio, chat
 from vl.processing.audio_features import MelConfig, log_mel_features, mel_config_from_preprocessor
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.omni_images import OmniImageConfig, load_omni_images
 from vl.processing.omni_video import OmniVideo, OmniVideoConfig, load_omni_video
-from vl.processing.processor import _is_url, check_prompt_size, max_chars_per_token, tokenizer_stop_ids
+from vl.processing.processor import (
+    check_prompt_size,
+    checked_source,
+    max_chars_per_token,
+    special_token_id,
+    tokenizer_stop_ids,
+)
 from vl.processing.progress import Work
 
 BICUBIC = 3  # PIL's (and transformers' PILImageResampling) number for bicubic resampling
@@ -278,25 +283,10 @@ class OmniProcessor:
         return cls(tokenizer, config, **ids, **kwargs)
 
     def _token_id(self, text: str, configured: int | None) -> int:
-        found = self.tokenizer.convert_tokens_to_ids(text)
-        if found is None or found == self.tokenizer.unk_token_id:
-            raise ConfigError(f"the tokenizer has no single token for {text!r}")
-        if configured is not None and configured != found:
-            raise ConfigError(f"config says {text!r} is id {configured} but the tokenizer says {found}")
-        return found
+        return special_token_id(self.tokenizer, text, configured)
 
     def _check_source(self, source):
-        """Local paths only, and only under `allowed_roots` when set; URLs are never fetched."""
-        if isinstance(source, (str, os.PathLike)):
-            s = os.fspath(source)
-            if _is_url(s):
-                raise RemoteMediaError(f"{s[:80]!r} looks like a URL; remote media is never fetched. Download it "
-                                       f"yourself and pass the bytes or a local path")
-            if self.allowed_roots is not None:
-                p = Path(s).resolve()
-                if not any(p.is_relative_to(r) for r in self.allowed_roots):
-                    raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
-        return source
+        return checked_source(source, self.allowed_roots)
 
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
                  fps: float = 2.0, max_frames: int = 128, context_length: int | None = None) -> OmniInputs:

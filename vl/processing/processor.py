@@ -78,6 +78,31 @@ def _is_url(s: str) -> bool:
     return "://" in s[:16] or s.startswith(("www.", "//"))
 
 
+def checked_source(source, allowed_roots):
+    """A media source as given, once checked: local paths only, and only under `allowed_roots` when set; URLs are
+    never fetched. Every processor (Nano V2 VL's, Omni's) checks its sources here."""
+    if isinstance(source, (str, os.PathLike)):
+        s = os.fspath(source)
+        if _is_url(s):
+            raise RemoteMediaError(f"{s[:80]!r} looks like a URL; remote media is never fetched. Download it "
+                                   f"yourself and pass the bytes or a local path")
+        if allowed_roots is not None:
+            p = Path(s).resolve()
+            if not any(p.is_relative_to(r) for r in allowed_roots):
+                raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
+    return source
+
+
+def special_token_id(tokenizer, text: str, configured: int | None) -> int:
+    """The id of a media token that must be one token of `tokenizer`, agreeing with the config's id when it has one."""
+    found = tokenizer.convert_tokens_to_ids(text)
+    if found is None or found == tokenizer.unk_token_id:
+        raise ConfigError(f"the tokenizer has no single token for {text!r}")
+    if configured is not None and configured != found:
+        raise ConfigError(f"config says {text!r} is id {configured} but the tokenizer says {found}")
+    return found
+
+
 _COUNTED = {"image": "image", "video": "video", "pdf": "document"}
 
 
@@ -159,26 +184,11 @@ class Processor:
         self.chars_per_token = max_chars_per_token(tokenizer)
 
     def _token_id(self, text: str, configured: int | None) -> int:
-        found = self.tokenizer.convert_tokens_to_ids(text)
-        if found is None or found == self.tokenizer.unk_token_id:
-            raise ConfigError(f"the tokenizer has no single token for {text!r}")
-        if configured is not None and configured != found:
-            raise ConfigError(f"config says {text!r} is id {configured} but the tokenizer says {found}")
-        return found
+        return special_token_id(self.tokenizer, text, configured)
 
     # --- sources -----------------------------------------------------------------------------------
     def _check_source(self, source):
-        """Local paths only, and only under `allowed_roots` when set; URLs are never fetched."""
-        if isinstance(source, (str, os.PathLike)):
-            s = os.fspath(source)
-            if _is_url(s):
-                raise RemoteMediaError(f"{s[:80]!r} looks like a URL; remote media is never fetched. Download it "
-                                       f"yourself and pass the bytes or a local path")
-            if self.allowed_roots is not None:
-                p = Path(s).resolve()
-                if not any(p.is_relative_to(r) for r in self.allowed_roots):
-                    raise RemoteMediaError(f"{s!r} is outside the allowed media folders")
-        return source
+        return checked_source(source, self.allowed_roots)
 
     def _pdf_pages(self, scale: float, page_range: str | None, max_pages: int | None = None):
         """PDF -> page items, checked against every cap but not rendered yet: pages are rendered and tiled one at a
