@@ -81,3 +81,46 @@ def make_tiny_text_dir(path, seed=0, **overrides):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path, model
+
+
+OMNI_CORPUS = TINY_CORPUS + ["What is said while the dog runs? Describe the image and the sound."] * 8
+
+
+def make_tiny_omni_dir(path, seed=0, audio: bool = True, **top):
+    """A complete tiny Nemotron 3 Nano Omni directory as transformers saves it: a random `NemotronH_Omni_Reasoning_V3`
+    (tests/omni_adapter.py `hf_omni`, its ids matched to the tokenizer), its processor files (image, video, audio
+    feature extractor) and a tokenizer with the audio tokens. Returns (dir, hf_model)."""
+    from transformers import ParakeetFeatureExtractor
+    from transformers.models.nemotron_h_omni.image_processing_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3ImageProcessor as RefImageProcessor,
+    )
+    from transformers.models.nemotron_h_omni.processing_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3Processor as RefProcessor,
+    )
+    from transformers.models.nemotron_h_omni.video_processing_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3VideoProcessor as RefVideoProcessor,
+    )
+
+    from data_recipes.tokenizer import build_tokenizer
+    from omni_adapter import TINY_AUDIO, TINY_TEXT, hf_omni
+    from vl.processing.chat import OMNI_TOKENS
+
+    tok = build_tokenizer(OMNI_CORPUS, 320)
+    tok.add_special_tokens({"additional_special_tokens": [OMNI_TOKENS.audio_start, OMNI_TOKENS.audio_context,
+                                                          OMNI_TOKENS.audio_end]})
+    tok.chat_template = None  # the one prompt format (vl/processing/chat.py) renders; the demo template knows no audio
+    eos = tok.convert_tokens_to_ids("<SPECIAL_12>")
+    text = dict(TINY_TEXT, vocab_size=len(tok), eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                bos_token_id=tok.bos_token_id)
+    ids = dict(image_token_id=tok.convert_tokens_to_ids("<image>"),
+               video_token_id=tok.convert_tokens_to_ids("<image>"),
+               audio_token_id=tok.convert_tokens_to_ids(OMNI_TOKENS.audio_context))
+    model = hf_omni(text=text, audio=TINY_AUDIO if audio else None, seed=seed, **{**ids, **top})
+    model.save_pretrained(path)
+    mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    ref = RefProcessor(image_processor=RefImageProcessor(image_mean=mean, image_std=std, min_num_patches=16,
+                                                         max_num_patches=64, max_model_len=2048),
+                       video_processor=RefVideoProcessor(norm_mean=mean, norm_std=std, video_target_num_patches=16),
+                       tokenizer=tok, feature_extractor=ParakeetFeatureExtractor(feature_size=TINY_AUDIO["num_mel_bins"]))
+    ref.save_pretrained(path)
+    return path, model

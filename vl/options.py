@@ -131,6 +131,11 @@ class RequestOptions:
     skip_blank_tiles: bool = _option(
         False, kind=bool, acts=PROCESSOR, flag="--skip-blank-tiles", openai="skip_blank_tiles", pipeline=True,
         eval=True, help="drop blank (whitespace) tiles of images and pages before the vision encoder")
+    use_audio_in_video: bool | None = _option(
+        None, kind=bool, acts=PROCESSOR, nullable=True, flag="--with-audio", aliases=("with_audio",),
+        openai="mm_processor_kwargs.use_audio_in_video", pipeline=True, eval=True,
+        help="hear a video's sound track with its frames (models with an audio encoder, such as Nemotron 3 Nano "
+             "Omni); default: on when the model hears (asked of one that does not, a note says so)")
     pdf_scale: float | None = _option(
         None, kind=float, acts=PROCESSOR, lo=0.0, lo_open=True, hi=16.0, nullable=True, pipeline=True,
         help="PDF render scale, 2.0 = 144 dpi (default: the processor's)")

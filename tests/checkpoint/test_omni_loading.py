@@ -238,17 +238,3 @@ def test_quantized_copy_loads_through_the_quantized_path(saved, tmp_path, algo):
     theirs = twin(**inputs).logits
     assert (ours(**inputs).logits - theirs).abs().max() <= 1e-5 * theirs.abs().max()
     assert (theirs - ref(**inputs).logits).abs().max() > 0  # the quantization did change the weights
-
-
-def test_the_engine_refuses_an_omni_directory_before_reading_weights(saved, monkeypatch):
-    """Until the engine serves Omni, a front end handed an Omni directory says so by name instead of failing on the
-    first request with an unrelated error; no weight is read for it."""
-    import vl
-    import vl.runtime.engine as engine_module
-
-    def no_weights(*args, **kwargs):
-        raise AssertionError("weights were read")
-
-    monkeypatch.setattr(engine_module, "load_pretrained", no_weights)
-    with pytest.raises(ConfigError, match="Nemotron 3 Nano Omni checkpoint.*vl.load_pretrained and vl.load_processor"):
-        vl.Engine.from_pretrained(saved[0])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from media_fixtures import make_av_clip, make_video, noise_image, encode  # noqa: E402
+from media_fixtures import encode, make_av_clip, make_video, noise_image, tone, write_video  # noqa: E402
 
 import vl.processing.audio as audio  # noqa: E402
 from vl.errors import (  # noqa: E402
@@ -45,11 +45,6 @@ CENC = {"encryption_scheme": "cenc-aes-ctr", "encryption_key": "0011223344556677
         "encryption_kid": "a1a2a3a4a5a6a7a8a9aaabacadaeafb0"}
 
 
-def tone(rate: int, seconds: float, freq: float, amplitude: float = 0.5, start: int = 0) -> np.ndarray:
-    t = (np.arange(int(rate * seconds)) + start) / rate
-    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
-
-
 def write_audio(path, codec: str, rate: int, channels, *, fmt=None, options=None, pts_jump=None) -> str:
     """Encode `channels` (1-D float arrays of equal length, one per channel) as `codec` at `rate`. `pts_jump`
     (after_s, by_s) shifts every frame after `after_s` seconds by `by_s` seconds: a stretch the file skips."""
@@ -66,43 +61,6 @@ def write_audio(path, codec: str, rate: int, channels, *, fmt=None, options=None
                 c.mux(packet)
         for packet in s.encode():
             c.mux(packet)
-    return str(path)
-
-
-def write_video(path, *, audio_offset_s: float = 0.0, corrupt_audio: bool = False, fmt=None, seconds: float = 2.0,
-                audio_streams=((300.0, False),)) -> str:
-    """A 10 fps H.264 video with AAC sound tracks (each a tone; (freq, default disposition)) starting at
-    `audio_offset_s`; `corrupt_audio` replaces every audio packet's bytes (the track cannot be decoded)."""
-    with av.open(str(path), "w", format=fmt) as c:
-        v = c.add_stream("libx264", rate=10, options={"preset": "ultrafast"})
-        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-        tracks = []
-        for freq, default in audio_streams:
-            a = c.add_stream("aac", rate=16000, layout="mono")
-            if len(audio_streams) > 1:
-                a.disposition = av.stream.Disposition.default if default else av.stream.Disposition(0)
-            tracks.append((a, freq))
-        for i in range(int(10 * seconds)):
-            for packet in v.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), 8 * i, np.uint8), format="rgb24")):
-                c.mux(packet)
-        for a, freq in tracks:
-            x = tone(16000, seconds, freq, 0.3)[None]
-            step = a.codec_context.frame_size
-            for i in range(0, x.shape[1], step):
-                frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i : i + step]), format="fltp",
-                                                   layout="mono")
-                frame.sample_rate, frame.pts = 16000, i + int(audio_offset_s * 16000)
-                for packet in a.encode(frame):
-                    if corrupt_audio:
-                        bad = av.Packet(b"\x17" * packet.size)
-                        bad.pts, bad.dts, bad.time_base, bad.stream = packet.pts, packet.dts, packet.time_base, a
-                        packet = bad
-                    c.mux(packet)
-        for packet in v.encode():
-            c.mux(packet)
-        for a, _ in tracks:
-            for packet in a.encode():
-                c.mux(packet)
     return str(path)
 
 

@@ -22,6 +22,8 @@ Plain maths: nothing here samples, caches, places or loads.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -36,6 +38,13 @@ from vl.modeling.radio import RadioEncoder
 from vl.modeling.vlm import compact_rows
 
 PROJECTOR_EPS = 1e-5  # transformers' Omni projector norm: a constructor default, not read from the config
+
+
+class Merged(NamedTuple):
+    inputs_embeds: torch.Tensor  # (b, t', d)
+    attention_mask: torch.Tensor | None  # (b, t'), or None when every row is whole
+    keep: torch.Tensor | None  # (n_placeholders,) bool over the image-token positions; None: all kept
+    reductions: list[dict]  # one EVS record per video (token_reduction's `info`: method, q, counts, ...)
 
 
 class AudioProjector(nn.Module):
@@ -156,13 +165,28 @@ class NemotronOmni(nn.Module):
     def embed_inputs(self, input_ids: torch.Tensor, pixel_values=None, image_grid_hw=None, pixel_values_videos=None,
                      input_features=None, input_features_mask=None, attention_mask=None, video_pruning_rate=None,
                      media_order=None):
-        """input_ids + media -> (inputs_embeds (b, t', d), attention_mask (b, t') or None): vision vectors at the
-        image-token positions (images and tubelets in placeholder order), audio vectors at the audio-token
-        positions, and the placeholders EVS prunes dropped (rows left-padded to the longest when they differ)."""
-        embeds = self.language_model.embed(input_ids)
-        tokens = self.config.tokens
+        """input_ids + media -> (inputs_embeds (b, t', d), attention_mask (b, t') or None): the encoders, then
+        `merge`."""
         images = self.encode_images(pixel_values, image_grid_hw) if pixel_values is not None else None
         videos = self.encode_videos(pixel_values_videos) if pixel_values_videos is not None else None
+        audio = self.encode_audio(input_features, input_features_mask) if input_features is not None else None
+        layout = None if pixel_values_videos is None else self.video_layout(pixel_values_videos.shape)
+        merged = self.merge(input_ids, images, videos, audio, layout, attention_mask, video_pruning_rate, media_order)
+        return merged.inputs_embeds, merged.attention_mask
+
+    def video_layout(self, shape) -> tuple[int, int, int]:
+        """(tubelets, token rows, token cols) of videos whose tubelet tensor has `shape` (V, N, T*3, H, W)."""
+        h, w = (s // self.config.merge_size for s in self.vision.grid_size(*shape[-2:]))
+        return int(shape[1]), h, w
+
+    def merge(self, input_ids: torch.Tensor, images=None, videos=None, audio=None, video_layout=None,
+              attention_mask=None, video_pruning_rate=None, media_order=None):
+        """Encoded media -> `Merged`: vision vectors at the image-token positions (images and tubelets in
+        placeholder order), audio vectors (n_audio, d) at the audio-token positions, and the placeholders EVS prunes
+        dropped (rows left-padded to the longest when they differ). `video_layout`: `video_layout(...)` of the
+        videos."""
+        embeds = self.language_model.embed(input_ids)
+        tokens = self.config.tokens
         items = self._in_order(images, videos, media_order)
         placeholder = (input_ids == tokens.image_token_id) if tokens.image_token_id is not None else None
         n_slots = 0 if placeholder is None else int(placeholder.sum())
@@ -170,12 +194,11 @@ class NemotronOmni(nn.Module):
         if n_slots != n_vec:
             raise InputError(f"the prompt has {n_slots} image placeholder tokens (id {tokens.image_token_id}) but the "
                              f"images/videos give {n_vec} vectors; build inputs with the processor so the counts match")
-        keep = None
+        keep, reductions = None, []
         if n_vec:
             embeds = embeds.masked_scatter(placeholder[..., None], torch.cat([v for _, v in items]).to(embeds.dtype))
-            keep = self._evs_keep(items, pixel_values_videos, video_pruning_rate)
-        if input_features is not None:
-            audio = self.encode_audio(input_features, input_features_mask)
+            keep, reductions = self._evs_keep(items, video_layout, video_pruning_rate)
+        if audio is not None:
             slots = input_ids == tokens.audio_token_id if tokens.audio_token_id is not None else None
             n_audio = 0 if slots is None else int(slots.sum())
             if n_audio != audio.shape[0]:
@@ -183,7 +206,7 @@ class NemotronOmni(nn.Module):
                                  f"the audio gives {audio.shape[0]} vectors; build inputs with the processor")
             embeds = embeds.masked_scatter(slots[..., None], audio.to(embeds.dtype))
         if keep is None or bool(keep.all()):
-            return embeds, attention_mask
+            return Merged(embeds, attention_mask, None, reductions)
         positions = torch.ones_like(input_ids, dtype=torch.bool)
         positions[placeholder] = keep
         if attention_mask is not None:
@@ -191,23 +214,29 @@ class NemotronOmni(nn.Module):
         out, lengths = compact_rows(embeds, positions, left=True)
         t = out.shape[1]
         mask = (torch.arange(t, device=out.device) >= t - lengths[:, None]).long()
-        return out, (mask if bool((lengths != t).any()) or attention_mask is not None else None)
+        return Merged(out, mask if bool((lengths != t).any()) or attention_mask is not None else None, keep, reductions)
 
-    def _evs_keep(self, items, pixel_values_videos, video_pruning_rate) -> torch.Tensor | None:
-        """(n_placeholders,) bool over the image-token positions: images kept whole, each video through EVS at
-        rate q (the call's, else the checkpoint's `video_pruning_rate`), one tubelet per EVS group."""
+    def _evs_keep(self, items, video_layout, video_pruning_rate) -> tuple[torch.Tensor | None, list[dict]]:
+        """((n_placeholders,) bool over the image-token positions | None, one EVS record per video): images kept
+        whole, each video through EVS at rate q (the call's, else the checkpoint's `video_pruning_rate`), one
+        tubelet per EVS group."""
         q = self.config.video_pruning_rate if video_pruning_rate is None else video_pruning_rate
-        if q <= 0 or pixel_values_videos is None:
-            return None
-        num_tubelets = pixel_values_videos.shape[1]
-        h, w = (s // self.config.merge_size for s in self.vision.grid_size(*pixel_values_videos.shape[-2:]))
+        if q <= 0 or video_layout is None:
+            return None, []
+        num_tubelets, h, w = video_layout
+        parts, infos = [], []
         try:
             evs = EVS(q)
-            parts = [evs(v, TokenLayout.video(num_tubelets, h, w)).keep if kind == "video"
-                     else torch.ones(v.shape[0], dtype=torch.bool, device=v.device) for kind, v in items]
+            for kind, v in items:
+                if kind == "video":
+                    reduced = evs(v, TokenLayout.video(num_tubelets, h, w))
+                    parts.append(reduced.keep)
+                    infos.append(reduced.info)
+                else:
+                    parts.append(torch.ones(v.shape[0], dtype=torch.bool, device=v.device))
         except ReductionError as exc:
             raise InputError(str(exc)) from None
-        return torch.cat(parts)
+        return torch.cat(parts), infos
 
     def forward(self, input_ids=None, pixel_values=None, image_grid_hw=None, pixel_values_videos=None,
                 input_features=None, input_features_mask=None, attention_mask=None, cache=None, input_pos=None,

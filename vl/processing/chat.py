@@ -481,6 +481,9 @@ def expand_placeholders(text: str, replacements: Sequence[str], tokens: MediaTok
         end = tokens.img_end
         if tokens.has_audio and placeholder == tokens.audio_context:
             expected, end = tokens.audio_start, tokens.audio_end
+        elif tokens.has_audio and placeholder == tokens.video_context and isinstance(run, str) and run.endswith(
+                tokens.audio_end):
+            end = tokens.audio_end  # the video's frames, then its sound track (use_audio_in_video)
         if not isinstance(run, str) or not run.startswith(expected) or not run.endswith(end):
             raise PlaceholderMismatchError(f"placeholder {k} is {placeholder!r}, so its replacement must start with "
                                            f"{expected!r} and end with {end!r}; found {str(run)[:40]!r}")

@@ -202,6 +202,7 @@ class OmniMediaInfo:
     timestamps: list[float] = field(default_factory=list)
     fps: float | None = None
     num_samples: int = 0  # audio: samples at the processor's rate
+    from_video: bool = False  # audio: the sound track of the video before it (`use_audio_in_video`)
 
 
 @dataclass
@@ -249,6 +250,12 @@ def _count_parts(messages) -> dict[str, int]:
     return counts
 
 
+# Nano V2 VL's tiling and PDF options with their defaults (vl/processing/processor.py `Processor.__call__`); PDF
+# parts are refused here, so the PDF options never act
+TILE_OPTIONS = {"max_num_tiles": None, "skip_blank_tiles": False, "pages": None, "max_pages": None,
+                "pdf_scale": None, "reserved_tokens": None}
+
+
 def _no_pdf(source):
     raise chat.PromptFormatError("PDF parts are not supported by the Omni processor yet; send the pages as images")
 
@@ -257,13 +264,15 @@ class OmniProcessor:
     """The Omni twin of `Processor` (vl/processing/processor.py): same messages, same chat format, same source
     rules (local paths or bytes; URLs never fetched; `allowed_roots`), same limits."""
     has_vision = True
-    has_audio = True
 
     def __init__(self, tokenizer, config: OmniProcessingConfig, *, limits: MediaLimits = DEFAULT_LIMITS,
                  allowed_roots=None, isolate: bool = False, video_backend: str = "decord",
                  timestamp_convention: str = "exact", image_token_id: int | None = None,
-                 audio_token_id: int | None = None):
+                 audio_token_id: int | None = None, has_audio: bool = True):
+        """`has_audio`: the model has an audio encoder (a checkpoint without `audio_config` has none: audio parts
+        are refused and a video's sound is not used)."""
         self.tokenizer, self.config, self.limits = tokenizer, config, limits
+        self.has_audio = has_audio
         self.allowed_roots = None if allowed_roots is None else [Path(r).resolve() for r in allowed_roots]
         self.isolate, self.video_backend, self.timestamp_convention = isolate, video_backend, timestamp_convention
         self.tokens = config.tokens
@@ -279,7 +288,8 @@ class OmniProcessor:
         config = omni_processing_from_hf(*read_processing_files(directory), model=model)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(directory))
         ids = {} if model is None else {"image_token_id": model.tokens.image_token_id,
-                                        "audio_token_id": model.tokens.audio_token_id}
+                                        "audio_token_id": model.tokens.audio_token_id,
+                                        "has_audio": model.audio is not None}
         return cls(tokenizer, config, **ids, **kwargs)
 
     def _token_id(self, text: str, configured: int | None) -> int:
@@ -289,14 +299,34 @@ class OmniProcessor:
         return checked_source(source, self.allowed_roots)
 
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
-                 fps: float = 2.0, max_frames: int = 128, context_length: int | None = None) -> OmniInputs:
-        for kind, count in _count_parts(messages).items():  # before anything is decoded (matrix I10)
+                 fps: float = 2.0, max_frames: int = 128, context_length: int | None = None,
+                 use_audio_in_video: bool | None = None, **tile_options) -> OmniInputs:
+        """`use_audio_in_video`: a video's sound track follows its frames as an audio run (None: when the model
+        hears). `tile_options`: Nano V2 VL's tiling and PDF options (`max_num_tiles`, `skip_blank_tiles`, `pages`,
+        ...), accepted so that one request works with both families; images are seen at native resolution here, so
+        they are not used, and a value other than the default is named in a note."""
+        unknown = sorted(k for k in tile_options if k not in TILE_OPTIONS)
+        if unknown:
+            raise TypeError(f"OmniProcessor got unexpected keyword arguments {unknown}")
+        unused = sorted(k for k in ("max_num_tiles", "skip_blank_tiles") if tile_options.get(k, TILE_OPTIONS[k])
+                        not in (TILE_OPTIONS[k], None))
+        counts = _count_parts(messages)
+        for kind, count in counts.items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
+        if counts["audio"] and not self.has_audio:
+            raise InputError("this checkpoint has no audio encoder (its config.json has no audio_config); send "
+                             "images, videos or text only")
+        hear = self.has_audio if use_audio_in_video is None else bool(use_audio_in_video)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt, pdf_pages=_no_pdf,
                                     tokens=self.tokens)
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before decoding
-        media, cfg, work, notes = prompt.media, self.config, Work.current(), []
+        media, cfg, work = prompt.media, self.config, Work.current()
+        notes = [f"{', '.join(unused)}: Nano V2 VL's tiling options; Nemotron 3 Nano Omni sees images at native "
+                 "resolution, so they were not used"] if unused else []
+        if hear and not self.has_audio and any(m.kind == "video" for m in media):
+            notes.append("this checkpoint has no audio encoder: the video's sound was not used")
+            hear = False
         images = [m for m in media if m.kind == "image"]
         work.report("decoding images", 0, len(media))
         decoded = load_omni_images([self._check_source(m.source) for m in images], cfg.image, limits=self.limits,
@@ -318,6 +348,16 @@ class OmniProcessor:
                 videos.append(vid)
                 runs.append(self._video_run(vid))
                 infos.append(self._video_info(vid))
+                if hear:
+                    wave, note = self._video_sound(item.source)
+                    if note:
+                        notes.append(f"the video's sound: {note}" if wave is not None
+                                     else f"answered from the frames only: {note}")
+                    if wave is not None:
+                        n = cfg.audio_tokens(len(wave))
+                        clips.append(wave)
+                        runs[-1] += chat.audio_placeholder(n, self.tokens)
+                        infos.append(OmniMediaInfo("audio", n, num_samples=len(wave), from_video=True))
                 frames = vid.frames
                 if frames.partial:
                     notes.append("some video frames could not be decoded and were skipped")
@@ -347,6 +387,21 @@ class OmniProcessor:
                              frame_indices=[] if frames is None else list(frames.frame_indices),
                              timestamps=[] if frames is None else list(frames.timestamps_s),
                              fps=None if frames is None else frames.fps)
+
+    def _video_sound(self, source) -> tuple[np.ndarray | None, str]:
+        """A video's sound track on the frames' time axis (sample k is heard at k / 16000 s, the axis of the frame
+        timestamps; a track that starts late is led by silence), or (None, why) when it cannot be heard: no track, or
+        one that is refused, corrupt, over a cap or too short. The frames answer either way."""
+        clip, note = audio.load_video_audio(self._check_source(source), limits=self.limits, isolate=self.isolate)
+        if clip is None:
+            return None, note
+        wave = clip.waveform
+        lead = int(round(max(clip.start_s, 0.0) * audio.SAMPLE_RATE))
+        if lead:
+            wave = np.concatenate([np.zeros(lead, np.float32), wave])
+        if len(wave) < 2 * self.config.mel.hop_length:
+            return None, "the video's audio track is too short to hear (under two feature frames)"
+        return wave, note
 
     def _load_audio(self, source) -> np.ndarray:
         """A clip as float32 mono samples at 16 kHz: an array given as such, else decoded (with its caps, sandbox and

@@ -220,7 +220,7 @@ class Processor:
                  max_num_tiles: int | None = None, fps: float = 2.0, max_frames: int = 128,
                  pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
                  reserved_tokens: int = 1024, skip_blank_tiles: bool = False,
-                 max_pages: int | None = None) -> ProcessedInputs:
+                 max_pages: int | None = None, use_audio_in_video: bool | None = None) -> ProcessedInputs:
         cfg = self.config
         # the option's one range (vl/options.py); the checkpoint's own default is taken as it is
         max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else spec("max_num_tiles").check(max_num_tiles)
@@ -237,6 +237,8 @@ class Processor:
         self.limits.check_count("document", len(documents))
         self.limits.check_count("image", len([m for m in images if m.document is None]))
         notes = []
+        if use_audio_in_video and videos:
+            notes.append("this model does not hear (no audio encoder): the video's sound was not used")
         caps = [max_num_tiles] * len(prompt.media)
         pages_idx = [i for i, m in enumerate(prompt.media) if m.document is not None]
         if pages_idx and context_length:

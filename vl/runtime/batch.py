@@ -140,6 +140,8 @@ class _Row:
         s = self.stats
         s.new_tokens, s.total_s = len(self.ids), end - t0
         s.time_to_first_token_s = (self.first or end) - t0
+        if self.first:
+            s.stages_s["decode"] = end - self.first
         if self.first and len(self.ids) > 1:
             s.decode_tokens_per_s = (len(self.ids) - 1) / max(end - self.first, 1e-9)
         s.peak_memory_bytes = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
@@ -294,10 +296,13 @@ def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
         embeds, mask = left_pad_embeds([r.embeds[0] for r in group])
     for r in group:
         r.embeds = None  # the cache holds the prompt from now on
+    start = time.perf_counter()
     batch.join([r.index for r in group], [r.request.max_new_tokens for r in group], inputs_embeds=embeds,
                attention_mask=mask, contexts=[r.inputs.input_ids[0].tolist() for r in group],
                controllers=[r.budget for r in group], ignore_eos=[r.request.options.ignore_eos for r in group],
                min_tokens=[r.request.options.min_tokens for r in group])
+    for r in group:
+        r.stats.stages_s["prefill"] = time.perf_counter() - start
 
 
 def _step(engine, batch: DecodeBatch, rows: dict, raise_errors: bool = True):

@@ -10,18 +10,21 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
-from vl.directory import checkpoint_kind, read_config, resolve_dir
-from vl.errors import ConfigError, GenerationOptionError, InputError
+from vl.directory import resolve_dir
+from vl.errors import GenerationOptionError, InputError
 from vl.processing.load import load_processor
+from vl.processing.omni_processor import OmniInputs
 from vl.processing.progress import Work
 from vl.options import RequestOptions, canonical, spec
 from vl.runtime.batch import ChatRequest, Tokenized, run_batch
 from vl.runtime.generate import decode_mode, decode_step, generate_ids
+from vl.runtime.omni_inputs import embed_omni
 from vl.runtime.placement import execution_device
 from vl.runtime.pretrained import load_pretrained
 from vl.runtime.results import ChatResult, ChatStream, Event, Stats  # noqa: F401 - part of the engine's API
@@ -52,12 +55,6 @@ class Engine:
                         decode: str = "auto", **processor_kwargs):
         decode = decode if decode == "auto" else decode_mode(decode)  # "eager" warns here, at the caller's line
         video_pruning_rate = spec("video_pruning_rate").check(video_pruning_rate)  # the request option's range
-        directory = resolve_dir(path)
-        if checkpoint_kind(read_config(directory), directory) == "nemotron_h_omni":  # before any weight is read
-            raise ConfigError(f"{directory} is a Nemotron 3 Nano Omni checkpoint: vl.load_pretrained and "
-                              "vl.load_processor read it (model and processor, checked against transformers), but the "
-                              "engine and what runs on it (vl chat, vl serve, the app, eval) do not serve "
-                              "Omni yet; use a Nano V2 VL or Nemotron-H checkpoint with them")
         model = load_pretrained(path, dtype=dtype, device_map=device_map, quant_mode=quant_mode)
         if video_pruning_rate is not None and hasattr(model.config, "video_pruning_rate"):  # text-only: no video
             model.config = model.config.replace(video_pruning_rate=float(video_pruning_rate))
@@ -103,9 +100,11 @@ class Engine:
             return messages, stats
         proc = options.processor_kwargs()
         proc.setdefault("context_length", self.context_length)
+        start = time.perf_counter()
         with work or Work():
             inputs = self.processor(messages, thinking=options.thinking, **proc)
         stats.notes += inputs.notes
+        stats.stages_s["media"] = time.perf_counter() - start
         return inputs, stats
 
     def embed(self, inputs, stats: Stats, options: RequestOptions | None = None, *, work: Work | None = None,
@@ -114,10 +113,17 @@ class Engine:
         `vision_cache`: where encoded tiles are looked up (default the engine's; vl/runtime/vision_batch.py
         hands in the tiles of several requests encoded in one call)."""
         options = options or RequestOptions()
+        cache = self._vision_cache if vision_cache is None else vision_cache
+        if isinstance(inputs, OmniInputs):
+            with work or Work():
+                return embed_omni(self.model, inputs, options.video_pruning_rate, cache, stats)
+        start = time.perf_counter()
         with work or Work():
             embeds = embed_inputs(self.model, inputs.input_ids, inputs.pixel_values, inputs.media,
                                   options.video_pruning_rate, options.token_pruning_rate,
-                                  self._vision_cache if vision_cache is None else vision_cache, stats)
+                                  cache, stats)
+        if inputs.pixel_values is not None:
+            stats.stages_s["vision"] = time.perf_counter() - start
         skipped = sum(len(i.tiles_skipped) for i in getattr(inputs, "items", ()))
         if skipped:  # blank tiles never reached the encoder; "before" counts them, so before -> after shows both
             stats.vision_tokens_before += skipped * self.processor.config.tokens_per_tile

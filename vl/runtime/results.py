@@ -33,6 +33,11 @@ class Stats:
     total_s: float = 0.0  # the whole request, media processing included
     peak_memory_bytes: int = 0  # CUDA: max allocated in this call; CPU: the process's peak RSS so far
     vision_cache_hits: int = 0  # media items whose tile vectors came from the engine's vision cache
+    audio_tokens: int = 0  # audio placeholder tokens the LLM saw (models that hear: Nemotron 3 Nano Omni)
+    # seconds per stage of this request: "media" (decode and preprocess), "vision" (tower, projector, reduction,
+    # merge), "audio" (audio encoder and projector), "prefill" (its prefill call, shared by the rows that joined
+    # together), "decode" (first token to the end); the stages before the first token add up to about its time
+    stages_s: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what was reduced, clamped or skipped, in words
     reductions: list[dict] = field(default_factory=list)  # one record per token reduction applied (its `info`)
     # --- in process only: what the app draws (vl/runtime/engine.py, ui/runner.py); not in `as_dict` ---------------
