@@ -8,7 +8,9 @@ largest |input| seen while the model runs on calibration prompts (the user's tex
 documents and clips sent through the real Processor, so that image tiles and video frames reach the LLM the
 way they will at inference). The vision tower, `mlp1`, conv1d, norms and embeddings are never quantized;
 `lm_head` is excluded unless asked (ModelOpt's default); routed MoE experts (fused tensors, not Linears) stay
-in high precision. Optional: the residual-stream Hadamard fold (vl/quant/rotate.py) and NVFP4 16x16 2-D weight
+in high precision. A Nemotron 3 Nano Omni directory is calibrated through its own processor and only its LLM's
+Linears are packed (the audio branch stays as it was, like the vision tower). Tensors the loader ignores (RADIO's
+summary indices and adaptors, MTP heads) are copied through unchanged. Optional: the residual-stream Hadamard fold (vl/quant/rotate.py) and NVFP4 16x16 2-D weight
 blocks. The output directory is a complete checkpoint: weights, `config.json` with `quantization_config`,
 `hf_quant_config.json`, and every tokenizer / generation / processor file of the input.
 """
@@ -32,8 +34,10 @@ from transformers import AutoTokenizer
 from vl.checkpoint.files import CheckpointFiles, save_tensors
 from vl.checkpoint.nano_vl import export_state_dict
 from vl.checkpoint.nemotron_h import export_lm
+from vl.checkpoint.omni import export_state_dict as export_omni
 from vl.directory import read_config, resolve_dir
 from vl.errors import CheckpointError, ConfigError
+from vl.modeling.omni import NemotronOmni
 from vl.processing.load import load_processor
 from vl.quant.config import is_excluded, never_quantized
 from vl.quant.rotate import rotate_residual_stream
@@ -52,6 +56,10 @@ log = logging.getLogger(__name__)
 FORMATS = {"fp8": "FP8", "nvfp4": "NVFP4"}
 # MoE parts that are not Linears: fused routed-expert tensors and the fp32 router; listed so readers know
 MOE_UNQUANTIZED = ("*mixer.experts.*", "*mixer.gate")
+# Nemotron 3 Nano Omni's audio branch and vision final norm, named for the readers of hf_quant_config.json (the
+# vision tower and mlp1 are already never quantized); only the LLM's Linears are packed, as in the released FP8 / NVFP4
+OMNI_UNQUANTIZED = ("sound_encoder*", "sound_projection*", "vision_projector*")
+OMNI_CALIB_SIZE = 512  # px: the side of the synthetic calibration pages and clips for Omni
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "config.json", "hf_quant_config.json")
 NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -115,7 +123,8 @@ def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | N
     if prompts is None and source is None:
         raise ConfigError("no calibration data: pass prompts (vl quantize --calib-prompts FILE) or a calibration "
                           "source (vl quantize uses synthetic documents and clips by default)")
-    if hasattr(model, "prepare_inputs"):  # a VL model: the Processor is the one path from messages to inputs
+    omni = isinstance(model, NemotronOmni)
+    if hasattr(model, "prepare_inputs") or omni:  # a VL model: the processor is the one path from messages to inputs
         try:
             proc = load_processor(model_dir)
         except OSError as e:
@@ -123,12 +132,14 @@ def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | N
                                   "it") from None
         if prompts is not None:
             items = [([{"role": "user", "content": p}], f"prompt {i + 1}") for i, p in enumerate(prompts)]
-        else:
-            items = source.messages(n, proc.config.force_image_size, seed)
+        else:  # Omni sees images at native resolution: the synthetic pages are drawn at Nano V2 VL's tile size
+            items = source.messages(n, OMNI_CALIB_SIZE if omni else proc.config.force_image_size, seed)
         out = []
         for msgs, what in items:
             x = proc(msgs, add_generation_prompt=False)
-            out.append(Calibration(dict(input_ids=x.input_ids, pixel_values=x.pixel_values, media=x.media), what))
+            kwargs = (x.model_inputs() if omni
+                      else dict(input_ids=x.input_ids, pixel_values=x.pixel_values, media=x.media))
+            out.append(Calibration(kwargs, what))
         return out
     texts = prompts
     if texts is None:  # text-only: the source's samples as plain text
@@ -159,6 +170,8 @@ def _bar(items, desc: str, progress: bool, total: int | None = None):
 
 def _checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under the checkpoint names of its own format (hub layout)."""
+    if isinstance(model, NemotronOmni):
+        return export_omni(model)
     if hasattr(model, "prepare_inputs"):
         return export_state_dict(model)
     return export_lm(model.state_dict())
@@ -206,7 +219,8 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     prefix = "language_model." if lm is not model else ""
     if hadamard:
         rotate_residual_stream(model, seed=seed)
-    extra = tuple(exclude) + (MOE_UNQUANTIZED if "E" in lm.config.pattern else ())
+    extra = (tuple(exclude) + (MOE_UNQUANTIZED if "E" in lm.config.pattern else ())
+             + (OMNI_UNQUANTIZED if isinstance(model, NemotronOmni) else ()))
     pats = exclude_patterns(exclude_lm_head, extra)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith(prefix)]
     names = [n for n in linears if not never_quantized(n) and not is_excluded(n, pats)]
@@ -240,6 +254,9 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     for key, t in sd.items():
         if not t.is_floating_point():
             tensors[key] = t
+    kept = [k for k in files.names() if k not in sd]  # what the loader ignores (RADIO's summary indices and
+    for key in kept:  # adaptors, MTP heads, ...) goes through unchanged: the copy holds all the original held
+        tensors[key] = files.get(key)
     one_d = [n for n in names if block_2d and sd[f"{n}.weight"].shape[0] % 16]  # 16x16 tiles need rows % 16 == 0
     if one_d:
         log.warning("vl quantize: --block-2d: %d Linears have a row count that is not a multiple of 16 and keep "
