@@ -390,15 +390,17 @@ class OmniProcessor:
 
     def _video_sound(self, source) -> tuple[np.ndarray | None, str]:
         """A video's sound track on the frames' time axis (sample k is heard at k / 16000 s, the axis of the frame
-        timestamps; a track that starts late is led by silence), or (None, why) when it cannot be heard: no track, or
+        timestamps: a track that starts late is led by silence, samples before the picture's start are dropped), or (None, why) when it cannot be heard: no track, or
         one that is refused, corrupt, over a cap or too short. The frames answer either way."""
         clip, note = audio.load_video_audio(self._check_source(source), limits=self.limits, isolate=self.isolate)
         if clip is None:
             return None, note
         wave = clip.waveform
-        lead = int(round(max(clip.start_s, 0.0) * audio.SAMPLE_RATE))
-        if lead:
-            wave = np.concatenate([np.zeros(lead, np.float32), wave])
+        shift = int(round(clip.start_s * audio.SAMPLE_RATE))  # > 0: the sound starts late; < 0: early (priming)
+        if shift > 0:
+            wave = np.concatenate([np.zeros(shift, np.float32), wave])
+        elif shift < 0:
+            wave = wave[-shift:]
         if len(wave) < 2 * self.config.mel.hop_length:
             return None, "the video's audio track is too short to hear (under two feature frames)"
         return wave, note
