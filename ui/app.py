@@ -44,13 +44,14 @@ DEMO_WARNING = ("**The demo model reads only the small synthetic documents and c
                 "the app with a real checkpoint: `vl app --model DIR`.")
 
 
-def header_text(model_name: str, limits: AppLimits) -> str:
+def header_text(model_name: str, limits: AppLimits, hears: bool = False) -> str:
     m = limits.media
+    audio = (f"up to {m.max_audios} audio clips of at most {m.max_audio_duration_s / 60:g} min · " if hears else "")
     return (f"## {TITLE}\n"
             f"Model: `{model_name}` · "
             f"uploads up to {limits.max_upload_mb} MB · "
             f"up to {m.max_images} images or one PDF of at most {m.max_pdf_pages} pages · one video of at "
-            f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · answers stop after "
+            f"most {m.max_video_duration_s / 60:g} min ({limits.max_frames} frames) · {audio}answers stop after "
             f"{limits.request_timeout_s:g} s")
 
 
@@ -74,16 +75,18 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
     roots = [Path(get_upload_folder()).resolve()] + ([Path(examples_dir).resolve()] if examples_dir else [])
     ctx = AppContext(engine, limits, roots)
     by_tab = tab_examples(Path(examples_dir), examples) if examples_dir and examples else {}
+    if not ctx.tiled:  # Nemotron 3 Nano Omni takes no PDF: the PDF examples would only be refused
+        by_tab["document"] = [e for e in by_tab.get("document", []) if not e["path"].endswith(".pdf")]
     with gr.Blocks(title=TITLE, delete_cache=(1800, 3600), analytics_enabled=False) as demo:
-        header = gr.Markdown(header_text(model_name or type(engine.model).__name__, limits), label="Header",
-                             elem_id="header")
+        header = gr.Markdown(header_text(model_name or type(engine.model).__name__, limits, ctx.hears),
+                             label="Header", elem_id="header")
         if demo_model or models is not None:  # with a picker it shows whenever the demo model is the one served
             warning = gr.Markdown(f"⚠️ {DEMO_WARNING}", label="Demo model warning", elem_id="demo-warning",
                                   visible=demo_model)
         if models is not None:
             from ui.model_picker import build_model_picker
 
-            build_model_picker(demo, ctx, models, header, warning, lambda name: header_text(name, limits),
+            build_model_picker(demo, ctx, models, header, warning, lambda name: header_text(name, limits, ctx.hears),
                                dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
         controls = build_controls(limits)
         vision = has_vision(engine)

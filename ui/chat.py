@@ -1,5 +1,8 @@
 """Chat tab: multi-turn, multimodal (`gr.ChatInterface` with a multimodal textbox), same controls.
 
+Attachments: images, videos, a PDF (Nano V2 VL) and audio files (a model that hears: Nemotron 3 Nano Omni), each
+kept for the later turns of the conversation and processed once (ui/chat_media.py, ui/chat_media_omni.py).
+
 Gradio 6 conventions (gradio-app/gradio `guides/05_chatbots/01_creating-a-chatbot-fast.md`, `03_agents-and-tool-usage.md`): history arrives as OpenAI-style message dicts whose content is a
 list of text / file parts; reasoning is shown as a `gr.ChatMessage` with a `title` in its metadata (a
 collapsible "thinking" bubble, open while pending, closed when done), followed by the answer message. Past
@@ -17,6 +20,7 @@ from gradio.utils import get_upload_folder
 from ui.chat_export import export_files
 from ui.controls import AppContext, Controls, api_example, gen_options
 from ui.documents import IMAGE_TYPES
+from ui.hearing import AUDIO_TYPES, check_hears, is_audio
 from ui.limits import check_option, check_upload, error_text, slider_max
 from ui.runner import gradio_progress, stats_markdown, stream_chat
 from ui.stop import StopFlag, stop_state
@@ -28,8 +32,10 @@ ERROR_MARK = "⚠️ "  # an assistant message that starts with it reports a fai
 
 
 def _kind(path: str) -> str:
+    """The message part a file becomes, by its name (the decoders then check its bytes; anything unlisted is tried
+    as an image and refused by the image decoder with what it found)."""
     ext = Path(path).suffix.lower()
-    return "pdf" if ext == ".pdf" else "video" if ext in VIDEO_TYPES else "image"
+    return ("pdf" if ext == ".pdf" else "video" if ext in VIDEO_TYPES else "audio" if is_audio(path) else "image")
 
 
 def _parts(content, ctx: AppContext) -> list[dict]:
@@ -48,6 +54,8 @@ def _parts(content, ctx: AppContext) -> list[dict]:
         if path:
             path = check_upload(path, ctx.media_roots, ctx.limits.max_upload_mb << 20)
             kind = _kind(path)
+            if kind == "audio":
+                check_hears(ctx.engine, Path(path).name)
             return [{"type": kind, kind: path}]
         return []
     raise InputError(f"cannot read a chat message part of type {type(content).__name__}")
@@ -120,11 +128,12 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
     out: list = []
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
-        proc = dict(max_num_tiles=check_option("tiles per image", "max_num_tiles", max_tiles, ctx.limits.max_tiles),
+        tiles = check_option("tiles per image", "max_num_tiles", max_tiles, ctx.limits.max_tiles)
+        proc = dict(max_num_tiles=tiles if ctx.tiled else None,  # Omni: images at their own resolution, no tiles
                     fps=check_option("fps", "fps", fps, ctx.limits.max_fps),
                     max_frames=check_option("max frames", "max_frames", max_frames, ctx.limits.max_frames),
                     video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate),
-                    skip_blank_tiles=bool(skip_blank),
+                    skip_blank_tiles=bool(skip_blank) and ctx.tiled,
                     token_pruning_rate=check_option("redundant-token pruning rate", "token_pruning_rate",
                                                     prune_rate or 0.0))
         messages = chat_messages(ctx, message, history)
@@ -154,23 +163,45 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
         yield out + [gr.ChatMessage(role="assistant", content=f"{ERROR_MARK}**{title}:** {text}")]
 
 
+def accept_any_file_type(textbox: gr.MultimodalTextbox) -> gr.MultimodalTextbox:
+    """`textbox` whose `file_types` only guide the browser's file dialog. Gradio 6.31 checks them again before the
+    chat function runs and raises "Invalid file type", after which ChatInterface leaves its textbox disabled (see
+    `respond`); a file of another type (an audio file for a model that does not hear, a text file) is refused by
+    `respond` instead, as an assistant message that names it, and the decoders check every file's bytes anyway.
+    (An instance attribute, not a subclass: Gradio's component metaclass writes a `.pyi` stub next to the module of
+    every component subclass.)"""
+    def preprocess(payload):
+        if payload is None:
+            return None
+        return {"text": payload.text, "files": [f.path for f in payload.files]}
+
+    textbox.preprocess = preprocess
+    return textbox
+
+
+def chat_file_types(ctx: AppContext) -> list[str]:
+    """The upload filter: images and videos; PDFs for a model that reads them as tiles; audio for one that hears."""
+    return (IMAGE_TYPES + VIDEO_TYPES + ([".pdf"] if ctx.tiled else []) + (AUDIO_TYPES if ctx.hears else []))
+
+
 def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | None = None):
     lim = ctx.limits
+    tiled = ctx.tiled  # the tiling and token-reduction controls apply to Nano V2 VL only
     with gr.Accordion("Media settings for chat", open=False):
         with gr.Row():
             tiles = getattr(ctx.config, "max_num_tiles", lim.max_tiles)  # a text-only model has no tiling
             max_tiles = gr.Slider(1, lim.max_tiles, value=min(tiles, lim.max_tiles), step=1,
-                                  label="Tiles per image (max)")
+                                  label="Tiles per image (max)", visible=tiled)
             fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Video frames per second")
             max_frames = gr.Slider(1, lim.max_frames, value=min(64, lim.max_frames), step=1, label="Max frames")
             rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05),
                              value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
                              label="EVS pruning rate")
         with gr.Row():
-            skip_blank = gr.Checkbox(value=False, label="Skip blank tiles",
+            skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", visible=tiled,
                                      info="whitespace tiles of images and pages never reach the vision encoder")
             prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,
-                                   label="Redundant-token pruning rate",
+                                   label="Redundant-token pruning rate", visible=tiled,
                                    info="fraction of image / page tokens dropped as repeated background")
     flag = stop_state()
 
@@ -179,9 +210,11 @@ def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | N
         yield from respond(ctx, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
                            max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag, progress)
 
-    textbox = gr.MultimodalTextbox(file_count="multiple", file_types=IMAGE_TYPES + VIDEO_TYPES + [".pdf"],
-                                   sources=["upload"], placeholder="Ask about an image, a PDF or a video…",
-                                   label="Message", elem_id="chat-input", stop_btn=True)  # shown while answering
+    kinds = ["an image"] + (["a PDF"] if tiled else []) + ["a video"] + (["an audio file"] if ctx.hears else [])
+    what = ", ".join(kinds[:-1]) + " or " + kinds[-1]
+    textbox = accept_any_file_type(gr.MultimodalTextbox(
+        file_count="multiple", file_types=chat_file_types(ctx), sources=["upload"], placeholder=f"Ask about {what}…",
+        label="Message", elem_id="chat-input", stop_btn=True))  # Stop shows while answering
     textbox = api_example(textbox, {"text": "What is the total?", "files": []})
     chat_examples = [[{"text": e["question"], "files": [e["path"]]}] for e in examples or []] or None
     interface = gr.ChatInterface(fn, multimodal=True, textbox=textbox,

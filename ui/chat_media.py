@@ -11,7 +11,8 @@ message; each attachment goes through the processor on its own, once, and what i
 per-item facts, notes) is kept in a `MediaCache` keyed by the file's content and the options that shape it;
 the prompt is then rendered for the whole conversation by the one chat format (`vl.processing.chat`), with each
 placeholder expanded to its item's run as the processor expands it. The engine's vision cache already keeps the
-encoder's output per tile, so a follow-up re-encodes nothing either.
+encoder's output per tile, so a follow-up re-encodes nothing either. Nemotron 3 Nano Omni's inputs (patches,
+tubelets, audio clips) are put together by the twin of this module, ui/chat_media_omni.py, over the same cache.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from vl.processing import chat
 from vl.processing.processor import MediaInfo, ProcessedInputs, check_prompt_size
 from vl.modeling.vlm import MediaSpan
 
-MEDIA = ("image", "video", "pdf")
-COUNTED = {"image": "image", "video": "video", "pdf": "document"}  # MediaLimits.check_count's kinds
+MEDIA = ("image", "video", "pdf", "audio")
+COUNTED = {"image": "image", "video": "video", "pdf": "document", "audio": "audio"}  # MediaLimits.check_count's kinds
 
 
 @dataclass
@@ -105,7 +106,8 @@ def check_counts_per_message(messages, limits) -> None:
             continue
         for kind, counted in COUNTED.items():
             found = sum(1 for p in content if isinstance(p, dict) and p.get("type") == kind)
-            limit = {"image": limits.max_images, "video": limits.max_videos, "document": limits.max_documents}[counted]
+            limit = {"image": limits.max_images, "video": limits.max_videos, "document": limits.max_documents,
+                     "audio": limits.max_audios}[counted]
             if found > limit:
                 raise TooManyItemsError(f"at most {limit} {counted}(s) per message are accepted, found {found} in "
                                         f"message {i + 1}; send them in separate messages")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ui.hearing import hears
 from ui.limits import AppLimits, check_float, check_option
 from ui.runner import GenOptions
 
@@ -29,6 +30,16 @@ class AppContext:
     @property
     def config(self):
         return self.engine.model.config
+
+    @property
+    def tiled(self) -> bool:
+        """The model reads images as tiles of its tile size (Nano V2 VL: the tiling, PDF and token-reduction
+        controls apply); Nemotron 3 Nano Omni reads them at their own resolution and takes no PDF."""
+        return hasattr(self.config, "tokens_per_tile")
+
+    @property
+    def hears(self) -> bool:
+        return hears(self.engine)
 
 
 @dataclass

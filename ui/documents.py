@@ -78,7 +78,8 @@ def check_question(question) -> str:
 
 def document_request(ctx: AppContext, files, pages, question, max_tiles, token_budget, skip_blank=False,
                      prune_rate=0.0):
-    """Checked inputs -> (messages, processor kwargs, page numbers for captions)."""
+    """Checked inputs -> (messages, processor kwargs, page numbers for captions). For a model that reads images at
+    their own resolution (Nemotron 3 Nano Omni) the tiling and reduction controls are not sent: they do not apply."""
     paths = [check_upload(f, ctx.media_roots, ctx.limits.max_upload_mb << 20) for f in _paths(files)]
     if not paths:
         raise InputError("upload page images or a PDF first")
@@ -90,7 +91,9 @@ def document_request(ctx: AppContext, files, pages, question, max_tiles, token_b
             "pages": pages, "skip_blank_tiles": bool(skip_blank),
             "token_pruning_rate": check_option("redundant-token pruning rate", "token_pruning_rate", prune_rate or 0.0)}
     budget = check_int("vision token budget", token_budget or 0, 0, ctx.engine.context_length)
-    if budget:
+    if not ctx.tiled:  # the controls are still checked above: the API accepts any JSON
+        proc = {}  # a PDF is refused by the Omni processor, with its own message
+    elif budget:
         reserved = 1024  # the processor's default room for the question and the answer
         proc["context_length"] = min(ctx.engine.context_length, budget + reserved)
         proc["reserved_tokens"] = reserved
@@ -104,6 +107,8 @@ def document_gallery(ctx: AppContext, stats, page_numbers) -> list[tuple]:
     """(picture, caption) per tile the model saw; with redundant-token pruning on, the dropped tokens' squares
     are washed out (ui/kept_tokens.py) and the caption says how many of the tile's tokens were kept."""
     shown = previews(stats, ctx.config, ctx.limits.max_gallery, page_numbers)
+    if not shown:
+        return []
     tpt = ctx.config.tokens_per_tile
     pixels = getattr(stats, "pixel_values", None)
     grids = keep_grids(getattr(stats, "vision_keep", None), 0 if pixels is None else int(pixels.shape[0]), tpt)
@@ -137,29 +142,32 @@ def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_bu
 
 
 def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
-    cfg = ctx.config
-    tpt = cfg.tokens_per_tile
+    """The tab for the served model: a model that reads images at their own resolution (Nemotron 3 Nano Omni) takes
+    images only, so its PDF, tiling and token-reduction controls are hidden (they stay in the API, unused)."""
+    cfg, tiled = ctx.config, ctx.tiled
+    tpt = getattr(cfg, "tokens_per_tile", 1)
     with gr.Row():
         with gr.Column(scale=1):
+            what = f"Page images (up to {ctx.limits.media.max_images})" + (" or one PDF" if tiled else "")
             files = api_example(without_stray_temp_files(gr.File(
-                file_count="multiple", file_types=IMAGE_TYPES + [".pdf"], type="filepath",
-                label=f"Page images (up to {ctx.limits.media.max_images}) or one PDF", elem_id="doc-files")),
-                [file_example("page.png")])
+                file_count="multiple", file_types=IMAGE_TYPES + ([".pdf"] if tiled else []), type="filepath",
+                label=what, elem_id="doc-files")), [file_example("page.png")])
             pages = api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
                                            f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
-                                           elem_id="doc-pages"), "1-3")
+                                           elem_id="doc-pages", visible=tiled), "1-3")
             picker = gr.Gallery(label="Pages (click to add to the page range)", elem_id="doc-page-picker",
                                 columns=8, height=150, object_fit="contain", visible=False, allow_preview=False)
             question = api_example(gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
                                               max_length=MAX_QUESTION_CHARS, elem_id="doc-question"),
                                    "What is the total?")
-            with gr.Row():
-                max_tiles = gr.Slider(1, ctx.limits.max_tiles, value=min(cfg.max_num_tiles, ctx.limits.max_tiles),
-                                      step=1, label="Tiles per page (max)")
+            with gr.Row(visible=tiled):
+                max_tiles = gr.Slider(1, ctx.limits.max_tiles,
+                                      value=min(getattr(cfg, "max_num_tiles", ctx.limits.max_tiles),
+                                                ctx.limits.max_tiles), step=1, label="Tiles per page (max)")
                 budget = gr.Slider(0, min(ctx.engine.context_length, 32 * 13 * tpt), value=0, step=tpt,
                                    label="Vision token budget for PDF pages",
                                    info="0 = fit the model's context; otherwise pages get fewer tiles to fit")
-            with gr.Row(elem_id="doc-reduction"):
+            with gr.Row(elem_id="doc-reduction", visible=tiled):
                 skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", elem_id="doc-skip-blank",
                                          info="whitespace tiles never reach the vision encoder")
                 prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,

@@ -26,10 +26,10 @@ MiB = 1 << 20
 log = logging.getLogger("ui")
 
 # a shared server admits less than the library defaults: fewer pages (the cap `vl chat` uses too) and a shorter
-# video per request
+# video or audio clip per request
 APP_MEDIA_LIMITS = MediaLimits(max_pdf_pages=INTERACTIVE_PDF_PAGES, max_video_duration_s=1800.0,
                                max_video_bytes=512 * MiB,
-                               max_pdf_bytes=128 * MiB)
+                               max_pdf_bytes=128 * MiB, max_audio_duration_s=1800.0, max_audio_bytes=512 * MiB)
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ APP_ADVICE = {
     "split the request or raise MediaLimits.max_images.": {"*": "send fewer images per message."},
     "split the request or raise MediaLimits.max_videos.": {"*": "send one video per message."},
     "split the request or raise MediaLimits.max_documents.": {"*": "send one PDF per message."},
+    "split the request or raise MediaLimits.max_audios.": {"*": "send fewer audio files per message."},
     " or raise MediaLimits.worker_memory_mb.": {"*": " (decoders here have a fixed memory cap)."},
     "pass fewer pages.": {"document": "type a shorter page range in the PDF pages box.",
                           "*": "use the Document QA tab and its PDF pages box."},

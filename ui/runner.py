@@ -17,7 +17,9 @@ import torch
 from PIL import Image
 
 from ui.chat_media import MediaCache, conversation_inputs, has_media
+from ui.chat_media_omni import omni_conversation_inputs
 from vl.options import RequestOptions
+from vl.processing.omni_processor import OmniInputs, OmniProcessor
 from vl.processing.progress import Work
 from vl.runtime.batch import Tokenized
 from vl.runtime.cpu.heap import trim_heap
@@ -42,22 +44,27 @@ class UIEngine(Engine):
 
     def process(self, messages, options=None, *, stats=None, work=None):
         """`Engine.process` with the media of each message through `self.media_cache` (prompts without media,
-        already tokenized ones and a text-only model's take the base class's path)."""
+        already tokenized ones and a text-only model's take the base class's path). Nemotron 3 Nano Omni's
+        conversations are put together by ui/chat_media_omni.py, Nano V2 VL's by ui/chat_media.py."""
         vision = getattr(self.processor, "has_vision", False)
         if isinstance(messages, Tokenized) or not vision or not has_media(messages):
             return super().process(messages, options, stats=stats, work=work)
         options, stats = options or RequestOptions(), stats or Stats()
         proc = options.processor_kwargs()
         proc.setdefault("context_length", self.context_length)
+        assemble = omni_conversation_inputs if isinstance(self.processor, OmniProcessor) else conversation_inputs
+        start = time.perf_counter()
         with work or Work():
-            inputs = conversation_inputs(self.processor, messages, proc, options.thinking, self.media_cache)
+            inputs = assemble(self.processor, messages, proc, options.thinking, self.media_cache)
         stats.notes += inputs.notes
+        stats.stages_s["media"] = time.perf_counter() - start  # as `Engine.process` times it
         return inputs, stats
 
     def prepare(self, messages, options=None, **kwargs):
         embeds, inputs, stats = super().prepare(messages, options, **kwargs)
-        stats.media_items = inputs.items  # [MediaInfo]
-        stats.pixel_values = inputs.pixel_values  # (num_tiles, 3, S, S) | None
+        stats.media_items = inputs.items  # [MediaInfo] | [OmniMediaInfo]
+        # Nano V2 VL's tiles (num_tiles, 3, S, S), drawn as previews; Omni's native-resolution patches are not
+        stats.pixel_values = None if isinstance(inputs, OmniInputs) else inputs.pixel_values
         return embeds, inputs, stats
 
 
@@ -139,14 +146,39 @@ UNREPORTED = "not reported by the server"  # a count only a local engine knows, 
 
 
 def previews_note(stats: Stats, what: str) -> list[str]:
-    """A stats note when the pictures the model saw are not there to show: a remote engine sends text only."""
+    """A stats note when the pictures the model saw are not there to show: a remote engine sends text only, and
+    Nemotron 3 Nano Omni's native-resolution patches are not drawn."""
     if getattr(stats, "pixel_values", None) is not None:
         return []
-    return [f"the {what} the model saw are not shown: a remote server does not send them back"]
+    items = getattr(stats, "media_items", None)
+    if items is None:
+        return [f"the {what} the model saw are not shown: a remote server does not send them back"]
+    if any(i.kind in ("image", "video") for i in items):
+        return [f"the {what} the model saw are not drawn for this model: it reads images and frames at their own "
+                "resolution, not as tiles"]
+    return []
 
 
 def _shown(value, fmt: str) -> str:
     return UNREPORTED if value is None else fmt.format(value)
+
+
+STAGES = ("media", "vision", "audio", "prefill", "decode")  # `Stats.stages_s`, in the order a request runs them
+
+
+def stages_text(stages_s: dict | None) -> str:
+    """"media 0.21 s · vision 0.30 s · audio 0.05 s · prefill 0.04 s · decode 0.85 s": the stages this request ran,
+    in their order (a stage it did not run, such as audio for a page, is left out)."""
+    if not stages_s:
+        return UNREPORTED  # a remote server reports no stages
+    named = [k for k in STAGES if k in stages_s] + sorted(k for k in stages_s if k not in STAGES)
+    return " · ".join(f"{k} {stages_s[k]:.2f} s" for k in named)
+
+
+def memory_text(nbytes: int) -> str:
+    """`Stats.peak_memory_bytes` in words: on CUDA the most allocated during the request, on the CPU the process's
+    peak resident memory so far (the model's weights included)."""
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MiB"
 
 
 def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: list[str] | None = None) -> str:
@@ -164,6 +196,10 @@ def stats_markdown(result: ChatResult | None, *, timeout_s: float = 0, extra: li
             ("new tokens", _shown(s.new_tokens, "{}")),
             ("total time", f"{s.total_s:.2f} s"),
             ("finished by", finish_label(result))]
+    if s.audio_tokens:  # a model that hears (Nemotron 3 Nano Omni): audio files and videos' sound tracks
+        rows.append(("audio tokens", f"{s.audio_tokens}"))
+    rows.append(("time per stage", stages_text(s.stages_s)))
+    rows.append(("peak memory", UNREPORTED if s.peak_memory_bytes is None else memory_text(s.peak_memory_bytes)))
     if s.vision_cache_hits:
         rows.append(("vision encoder cache hits", f"{s.vision_cache_hits}"))
     lines = ["| this answer | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]

@@ -3,7 +3,11 @@
 Frames are sampled by the processor (reference sampling: `fps`, capped at `max frames`, uniform); EVS
 (token_reduction/evs.py) then drops the tokens that repeat the previous frame. The chart draws, per sampled
 frame at its timestamp, the tokens kept and the tokens removed, from `Stats.reductions[...]["counts"]` of
-this very request; at rate 0 every frame keeps all its tokens.
+this very request; at rate 0 every frame keeps all its tokens. Nemotron 3 Nano Omni packs frames into tubelets
+(`video_temporal_patch_size` frames each, one EVS group per tubelet), so its bars are tubelets at their first
+frame's timestamp. A model that hears also gets the clip's sound track after its frames (request option
+`use_audio_in_video`), unless the "Hear the sound track" switch is off; the switch is not shown for a model that
+does not hear.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from matplotlib.figure import Figure
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
+from ui.hearing import hears
 from ui.limits import check_option, check_upload, slider_max
 from ui.runner import gradio_progress, previews, previews_note, stats_markdown, stream_chat
 from ui.stop import STOPPED_TEXT, StopFlag, failed, run_with_stop, stop_state, wire_stop
@@ -21,20 +26,32 @@ from vl.errors import InputError
 VIDEO_TYPES = [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"]
 
 
-def kept_per_frame(stats, tokens_per_frame: int) -> tuple[list[float], list[int], dict]:
-    """(timestamps_s, kept tokens per frame, EVS info) of the request's video."""
+def kept_per_frame(stats, config) -> tuple[list[float], list[int], int, dict]:
+    """(timestamps_s, kept tokens per frame, tokens per frame before EVS, EVS info) of the request's video.
+
+    A "frame" is what EVS compares: a sampled frame for Nano V2 VL (`config.tokens_per_tile` tokens each); a
+    tubelet for Nemotron 3 Nano Omni, stamped with its first frame's time, its tokens the video's share."""
     items = [m for m in getattr(stats, "media_items", None) or [] if m.kind == "video"]
     if not items:
-        return [], [], {}
+        return [], [], 0, {}
     video = items[0]
+    stamps = list(video.timestamps)
+    if hasattr(video, "num_tiles"):  # Nano V2 VL: one tile per frame
+        groups, per = video.num_tiles, config.tokens_per_tile
+    else:  # Omni: tubelets of `video_temporal_patch_size` frames
+        t = config.video_temporal_patch_size
+        groups = -(-video.num_frames // t)
+        stamps, per = stamps[::t], video.num_tokens // max(groups, 1)
     evs = [r for r in stats.reductions if r.get("method") == "evs"]
     if evs:
-        return list(video.timestamps), list(evs[0]["counts"]), evs[0]
-    return list(video.timestamps), [tokens_per_frame] * video.num_tiles, {}
+        return stamps, list(evs[0]["counts"]), per, evs[0]
+    return stamps, [per] * groups, per, {}
 
 
-def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, info: dict) -> Figure:
-    """Stacked bars per sampled frame: kept tokens, and the ones EVS removed; x = frame timestamp."""
+def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, info: dict,
+              unit: str = "frames") -> Figure:
+    """Stacked bars per sampled frame (`unit` "tubelets" for Omni): kept tokens, and the ones EVS removed; x = frame
+    timestamp."""
     fig = Figure(figsize=(7.0, 2.6), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     n = len(kept)
@@ -49,13 +66,21 @@ def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, i
     ax.set_ylim(0, tokens_per_frame * 1.4)  # room for the legend above full bars
     total = sum(kept)
     q = info.get("q", 0.0)
-    ax.set_title(f"{n} frames: {total} of {n * tokens_per_frame} vision tokens kept (EVS rate {q:g})", fontsize=10)
+    ax.set_title(f"{n} {unit}: {total} of {n * tokens_per_frame} vision tokens kept (EVS rate {q:g})", fontsize=10)
     ax.legend(loc="upper center", ncols=2, fontsize=8, frameon=False)
     return fig
 
 
+def sound_option(engine, hear) -> bool | None:
+    """The switch's value as the request option `use_audio_in_video`: asked of a model that hears, None (nothing
+    asked, no note) of one that does not, whatever an API caller sent."""
+    if not hears(engine):
+        return None
+    return check_option("hear the sound track", "use_audio_in_video", True if hear is None else hear)
+
+
 def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, thinking, reasoning_budget,
-                 max_new_tokens, temperature, flag=None, progress=None):
+                 max_new_tokens, temperature, flag=None, progress=None, hear=True):
     cancel = flag.event if isinstance(flag, StopFlag) else None  # cleared at the click (ui/stop.py)
     try:
         options = gen_options(ctx.limits, thinking, reasoning_budget, max_new_tokens, temperature)
@@ -65,7 +90,8 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
         question = check_question(question)
         proc = dict(fps=check_option("fps", "fps", fps, ctx.limits.max_fps),
                     max_frames=check_option("max frames", "max_frames", max_frames, ctx.limits.max_frames),
-                    video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate))
+                    video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate),
+                    use_audio_in_video=sound_option(ctx.engine, hear))
         messages = [{"role": "user", "content": [{"type": "video", "video": path},
                                                  {"type": "text", "text": question}]}]
         yield "", "", None, [], "*sampling frames…*"
@@ -78,9 +104,8 @@ def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, th
                 yield snap.reasoning, snap.answer, None, [], STOPPED_TEXT
                 return
             stats = snap.result.stats
-            tpf = ctx.config.tokens_per_tile
-            ts, kept, info = kept_per_frame(stats, tpf)
-            chart = evs_chart(ts, kept, tpf, info) if kept else None
+            ts, kept, tpf, info = kept_per_frame(stats, ctx.config)
+            chart = evs_chart(ts, kept, tpf, info, "frames" if ctx.tiled else "tubelets") if kept else None
             frames = [(p.image, f"{p.caption} · {kept[i]}/{tpf}" if i < len(kept) else p.caption)
                       for i, p in enumerate(previews(stats, ctx.config, ctx.limits.max_gallery))]
             text = stats_markdown(snap.result, timeout_s=ctx.limits.request_timeout_s,
@@ -106,6 +131,8 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                 rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05), value=default_rate, step=0.05,
                                  label="EVS pruning rate",
                                  info="fraction of video tokens removed (0 = off)")
+            hear = gr.Checkbox(value=True, label="Hear the sound track", visible=ctx.hears, elem_id="video-hear",
+                               info="the clip's sound follows its frames as audio tokens; off: the frames alone")
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="video-ask")
                 stop = gr.Button("Stop", variant="stop", elem_id="video-stop", interactive=False)
@@ -126,11 +153,12 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     flag = stop_state()
 
     def handler(video, question, fps, max_frames, rate, thinking, reasoning_budget, max_new_tokens, temperature,
-                flag, progress=gr.Progress()):
+                hear, flag, progress=gr.Progress()):
         yield from answer_video(ctx, video, question, fps, max_frames, rate, thinking, reasoning_budget,
-                                max_new_tokens, temperature, flag, progress)
+                                max_new_tokens, temperature, flag, progress, hear)
 
-    inputs = [video, question, fps, max_frames, rate] + controls.inputs + [flag]
+    # the switch comes after the shared controls, so API callers that predate it keep working
+    inputs = [video, question, fps, max_frames, rate] + controls.inputs + [hear, flag]
     outputs = [reasoning, answer, chart, frames, stats]
     run = dict(scroll_to="video-answer", status=stats, concurrency_id=MODEL, concurrency_limit=lim.concurrency)
     event = run_with_stop(ask.click, stop, flag, handler, inputs, outputs, api_name="video", **run)

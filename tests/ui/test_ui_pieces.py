@@ -80,7 +80,28 @@ def test_kept_per_frame_without_evs_is_every_token():
 
     item = SimpleNamespace(kind="video", num_tiles=3, timestamps=[0.0, 0.5, 1.0])
     stats = SimpleNamespace(media_items=[item], reductions=[])
-    assert kept_per_frame(stats, 256) == ([0.0, 0.5, 1.0], [256, 256, 256], {})
+    assert kept_per_frame(stats, SimpleNamespace(tokens_per_tile=256)) == ([0.0, 0.5, 1.0], [256] * 3, 256, {})
+
+
+def test_kept_per_frame_of_omni_counts_tubelets():
+    """Nemotron 3 Nano Omni: 5 frames in tubelets of 2 -> 3 bars at the first frame of each, the video's tokens
+    shared among them; with EVS, its per-tubelet counts."""
+    from types import SimpleNamespace
+
+    from ui.video import evs_chart, kept_per_frame
+    from vl.processing.omni_processor import OmniMediaInfo
+
+    video = OmniMediaInfo("video", 48, (4, 4), num_frames=5, timestamps=[0.0, 0.5, 1.0, 1.5, 2.0])
+    sound = OmniMediaInfo("audio", 26, num_samples=32000, from_video=True)
+    config = SimpleNamespace(video_temporal_patch_size=2)
+    stats = SimpleNamespace(media_items=[video, sound], reductions=[])
+    assert kept_per_frame(stats, config) == ([0.0, 1.0, 2.0], [16, 16, 16], 16, {})
+    evs = {"method": "evs", "q": 0.5, "counts": [16, 5, 3]}
+    stats.reductions = [evs]
+    ts, kept, per, info = kept_per_frame(stats, config)
+    assert (ts, kept, per, info) == ([0.0, 1.0, 2.0], [16, 5, 3], 16, evs)
+    ax = evs_chart(ts, kept, per, info, "tubelets").axes[0]
+    assert ax.get_title().startswith("3 tubelets: 24 of 48 vision tokens kept")
 
 
 def test_chat_history_becomes_engine_turns(tmp_path):
