@@ -228,3 +228,10 @@ class AudioTooShortError(MediaError):
     standard deviation is undefined, NaN in transformers' extractor, refused in NeMo's)."""
 
     code = "audio_too_short"
+
+
+class NoAudioError(InputError):
+    """Audio was sent to a model without an audio encoder (Nano V2 VL, an Omni checkpoint without `audio_config`,
+    or a remote server's model that does not hear)."""
+
+    code = "no_audio"

@@ -20,6 +20,7 @@ from vl.errors import (
     MediaTooLargeError,
     MediaURLRefusedError,
     ModelNotFoundError,
+    NoAudioError,
     RemoteMediaError,
 )
 from vl.processing.limits import MediaLimits
@@ -149,7 +150,9 @@ def test_request_fields():
             _parse(**bad)
     with pytest.raises(ModelNotFoundError):
         _parse(model="other")
-    with pytest.raises(InputError, match="unsupported part type"):
+    with pytest.raises(InputError, match=r"messages\[0\]\.content\[0\]: unsupported part type 'input_image'"):
+        _parse(messages=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
+    with pytest.raises(NoAudioError, match=r"messages\[0\]\.content\[0\] \(input_audio\): this model does not hear"):
         _parse(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])
 
 
@@ -172,6 +175,65 @@ def test_item_caps_are_checked_before_any_url_is_fetched(http_server):
     parse_chat_request({"messages": [{"role": "user", "content": parts[:4]}]}, served_names=("m",), policy=policy,
                        ceilings=Ceilings())
     assert _Handler.hits == 4
+
+
+def _audio_request(parts, policy=None, hears=True):
+    return parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_names=("m",),
+                              policy=policy or MediaPolicy(), ceilings=Ceilings(), hears=hears)
+
+
+def test_audio_parts_follow_the_media_policy(http_server, tmp_path):
+    """`audio_url` is resolved as `image_url` is (counted before any fetch, refused URLs and addresses, allowed
+    roots); `input_audio` is base64 with a known format; every refusal names the part and has a stable code."""
+    from vl.errors import TooManyItemsError, UnsupportedFormatError
+
+    wav = b"RIFF\x24\x00\x00\x00WAVEfmt "
+    b64 = base64.b64encode(wav).decode()
+    said = _audio_request([{"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}},
+                           {"type": "input_audio", "input_audio": {"data": "data:audio/wav;base64," + b64,
+                                                                   "format": "MP3"}},
+                           {"type": "audio_url", "audio_url": {"url": "data:audio/flac;base64," + b64}},
+                           {"type": "audio_url", "audio_url": "data:audio/ogg;base64," + b64},
+                           {"type": "text", "text": "What is said?"}])
+    assert [p for p in said.chat.messages[0]["content"] if p["type"] == "audio"] == [
+        {"type": "audio", "audio": wav}] * 4
+    where = r"messages\[0\]\.content\[1\]: "
+    ok = {"type": "text", "text": "hi"}
+    for part, error, match in (
+            ({"type": "input_audio", "input_audio": {"data": "!!not base64!!", "format": "wav"}}, InputError,
+             where + "input_audio.data is not valid base64"),
+            ({"type": "input_audio", "input_audio": {"data": b64, "format": "aiff"}}, UnsupportedFormatError,
+             where + "input_audio.format must be one of wav, mp3"),
+            ({"type": "input_audio", "input_audio": {"data": b64, "format": "pcm16"}}, UnsupportedFormatError,
+             "raw PCM has no header"),
+            ({"type": "input_audio", "input_audio": {"data": b64}}, UnsupportedFormatError, "found None"),
+            ({"type": "input_audio", "input_audio": b64}, InputError, where + r"expected \{\"type\": \"input_audio\""),
+            ({"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,@@"}}, InputError,
+             where + "the audio data URI is not valid base64"),
+            ({"type": "audio_url", "audio_url": {"url": f"{http_server}/ok"}}, MediaURLRefusedError, "--allow-fetch"),
+            ({"type": "audio_url", "audio_url": {"url": f"file://{tmp_path}/a.wav"}}, RemoteMediaError,
+             "--allowed-root")):
+        with pytest.raises(error, match=match):
+            _audio_request([ok, part])
+    with pytest.raises(MediaTooLargeError, match=where + "the audio is about"):
+        _audio_request([ok, {"type": "input_audio", "input_audio": {"data": "A" * 4000, "format": "wav"}}],
+                       MediaPolicy(limits=MediaLimits(max_audio_bytes=1000)))
+    with pytest.raises(MediaFetchError, match="non-public"):  # --allow-fetch alone never reaches loopback
+        _audio_request([{"type": "audio_url", "audio_url": {"url": f"{http_server}/ok"}}],
+                       MediaPolicy(allow_fetch=True))
+    fetching = MediaPolicy(allow_fetch=True, allow_private_fetch=True)
+    urls = [{"type": "audio_url", "audio_url": {"url": f"{http_server}/ok?a{i}"}} for i in range(5)]
+    with pytest.raises(TooManyItemsError, match="at most 4 audio"):  # counted before any fetch
+        _audio_request(urls, fetching)
+    with pytest.raises(NoAudioError, match=r"content\[0\] \(audio_url\): this model does not hear"):
+        _audio_request(urls[:1], fetching, hears=False)  # refused before any fetch as well
+    assert _Handler.hits == 0
+    fetched = _audio_request(urls[:2], fetching)
+    assert _Handler.hits == 2 and all(isinstance(p["audio"], bytes) for p in fetched.chat.messages[0]["content"])
+    (tmp_path / "a.wav").write_bytes(wav)  # an allowed root: the path goes to the engine, which checks it again
+    local = _audio_request([{"type": "audio_url", "audio_url": {"url": f"file://{tmp_path}/a.wav"}}],
+                           MediaPolicy(allowed_roots=(tmp_path,)))
+    assert local.chat.messages[0]["content"][0] == {"type": "audio", "audio": str((tmp_path / "a.wav").resolve())}
 
 
 @pytest.mark.parametrize("host", [

@@ -129,21 +129,23 @@ def test_a_refused_connection_is_unavailable():
 def test_context_length_from_vllm_llama_cpp_and_ours():
     with FakeOpenAI(models=[{"id": "nvidia/x", "object": "model", "owned_by": "vllm", "max_model_len": 32768}]) as f:
         vllm = engine(f)
-        assert vllm.context_length == 32768 and vllm.has_vision is None  # vLLM does not say
+        assert vllm.context_length == 32768 and vllm.has_vision is None and vllm.has_audio is None  # vLLM does not say
     llama_entry = {"id": "nano.gguf", "object": "model", "owned_by": "llamacpp",
                    "meta": {"n_ctx_train": 131072, "n_vocab": 131072}}
-    props = {"default_generation_settings": {"n_ctx": 8192}, "modalities": {"vision": False}}
+    props = {"default_generation_settings": {"n_ctx": 8192}, "modalities": {"vision": False, "audio": True}}
     with FakeOpenAI(models=[llama_entry], props=props) as f:
         llama = engine(f)
         assert llama.context_length == 8192 and llama.has_vision is False  # the served n_ctx, not n_ctx_train
+        assert llama.has_audio is True
     with FakeOpenAI(models=[llama_entry], props={"modalities": {"vision": True}}) as f:
         llama = engine(f)
         assert llama.context_length == 131072 and llama.has_vision is True  # no n_ctx served: the trained one
     ours = {"id": "demo", "object": "model", "owned_by": "vl", "max_model_len": 4096,
-            "vl": {"max_num_tiles": 1, "has_vision": True}}
+            "vl": {"max_num_tiles": 1, "has_vision": True, "has_audio": False}}
     with FakeOpenAI(models=[ours]) as f:
         mine = engine(f)
         assert (mine.context_length, mine.has_vision, mine.model.config.max_num_tiles) == (4096, True, 1)
+        assert mine.has_audio is False
 
 
 @pytest.mark.parametrize("code,payload", [
@@ -161,6 +163,29 @@ def test_a_server_without_vision_becomes_no_vision(code, payload):
         assert fake.chat_requests["hi"] == 1
     assert info.value.code == "no_vision" and type(info.value).__name__ == "NoVisionError"
     assert remote.has_vision is False  # learned from the refusal
+
+
+AUDIO = [{"role": "user", "content": [{"type": "audio", "audio": b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\0" * 64},
+                                      {"type": "text", "text": "hi"}]}]
+
+
+@pytest.mark.parametrize("code,payload", [
+    (400, {"object": "error", "message": "At most 0 audio(s) may be provided in one prompt.",
+           "type": "BadRequestError", "param": None, "code": 400}),                                   # vLLM
+    (400, {"error": {"message": "You set or defaulted to '{\"audio\": 0}' in `--limit-mm-per-prompt`, but passed 1 "
+                                "audio items in the same prompt.", "type": "BadRequestError", "code": 400}}),  # vLLM
+    (500, {"error": {"code": 500, "message": "audio input is not supported - hint: if this is unexpected, you "
+                                             "may need to provide the mmproj", "type": "server_error"}}),  # llama.cpp
+])
+def test_a_server_that_does_not_hear_becomes_no_audio(code, payload):
+    with FakeOpenAI(behaviours={"hi": status(code, payload)}) as fake:
+        remote = engine(fake, max_retries=2)
+        assert remote.has_audio is None
+        with pytest.raises(InputError) as info:
+            remote.chat(AUDIO)
+        assert fake.chat_requests["hi"] == 1
+    assert info.value.code == "no_audio" and type(info.value).__name__ == "NoAudioError"
+    assert remote.has_audio is False and remote.has_vision is None  # learned from the refusal, and only that
 
 
 def test_a_well_formed_stream_still_reads_the_same():

@@ -57,8 +57,18 @@ class ServerConfig:
     connection: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
+def model_facts(engine) -> dict:
+    """What the served model takes, under `vl` in /v1/models (RemoteEngine's `has_vision` and `has_audio`): whether it
+    reads images (a text-only Nemotron-H does not) and whether it hears (an Omni checkpoint with an audio encoder)."""
+    processor = engine.processor
+    return {"has_vision": bool(getattr(processor, "has_vision", True)),
+            "has_audio": bool(getattr(processor, "has_audio", False))}
+
+
 def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
     vocab_size = getattr(engine.lm.config, "vocab_size", None)  # the logits' size, for logit_bias ids
+    facts = {**model_facts(engine), **(config.model_info.get("vl") or {})}
+    hears = facts["has_audio"]  # audio parts are refused at the edge otherwise (no_audio)
 
     def key_ok(request: Request) -> bool:
         if config.api_key is None:
@@ -73,7 +83,7 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
 
     def model_card(name: str, created: int) -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "vl", "root": name,
-                "max_model_len": engine.context_length, **config.model_info}
+                "max_model_len": engine.context_length, **config.model_info, "vl": facts}
 
     async def models(request: Request):
         check_key(request)
@@ -116,7 +126,7 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
         # JSON decoding, data: URIs and local media checks run off the event loop (a body can be tens of MB)
         parsed = await loop.run_in_executor(None, lambda: parse_chat_request(
             parse_json(raw), served_names=config.served_names, policy=config.policy, ceilings=config.ceilings,
-            default_max_tokens=config.default_max_tokens, vocab_size=vocab_size))
+            default_max_tokens=config.default_max_tokens, vocab_size=vocab_size, hears=hears))
         job = Job(parsed.chat, parsed.params, loop, stream=parsed.stream, request_id=request.state.request_id)
         scheduler.submit(job)
         cid = R.completion_id()

@@ -96,8 +96,7 @@ def build(args: argparse.Namespace):
     cfg = engine.model.config
     info = {"vl": {"max_num_tiles": getattr(cfg, "max_num_tiles", None),
                    "video_pruning_rate": getattr(cfg, "video_pruning_rate", None),
-                   "tokens_per_tile": getattr(cfg, "tokens_per_tile", None),
-                   "has_vision": bool(getattr(engine.processor, "has_vision", True))}}  # RemoteEngine.has_vision
+                   "tokens_per_tile": getattr(cfg, "tokens_per_tile", None)}}  # has_vision, has_audio: app.model_facts
     config = ServerConfig(served_names=(args.served_model_name or Path(model).resolve().name,),
                           api_key=args.api_key or None, max_body_bytes=int(args.max_body_mb * mib),
                           default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,

@@ -1,8 +1,10 @@
 """`RemoteEngine`: `vl.Engine`'s `chat` interface over any OpenAI-compatible server (`vl serve`, vLLM, SGLang, NIM).
 
 Tools that take an engine (the eval runner, the Gradio app) can drive a model served elsewhere: messages in
-our shape become an OpenAI Chat Completions request with every medium sent as a `data:` URI (images as
-`image_url`, videos as vLLM's `video_url`, PDFs as OpenAI's `file` part), the options become OpenAI fields
+our shape become an OpenAI Chat Completions request with every medium sent inline (images as `image_url`, videos
+as vLLM's `video_url`, PDFs as OpenAI's `file` part, all as `data:` URIs; audio as OpenAI's `input_audio` when its
+bytes are WAV or MP3, the two formats OpenAI's API takes, else as vLLM's `audio_url` data URI; an array of samples
+as a float WAV, losslessly), the options become OpenAI fields
 plus vLLM's and our extensions (only those that differ from their defaults are sent, so a server that does
 not know an extension is not sent it needlessly), and the streamed reply becomes the same `Event`s and
 `ChatResult`. Transient failures (refused or reset connections, 429, 502, 503, a gateway's 504) are retried with
@@ -11,8 +13,8 @@ does not answer (nothing within the read timeout) is not sent twice. A reply is 
 an event stream that ends with a `finish_reason` or `[DONE]`. A stream cut short, a broken connection or a
 stall is `ServerUnavailableError` (code `unavailable`: retry later); a page or JSON body where the event stream
 belongs, or a malformed event, is `ServerReplyError` (`bad_server_reply`: a wrong URL or a proxy in the way).
-Statistics only a local engine knows (vision tokens when the server does not report them, memory, cache hits)
-are None, never made up.
+Statistics only a local engine knows (vision and audio tokens when the server does not report them, memory, cache
+hits) are None, never made up.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import io
 import json
 import os
 import re
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ from pathlib import Path
 from vl.errors import (
     GenerationOptionError,
     InputError,
+    MediaTooLargeError,
+    NoAudioError,
     NoVisionError,
     ServerReplyError,
     ServerUnavailableError,
@@ -48,7 +53,16 @@ DONE = object()  # the `[DONE]` event
 # llama.cpp without --mmproj ("image input is not supported - hint: ... provide the mmproj", 500).
 NO_VISION = re.compile(r"not a multimodal model|(image|video) input is not supported|"
                        r"does not support (image|video|vision|multimodal)", re.IGNORECASE)
+# ... and when it does not hear: vLLM's per-modality limit of 0 ("At most 0 audio(s) may be provided in one prompt.",
+# "... passed 1 audio items in the same prompt"), llama.cpp without an audio mmproj ("audio input is not supported").
+NO_AUDIO = re.compile(r"at most 0 audio|audio input is not supported|does not support audio|"
+                      r"\{\"audio\": 0\}|unknown audio model type", re.IGNORECASE)
 _SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
+# sniffed audio container (vl/processing/audio.py) -> the MIME type of an `audio_url` data URI; WAV and MP3 go as
+# `input_audio` instead
+AUDIO_MIME = {"flac": "audio/flac", "adts": "audio/aac", "ogg": "audio/ogg", "mp4": "audio/mp4",
+              "matroska": "audio/webm", "avi": "video/x-msvideo", "mpegts": "video/mp2t", "mpeg-ps": "video/mpeg",
+              "flv": "video/x-flv"}
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,11 @@ class _RemoteModel:
 
 
 def encode_media(kind: str, source, limits: MediaLimits = DEFAULT_LIMITS) -> dict:
-    """One media part of our messages -> the OpenAI part carrying it as a data: URI."""
+    """One media part of our messages -> the OpenAI part carrying it inline."""
     from vl.processing.images import read_bytes, sniff_format
 
+    if kind == "audio":
+        return encode_audio(source, limits)
     if kind == "image" and hasattr(source, "save") and hasattr(source, "mode"):  # a PIL image
         buf = io.BytesIO()
         source.save(buf, format="PNG")
@@ -90,6 +106,45 @@ def encode_media(kind: str, source, limits: MediaLimits = DEFAULT_LIMITS) -> dic
                                      "file_data": f"data:application/pdf;base64,{b64}"}}
 
 
+def encode_audio(source, limits: MediaLimits = DEFAULT_LIMITS) -> dict:
+    """An audio part's source (a path, bytes, a file object, or float samples at 16 kHz as the engine takes them) ->
+    `input_audio` (WAV, MP3) or an `audio_url` data URI (any other container), the container sniffed from the bytes,
+    never from a name. Bytes that are no audio are refused here as the local engine refuses them."""
+    from vl.processing.audio import _id3_size, sniff_audio
+    from vl.processing.images import read_bytes
+
+    if hasattr(source, "shape") and hasattr(source, "dtype"):  # a numpy array or a torch tensor of samples
+        data = float_wav(source, limits)
+    else:
+        data = read_bytes(source, limits.max_audio_bytes, "audio")
+    skip = _id3_size(data[:4096])  # MP3s (and some AAC or FLAC files) often start with an ID3 tag
+    container = sniff_audio(data[skip:skip + 4096])
+    b64 = base64.b64encode(data).decode("ascii")
+    if container in ("wav", "mp3"):
+        return {"type": "input_audio", "input_audio": {"data": b64, "format": container}}
+    return {"type": "audio_url", "audio_url": {"url": f"data:{AUDIO_MIME.get(container, 'audio/mp4')};base64,{b64}"}}
+
+
+def float_wav(samples, limits: MediaLimits = DEFAULT_LIMITS, rate: int = 16_000) -> bytes:
+    """1-D float samples at `rate` Hz -> a mono 32-bit float WAV (WAVE_FORMAT_IEEE_FLOAT): the server decodes the
+    very samples the local engine would have used. The engine's own checks on an array (shape, dtype, length)."""
+    import numpy as np
+
+    wave = samples.detach().cpu().numpy() if hasattr(samples, "detach") else np.asarray(samples)
+    if wave.ndim == 2 and 1 in wave.shape:
+        wave = wave.reshape(-1)
+    if wave.ndim != 1 or wave.size == 0 or not np.issubdtype(wave.dtype, np.floating):
+        raise InputError(f"an audio array must be 1-D float samples at {rate} Hz, found {wave.dtype} {wave.shape}")
+    if wave.size > limits.max_audio_duration_s * rate:
+        raise MediaTooLargeError(f"the audio array holds {wave.size / rate:.0f} s, the cap is "
+                                 f"{limits.max_audio_duration_s:.0f} s; cut it")
+    pcm = wave.astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHHH", 3, 1, rate, rate * 4, 4, 32, 0)  # IEEE float, mono, 4-byte frames, cbSize 0
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, wave.size) + \
+        b"data" + struct.pack("<I", len(pcm)) + pcm
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+
+
 def to_openai_messages(messages, limits: MediaLimits = DEFAULT_LIMITS) -> list[dict]:
     out = []
     for message in messages:
@@ -102,10 +157,11 @@ def to_openai_messages(messages, limits: MediaLimits = DEFAULT_LIMITS) -> list[d
             kind = part.get("type")
             if kind == "text":
                 parts.append({"type": "text", "text": part.get("text", "")})
-            elif kind in ("image", "video", "pdf"):
+            elif kind in ("image", "video", "pdf", "audio"):
                 parts.append(encode_media(kind, part.get(kind), limits))
             else:
-                raise InputError(f"cannot send a {kind!r} part to a remote server; expected text, image, video or pdf")
+                raise InputError(f"cannot send a {kind!r} part to a remote server; expected text, image, video, "
+                                 "audio or pdf")
         out.append({"role": message.get("role"), "content": parts})
     return out
 
@@ -126,6 +182,7 @@ class RemoteEngine:
         self._entry: dict | None = None
         self._props_cache: dict | None = None
         self._refused_media: bool = False  # the server refused an image as a text-only model
+        self._refused_audio: bool = False  # the server refused audio as a model that does not hear
         self._lock = threading.Lock()
 
     # --- the served model ------------------------------------------------------------------------------
@@ -196,6 +253,21 @@ class RemoteEngine:
             return None
         if said is None:
             said = (self._props().get("modalities") or {}).get("vision")
+        return None if said is None else bool(said)
+
+    @property
+    def has_audio(self) -> bool | None:
+        """Whether the served model hears, as far as the server says: vl serve's `vl.has_audio` in /v1/models,
+        llama.cpp's `modalities.audio` in /props; False once it refused audio as a model that does not hear; None
+        when it does not say (vLLM) or cannot be asked now."""
+        if self._refused_audio:
+            return False
+        try:
+            said = (self._model_entry().get("vl") or {}).get("has_audio")
+        except VLError:
+            return None
+        if said is None:
+            said = (self._props().get("modalities") or {}).get("audio")
         return None if said is None else bool(said)
 
     @property
@@ -284,6 +356,9 @@ class RemoteEngine:
         except NoVisionError:
             self._refused_media = True
             raise
+        except NoAudioError:
+            self._refused_audio = True
+            raise
         except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
             if timeout_s is None or time.perf_counter() - t0 < timeout_s:
                 raise ServerUnavailableError(
@@ -310,15 +385,17 @@ class RemoteEngine:
         text = answer_text if not reasoning_text else reasoning_text + ("" if truncated else THINK_CLOSE + answer_text)
         stats = Stats(prompt_tokens=usage.get("prompt_tokens"), new_tokens=usage.get("completion_tokens"),
                       vision_tokens_before=usage.get("vision_tokens_before"),
-                      vision_tokens_after=usage.get("vision_tokens_after"),
+                      vision_tokens_after=usage.get("vision_tokens_after"), audio_tokens=usage.get("audio_tokens"),
                       time_to_first_token_s=(first or end) - t0, total_s=end - t0, peak_memory_bytes=None,
                       vision_cache_hits=None)
         n = stats.new_tokens
         if first and n and n > 1:
             stats.decode_tokens_per_s = (n - 1) / max(end - first, 1e-9)
+        unreported = [name for name, value in (("vision", stats.vision_tokens_before), ("audio", stats.audio_tokens))
+                      if value is None]
         stats.notes.append(f"remote model {self.model_name!r} at {self.base_url}: times measured by this client"
-                           + ("" if stats.vision_tokens_before is not None
-                              else "; vision-token counts are not reported by this server"))
+                           + (f"; {' and '.join(unreported)}-token counts are not reported by this server"
+                              if unreported else ""))
         return ChatResult(text, reasoning_text, answer_text, [], stats, finish, truncated)
 
     # --- HTTP ------------------------------------------------------------------------------------------
@@ -441,9 +518,13 @@ def _retriable(status: int, error: dict) -> bool:
 
 def _typed_error(error: dict, status: int) -> VLError:
     """An OpenAI error object -> our typed error: the same class (by stable code) a local engine raises when
-    the server is ours; a server's "this model has no vision" as `NoVisionError`; by HTTP status otherwise."""
+    the server is ours; a server's "this model does not hear" as `NoAudioError` and "this model has no vision" as
+    `NoVisionError`; by HTTP status otherwise."""
     code, message = str(error.get("code") or ""), str(error.get("message") or "the server refused the request")
     cls = error_class_for(code)
+    if cls is VLError and NO_AUDIO.search(message):
+        return NoAudioError(f"the server's model does not hear ({message}); send no audio, or serve a model with "
+                            "an audio encoder (Nemotron 3 Nano Omni)")
     if cls is VLError and NO_VISION.search(message):
         return NoVisionError(f"the server's model reads no images, videos or documents ({message}); send text "
                              "only, or serve a vision model (llama.cpp: --mmproj)")

@@ -51,7 +51,7 @@ class MediaPolicy:
 
     def max_bytes(self, kind: str) -> int:
         cap = {"image": self.limits.max_image_bytes, "video": self.limits.max_video_bytes,
-               "pdf": self.limits.max_pdf_bytes}[kind]
+               "pdf": self.limits.max_pdf_bytes, "audio": self.limits.max_audio_bytes}[kind]
         return cap if self.fetch_max_bytes is None else min(cap, self.fetch_max_bytes)
 
 
@@ -78,14 +78,19 @@ def decode_data_uri(url: str, kind: str, max_bytes: int) -> bytes:
     m = _DATA_URI.match(url)
     if m is None or not m.group("b64"):
         raise InputError(f"the {kind} data URI must look like data:<mime>;base64,<data>, found {url[:40]!r}")
-    payload = url[m.end():]
-    if len(payload) // 4 * 3 > max_bytes + 3:  # checked on the text, before anything is decoded
+    return decode_base64(url[m.end():], kind, max_bytes, f"the {kind} data URI")
+
+
+def decode_base64(payload: str, kind: str, max_bytes: int, what: str) -> bytes:
+    """Standard base64 text -> bytes, its size checked on the text before anything is decoded. `what` names the
+    text in the message ("the audio data URI", "input_audio.data")."""
+    if len(payload) // 4 * 3 > max_bytes + 3:
         raise MediaTooLargeError(f"the {kind} is about {len(payload) // 4 * 3} bytes; this server accepts at most "
                                  f"{max_bytes} bytes per {kind}")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InputError(f"the {kind} data URI is not valid base64; encode the file with standard base64 "
+        raise InputError(f"{what} is not valid base64; encode the file with standard base64 "
                          "(A-Z a-z 0-9 + /, padded with =)") from None
     if len(data) > max_bytes:
         raise MediaTooLargeError(f"the {kind} is {len(data)} bytes; this server accepts at most {max_bytes}")

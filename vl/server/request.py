@@ -1,12 +1,13 @@
 """An OpenAI `/v1/chat/completions` body -> our messages, a `ChatRequest` and `SamplingParams`.
 
-Follows OpenAI's Chat Completions request schema, vLLM's extensions for Nemotron Nano V2 VL
-(`video_url` parts, `top_k`, `min_p`, `repetition_penalty`) and the per-request options where `RequestOptions`
-declares them (vl/options.py: `mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`/`pages`,
-`video_pruning_rate`, `chat_template_kwargs.enable_thinking`, and ours: `token_pruning_rate`, `skip_blank_tiles`,
-`reasoning_budget`). Every knob that scales work is checked against a server ceiling before anything is decoded
-(docs/server.md, "Security"), and every sampling field is checked here, at the edge, so that no value can fail
-inside a batch it shares with other requests.
+Follows OpenAI's Chat Completions request schema (`input_audio` parts among them), vLLM's extensions for
+Nemotron Nano V2 VL and Nemotron 3 Nano Omni (`video_url` and `audio_url` parts, `top_k`, `min_p`,
+`repetition_penalty`) and the per-request options where `RequestOptions` declares them (vl/options.py:
+`mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`/`pages`/`use_audio_in_video`, `video_pruning_rate`,
+`chat_template_kwargs.enable_thinking`, and ours: `token_pruning_rate`, `skip_blank_tiles`, `reasoning_budget`).
+Every knob that scales work is checked against a server ceiling before anything is decoded (docs/server.md,
+"Security"), and every sampling field is checked here, at the edge, so that no value can fail inside a batch it
+shares with other requests. Audio parts are refused here (`no_audio`) when the model does not hear.
 
 Every top-level field is one of (docs/server.md, "What a request may say"): implemented; accepted and logged
 because it cannot change the answer (`BOOKKEEPING`); refused by name with `unsupported_field` when it would
@@ -26,14 +27,17 @@ from vl.errors import (
     GenerationOptionError,
     InputError,
     ModelNotFoundError,
+    NoAudioError,
     UnknownFieldError,
     UnsupportedFieldError,
+    UnsupportedFormatError,
+    VLError,
 )
 from vl.options import RequestOptions, spec, specs
 from vl.runtime.batch import ChatRequest
 from vl.runtime.sampling import SamplingParams
 from vl.server.ceilings import Ceilings
-from vl.server.media import MediaPolicy, resolve
+from vl.server.media import MediaPolicy, decode_base64, resolve
 
 log = logging.getLogger("vl.server")
 
@@ -215,8 +219,10 @@ def _thinking(body, options: RequestOptions) -> RequestOptions:
 
 
 def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPolicy, ceilings: Ceilings,
-                       default_max_tokens: int = 256, vocab_size: int | None = None) -> ParsedRequest:
-    """`vocab_size`: the model's logits size, for `logit_bias` ids (None: checked when the batch starts)."""
+                       default_max_tokens: int = 256, vocab_size: int | None = None,
+                       hears: bool = False) -> ParsedRequest:
+    """`vocab_size`: the model's logits size, for `logit_bias` ids (None: checked when the batch starts).
+    `hears`: the model has an audio encoder (the processor's `has_audio`); audio parts are refused otherwise."""
     if not isinstance(body, dict):
         raise InputError("expected a JSON object as the request body")
     model = body.get("model")
@@ -259,7 +265,7 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
                           max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
     options = _thinking(body, RequestOptions.from_openai(body, base))
     _check_ceilings(options, ceilings)
-    chat = ChatRequest(convert_messages(body.get("messages"), policy), options, stop=stop,
+    chat = ChatRequest(convert_messages(body.get("messages"), policy, hears=hears), options, stop=stop,
                        timeout_s=ceilings.request_timeout_s)
     return ParsedRequest(chat, params, stream, bool(opts.get("include_usage", False)),
                          model if model is not None else served_names[0])
@@ -275,11 +281,11 @@ def _check_ceilings(options: RequestOptions, ceilings: Ceilings) -> None:
 
 
 # --- messages ------------------------------------------------------------------------------------------
-def convert_messages(messages, policy: MediaPolicy) -> list[dict]:
+def convert_messages(messages, policy: MediaPolicy, *, hears: bool = False) -> list[dict]:
     """OpenAI messages -> the transformers/OpenAI shape the processor reads (vl/processing/chat.py), with media
     resolved to bytes (or an allowed local path). Roles and text are checked by the prompt builder. The media
-    parts are counted against the per-request caps first, so that no URL is fetched and no data URI decoded for
-    a request that is refused anyway."""
+    parts are counted against the per-request caps first (and audio refused for a model that does not hear), so
+    that no URL is fetched and no base64 decoded for a request that is refused anyway."""
     if not isinstance(messages, list) or not messages:
         raise InputError("messages must be a non-empty list of {\"role\", \"content\"} objects")
     for i, message in enumerate(messages):
@@ -287,7 +293,7 @@ def convert_messages(messages, policy: MediaPolicy) -> list[dict]:
             raise InputError(f"messages[{i}] must be an object with role and content")
         if not (message.get("content") is None or isinstance(message.get("content"), (str, list))):
             raise InputError(f"messages[{i}].content must be a string or a list of parts")
-    _check_counts(messages, policy)
+    _check_counts(messages, policy, hears)
     out = []
     for i, message in enumerate(messages):
         role, content = message.get("role"), message.get("content")
@@ -301,18 +307,29 @@ def convert_messages(messages, policy: MediaPolicy) -> list[dict]:
     return out
 
 
-_PART_KINDS = {"image_url": "image", "video_url": "video", "file": "document"}
+_PART_KINDS = {"image_url": "image", "video_url": "video", "file": "document", "input_audio": "audio",
+               "audio_url": "audio"}
+# `input_audio.format` values taken (OpenAI's SDK sends "wav" or "mp3"; vLLM passes any): the bytes are judged by
+# their content (vl/processing/audio.py), so a format only has to name one of the containers that are decoded
+AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "mp4", "webm", "mka")
 
 
-def _check_counts(messages: list, policy: MediaPolicy) -> None:
-    """Media parts by kind against the per-request item caps (vl/processing/limits.py), before any is resolved."""
+def _check_counts(messages: list, policy: MediaPolicy, hears: bool) -> None:
+    """Media parts by kind against the per-request item caps (vl/processing/limits.py), and audio parts against
+    the model's ears, before any part is resolved."""
     counts = dict.fromkeys(_PART_KINDS.values(), 0)
-    for message in messages:
-        for part in message.get("content") if isinstance(message.get("content"), list) else ():
+    first_audio = None
+    for i, message in enumerate(messages):
+        for j, part in enumerate(message.get("content") if isinstance(message.get("content"), list) else ()):
             kind = _PART_KINDS.get(part.get("type")) if isinstance(part, dict) and isinstance(part.get("type"),
                                                                                                 str) else None
             if kind:
                 counts[kind] += 1
+            if kind == "audio" and first_audio is None:
+                first_audio = f"messages[{i}].content[{j}] ({part['type']})"
+    if first_audio is not None and not hears:
+        raise NoAudioError(f"{first_audio}: this model does not hear (it has no audio encoder); send text, images "
+                           "or videos, or serve a model that hears (Nemotron 3 Nano Omni)")
     for kind, count in counts.items():
         policy.limits.check_count(kind, count)
 
@@ -334,20 +351,51 @@ def _part(part, where: str, policy: MediaPolicy) -> dict:
         if not isinstance(part.get("text"), str):
             raise InputError(f"{where}: a text part needs a string \"text\"")
         return {"type": "text", "text": part["text"]}
+    try:  # a media part's errors name the part, whatever decides them (source policy, base64, caps)
+        return _media_part(part, kind, where, policy)
+    except VLError as e:
+        if str(e).startswith(where):
+            raise
+        raise type(e)(f"{where}: {e}") from None
+
+
+def _media_part(part: dict, kind, where: str, policy: MediaPolicy) -> dict:
     if kind == "image_url":
         return {"type": "image", "image": resolve(_url_of(part, "image_url", where), "image", policy)}
     if kind == "video_url":
         return {"type": "video", "video": resolve(_url_of(part, "video_url", where), "video", policy)}
+    if kind == "audio_url":  # vLLM's: a data: URI, an allowed file:// path or (with --allow-fetch) an http(s) URL
+        return {"type": "audio", "audio": resolve(_url_of(part, "audio_url", where), "audio", policy)}
+    if kind == "input_audio":
+        return {"type": "audio", "audio": _input_audio(part.get("input_audio"), policy)}
     if kind == "file":
         f = part.get("file")
         if not isinstance(f, dict) or not isinstance(f.get("file_data"), str):
-            raise InputError(f"{where}: a file part needs file.file_data (a base64 PDF, or a data: URI); "
-                             "uploaded file ids are not supported")
+            raise InputError("a file part needs file.file_data (a base64 PDF, or a data: URI); uploaded file ids "
+                             "are not supported")
         data = f["file_data"]
         if not data.startswith("data:"):
             data = "data:application/pdf;base64," + data
         name = str(f.get("filename") or "")
         if name and not name.lower().endswith(".pdf"):
-            raise InputError(f"{where}: only PDF files are accepted as file parts, found {name[:60]!r}")
+            raise InputError(f"only PDF files are accepted as file parts, found {name[:60]!r}")
         return {"type": "pdf", "pdf": resolve(data, "pdf", policy)}
-    raise InputError(f"{where}: unsupported part type {_short(kind)}; expected text, image_url, video_url or file")
+    raise InputError(f"unsupported part type {_short(kind)}; expected text, image_url, video_url, input_audio, "
+                     "audio_url or file")
+
+
+def _input_audio(value, policy: MediaPolicy) -> bytes:
+    """OpenAI's `{"data": "<base64>", "format": "wav"}` -> the audio bytes. The format must name a container that
+    is decoded; the bytes themselves are judged by their content when the request is prepared."""
+    if not isinstance(value, dict) or not isinstance(value.get("data"), str) or not value["data"]:
+        raise InputError("expected {\"type\": \"input_audio\", \"input_audio\": {\"data\": \"<base64>\", "
+                         "\"format\": \"wav\"}}")
+    fmt = value.get("format")
+    if not isinstance(fmt, str) or fmt.lower() not in AUDIO_FORMATS:
+        hint = " (raw PCM has no header: send it as WAV)" if str(fmt).lower().startswith("pcm") else ""
+        raise UnsupportedFormatError(f"input_audio.format must be one of {', '.join(AUDIO_FORMATS)}, found "
+                                     f"{_short(fmt)}{hint}")
+    data = value["data"]
+    if data.startswith("data:"):  # a data: URI where the bare base64 belongs: taken as the same bytes
+        data = data.partition(",")[2]
+    return decode_base64(data, "audio", policy.max_bytes("audio"), "input_audio.data")

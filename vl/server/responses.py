@@ -4,7 +4,8 @@ Reasoning goes to `reasoning_content` (`delta.reasoning_content` when streamed),
 and DeepSeek's API return it; the answer goes to `content`; a `</think>` never reaches the client (the
 splitting is vl/processing/chat.py's, the same for every front end). `usage` carries prompt and completion
 tokens as OpenAI counts them plus our vision-token counts before and after token reduction
-(`vision_tokens_before`, `vision_tokens_after`).
+(`vision_tokens_before`, `vision_tokens_after`) and the audio tokens the model heard (`audio_tokens`: audio files
+and videos' sound tracks; 0 for a model that does not hear).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def error_of(exc: BaseException) -> tuple[int, dict]:
 def usage(stats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
-            "vision_tokens_before": stats.vision_tokens_before, "vision_tokens_after": stats.vision_tokens_after}
+            "vision_tokens_before": stats.vision_tokens_before, "vision_tokens_after": stats.vision_tokens_after,
+            "audio_tokens": stats.audio_tokens}
 
 
 def completion(result, model: str, cid: str) -> dict:
