@@ -28,6 +28,24 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_omni_dir(tmp_path_factory) -> Path:
+    """A tiny random Nemotron 3 Nano Omni directory that hears (tests/tiny_models.py)."""
+    from tiny_models import make_tiny_omni_dir
+
+    return Path(make_tiny_omni_dir(tmp_path_factory.mktemp("tiny_omni") / "omni")[0])
+
+
+@pytest.fixture(scope="session")
+def omni_engine(tiny_omni_dir, examples, upload_dir):
+    """The app's engine over `tiny_omni_dir`, uploads decoded in sandbox workers, as `vl app --model` loads it."""
+    from ui.limits import AppLimits
+    from ui.runner import UIEngine
+
+    return UIEngine.from_pretrained(tiny_omni_dir, isolate=True, limits=AppLimits().media,
+                                    allowed_roots=[upload_dir, examples.dir])
+
+
+@pytest.fixture(scope="session")
 def endless_dir(tiny_dir, tmp_path_factory) -> Path:
     """`tiny_dir` whose answers never end on their own: the lm_head rows of its stop tokens are zeroed, so
     their logits are 0 while the largest of the other ~300 random logits is positive at every step."""
