@@ -383,3 +383,106 @@ def test_the_pruning_note_reaches_json_and_stderr_as_it_is(example):
     assert len(notes) == 1 and "similarity floor" in notes[0] and stats["reductions"][0]["note"] == notes[0]
     plain = _ask(example, "--token-pruning-rate", "0.6")
     assert f"note: {notes[0]}" in plain.stderr.splitlines()
+
+
+# --- audio: --audio, a video's sound track, models that do not hear -------------------------------------------
+def _write_wav(path, wave_f32, rate=16000):
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes((np.clip(wave_f32, -1, 1) * 32767).astype("<i2").tobytes())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def omni_media(tmp_path_factory):
+    """A tiny random Omni directory (tests/tiny_models.py), a WAV tone, an H.264 + AAC clip and a broken WAV."""
+    sys.path.insert(0, str(REPO / "tests" / "processing"))
+    from media_fixtures import tone, write_video
+    from tiny_models import make_tiny_omni_dir
+
+    d = tmp_path_factory.mktemp("omni_cli")
+    model, _ = make_tiny_omni_dir(d / "omni")
+    broken = d / "broken.wav"
+    broken.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    return {"model": str(model), "wav": _write_wav(d / "tone.wav", tone(16000, 1.5, 440.0, 0.2)),
+            "video": str(write_video(d / "clip.mp4", seconds=2.0)), "broken": str(broken)}
+
+
+OMNI_QUESTION = ["--prompt", "What is heard?", "--max-new-tokens", "4", "--ignore-eos"]
+
+
+def _omni_in_process(omni_media, capsys, *flags) -> tuple[int, dict, str]:
+    from vl.cli.chat import main
+
+    rc = main(["--model", omni_media["model"], *OMNI_QUESTION, "--json", *flags])
+    out, err = capsys.readouterr()
+    return rc, json.loads(out), err
+
+
+def test_an_audio_question_twice_after_a_bad_audio_gives_the_engines_answer(omni_media, capsys):
+    """A broken WAV is refused by its probe before the model loads (exit 2, typed code, the flag and path named);
+    the same question on a good WAV then answers as a script sees it (a subprocess: the answer alone on stdout,
+    the audio tokens in the stats line) and again in-process with --json, both equal to `vl.Engine.chat`; --json
+    carries the audio tokens and the stage times."""
+    import vl
+
+    bad = _vl("chat", "--model", omni_media["model"], "--audio", omni_media["broken"], *OMNI_QUESTION, "--json")
+    doc = json.loads(bad.stdout)
+    assert bad.returncode == 2 and doc["error"]["code"] == "corrupt_media", bad
+    assert f"--audio {omni_media['broken']}: " in doc["error"]["message"] and "loading" not in bad.stderr
+    engine = vl.Engine.from_pretrained(omni_media["model"])
+    want = engine.chat([{"role": "user", "content": [{"type": "audio", "audio": omni_media["wav"]},
+                                                     {"type": "text", "text": "What is heard?"}]}],
+                       max_new_tokens=4, ignore_eos=True)
+    plain = _vl("chat", "--model", omni_media["model"], "--audio", omni_media["wav"], *OMNI_QUESTION)
+    assert plain.returncode == 0 and plain.stdout == want.answer + "\n", plain
+    assert f", audio tokens {want.stats.audio_tokens}, " in plain.stderr
+    rc, doc, _ = _omni_in_process(omni_media, capsys, "--audio", omni_media["wav"])
+    assert rc == 0 and doc["answer"] == want.answer
+    assert doc["stats"]["audio_tokens"] == want.stats.audio_tokens > 0
+    assert {"media", "audio", "prefill", "decode"} <= set(doc["stats"]["stages_s"])
+
+
+def test_a_videos_sound_is_heard_unless_no_audio(omni_media, capsys):
+    rc_on, on, err_on = _omni_in_process(omni_media, capsys, "--video", omni_media["video"], "--max-frames", "4")
+    rc_off, off, err_off = _omni_in_process(omni_media, capsys, "--video", omni_media["video"], "--max-frames", "4",
+                                            "--no-audio")
+    assert rc_on == rc_off == 0, (err_on, err_off)
+    assert on["stats"]["audio_tokens"] > 0 and off["stats"]["audio_tokens"] == 0
+    assert on["stats"]["prompt_tokens"] == off["stats"]["prompt_tokens"] + on["stats"]["audio_tokens"] + 2
+    assert f", audio tokens {on['stats']['audio_tokens']}, " in err_on and "audio tokens" not in err_off
+    _, same, _ = _omni_in_process(omni_media, capsys, "--video", omni_media["video"], "--max-frames", "4",
+                                  "--with-audio", "off")  # the generated spelling means the same
+    assert same["stats"]["prompt_tokens"] == off["stats"]["prompt_tokens"] and same["answer"] == off["answer"]
+
+
+@pytest.mark.parametrize("model", ["demo", "omni_without_audio"])
+def test_audio_to_a_model_that_does_not_hear_is_refused_before_it_loads(model, omni_media, tmp_path):
+    wav = omni_media["wav"]
+    if model == "demo":
+        argv = ["--audio", wav]
+    else:
+        from tiny_models import make_tiny_omni_dir
+
+        d, _ = make_tiny_omni_dir(tmp_path / "deaf", audio=False)
+        argv = ["--model", str(d), "--audio", wav]
+    out = _vl("chat", *argv, "--prompt", "What is heard?", "--json", importtime=True)
+    messages = _messages(out.stderr)
+    assert out.returncode == 2 and json.loads(out.stdout)["error"]["code"] == "bad_input", out
+    assert any(line.startswith("error [bad_input]: --audio: ") and "no audio encoder" in line for line in messages)
+    assert not set(MODEL_MODULES) & set(_imported(out.stderr))  # refused from config.json alone
+
+
+def test_too_many_audio_files_and_a_missing_one_are_refused_first(omni_media, tmp_path, capsys):
+    from vl.cli.chat import main
+
+    assert main(["--audio", omni_media["wav"]] * 5 + ["--prompt", "x", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "too_many_items"
+    assert main(["--audio", str(tmp_path / "gone.wav"), "--prompt", "x", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "file_not_found"

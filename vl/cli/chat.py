@@ -1,11 +1,13 @@
-"""`vl chat`: one question about images, a PDF or a video, from the command line.
+"""`vl chat`: one question about images, a PDF, a video or audio, from the command line.
 
-    vl chat [--model DIR] --image F | --pdf F [--pages 1-3] | --video F --prompt "..." [--thinking on] [--json]
+    vl chat [--model DIR] --image F | --pdf F [--pages 1-3] | --video F [--no-audio] | --audio F --prompt "..."
+            [--thinking on] [--json]
 
 Made for pipes: only the answer goes to stdout (streamed; with `--json`, one JSON object at the end instead);
 the demo-model warning, progress (pages rendered, frames decoded, tiles encoded), the reasoning, the stats and
 what went wrong go to stderr. Every flag, the checkpoint's config.json and every media file (read as the model
-will read it) are checked before the model loads, so a typo or an unreadable file costs nothing. Exit codes:
+will read it) are checked before the model loads, so a typo or an unreadable file costs nothing; so is `--audio`
+given to a model without an audio encoder. Exit codes:
 0 answered; 2 a typed error (`error [code]: ...`; with `--json` also `{"error": {"code", "message"}}` on stdout);
 3 no complete answer (the reasoning never closed, the answer is empty, or --max-new-tokens cut it; stderr
 says which); 130 stopped with Ctrl-C. The JSON schema is in docs/app_and_cli.md.
@@ -31,10 +33,11 @@ from vl.cli.flags import (
     options_from_args,
 )
 from vl.directory import checkpoint_kind, default_model, read_config, resolve_dir, synthetic_only
-from vl.errors import VLError
+from vl.errors import InputError, VLError
 from vl.runtime.outcome import finish_label, finish_note
 
-DESCRIPTION = "one question about images / a PDF / a video; the answer on stdout, everything else on stderr"
+DESCRIPTION = ("one question about images / a PDF / a video / audio; the answer on stdout, everything else on "
+               "stderr")
 EXIT_ANSWERED, EXIT_ERROR, EXIT_INCOMPLETE, EXIT_STOPPED = 0, 2, 3, 130
 DEMO_WARNING = ("note: this is the shipped demo model, trained only on small synthetic documents and clips; it "
                 "cannot read real photos, papers or videos (its answers about them are noise). Pass --model DIR "
@@ -92,8 +95,8 @@ def _stats_line(result) -> str:
     s = result.stats
     reduced = (f", vision tokens {s.vision_tokens_before} -> {s.vision_tokens_after}"
                if s.vision_tokens_before else "")
-
-    return (f"[{s.prompt_tokens} prompt tokens{reduced}, {s.new_tokens} new, ttft {s.time_to_first_token_s:.2f} s, "
+    heard = f", audio tokens {s.audio_tokens}" if s.audio_tokens else ""
+    return (f"[{s.prompt_tokens} prompt tokens{reduced}{heard}, {s.new_tokens} new, ttft {s.time_to_first_token_s:.2f} s, "
             f"{s.decode_tokens_per_s:.1f} tok/s, finished by: {finish_label(result)}]")
 
 
@@ -143,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         options = options_from_args(args)
         model = args.model or default_model()
         directory = resolve_dir(model)
-        checkpoint_kind(read_config(directory), directory)
+        raw = read_config(directory)
+        check_hears(args, raw, checkpoint_kind(raw, directory), model)
         check_media_files(args, options)
         return _run(args, options, model, err)
     except VLError as exc:
@@ -151,6 +155,23 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
         print(f"error [{exc.code}]: {exc}", file=err)
         return EXIT_ERROR
+
+
+def check_hears(args, raw: dict, kind: str, model: str) -> None:
+    """`--audio` needs a model with an audio encoder: Nemotron 3 Nano Omni with an `audio_config` (read by the one
+    config reader the processor uses). Checked from config.json alone, before the model loads."""
+    if not args.audio:
+        return
+    if kind == "nemotron_h_omni":
+        from vl.config.omni import omni_config_from_hf
+
+        if omni_config_from_hf(raw, where=f"{model}/config.json").audio is not None:
+            return
+        why = "this Nemotron 3 Nano Omni checkpoint has no audio encoder (its config.json has no audio_config)"
+    else:
+        why = f"{model} is a {kind} checkpoint, which has no audio encoder"
+    raise InputError(f"--audio: {why}; pass --model DIR with a model that hears (Nemotron 3 Nano Omni), or drop "
+                     "--audio")
 
 
 def _run(args, options, model: str, err) -> int:

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, VLError
+from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, TooManyItemsError, VLError
 from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
 from vl.processing.limits import DEFAULT_LIMITS
 
@@ -77,10 +77,15 @@ def add_media_flags(p: argparse.ArgumentParser) -> None:
                    help=f"PDF file (at most {INTERACTIVE_PDF_PAGES} pages rendered unless --max-pages says otherwise; "
                         f"pick them with --pages)")
     g.add_argument("--video", default=None, metavar="FILE", help="video file")
+    g.add_argument("--audio", action="append", default=[], metavar="FILE",
+                   help=f"audio file: WAV, FLAC, MP3, Ogg/Opus, M4A/AAC (repeatable, up to "
+                        f"{DEFAULT_LIMITS.max_audios}; models with an audio encoder, such as Nemotron 3 Nano Omni)")
     add_option_flags(g, flag_names(acts=PROCESSOR) + flag_names(acts=REDUCTION),
                      defaults={"max_pages": INTERACTIVE_PDF_PAGES},
                      helps={"max_pages": f"render at most N pages of --pdf (default {INTERACTIVE_PDF_PAGES}, the "
                                          f"interactive cap; the processor's own cap still applies)"})
+    g.add_argument("--no-audio", dest="use_audio_in_video", action="store_const", const="off",
+                   help="do not hear the --video's sound track (= --with-audio off)")
 
 
 def add_json_flag(p: argparse.ArgumentParser, what: str = "the result") -> None:
@@ -121,14 +126,18 @@ def check_media_flags(args) -> None:
     """Everything about the media flags that can be checked without the model: files exist and are files,
     `--pages` comes with `--pdf`. Raises typed errors (`file_not_found`, ...); the option flags' ranges are
     checked by `options_from_args`."""
+    audio = args.audio
     for flag, paths in (("--image", args.image), ("--pdf", [args.pdf] if args.pdf else []),
-                        ("--video", [args.video] if args.video else [])):
+                        ("--video", [args.video] if args.video else []), ("--audio", audio)):
         for f in paths:
             path = Path(f)
             if not path.exists():
                 raise MediaNotFoundError(f"{flag} {f}: no such file; check the path")
             if not path.is_file():
                 raise MediaNotFoundError(f"{flag} {f}: not a file (a folder?); pass a file")
+    if len(audio) > DEFAULT_LIMITS.max_audios:
+        raise TooManyItemsError(f"--audio is given {len(audio)} times; at most {DEFAULT_LIMITS.max_audios} audio "
+                                f"files per request")
     if args.pages is not None and not args.pdf:
         raise InputError("--pages selects pages of a PDF, and no --pdf was given; add --pdf FILE or drop --pages")
 
@@ -165,6 +174,11 @@ def check_media_files(args, options: RequestOptions) -> None:
         from vl.processing.video import probe_video
 
         named("--video", args.video, lambda: probe_video(args.video, DEFAULT_LIMITS))
+    if args.audio:
+        from vl.processing.audio import probe_audio
+
+        for f in args.audio:
+            named("--audio", f, lambda: probe_audio(f, DEFAULT_LIMITS))
 
 
 def check_generation_flags(args) -> None:
@@ -174,10 +188,11 @@ def check_generation_flags(args) -> None:
 
 
 def media_content(args) -> list[dict]:
-    """The message parts for the media flags, in the order images, PDF, video."""
+    """The message parts for the media flags, in the order images, PDF, video, audio."""
     content = [{"type": "image", "image": f} for f in args.image]
     if args.pdf:
         content.append({"type": "pdf", "pdf": args.pdf})
     if args.video:
         content.append({"type": "video", "video": args.video})
+    content += [{"type": "audio", "audio": f} for f in args.audio]
     return content
