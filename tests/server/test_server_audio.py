@@ -194,19 +194,28 @@ def test_one_bad_audio_in_a_concurrent_batch_fails_alone(omni, served):
 
 def test_remote_engine_sends_audio_as_the_engine_takes_it(omni, served, tmp_path):
     flac = encoded(tmp_path / "b.flac", "flac", freq=610.0)
+    mp3 = encoded(tmp_path / "c.mp3", "libmp3lame", freq=450.0, rate=44100).read_bytes()
+    assert mp3[:3] == b"ID3"  # FFmpeg's MP3 muxer starts the file with an ID3v2 tag, as most MP3 files do
     wav = wav_bytes(260.0)
     samples = tone(16000, 1.2, 380.0, 0.25)
     remote = RemoteEngine(served)
     assert remote.has_audio is True and remote.has_vision is True
-    for source in (str(flac), wav, samples):
+    for source in (str(flac), wav, mp3, samples):
         messages = user({"type": "audio", "audio": source})
         want = local(omni, messages)
         got = remote.chat(messages, max_new_tokens=N, temperature=0.0)
         assert (got.answer, got.finish_reason) == (want.answer, want.finish_reason)
         assert got.stats.audio_tokens == want.stats.audio_tokens > 0
         assert got.stats.prompt_tokens == want.stats.prompt_tokens
+    video = write_video(tmp_path / "v.mp4", seconds=1.5)  # the sound-track switch travels as mm_processor_kwargs
+    for hear in (True, False):
+        messages = user({"type": "video", "video": video})
+        got = remote.chat(messages, max_new_tokens=N, temperature=0.0, use_audio_in_video=hear)
+        want = local(omni, messages, use_audio_in_video=hear)
+        assert (got.answer, got.stats.audio_tokens) == (want.answer, want.stats.audio_tokens)
+        assert (got.stats.audio_tokens > 0) == hear
     # the wire form: WAV and MP3 as OpenAI's input_audio, other containers as vLLM's audio_url, sniffed by content
-    assert encode_audio(wav)["input_audio"]["format"] == "wav"
+    assert encode_audio(wav)["input_audio"]["format"] == "wav" and encode_audio(mp3)["input_audio"]["format"] == "mp3"
     assert encode_audio(str(flac))["audio_url"]["url"].startswith("data:audio/flac;base64,")
     renamed = tmp_path / "really_flac.wav"
     renamed.write_bytes(flac.read_bytes())
