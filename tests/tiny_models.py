@@ -86,10 +86,11 @@ def make_tiny_text_dir(path, seed=0, **overrides):
 OMNI_CORPUS = TINY_CORPUS + ["What is said while the dog runs? Describe the image and the sound."] * 8
 
 
-def make_tiny_omni_dir(path, seed=0, audio: bool = True, **top):
+def make_tiny_omni_dir(path, seed=0, audio: bool = True, context: int = 4096, **top):
     """A complete tiny Nemotron 3 Nano Omni directory as transformers saves it: a random `NemotronH_Omni_Reasoning_V3`
     (tests/omni_adapter.py `hf_omni`, its ids matched to the tokenizer), its processor files (image, video, audio
-    feature extractor) and a tokenizer with the audio tokens. Returns (dir, hf_model)."""
+    feature extractor) and a tokenizer with the audio tokens; `context`: the LM's max_position_embeddings. Returns
+    (dir, hf_model)."""
     from transformers import ParakeetFeatureExtractor
     from transformers.models.nemotron_h_omni.image_processing_nemotron_h_omni import (
         NemotronH_Omni_Reasoning_V3ImageProcessor as RefImageProcessor,
@@ -111,7 +112,7 @@ def make_tiny_omni_dir(path, seed=0, audio: bool = True, **top):
     tok.chat_template = None  # the one prompt format (vl/processing/chat.py) renders; the demo template knows no audio
     eos = tok.convert_tokens_to_ids("<SPECIAL_12>")
     text = dict(TINY_TEXT, vocab_size=len(tok), eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                bos_token_id=tok.bos_token_id)
+                bos_token_id=tok.bos_token_id, max_position_embeddings=context)
     ids = dict(image_token_id=tok.convert_tokens_to_ids("<image>"),
                video_token_id=tok.convert_tokens_to_ids("<image>"),
                audio_token_id=tok.convert_tokens_to_ids(OMNI_TOKENS.audio_context))

@@ -96,6 +96,31 @@ def test_unmasked_clip_equals_transformers(variant):
     assert lengths.tolist() == [want.shape[1]] == [16]
 
 
+@pytest.mark.parametrize("block", [1, 3, 7])
+def test_query_blocks_equal_transformers_and_bound_the_attention_memory(block, monkeypatch):
+    """Long clips attend a block of queries at a time (`QUERY_BLOCK`); the result is transformers' whole-matrix
+    attention, padded batches included, for blocks that split T' = 10 unevenly."""
+    import vl.modeling.parakeet as parakeet
+
+    cfg = VARIANTS["omni"]
+    ref = transformers_twin(cfg)
+    enc = ours_from(ref, cfg)
+    x, mask = padded_batch(cfg, [77, 50, 9, 64])
+    monkeypatch.setattr(parakeet, "QUERY_BLOCK", block)
+    rows, attend = [], parakeet.RelPositionAttention._attend
+
+    def counted(self, qu, *args):
+        rows.append(qu.shape[2])
+        return attend(self, qu, *args)
+
+    monkeypatch.setattr(parakeet.RelPositionAttention, "_attend", counted)
+    with torch.no_grad():
+        want = ref(input_features=x, attention_mask=mask)
+        hidden, _ = enc(x, mask)
+    torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=1e-6)
+    assert max(rows) == block and sum(rows) == 10 * cfg.num_hidden_layers  # every query once, `block` at a time
+
+
 def test_a_clip_in_a_padded_batch_equals_the_clip_alone():
     cfg = VARIANTS["omni"]
     enc = ours_from(transformers_twin(cfg), cfg)

@@ -48,6 +48,12 @@ def omni_embedding_lengths(feature_mask: torch.Tensor, config: ParakeetConfig) -
     return subsampled_length(feature_mask.sum(-1).long() + 1, config)
 
 
+# queries per attention block: a clip of T positions costs O(QUERY_BLOCK x T) attention memory instead of O(T^2)
+# (10 minutes of audio is T = 7,500: a full score matrix per head and tensor is 225 MB in fp32); shorter clips are one
+# block, so their maths is unchanged
+QUERY_BLOCK = 1024
+
+
 def sinusoid_relative_positions(length: int, dim: int, device=None) -> torch.Tensor:
     """p(r) for r = T-1, T-2, ..., -(T-1): rows (2T - 1, dim), sin and cos of r / 10000^(2i/dim) interleaved."""
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
@@ -122,22 +128,35 @@ class RelPositionAttention(nn.Module):
         k = self.k_proj(x).view(b, t, h, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, h, d).transpose(1, 2)
         r = self.relative_k_proj(positions).view(-1, h, d).transpose(0, 1)  # (H, 2T-1, d): rows r = T-1 .. -(T-1)
+        qu, qv = q + self.bias_u[:, None], q + self.bias_v[:, None]
+        out = torch.cat([self._attend(qu[:, :, i0:i0 + QUERY_BLOCK], qv[:, :, i0:i0 + QUERY_BLOCK], k, v, r, mask, i0)
+                         for i0 in range(0, t, QUERY_BLOCK)], dim=2)  # (B, H, T, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
+
+    def _attend(self, qu, qv, k, v, r, mask, i0: int) -> torch.Tensor:
+        """Queries i0 .. i0+n-1 (content-biased `qu`, position-biased `qv`: (B, H, n, d)) against every key: (B, H,
+        n, d). Key j seen from query i is at distance i - j, row (T - 1) - (i - j) of `r`; the rows these queries
+        need are a window of n + T - 1, so a block costs O(n T) memory, not O(T^2)."""
+        b, h, n, d = qu.shape
+        t = k.shape[2]
         scale = d**-0.5
-        content = (q + self.bias_u[:, None]) @ k.transpose(-1, -2)  # (B, H, T, T)
-        by_distance = (q + self.bias_v[:, None]) @ r.transpose(-1, -2)  # (B, H, T, 2T-1)
-        # key j seen from query i is at distance i - j, which is row (T - 1) - (i - j) of `positions`
-        i = torch.arange(t, device=x.device)
-        rows = (t - 1) - i[:, None] + i[None, :]  # (T, T)
-        position = by_distance.gather(-1, rows.expand(b, h, t, t))
-        scores = content * scale + position * scale
+        first = (t - 1) - (i0 + n - 1)  # the window's first row: the last query's farthest-right key
+        window = r[:, first:first + n + t - 1]  # (H, n + T - 1, d)
+        content = qu @ k.transpose(-1, -2)  # (B, H, n, T)
+        by_distance = qv @ window.transpose(-1, -2)  # (B, H, n, n + T - 1)
+        i = torch.arange(i0, i0 + n, device=qu.device)
+        rows = (t - 1) - i[:, None] + torch.arange(t, device=qu.device)[None, :] - first  # (n, T)
+        position = by_distance.gather(-1, rows.expand(b, h, n, t))
+        del by_distance
+        scores = content.mul_(scale).add_(position.mul_(scale))  # content * scale + position * scale, in place
+        del position
         if mask is not None:
             # the dtype's lowest value, not -inf: a padded query row then attends uniformly instead of giving NaN,
             # exactly as transformers does (its outputs at padded positions are never used)
-            pair = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, T, T)
-            scores = scores.masked_fill(~pair, torch.finfo(scores.dtype).min)
+            pair = mask[:, None, i0:i0 + n, None] & mask[:, None, None, :]  # (B, 1, n, T)
+            scores.masked_fill_(~pair, torch.finfo(scores.dtype).min)
         weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-        out = (weights @ v).transpose(1, 2).reshape(b, t, h * d)
-        return self.o_proj(out)
+        return weights @ v
 
 
 class ConvolutionModule(nn.Module):
@@ -208,6 +227,8 @@ class ParakeetEncoder(nn.Module):
         else:
             lengths = subsampled_length(in_lengths, self.config)
             mask = time_mask(lengths, t)
+            if bool(mask.all()):  # nothing padded (one clip): no position to mask
+                mask = None
         positions = sinusoid_relative_positions(t, self.config.hidden_size, x.device).to(x.dtype)
         for layer in self.layers:
             x = layer(x, positions, mask)
