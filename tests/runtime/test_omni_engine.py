@@ -12,7 +12,7 @@ from PIL import Image
 
 import vl
 from tiny_models import make_tiny_omni_dir
-from vl.errors import InputError, UnsupportedFormatError, VLError
+from vl.errors import ContextLengthError, InputError, UnsupportedFormatError, VLError
 from vl.runtime.batch import ChatRequest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "processing"))
@@ -156,3 +156,17 @@ def test_evs_prunes_tubelet_tokens_per_request(omni, tmp_path):
                                                                       - pruned.stats.vision_tokens_after)
     (evs,) = pruned.stats.reductions
     assert evs["method"] == "evs" and evs["q"] == 0.5 and sum(evs["counts"]) == pruned.stats.vision_tokens_after
+
+
+def test_audio_longer_than_the_context_is_refused_before_any_encoder_runs(tmp_path, monkeypatch):
+    d, _ = make_tiny_omni_dir(tmp_path / "short_context", context=512)
+    engine = vl.Engine.from_pretrained(d)
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("an encoder ran")
+
+    monkeypatch.setattr(engine.model, "encode_audio", no_encoder)
+    with pytest.raises(ContextLengthError, match="besides its video frames.*audio"):
+        engine.chat(user({"type": "audio", "audio": tone(16000, 60.0, 300.0)}), max_new_tokens=3)  # 750 tokens
+    monkeypatch.undo()
+    assert engine.chat(user({"type": "audio", "audio": tone(16000, 2.0, 300.0)}), max_new_tokens=3).stats.audio_tokens

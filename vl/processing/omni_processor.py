@@ -23,7 +23,7 @@ import torch
 from vl.config.parakeet import ParakeetConfig
 from vl.config.omni import OmniConfig
 from vl.config_policy import Check, KeyReader
-from vl.errors import ConfigError, InputError, MediaTooLargeError
+from vl.errors import ConfigError, ContextLengthError, InputError, MediaTooLargeError
 from vl.modeling.parakeet import subsampled_length
 from vl.processing import audio, chat
 from vl.processing.audio_features import MelConfig, log_mel_features, mel_config_from_preprocessor
@@ -372,7 +372,7 @@ class OmniProcessor:
                 infos.append(OmniMediaInfo("audio", n, num_samples=len(wave)))
         if media:
             work.report("media ready", len(media), len(media))
-        return self._finish(prompt, runs, infos, decoded, videos, clips, notes)
+        return self._finish(prompt, runs, infos, decoded, videos, clips, notes, context_length)
 
     def _video_run(self, vid: OmniVideo) -> str:
         stamps = None if vid.frames is None else vid.frames.timestamps_s
@@ -421,9 +421,15 @@ class OmniProcessor:
             return wave.astype(np.float32, copy=False)
         return audio.load_audio(source, limits=self.limits, isolate=self.isolate).waveform
 
-    def _finish(self, prompt, runs, infos, images, videos, clips, notes) -> OmniInputs:
+    def _finish(self, prompt, runs, infos, images, videos, clips, notes, context_length=None) -> OmniInputs:
         text = chat.expand_placeholders(prompt.text, runs, self.tokens, video_prefix=chat.TUBELET_VIDEO_PREFIX)
         input_ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
+        fixed = int(input_ids.shape[1]) - sum(i.num_tokens for i in infos if i.kind == "video")
+        if context_length is not None and fixed > context_length:  # before any encoder runs (EVS prunes only video)
+            heard = sum(i.num_tokens for i in infos if i.kind == "audio")
+            raise ContextLengthError(f"the prompt has {fixed} tokens besides its video frames ({heard} of them audio: "
+                                     f"{heard * 0.08:.0f} s at 80 ms per token) but the model's context is "
+                                     f"{context_length}; send shorter audio or fewer images")
         visual = sum(i.num_tokens for i in infos if i.kind != "audio")
         heard = sum(i.num_tokens for i in infos if i.kind == "audio")
         for token, token_id, expected in ((self.tokens.img_context, self.image_token_id, visual),
