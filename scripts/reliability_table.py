@@ -1,7 +1,7 @@
 """Measure every row of the reliability matrix and write docs/reliability.md.
 
 Each row of docs/reliability_policy.md §6 (I1-I16, V1-V21, P1-P10, C1-C10, N1-N15, S1-S13, H1-H7, R1-R4, A1-A9,
-E1-E9) is mapped below to the tests that reproduce its fault and check its pass criterion. The script runs pytest
+U1-U8, E1-E9) is mapped below to the tests that reproduce its fault and check its pass criterion. The script runs pytest
 on exactly those tests (one session, a junit XML), and fills the result column from what pytest reported, so
 the table is measured:
 
@@ -55,6 +55,8 @@ T_CLI, T_SPS, T_SFL, T_SMP, T_SED = ("tests/test_vl_chat_cli.py", "tests/server/
                                     "tests/server/test_server_fields.py", "tests/server/test_media_policy.py",
                                     "tests/server/test_server_edge.py")
 T_RPR, T_RFT = "tests/server/test_remote_protocol.py", "tests/eval/test_remote_faults.py"
+T_AUD, T_OMNI, T_SAUD = ("tests/processing/test_audio.py", "tests/runtime/test_omni_engine.py",
+                         "tests/server/test_server_audio.py")
 SEAMS = "found by real clients (openai SDKs, llama.cpp, curl, raw sockets) and public media corpora"
 R = "tests/reliability/"
 R_SRV, R_INP, R_ISO, R_CK, R_NUM = (R + "test_serving_rows.py", R + "test_serving_inprocess.py",
@@ -461,6 +463,45 @@ ROWS = [
         _t(T_CLI, "test_reasoning_is_off_unless_asked_for", "test_no_complete_answer_exits_3_with_a_note",
            "test_incomplete_note_covers_every_way_to_end_without_an_answer")
         + _t("tests/test_request_options.py", "test_one_reasoning_default_in_every_front_end"), SEAMS),
+    # --- 6.9 audio and the sound of a video -----------------------------------------------------------------------
+    Row("U1", "an audio file that is not audio, empty, encrypted, a playlist, over a cap", "a typed error with a code, "
+        "before decoding where the header allows; the next request answers",
+        _t(T_AUD, "test_playlists_and_non_audio_are_refused", "test_empty_broken_and_header_only_files_are_corrupt_media",
+           "test_encrypted_audio_is_refused", "test_byte_cap_before_the_file_is_opened",
+           "test_header_caps_refuse_before_decoding", "test_a_header_that_lies_is_caught_by_the_decoded_samples")
+        + _t(T_OMNI, "test_bad_audio_is_a_typed_error_and_the_next_request_and_its_neighbours_answer")
+        + _t(T_SAUD, "test_bad_audio_is_a_typed_400_and_the_next_request_works")),
+    Row("U2", "a video whose sound track is missing, corrupt or over the audio caps", "answered from the frames with "
+        "a note saying why nothing was heard",
+        _t(T_AUD, "test_a_video_without_sound", "test_a_video_whose_sound_track_is_corrupt_still_answers_from_its_frames",
+           "test_a_sound_track_over_the_caps_is_a_note_not_an_error")
+        + _t(T_OMNI, "test_the_sound_of_a_video_is_optional_and_its_faults_never_cost_the_frames")),
+    Row("U3", "audio sent to a model that does not hear", "refused by name before decoding; asked to hear a video, a "
+        "note", _t(T_OMNI, "test_a_checkpoint_without_an_audio_encoder", "test_nano_v2_vl_says_it_does_not_hear")
+        + _t(T_SAUD, "test_an_omni_checkpoint_without_an_audio_encoder_refuses_audio", "test_the_demo_model_does_not_hear")
+        + _t(T_CLI, "test_audio_to_a_model_that_does_not_hear_is_refused_before_it_loads")
+        + _t("tests/ui/test_ui_audio.py", "test_a_model_that_does_not_hear_says_so_and_the_next_question_answers")),
+    Row("U4", "one bad audio among good requests", "it fails alone; the others answer as alone",
+        _t(T_OMNI, "test_bad_audio_is_a_typed_error_and_the_next_request_and_its_neighbours_answer")
+        + _t(T_SAUD, "test_one_bad_audio_in_a_concurrent_batch_fails_alone")),
+    Row("U5", "the same recording asked about twice", "no encoder runs again; the same answer",
+        _t(T_OMNI, "test_a_follow_up_reuses_the_encoders_and_answers_the_same")),
+    Row("U6", "ten minutes of audio", "attention memory in query blocks with the whole matrix's maths; audio past the "
+        "context refused before any encoder runs",
+        _t("tests/modeling/test_parakeet.py", "test_query_blocks_equal_transformers_and_bound_the_attention_memory")
+        + _t(T_OMNI, "test_audio_longer_than_the_context_is_refused_before_any_encoder_runs"),
+        "a 10-minute video with sound through `vl chat --json` on the tiny Omni: 8.0 GB peak RSS with whole "
+        "matrices, 2.0 GB in blocks"),
+    Row("U7", "the official `openai` SDK's input_audio, vLLM's audio_url, RemoteEngine", "heard; the engine's answer "
+        "on the same bytes", _t(T_SAUD, "test_the_openai_sdk_sends_input_audio_twice_and_gets_the_engines_answer",
+                               "test_audio_url_data_uris_in_other_containers",
+                               "test_a_videos_sound_track_follows_use_audio_in_video",
+                               "test_remote_engine_sends_audio_as_the_engine_takes_it")),
+    Row("U8", "the app and `vl chat` on an Omni checkpoint", "an audio question, a follow-up, a bad file among good "
+        "ones", _t("tests/ui/test_ui_browser_audio.py", "test_browser_omni_app_answers_about_audio")
+        + _t("tests/ui/test_ui_audio.py", "test_an_audio_question_a_follow_up_and_a_bad_file_among_good_ones")
+        + _t(T_CLI, "test_an_audio_question_twice_after_a_bad_audio_gives_the_engines_answer",
+             "test_a_videos_sound_is_heard_unless_no_audio")),
 ]
 
 
