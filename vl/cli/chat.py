@@ -32,6 +32,7 @@ from vl.cli.flags import (
     media_content,
     options_from_args,
 )
+from vl.config.omni import omni_config_from_hf
 from vl.directory import checkpoint_kind, default_model, read_config, resolve_dir, synthetic_only
 from vl.errors import InputError, VLError
 from vl.runtime.outcome import finish_label, finish_note
@@ -163,8 +164,6 @@ def check_hears(args, raw: dict, kind: str, model: str) -> None:
     if not args.audio:
         return
     if kind == "nemotron_h_omni":
-        from vl.config.omni import omni_config_from_hf
-
         if omni_config_from_hf(raw, where=f"{model}/config.json").audio is not None:
             return
         why = "this Nemotron 3 Nano Omni checkpoint has no audio encoder (its config.json has no audio_config)"

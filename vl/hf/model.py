@@ -10,6 +10,10 @@ same stop strings, time limits and budgets, hence the same tokens as `vl.Engine.
 (beam search, several return sequences, logits processors, ...) raise instead of being ignored. `save_pretrained` writes the Nano V2 VL layout
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
+A Nemotron 3 Nano Omni directory loads too, when this class is named explicitly (transformers keeps its own
+`nemotron_h_omni` classes for the Auto route): the engine's Omni model under transformers' own config object,
+`generate` taking the processor's `omni_inputs`; `forward` and `save_pretrained` refuse it (docs/transformers.md).
+
 Conventions kept from transformers: the returned sequences are prompt + new tokens, the stop token included,
 finished rows padded with `pad_token_id`; a streamer first receives the prompt ids, then each step's tokens;
 sampling draws from the global torch RNG, so `torch.manual_seed` makes a sampled call reproducible.
@@ -20,9 +24,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 from transformers.generation import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_utils import PreTrainedModel
@@ -30,15 +36,18 @@ from transformers.modeling_utils import PreTrainedModel
 from vl.checkpoint.nano_vl import save_pretrained as save_nano_vl
 from vl.config import vl_config_from_hf
 from vl.config_policy import of_generic_class
-from vl.directory import read_config, resolve_dir
+from vl.directory import checkpoint_kind, read_config, resolve_dir
 from vl.errors import CheckpointError, ConfigError, GenerationOptionError, InputError
 from vl.hf.config import NemotronNanoVLV2Config
 from vl.hf.names import LOADER_KEYS, OUR_GENERATE_OPTIONS, PROCESSOR_KEYS
+from vl.modeling.omni import NemotronOmni
 from vl.modeling.vlm import MediaSpan, NemotronVL
 from vl.processing.chat import opens_think
+from vl.processing.omni_processor import OmniInputs
 from vl.processing.processor import Processor
-from vl.runtime.batch import ChatRequest, Tokenized, run_batch
+from vl.runtime.batch import ChatRequest, Processed, Tokenized, run_batch
 from vl.runtime.engine import Engine
+from vl.runtime.results import Stats
 from vl.runtime.sampling import SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 256  # vl.Engine.chat's default, used when neither max_new_tokens nor max_length is set
@@ -109,7 +118,14 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         dtype = options.get("dtype", options.get("torch_dtype"))
         directory = resolve_dir(pretrained_model_name_or_path)
         raw = read_config(directory)
-        if config is None:
+        if checkpoint_kind(raw, directory) == "nemotron_h_omni":
+            if config is not None:
+                raise ConfigError("config= is not taken for a Nemotron 3 Nano Omni directory (its settings would not "
+                                  "reach our loader); edit its config.json")
+            # transformers' own config class reads it (its nested text / vision / audio configs included); the model
+            # is still built by our loader from config.json (docs/transformers.md, "Nemotron 3 Nano Omni")
+            config = AutoConfig.from_pretrained(str(directory))
+        elif config is None:
             config = NemotronNanoVLV2Config.from_pretrained(str(directory))
         else:
             _check_same_config(config, raw, directory)
@@ -143,6 +159,9 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
             raise ConfigError("push_to_hub is not supported here (no network); upload the directory yourself")
         if state_dict is not None or not safe_serialization:
             raise ConfigError("only the model's own weights are saved, as safetensors")
+        if isinstance(self.model, NemotronOmni):
+            raise ConfigError("save_pretrained writes the Nano V2 VL layout; a Nemotron 3 Nano Omni model is not "
+                              "saved by this class (copy its checkpoint directory instead)")
         if not is_main_process:
             return None
         directory = save_nano_vl(self.model, save_directory, max_shard_bytes=_shard_bytes(max_shard_size))
@@ -173,6 +192,9 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         """Logits for a batch of one row with its media (our model's forward; fp32 logits)."""
         if labels is not None:
             raise InputError("training through transformers is not supported; see data_recipes/ for training")
+        if isinstance(self.model, NemotronOmni):
+            raise InputError("forward is not offered for a Nemotron 3 Nano Omni model through this class: use "
+                             "generate (the pipeline) or vl.Engine, or transformers' own class for logits")
         if kwargs:
             raise InputError(f"unsupported forward argument(s) {sorted(kwargs)}")
         if pixel_values is not None and pixel_values.shape[0] == 0:
@@ -190,11 +212,14 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
 
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask=None, pixel_values=None, media=None, video_pruning_rate=None,
-                 token_pruning_rate=None, generation_config: GenerationConfig | None = None, streamer=None, **kwargs):
+                 token_pruning_rate=None, generation_config: GenerationConfig | None = None, streamer=None,
+                 omni_inputs=None, **kwargs):
         """A thin collector of the engine's generation loop (vl/runtime/batch.py `run_batch`): each row is one
         request of a batch, so stop strings, `max_time` (transformers' time limit), `reasoning_budget` and
         `cancel` (a `threading.Event`; both ours) work as they do in `vl.Engine.chat`, and greedy answers equal
-        its answers."""
+        its answers. `omni_inputs` (a Nemotron 3 Nano Omni directory: the processor's `OmniInputs` per row, see
+        vl/hf/processor.py) go to the engine as media processed ahead, so its encoders read them as they read a
+        chat's."""
         if input_ids is None:
             raise InputError("generate needs input_ids (build them with the processor)")
         unknown_inputs = sorted(k for k in UNSUPPORTED_INPUTS if kwargs.get(k) is not None)
@@ -209,6 +234,7 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         if streamer is not None and b != 1:
             raise GenerationOptionError(f"a streamer takes one sequence; found a batch of {b}")
         rows = _rows(input_ids, attention_mask)
+        omni = _rows_omni(omni_inputs, b, rows)
         spans = _rows_media(media, b)
         tiles = _split_tiles(pixel_values, spans)
         longest = max(len(r) for r in rows)
@@ -219,21 +245,26 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
                 raise GenerationOptionError(f"max_length={gc['max_length']} leaves no room after the {longest}-token "
                                             f"prompt; set max_new_tokens")
         new: list[list[int]] = [[] for _ in range(b)]
-        requests = [ChatRequest(Tokenized(ids[None], row_tiles, row_spans,
-                                          opens_think(engine.tokenizer.decode(ids, skip_special_tokens=False))),
+        prompts = omni or [Tokenized(ids[None], row_tiles, row_spans,
+                                     opens_think(engine.tokenizer.decode(ids, skip_special_tokens=False)))
+                           for ids, row_tiles, row_spans in zip(rows, tiles, spans)]
+        requests = [ChatRequest(prompt,
                                 max_new_tokens=max_new, min_tokens=gc["min_new_tokens"],
                                 reasoning_budget=ours.get("reasoning_budget"),
                                 stop=gc["stop_strings"],
                                 video_pruning_rate=vpr, token_pruning_rate=tpr, cancel=ours.get("cancel"),
                                 timeout_s=gc["max_time"], on_token=new[i].append)
-                    for i, (ids, row_tiles, row_spans, vpr, tpr)
-                    in enumerate(zip(rows, tiles, spans, _per_row(video_pruning_rate, b, None),
+                    for i, (prompt, vpr, tpr)
+                    in enumerate(zip(prompts, _per_row(video_pruning_rate, b, None),
                                      _per_row(token_pruning_rate, b, 0.0)))]
+        # Omni prompts arrive processed (Engine.process's output), as a server's do: run_batch takes them as such
+        ready = None if omni is None else (lambda req: Processed(req.messages, Stats(notes=list(req.messages.notes)),
+                                                                 time.perf_counter()))
         if streamer is not None:
             streamer.put(input_ids.cpu())
             requests[0].on_token = lambda tok: (new[0].append(tok), streamer.put(torch.tensor([tok])))
         try:
-            for _ in run_batch(engine, requests, gc["params"], stop_ids=gc["stop_ids"]):
+            for _ in run_batch(engine, requests, gc["params"], stop_ids=gc["stop_ids"], processed=ready):
                 pass
         finally:
             if streamer is not None:
@@ -343,6 +374,21 @@ def _rows_media(media, b: int) -> list[list]:
         raise InputError(f"media: expected one list of MediaSpan per row ({b} rows); build inputs with the "
                          f"processor")
     return [list(r) for r in media]
+
+
+def _rows_omni(omni_inputs, b: int, rows: list[torch.Tensor]) -> list | None:
+    """`omni_inputs` as our processor writes them (one `OmniInputs` per row; nested one level by transformers'
+    pipeline collation), checked against the rows' ids; None for a Nano V2 VL prompt."""
+    if omni_inputs is None:
+        return None
+    flat = list(omni_inputs) if isinstance(omni_inputs, (list, tuple)) else [omni_inputs]
+    flat = [x for item in flat for x in (item if isinstance(item, (list, tuple)) else [item])]
+    if len(flat) != b or not all(isinstance(x, OmniInputs) for x in flat):
+        raise InputError(f"omni_inputs: expected one OmniInputs per row ({b} rows); build inputs with the processor")
+    for x, ids in zip(flat, rows):
+        if not torch.equal(x.input_ids[0].cpu(), ids):
+            raise InputError("omni_inputs do not match input_ids; build both with the processor in one call")
+    return flat
 
 
 def _split_tiles(pixel_values, spans: list[list]) -> list:

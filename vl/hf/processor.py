@@ -16,6 +16,12 @@ Model inputs carry two keys of our own besides `input_ids`, `attention_mask` and
 (`(N, 3, S, S)`, every tile of every row in row order, possibly N = 0): `media`, the `MediaSpan`s of each row
 (a flat list for one conversation, one list per row for a batch), and, when given, `video_pruning_rate` and
 `token_pruning_rate` (floats for the model's token reduction).
+
+A Nemotron 3 Nano Omni directory (`vl.processing.OmniProcessor`: images at native resolution, video tubelets,
+audio parts `{"type": "audio", "audio": path | bytes | float32 array at 16 kHz}` and a video's sound track,
+`use_audio_in_video`) gives `input_ids`, `attention_mask` and `omni_inputs`: the processor's `OmniInputs` of each
+row, which the model's `generate` hands to the engine as they are (its encoders read them; docs/transformers.md,
+"Nemotron 3 Nano Omni").
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from vl.errors import ConfigError, CorruptMediaError, InputError, MediaTooLargeE
 from vl.hf.names import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
 from vl.options import REDUCTION, RequestOptions, canonical, option_aliases, spec
 from vl.processing.chat import render_prompt
+from vl.processing.load import load_processor
+from vl.processing.omni_processor import OmniInputs
 
 PROCESSOR_FILE = "processor_config.json"
 # apply_chat_template keywords: transformers' own, then ours (passed to vl.processing.Processor or the model)
@@ -69,8 +77,6 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
     # --- loading / saving ----------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        from vl.processing.load import load_processor
-
         revision = kwargs.pop("revision", None)
         if revision not in (None, "main"):
             raise ConfigError(f"revision={revision!r}: only local directories (or hub ids already cached) are "
@@ -151,10 +157,13 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         if kwargs.get("return_tensors", "pt") not in ("pt", None):
             raise InputError(f"return_tensors={kwargs['return_tensors']!r}: only 'pt' (PyTorch) is supported")
         media_options = options.processor_kwargs()
-        media_options.setdefault("context_length", self.vl_processor.config.lm.max_position_embeddings)  # as vl.Engine
+        lm = getattr(self.vl_processor.config, "lm", None)  # Omni's processor does not know the context length
+        if lm is not None:
+            media_options.setdefault("context_length", lm.max_position_embeddings)  # as vl.Engine
         rows = [self.vl_processor(c, thinking=thinking, add_generation_prompt=generation_prompt, **media_options)
                 for c in conversations]
-        features = self._batch(rows, batched, model_side)
+        batch = self._omni_batch if isinstance(rows[0], OmniInputs) else self._batch
+        features = batch(rows, batched, model_side)
         if kwargs.get("return_tensors", "pt") is None:
             features["input_ids"] = [r.input_ids[0].tolist() for r in rows]
             features["attention_mask"] = [[1] * r.input_ids.shape[1] for r in rows]
@@ -210,7 +219,7 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         return out
 
     def _checked_item(self, item):
-        if not isinstance(item, Mapping) or item.get("type") not in ("image", "video", "pdf"):
+        if not isinstance(item, Mapping) or item.get("type") not in ("image", "video", "pdf", "audio"):
             return item
         kind = item["type"]
         key = next((k for k in (kind, "path", "url") if item.get(k) is not None), None)
@@ -236,7 +245,8 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
             raise CorruptMediaError(f"a data: URI for a {kind} must be 'data:<type>;base64,<data>', found "
                                     f"{head[:60]!r}")
         limits = self.vl_processor.limits
-        cap = {"image": limits.max_image_bytes, "video": limits.max_video_bytes, "pdf": limits.max_pdf_bytes}[kind]
+        cap = {"image": limits.max_image_bytes, "video": limits.max_video_bytes, "pdf": limits.max_pdf_bytes,
+               "audio": limits.max_audio_bytes}[kind]
         if len(payload) // 4 * 3 > cap + 3:
             raise MediaTooLargeError(f"the base64 {kind} decodes to about {len(payload) // 4 * 3} bytes; the cap "
                                      f"is {cap}")
@@ -257,6 +267,19 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         data = {"input_ids": ids, "attention_mask": mask,
                 "pixel_values": torch.cat(tiles) if tiles else torch.zeros(0, 3, s, s),
                 "media": [list(r.media) for r in rows] if batched else list(rows[0].media)}
+        data.update({k: float(v) for k, v in model_side.items()})
+        return BatchFeature(data)
+
+    def _omni_batch(self, rows, batched: bool, model_side: dict) -> BatchFeature:
+        """Omni rows: left-padded ids and mask for transformers' bookkeeping, and each row's `OmniInputs` (patches,
+        tubelets, audio features, media order) for the model's `generate`, which hands them to the engine."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        t = max(r.input_ids.shape[1] for r in rows)
+        ids = torch.full((len(rows), t), pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), t, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, t - r.input_ids.shape[1]:], mask[i, t - r.input_ids.shape[1]:] = r.input_ids[0], 1
+        data = {"input_ids": ids, "attention_mask": mask, "omni_inputs": list(rows)}
         data.update({k: float(v) for k, v in model_side.items()})
         return BatchFeature(data)
 
