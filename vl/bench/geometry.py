@@ -32,20 +32,25 @@ import psutil
 import torch
 
 import vl
+from vl.bench import omni_geometry
 from vl.bench.timing import PeakRSS, memory_counters, our_decode_s, our_prefill
 from vl.config import lm_config_to_hf, nano_12b_lm
 from vl.errors import ConfigError
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant.export import exclude_patterns, make_hf_quant_config, quantizable_linear_names, write_hf_quant_config
 from vl.quant.fp8 import E4M3_MAX, cast_to_fp8
+from vl.quant.experts import routed_expert_bytes
 from vl.quant.linear import resident_weight_bytes
 from vl.quant.nvfp4 import E2M1_MAX
+from vl.runtime.cache import HybridCache
 
-GEOMETRIES = {"nano-12b-v2-vl": nano_12b_lm}
+GEOMETRIES = {"nano-12b-v2-vl": nano_12b_lm, omni_geometry.NAME: omni_geometry.lm_config}
 STD = 0.02
 ROW_BLOCK_ELEMS = 32 * 1024 * 1024  # elements generated at a time (128 MiB of float32)
 # E4M3 codes 0x70..0x76 = 128..224: with the global scale below, |weights| ~ N(0, STD)'s (mean |E2M1| ~ 2.6)
 NV_SCALE_CODES = (0x70, 0x76)
+ROUTED_EXPERTS = (".mixer.experts.up_proj", ".mixer.experts.down_proj")  # fused (E, out, in) in the model
+FP32_TENSORS = (".mixer.gate.weight", ".e_score_correction_bias")  # the MoE router runs in float32
 _ST_DTYPE = {torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3"}
 
 
@@ -57,19 +62,34 @@ def _entries(cfg, fmt: str):
     out = []
     for name, t in model.state_dict().items():
         mod = name.rsplit(".", 1)[0]
-        if mod in quant and name.endswith(".weight"):
-            o, i = t.shape
-            if fmt == "fp8":
-                out += [(name, torch.float8_e4m3fn, (o, i), "fp8"), (f"{mod}.weight_scale", torch.float32, (), "s"),
-                        (f"{mod}.input_scale", torch.float32, (), "s")]
-            else:
-                out += [(name, torch.uint8, (o, i // 2), "nvfp4"),
-                        (f"{mod}.weight_scale", torch.float8_e4m3fn, (o, i // 16), "nvfp4_scale"),
-                        (f"{mod}.weight_scale_2", torch.float32, (), "s2"),
-                        (f"{mod}.input_scale", torch.float32, (), "s2")]
+        if name.endswith(ROUTED_EXPERTS):  # fused (E, out, in): packed per expert under the hub's names
+            head, proj = name.rsplit(".", 1)
+            for e in range(t.shape[0]):
+                out += _packed_entries(f"{head}.{e}.{proj}", fmt, tuple(t.shape[1:]))
+        elif mod in quant and name.endswith(".weight"):
+            out += _packed_entries(mod, fmt, tuple(t.shape))
         else:
-            out.append((name, torch.bfloat16, tuple(t.shape), "dense"))
+            dtype = torch.float32 if name.endswith(FP32_TENSORS) else torch.bfloat16
+            out.append((name, dtype, tuple(t.shape), "dense"))
     return out, sorted(quant)
+
+
+def _packed_entries(mod: str, fmt: str, shape: tuple[int, int]) -> list:
+    """The checkpoint entries of one quantized Linear `mod` of weight shape (out, in), ModelOpt's layout."""
+    o, i = shape
+    if fmt == "fp8":
+        return [(f"{mod}.weight", torch.float8_e4m3fn, (o, i), "fp8"), (f"{mod}.weight_scale", torch.float32, (), "s"),
+                (f"{mod}.input_scale", torch.float32, (), "s")]
+    return [(f"{mod}.weight", torch.uint8, (o, i // 2), "nvfp4"),
+            (f"{mod}.weight_scale", torch.float8_e4m3fn, (o, i // 16), "nvfp4_scale"),
+            (f"{mod}.weight_scale_2", torch.float32, (), "s2"),
+            (f"{mod}.input_scale", torch.float32, (), "s2")]
+
+
+def _random_bytes(n: int, g: torch.Generator) -> torch.Tensor:
+    """n uniformly random bytes, 8 from each random int64 (4x faster than uint8 `randint` here, which bounded the
+    writer of the 30B geometry's 15 GB of packed codes)."""
+    return torch.randint(-2**63, 2**63 - 1, ((n + 7) // 8,), dtype=torch.int64, generator=g).view(torch.uint8)[:n]
 
 
 def _nbytes(dtype, shape) -> int:
@@ -130,7 +150,7 @@ def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None
                         f.write(q.view(torch.uint8).numpy().tobytes())
                     else:  # random codes (every nibble is a valid E2M1 value) and block scales near N(0, STD)'s
                         n = w.shape[0]
-                        f.write(torch.randint(0, 256, (n, i // 2), dtype=torch.uint8, generator=g).numpy().tobytes())
+                        f.write(_random_bytes(n * (i // 2), g).numpy().tobytes())
                         scales.append(torch.randint(NV_SCALE_CODES[0], NV_SCALE_CODES[1] + 1, (n, i // 16),
                                                     dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn))
                 if kind == "nvfp4":
@@ -143,7 +163,8 @@ def write_random_checkpoint(cfg, fmt: str, out_dir, seed: int = 0, progress=None
                 f.write(v.float().reshape(()).numpy().tobytes())
     os.replace(out_dir / "model.safetensors.part", out_dir / "model.safetensors")
     algo = FORMATS[fmt]
-    hf_cfg = make_hf_quant_config(algo, exclude_patterns())
+    # the MoE router is not a Linear and stays float32; named for the readers of hf_quant_config.json
+    hf_cfg = make_hf_quant_config(algo, exclude_patterns(extra=("*mixer.gate",) if "E" in cfg.pattern else ()))
     q = hf_cfg["quantization"]
     cfg_json = lm_config_to_hf(cfg)
     cfg_json.update(model_type="nemotron_h", architectures=["NemotronHForCausalLM"], torch_dtype="bfloat16",
@@ -171,11 +192,24 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 def decode_bytes(model) -> int:
     """Bytes one decode step reads: every parameter and buffer except the embedding table (one row is read),
-    unless the output head shares it (tied embeddings), which reads it whole."""
+    unless the output head shares it (tied embeddings), which reads it whole; of a MoE layer's routed experts only
+    the top k of E (the router picks k per token and the MoE forward reads only their rows or modules; every
+    expert of a layer has the same size)."""
+    cfg = model.config
     emb = model.backbone.embeddings.weight
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     tied = head is not None and head.data_ptr() == emb.data_ptr()
-    return resident_weight_bytes(model) - (0 if tied else emb.numel() * emb.element_size())
+    experts = routed_expert_bytes(model)
+    read = experts * cfg.num_experts_per_tok // cfg.n_routed_experts if cfg.n_routed_experts else 0
+    return resident_weight_bytes(model) - (0 if tied else emb.numel() * emb.element_size()) - experts + read
+
+
+def load(path, cfg):
+    """The written checkpoint as a user would run it: `vl.load_pretrained`, or, for a MoE model, the loader that
+    keeps the routed experts packed (vl/bench/omni_geometry.py: the library's loader dequantizes them)."""
+    if "E" in cfg.pattern:
+        return omni_geometry.load_split_experts(path)
+    return vl.load_pretrained(path, dtype=torch.bfloat16)
 
 
 def geometry_config(geometry: str, layers: int | None = None):
@@ -189,13 +223,18 @@ def geometry_config(geometry: str, layers: int | None = None):
 
 
 def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_ctx: int = 128, new_tokens: int = 8,
-        repeats: int = 1, keep: bool = False, layers: int | None = None, log=print) -> dict:
-    """Write, load and time a random checkpoint of `geometry` (a name of GEOMETRIES, or an LMConfig)."""
+        repeats: int = 1, keep: bool = False, layers: int | None = None, cache_len: int | None = None,
+        decode_threads: tuple[int, ...] | None = None, log=print) -> dict:
+    """Write, load and time a random checkpoint of `geometry` (a name of GEOMETRIES, or an LMConfig).
+    `cache_len`: also hold a hybrid cache of that many tokens, written through, for the whole run (the peak RSS of a
+    request of that length without prefilling it). `decode_threads`: time the decode, and the copy kernel, at each
+    of these torch thread counts (default: the current one)."""
     cfg = geometry_config(geometry, layers) if isinstance(geometry, str) else geometry
     if isinstance(geometry, str) and layers is not None:
         geometry = f"{geometry} (first {layers} of {GEOMETRIES[geometry]().num_hidden_layers} layers)"
     geometry = geometry if isinstance(geometry, str) else "custom"
     tmp = tempfile.mkdtemp(prefix=f"vl-geometry-{fmt}-", dir=work_dir)
+    threads = tuple(decode_threads or (torch.get_num_threads(),))
     result = dict(geometry=geometry, format=fmt, threads=torch.get_num_threads())
     try:
         t0 = time.perf_counter()
@@ -214,12 +253,23 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
         proc = psutil.Process()
         with PeakRSS("cpu") as peak:
             t0 = time.perf_counter()
-            model = vl.load_pretrained(path, dtype=torch.bfloat16)
+            model = load(path, cfg)
             result["load_s"] = time.perf_counter() - t0
-            result["quant_mode"] = model.quantization.mode if model.quantization else None
-            result["resident_weight_bytes"] = decode_bytes(model) + model.backbone.embeddings.weight.nbytes
+            result["quant_mode"] = model.quantization.mode if getattr(model, "quantization", None) else (
+                "weight-only, routed experts packed" if "E" in cfg.pattern else None)
+            result["resident_weight_bytes"] = resident_weight_bytes(model)
+            if "E" in cfg.pattern:
+                result["resident_split"] = omni_geometry.resident_split(model)
             result["after_load"] = memory_counters()
             peak.mark("load")
+            held = None
+            if cache_len:  # written through, so that every page of it is resident
+                held = HybridCache(cfg, 1, cache_len, dtype=torch.bfloat16)
+                result["held_cache_bytes"] = held.nbytes()
+                result["cache_len"] = cache_len
+                for layer in held.layers:
+                    for t in vars(layer).values() if layer is not None else ():
+                        t.zero_()
             log(f"[vl bench] loaded in {result['load_s']:.0f} s; prefill @{prefill}, {repeats} run(s)")
             gen = torch.Generator().manual_seed(0)
             ids = torch.randint(3, cfg.vocab_size, (1, prefill), generator=gen)
@@ -233,24 +283,34 @@ def run(geometry: str, fmt: str, *, work_dir=None, prefill: int = 2048, decode_c
             peak.mark("prefill")
             log(f"[vl bench] prefill @{prefill}: {result['prefill_tok_s']:.1f} tok/s")
             ctx = ids[:, :decode_ctx]
-            our_decode_s(model, ctx[:, :1], 1)  # untimed: each layer binds its decode kernel once (FP8: a NaN scan)
+            by_threads = {}
             before = memory_counters()
-            log(f"[vl bench] decode: {new_tokens} tokens after {decode_ctx}, {repeats} run(s)")
-            dec = [our_decode_s(model, ctx, new_tokens) for _ in range(repeats)]
-            result["decode_s_per_tok"] = statistics.median(dec)
+            for n in threads:
+                torch.set_num_threads(n)
+                our_decode_s(model, ctx[:, :1], 1)  # untimed: each layer binds its decode kernel once (FP8: NaN scan)
+                log(f"[vl bench] decode on {n} thread(s): {new_tokens} tokens after {decode_ctx}, {repeats} run(s)")
+                by_threads[n] = {"decode_s_per_tok": statistics.median(
+                    our_decode_s(model, ctx, new_tokens) for _ in range(repeats))}
             result["after_decode"] = after = memory_counters()
             if before and after:  # pages the timed runs (context prefill + decode) read back from storage
                 result["decode_major_faults"] = after["majflt"] - before["majflt"]
                 result["decode_disk_read_bytes"] = after["read_bytes"] - before["read_bytes"]
             peak.mark("decode")
+            del held
         result["peak_rss_bytes"] = peak.peak + peak.base
         result["peak_rss_by_phase"] = peak.phases
-        result["decode_tok_s"] = 1 / result["decode_s_per_tok"]
         result["decode_read_bytes"] = decode_bytes(model)
-        result["decode_GBps"] = result["decode_read_bytes"] / result["decode_s_per_tok"] / 1e9
         del model
-        result["copy_GBps"] = copy_bandwidth() / 1e9
-        result["decode_vs_copy"] = result["decode_GBps"] / result["copy_GBps"]
+        for n, d in by_threads.items():
+            torch.set_num_threads(n)
+            d["decode_tok_s"] = 1 / d["decode_s_per_tok"]
+            d["decode_GBps"] = result["decode_read_bytes"] / d["decode_s_per_tok"] / 1e9
+            d["copy_GBps"] = copy_bandwidth() / 1e9
+            d["decode_vs_copy"] = d["decode_GBps"] / d["copy_GBps"]
+        torch.set_num_threads(result["threads"])
+        result.update(by_threads[threads[0]])  # the first thread count's figures under the single-run keys
+        if len(threads) > 1:
+            result["decode_by_threads"] = by_threads
         result["rss_now_bytes"] = proc.memory_info().rss
         result.update(prefill=prefill, decode_ctx=decode_ctx, new_tokens=new_tokens, repeats=repeats)
         return result
@@ -277,7 +337,27 @@ def format_result(r: dict) -> str:
         f"{r['repeats']}, after an untimed warm-up step)",
         f"  decode reads          {r['decode_GBps']:8.2f} GB/s   = {r['decode_vs_copy']:.0%} of the copy kernel's "
         f"{r['copy_GBps']:.1f} GB/s (read + write, same process)",
-    ] + _memory_lines(r))
+    ] + _thread_lines(r) + _memory_lines(r) + _split_lines(r))
+
+
+def _thread_lines(r: dict) -> list[str]:
+    """One line per decode thread count, when more than one was timed."""
+    return [f"  decode, {n} thread(s)    {d['decode_tok_s']:8.3f} tok/s   {d['decode_GBps']:.2f} GB/s = "
+            f"{d['decode_vs_copy']:.0%} of copy at {n} thread(s) ({d['copy_GBps']:.1f} GB/s)"
+            for n, d in r.get("decode_by_threads", {}).items()]
+
+
+def _split_lines(r: dict) -> list[str]:
+    """What a decode step reads, the held cache, and (MoE models) the resident bytes by part."""
+    gb = 1e9
+    out = [f"  read per decode step  {r['decode_read_bytes'] / gb:8.3f} GB (weights; routed experts: top-k only)"]
+    if "held_cache_bytes" in r:
+        out.append(f"  held cache @{r['cache_len']:<6}    {r['held_cache_bytes'] / gb:8.3f} GB, written through (in the "
+                   "peak RSS)")
+    split = r.get("resident_split")
+    if split:
+        out.append("  resident by part      " + ", ".join(f"{k} {v / gb:.3f}" for k, v in split.items()) + " GB")
+    return out
 
 
 def _memory_lines(r: dict) -> list[str]:

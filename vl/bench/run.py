@@ -409,8 +409,13 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--work-dir", default=None, help="where GGUF files (--llama-cpp) and the --geometry checkpoint "
                    "are written, made if missing (default: a temporary folder, removed at the end)")
     p.add_argument("--geometry", default=None, help="instead of the tables: a released-size model with random "
-                   "weights streamed to disk in --format (nano-12b-v2-vl): load time, peak RSS, prefill at the first "
-                   "--prefill length, decode after the first --decode-ctx, decode vs a copy kernel's bandwidth")
+                   "weights streamed to disk in --format (" + ", ".join(bench_geometry.GEOMETRIES) + "): load time, "
+                   "peak RSS, prefill at the first --prefill length, decode after the first --decode-ctx, decode vs a "
+                   "copy kernel's bandwidth")
+    p.add_argument("--cache-len", type=int, default=None, help="--geometry: also hold a cache of this many tokens, "
+                   "written through, for the whole run (the peak RSS of a request that long, without prefilling it)")
+    p.add_argument("--decode-threads", default=None, help="--geometry: comma list of thread counts to time the "
+                   "decode (and the copy kernel) at, e.g. 1,2 (default: --threads)")
     p.add_argument("--format", default="nvfp4", choices=("nvfp4", "fp8"), help="checkpoint format for --geometry")
     p.add_argument("--keep", action="store_true", help="--geometry: keep the written checkpoint in --work-dir")
     p.add_argument("--layers", type=int, default=None, help="--geometry: only the first N layers of the released "
@@ -426,15 +431,22 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         a.decode = a.decode or "fused"
     modes = decode_modes(p, a.decode or ("modules,cuda-graphs" if a.device.startswith("cuda")
                                           else "fused,modules,compiled"))
-    if a.layers is not None and not a.geometry:
-        p.error("--layers applies to --geometry runs")
+    for flag, value in (("--layers", a.layers), ("--cache-len", a.cache_len), ("--decode-threads", a.decode_threads)):
+        if value is not None and not a.geometry:
+            p.error(f"{flag} applies to --geometry runs")
+    try:
+        decode_threads = tuple(int(n) for n in a.decode_threads.split(",")) if a.decode_threads else None
+    except ValueError:
+        p.error(f"--decode-threads: expected a comma list of thread counts, found {a.decode_threads!r}")
+    if decode_threads is not None and min(decode_threads) < 1:
+        p.error(f"--decode-threads: thread counts must be at least 1, found {a.decode_threads!r}")
     if a.geometry:
         if a.geometry not in bench_geometry.GEOMETRIES:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
         r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
                                decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
-                               repeats=a.repeats, keep=a.keep, layers=a.layers,
-                               log=lambda m: print(m, file=sys.stderr, flush=True))
+                               repeats=a.repeats, keep=a.keep, layers=a.layers, cache_len=a.cache_len,
+                               decode_threads=decode_threads, log=lambda m: print(m, file=sys.stderr, flush=True))
         print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
         print(bench_geometry.format_result(r))
         if a.json:

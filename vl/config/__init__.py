@@ -307,6 +307,23 @@ def nano_12b_lm(**changes) -> LMConfig:
     return LMConfig(**base)
 
 
+def nano3_30b_a3b_lm(**changes) -> LMConfig:
+    """Nemotron 3 Nano 30B-A3B, the hybrid MoE LLM of Nemotron 3 Nano Omni: 52 layers (23 Mamba-2, 23 MoE, 6
+    attention), hidden 2688, 128 routed experts of width 1856 (6 per token) and one shared expert of 3712. The
+    widths are transformers' `NemotronHConfig` defaults with the overrides its `Nemotron3_5TranscribeConfig` gives
+    its text_config (the same released LLM), as docs/format.md §3.7 lists them; docs/benchmarks.md names each."""
+    base = dict(
+        vocab_size=131072, hidden_size=2688,
+        pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, intermediate_size=1856,
+        mamba_num_heads=64, mamba_head_dim=64, n_groups=8, ssm_state_size=128, chunk_size=128,
+        n_routed_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
+        moe_shared_expert_intermediate_size=3712, routed_scaling_factor=2.5, max_position_embeddings=262144,
+    )
+    base.update(changes)
+    return LMConfig(**base)
+
+
 # --- vision tower and the composed VL model ----------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vl.config import LMConfig, _float, lm_config_from_hf
+from vl.config import LMConfig, _float, lm_config_from_hf, nano3_30b_a3b_lm
 from vl.config.parakeet import ParakeetConfig, parakeet_config_from_hf
 from vl.config_policy import Check, KeyReader
 from vl.errors import ConfigError
@@ -125,6 +125,18 @@ class OmniConfig:
 
     def replace(self, **changes) -> "OmniConfig":
         return dataclasses.replace(self, **changes)
+
+
+def omni_30b_a3b(**changes) -> OmniConfig:
+    """Nemotron 3 Nano Omni 30B-A3B at its released widths (docs/format.md §3.7): the Nemotron 3 Nano 30B-A3B LLM
+    (`nano3_30b_a3b_lm`), the C-RADIO ViT-H/16 tower (transformers' `RadioConfig` defaults, 2 frames per tubelet),
+    the projector at 20480, and the Parakeet encoder (hidden 1024, 24 layers, 128 mel bins) with its 4096-wide audio
+    projector. Image / audio token ids are left unset (the tokenizer gives them)."""
+    base = dict(lm=nano3_30b_a3b_lm(), vision=OmniVisionConfig(), projector_hidden_size=20480,
+                audio=ParakeetConfig(num_mel_bins=128, attention_bias=False, scale_input=False,
+                                     projection_hidden_size=4096))
+    base.update(changes)
+    return OmniConfig(**base)
 
 
 # --- reader: transformers / released `nemotron_h_omni` config.json -> OmniConfig ------------------------

@@ -60,6 +60,12 @@ class Router(nn.Module):
         return weights * self.scale, experts
 
 
+def _expert(w, e: int, x):
+    """Routed expert e's projection of x: row e of a fused (E, out, in) tensor, or module e where the experts are
+    held one Linear each (vl/quant/experts.py: packed FP8 / NVFP4 experts). Only expert e's weights are read."""
+    return w[e](x) if isinstance(w, nn.ModuleList) else x @ w[e].t()
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: LMConfig):
         super().__init__()
@@ -85,9 +91,14 @@ class MoE(nn.Module):
         weights, experts = self.gate(flat)  # (N, k)
         h = self.fc1_latent_proj(flat)
         out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        for e in experts.unique().tolist():
-            token, slot = torch.where(experts == e)
-            y = self.act(h[token] @ self.experts.up_proj[e].t()) @ self.experts.down_proj[e].t()
-            out.index_add_(0, token, y.float() * weights[token, slot, None])
+        up, down = self.experts.up_proj, self.experts.down_proj
+        if flat.shape[0] == 1:  # one token (decode): its k experts in the same (ascending) order, no gather
+            for e, w in sorted(zip(experts[0].tolist(), weights[0].tolist())):
+                out[0] += _expert(down, e, self.act(_expert(up, e, h))).float()[0] * w
+        else:
+            for e in experts.unique().tolist():
+                token, slot = torch.where(experts == e)
+                y = _expert(down, e, self.act(_expert(up, e, h[token])))
+                out.index_add_(0, token, y.float() * weights[token, slot, None])
         out = self.fc2_latent_proj(out.to(x.dtype))
         return out.view(shape) + self.shared_experts(x)
