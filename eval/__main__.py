@@ -6,7 +6,7 @@
     vl eval score --task TASK --predictions FILE.jsonl      re-score a predictions file (no model)
     vl eval compare --task TASK BASE.jsonl OTHER.jsonl      OTHER minus BASE on shared items, paired interval
     vl eval tasks                                           list the task names
-    vl eval make-data --out DIR [--per-family N]            write the synthetic_docs / synthetic_video sets
+    vl eval make-data --out DIR [--per-family N]            write the synthetic_docs / _video / _audio sets
 
 Exit status: 0 when every item has a final record (item errors are results, counted in the summary);
 1 when items are missing or the server did not answer some (`unavailable`; the run also stops after
@@ -134,13 +134,13 @@ def make_data_main(argv: Sequence[str], make_data=None) -> int:
     made = [n for n in task_names() if get_task(n).made_by]
     p = argparse.ArgumentParser(prog="vl eval make-data", description="Write the held-out synthetic sets that "
                                 f"`vl eval --task {'|'.join(made)}` reads: the test split of data_recipes.synthetic "
-                                "(never trained on) as PNG pages, PDFs and MP4 clips plus one JSONL per task, drawn "
-                                "at the model's tile size. Prints the JSONL paths as JSON.")
+                                "(never trained on) as PNG pages, PDFs, MP4 clips and WAV sounds plus one JSONL per "
+                                "task, drawn at the model's tile size. Prints the JSONL paths as JSON.")
     p.add_argument("--out", required=True, help="folder to write: DIR/document_test.jsonl, DIR/video_test.jsonl, "
-                   "DIR/media/")
-    p.add_argument("--tasks", default=",".join(made), help=f"comma-separated, of {', '.join(made)} (default: both)")
+                   "DIR/audio_test.jsonl, DIR/media/")
+    p.add_argument("--tasks", default=",".join(made), help=f"comma-separated, of {', '.join(made)} (default: all)")
     p.add_argument("--per-family", type=int, default=100, help="items per family (default 100, the demo model "
-                   "card's set; 8 document and 5 video families)")
+                   "card's set; 8 document, 5 video and 2 audio families)")
     p.add_argument("--model", default=None, help="checkpoint whose tile size (config.json force_image_size) pages "
                    "and frames are drawn at (default: the shipped demo model)")
     p.add_argument("--tile-size", type=int, default=None, help="draw at this many pixels instead of the model's")

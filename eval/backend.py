@@ -85,6 +85,7 @@ class Generation:
     new_tokens: int = 0
     notes: list[str] = field(default_factory=list)
     time_to_first_token_s: float | None = None
+    audio_tokens: int | None = 0  # audio placeholder tokens the model saw; None: a server that does not report it
 
 
 class EngineBackend:
@@ -117,7 +118,7 @@ class EngineBackend:
             results = self.engine.chat_batch(conversations, options, temperature=0.0)
         return [Generation(r.text, r.finish_reason, bool(r.reasoning_truncated), r.stats.prompt_tokens,
                            r.stats.vision_tokens_before, r.stats.vision_tokens_after, r.stats.new_tokens,
-                           list(r.stats.notes), r.stats.time_to_first_token_s) for r in results]
+                           list(r.stats.notes), r.stats.time_to_first_token_s, r.stats.audio_tokens) for r in results]
 
     def close(self) -> None:
         pass

@@ -28,9 +28,9 @@ class DatasetFormatError(InputError):
 
 @dataclass(frozen=True)
 class MediaRef:
-    """One image / video / PDF of an item: a confined absolute path, or bytes embedded in the file."""
+    """One image / video / PDF / audio file of an item: a confined absolute path, or bytes embedded in the file."""
 
-    kind: str  # "image" | "video" | "pdf"
+    kind: str  # "image" | "video" | "pdf" | "audio"
     path: str | None = None
     data: bytes | None = None
     name: str | None = None  # the file name recorded inside the dataset, for logs only
@@ -52,8 +52,9 @@ class Item:
 
 
 ID_KEYS = ("id", "question_id", "questionId", "qid", "index")
-MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "pdf": "pdf"}
-MEDIA_KINDS = ("image", "video", "pdf")
+MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "pdf": "pdf",
+                 "audio": "audio"}
+MEDIA_KINDS = ("image", "video", "pdf", "audio")
 _NOT_FIELDS = {"question", "answers", "answer", "content"}
 
 

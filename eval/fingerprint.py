@@ -13,6 +13,7 @@ from eval.backend import GenerationSettings
 from eval.data import Item, MediaRef
 from eval.tasks import Task
 from vl.config import lm_config_from_hf, vl_config_from_hf
+from vl.config.omni import omni_config_from_hf
 from vl.directory import checkpoint_kind, read_config, resolve_dir
 
 RECORD_FORMAT = 1  # bump when the meaning of a record changes; part of the fingerprint
@@ -64,8 +65,13 @@ def model_facts(model: str, dtype: str | None = None) -> dict:
     directory = resolve_dir(model)
     raw = read_config(directory)
     where = str(directory / "config.json")
-    text_only = checkpoint_kind(raw, directory) == "nemotron_h"  # no media defaults to record
-    cfg = lm_config_from_hf(raw, where=where) if text_only else vl_config_from_hf(raw, where=where)
+    kind = checkpoint_kind(raw, directory)
+    if kind == "nemotron_h":  # text only: no media defaults to record
+        cfg = lm_config_from_hf(raw, where=where)
+    elif kind == "nemotron_h_omni":  # images at native resolution: no max_num_tiles
+        cfg = omni_config_from_hf(raw, where=where)
+    else:
+        cfg = vl_config_from_hf(raw, where=where)
     weights, files = hashlib.sha256(), hashlib.sha256()
     for p in sorted(directory.iterdir()):
         if not p.is_file() or p.name.startswith("."):

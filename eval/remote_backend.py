@@ -37,7 +37,7 @@ class RemoteBackend:
         s = r.stats
         return Generation(r.text, r.finish_reason, bool(r.reasoning_truncated), s.prompt_tokens,
                           s.vision_tokens_before, s.vision_tokens_after, s.new_tokens, list(s.notes),
-                          s.time_to_first_token_s)
+                          s.time_to_first_token_s, s.audio_tokens)  # RemoteEngine: usage.audio_tokens, None unreported
 
     def generate(self, conversations: list, settings: GenerationSettings) -> list[Generation]:
         futures = [self._pool.submit(self._one, c, settings) for c in conversations]

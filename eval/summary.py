@@ -40,7 +40,7 @@ def code_versions() -> dict:
 def _token_stats(records: list[dict]) -> dict:
     ok = [r["tokens"] for r in records if r.get("status") == "ok" and r.get("tokens")]
     out: dict[str, Any] = {"items": len(ok)}
-    for key in ("prompt", "vision_before", "vision_after", "new"):
+    for key in ("prompt", "vision_before", "vision_after", "audio", "new"):
         values = [t.get(key, 0) for t in ok]
         if any(v is None for v in values):  # a backend that does not report it (a remote server)
             out[key] = {"total": None, "mean": None, "note": "not reported by the backend"}
@@ -111,7 +111,7 @@ def summary_markdown(summary: dict) -> str:
         lines += ["", "## Other numbers", "", "| key | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in extra.items()]
     lines += ["", "## Tokens (per ok item)", "", "| tokens | mean | total |", "|---|---|---|"]
-    for key in ("prompt", "vision_before", "vision_after", "new"):
+    for key in ("prompt", "vision_before", "vision_after", "audio", "new"):
         lines.append(f"| {key} | {_fmt(t[key]['mean'])} | {t[key]['total']} |")
     lines.append(f"| vision kept fraction | {_fmt(t['vision_kept_fraction'])} | |")
     if run:

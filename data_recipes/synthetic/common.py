@@ -46,7 +46,8 @@ MIN_FRAMES, MAX_FRAMES = 8, 64
 class Sample:
     """One question with a known answer about one document or clip.
 
-    `media` holds PIL RGB images: the pages of a document (1..10) or the frames of a clip; `fps` is
+    `media` holds PIL RGB images: the pages of a document (1..10) or the frames of a clip (for a sound, one float32
+    waveform at 16 kHz, data_recipes/synthetic/audio.py); `fps` is
     set for clips only (frame i is shown at `frame_time_str(i, fps)`). `answer` is the short canonical
     string the scorer compares against; `reasoning` a few words for the /think block; `chance` the
     accuracy of uniform guessing over the family's answer classes for this question.
@@ -54,7 +55,7 @@ class Sample:
 
     id: str
     family: str
-    kind: str  # "document" | "video"
+    kind: str  # "document" | "video" | "audio"
     question: str
     answer: str
     reasoning: str

@@ -1,4 +1,4 @@
-"""Writes synthetic samples to disk the way users supply media: PNG pages, PDF files, MP4 clips, plus JSONL.
+"""Writes synthetic samples to disk the way users supply media: PNG pages, PDF files, MP4 clips, WAV sounds, plus JSONL.
 
 The held-out set on disk makes eval (and the app's examples) go through the real input path: PDF pages
 rendered back with pypdfium2, videos decoded with decord/PyAV and sampled with timestamps. Files are
@@ -11,7 +11,9 @@ generator drew. `lossless=False` writes JPEG (DCT) pages at quality 95 without c
 scanned PDFs are (about half the size, mean error under 1 grey level).
 
 Each JSONL record: id, family, kind, split, question, answer, reasoning, chance, metadata, and
-`content`: the media as message parts, `{"type": "image"|"pdf"|"video", <type>: relative path}`.
+`content`: the media as message parts, `{"type": "image"|"pdf"|"video"|"audio", <type>: relative path}`. Sounds
+are 16-bit PCM mono WAV files at the generator's 16 kHz (the stdlib `wave` writer: the same samples give the same
+bytes), read back through the processor's audio decoder.
 """
 
 from __future__ import annotations
@@ -91,6 +93,22 @@ def write_mp4(frames: list[Image.Image], fps: float, path: str | Path, *, codec:
     return path
 
 
+def write_wav(wave: np.ndarray, sample_rate: int, path: str | Path) -> Path:
+    """A mono float waveform in [-1, 1] as a 16-bit PCM WAV file."""
+    import wave as wav
+
+    samples = np.asarray(wave, dtype=np.float64)
+    if samples.ndim != 1 or samples.size == 0:
+        raise ConfigError(f"write_wav needs a non-empty 1-D waveform; found shape {samples.shape}")
+    path = Path(path)
+    with wav.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(int(sample_rate))
+        f.writeframes(np.round(np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+    return path
+
+
 def _safe_name(sample_id: str) -> str:
     return sample_id.replace("/", "_")
 
@@ -104,6 +122,10 @@ def export_sample(sample: Sample, out_dir: str | Path, *, codec: str = DEFAULT_C
         name = f"{stem}.mp4"
         write_mp4(sample.media, sample.fps, out_dir / name, codec=codec)
         content = [{"type": "video", "video": name}]
+    elif sample.kind == "audio":
+        name = f"{stem}.wav"
+        write_wav(sample.media[0], sample.metadata["sample_rate"], out_dir / name)
+        content = [{"type": "audio", "audio": name}]
     elif len(sample.media) == 1:
         name = f"{stem}.png"
         write_png(sample.media[0], out_dir / name)

@@ -8,13 +8,14 @@ from typing import Callable
 
 from vl.errors import ConfigError
 
+from .audio import AUDIO_FAMILIES
 from .common import Sample
 from .documents import DOC_FAMILIES
 from .videos import VIDEO_FAMILIES
 
 SEED_SPAN = 1_000_000_000
 SPLIT_SEED_BASE = {"train": 0, "val": 1 * SEED_SPAN, "test": 2 * SEED_SPAN, "examples": 3 * SEED_SPAN}
-KINDS = {"document": DOC_FAMILIES, "video": VIDEO_FAMILIES}
+KINDS = {"document": DOC_FAMILIES, "video": VIDEO_FAMILIES, "audio": AUDIO_FAMILIES}
 COMMON_OPTIONS = ("tile_size",)
 
 
@@ -109,9 +110,9 @@ class SyntheticDataset:
 
 def make_dataset(kind: str, split: str, n: int, seed: int = 0, *, families: list[str] | None = None,
                  **opts) -> SyntheticDataset:
-    """`n` samples of `kind` ("document" | "video") from `split` ("train" | "val" | "test" | "examples").
+    """`n` samples of `kind` ("document" | "video" | "audio") from `split` ("train" | "val" | "test" | "examples").
 
-    Options: tile_size (both kinds, default 128); min_pages / max_pages (doc_multipage, default 2 / 10);
+    Options: tile_size (every kind, default 128; audio draws nothing with it); min_pages / max_pages (doc_multipage, default 2 / 10);
     num_frames / fps (videos, default 8 / 2.0).
     """
     return SyntheticDataset(kind, split, n, seed, families, **opts)

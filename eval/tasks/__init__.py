@@ -168,6 +168,7 @@ _REGISTRY = {
     "mlvu_test": "eval.tasks.mlvu:MLVUTest",
     "synthetic_docs": "eval.tasks.synthetic_docs:SyntheticDocs",
     "synthetic_video": "eval.tasks.synthetic_video:SyntheticVideo",
+    "synthetic_audio": "eval.tasks.synthetic_audio:SyntheticAudio",
 }
 _ALIASES = {"docvqa": "docvqa_val", "infovqa": "infovqa_val", "textvqa": "textvqa_val", "mlvu": "mlvu_dev",
             "video-mme": "videomme", "video_mme": "videomme"}

@@ -142,7 +142,7 @@ def test_bad_options_are_errors():
     with pytest.raises(ConfigError, match="families"):
         make_dataset("document", "train", 3, families=["video_when"])
     with pytest.raises(ConfigError, match="kind"):
-        make_dataset("audio", "train", 3)
+        make_dataset("speech", "train", 3)
 
 
 # ---------------------------------------------------------------- answers agree with the pixels

@@ -56,7 +56,7 @@ def test_jsonl_content_parts_as_written_by_synthetic_export(tmp_path):
     (item,) = load_items(path, get_task("synthetic_video"))
     assert item.media[0].kind == "video" and item.media[0].path.endswith("media/v_0.mp4")
     assert item.fields["family"] == "video_when" and "content" not in item.fields
-    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "content": [{"type": "audio", "audio": "x"}]}])
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "content": [{"type": "smell", "smell": "x"}]}])
     with pytest.raises(DatasetFormatError, match="content parts"):
         list(load_items(bad))
 

@@ -11,7 +11,8 @@ SUFFIX = "\nAnswer the question using a single word or phrase."
 
 def test_registry_loads_every_task_with_a_complete_header():
     assert set(task_names()) == {"docvqa_val", "infovqa_val", "chartqa", "textvqa_val", "ocrbench", "videomme",
-                                 "mlvu_dev", "mlvu_test", "synthetic_docs", "synthetic_video"}
+                                 "mlvu_dev", "mlvu_test", "synthetic_docs", "synthetic_video",
+                                 "synthetic_audio"}
     for name in task_names():
         head = get_task(name).header()
         assert head["task"] == name and head["scale"] in ("0-1", "percent") and head["max_new_tokens"] > 0

@@ -1,5 +1,5 @@
 """`vl eval make-data` as a user meets it, as subprocesses: the missing-data error names the command, the command
-writes both synthetic sets (small here) at the demo model's tile size, twice to the same bytes, and `vl eval` then
+writes the synthetic sets (small here) at the demo model's tile size, twice to the same bytes, and `vl eval` then
 runs on what it wrote."""
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ def test_missing_data_names_make_data_which_writes_what_eval_reads(tmp_path):
     assert made.returncode == 0, made.stderr
     paths = json.loads(made.stdout)
     assert paths == {"synthetic_docs": str(data / "document_test.jsonl"),
-                     "synthetic_video": str(data / "video_test.jsonl")}
-    docs, videos = rows(data / "document_test.jsonl"), rows(data / "video_test.jsonl")
-    assert len(docs) == 8 and len(videos) == 5  # one per family
-    assert {r["split"] for r in docs + videos} == {"test"}
-    media = [data / part[part["type"]] for r in docs + videos for part in r["content"]]
+                     "synthetic_video": str(data / "video_test.jsonl"),
+                     "synthetic_audio": str(data / "audio_test.jsonl")}
+    docs, videos, sounds = (rows(data / f"{k}_test.jsonl") for k in ("document", "video", "audio"))
+    assert len(docs) == 8 and len(videos) == 5 and len(sounds) == 2  # one per family
+    assert {r["split"] for r in docs + videos + sounds} == {"test"}
+    assert {part["type"] for r in sounds for part in r["content"]} == {"audio"}
+    media = [data / part[part["type"]] for r in docs + videos + sounds for part in r["content"]]
     tile = json.loads((DEMO / "config.json").read_text())["force_image_size"]
     from PIL import Image
 
