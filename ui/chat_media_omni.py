@@ -101,4 +101,4 @@ def omni_conversation_inputs(processor, messages, proc: dict, thinking, cache: M
         if id(piece) not in seen:
             seen.add(id(piece))
             notes += x.notes
-    return processor._finish(prompt, runs, infos, images, videos, clips, notes)
+    return processor.assemble(prompt, runs, infos, images, videos, clips, notes)

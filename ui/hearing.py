@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vl.errors import InputError
+from vl.errors import NoAudioError
 
 # what the audio decoder reads (vl/processing/audio.py: WAV, FLAC, MP3, ADTS AAC, Ogg/Opus, MP4/M4A); it checks the
 # bytes, not the name
@@ -34,6 +34,6 @@ def is_audio(path) -> bool:
 def check_hears(engine, name: str) -> None:
     """Refuse the audio file `name` (its base name) before any work when the model does not hear."""
     if not hears(engine):
-        raise InputError(f"{name!r} is an audio file, and this model does not hear (it has no audio encoder); "
+        raise NoAudioError(f"{name!r} is an audio file, and this model does not hear (it has no audio encoder); "
                          "audio needs a Nemotron 3 Nano Omni checkpoint with audio. Ask about images, a PDF or a "
                          "video instead")

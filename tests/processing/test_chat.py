@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from vl.errors import ConfigError, InputError
+from vl.errors import ConfigError, InputError, NoAudioError
 from vl.options import DEFAULT_THINKING
 from vl.processing.chat import (
     CHAT_TEMPLATE, MediaTokens, PlaceholderMismatchError, PromptFormatError, ThinkSplitter, expand_placeholders,
@@ -134,7 +134,6 @@ def test_media_order_and_pdf_pages():
     ([{"role": "tool", "content": "a"}], "role must be"),
     ([{"role": "assistant", "content": [IMG]}], "user messages only"),
     ([{"role": "user", "content": "look: <image>"}], "placeholder"),
-    ([{"role": "user", "content": [{"type": "audio", "audio": "x.wav"}]}], "expected type"),
     ([{"role": "user", "content": [{"type": "image"}]}], "needs its data"),
     ([{"role": "user", "content": 3}], "string or a list"),
     ([{"role": "user", "content": ["hello"]}], "dict"),
@@ -145,6 +144,12 @@ def test_bad_messages_are_typed_errors(messages, match):
     with pytest.raises(PromptFormatError, match=match) as err:
         render_messages(messages)
     assert isinstance(err.value, InputError) and err.value.http_status == 400
+
+
+def test_audio_for_a_model_that_does_not_hear_is_no_audio():
+    with pytest.raises(NoAudioError, match="does not hear") as err:
+        render_messages([{"role": "user", "content": [{"type": "audio", "audio": "x.wav"}]}])
+    assert err.value.code == "no_audio" and err.value.http_status == 400
 
 
 def test_thinking_argument_is_checked():

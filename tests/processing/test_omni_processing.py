@@ -22,7 +22,7 @@ from transformers.video_utils import VideoMetadata
 
 from data_recipes.synthetic.export import write_mp4
 from data_recipes.tokenizer import build_tokenizer
-from vl.errors import ConfigError, MediaTooLargeError, RemoteMediaError, TooManyItemsError
+from vl.errors import ConfigError, MediaTooLargeError, NoAudioError, RemoteMediaError, TooManyItemsError
 from vl.processing import chat
 from vl.processing.chat import OMNI_TOKENS, PromptFormatError
 from vl.processing.limits import MediaLimits
@@ -280,7 +280,7 @@ def test_audio_and_placeholders_are_refused_where_they_do_not_belong(tokenizer):
     proc = omni_processor(tokenizer)
     with pytest.raises(PromptFormatError, match="placeholder '<so_embedding>'"):
         proc([{"role": "user", "content": "sneaky <so_embedding> token"}])
-    with pytest.raises(PromptFormatError, match="expected type text, image, video or pdf"):  # Nano V2 VL tokens
+    with pytest.raises(NoAudioError, match="does not hear"):  # Nano V2 VL tokens: no_audio, as the server says
         chat.render_messages([{"role": "user", "content": [{"type": "audio", "audio": "x.wav"}]}])
     many = [{"type": "audio", "audio": np.zeros(1600, np.float32)}] * 3
     with pytest.raises(TooManyItemsError, match="audio"):

@@ -161,7 +161,7 @@ def test_a_model_that_does_not_hear_says_so_and_the_next_question_answers(ui_eng
     out, history = _ask(ctx, {"text": "What is said?", "files": [sounds.a]}, [])
     text = out[-1]["content"]
     assert text.startswith("⚠️") and "'a.wav' is an audio file, and this model does not hear" in text, text
-    assert "[bad_input]" in text
+    assert "[no_audio]" in text
     out, _ = _ask(ctx, {"text": "What is the total?", "files": [png]}, history)
     assert _row(_stats(out), "audio tokens") is None
 
@@ -266,4 +266,4 @@ def test_the_app_over_omni_offers_audio_and_hides_what_does_not_apply(omni_serve
     client = Client(app.url, verbose=False, download_files=False)
     out = client.predict({"text": "What is said?", "files": [handle_file(sounds.a)]}, False, 0, 4, 0.0, 12, 2.0, 4,
                          0.0, api_name="/chat")
-    assert "this model does not hear" in str(out) and "[bad_input]" in str(out), out
+    assert "this model does not hear" in str(out) and "[no_audio]" in str(out), out

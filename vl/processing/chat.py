@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vl.errors import ConfigError, GenerationOptionError, InputError, VLError
+from vl.errors import ConfigError, GenerationOptionError, InputError, NoAudioError, VLError
 from vl.options import DEFAULT_THINKING, canonical, spec
 
 SYSTEM_HEADER, USER_HEADER = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n"
@@ -176,6 +176,9 @@ def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list
             if pdf_pages is None:
                 raise PromptFormatError(f"{at}: PDF items need a page loader; pass pdf_pages=callable(path) -> images")
             parts += [("image", MediaItem("image", img, {}, source, n)) for n, img in enumerate(pdf_pages(source))]
+        elif kind == "audio":
+            raise NoAudioError(f"{at}: this model does not hear (it has no audio encoder); send text, images or "
+                               "videos, or use a model that hears (Nemotron 3 Nano Omni)")
         else:
             kinds = "text, image, video, audio or pdf" if tokens.has_audio else "text, image, video or pdf"
             raise PromptFormatError(f"{at}: expected type {kinds}, found {kind!r}")

@@ -23,7 +23,7 @@ import torch
 from vl.config.parakeet import ParakeetConfig
 from vl.config.omni import OmniConfig
 from vl.config_policy import Check, KeyReader
-from vl.errors import ConfigError, ContextLengthError, InputError, MediaTooLargeError
+from vl.errors import ConfigError, ContextLengthError, InputError, MediaTooLargeError, NoAudioError
 from vl.modeling.parakeet import subsampled_length
 from vl.processing import audio, chat
 from vl.processing.audio_features import MelConfig, log_mel_features, mel_config_from_preprocessor
@@ -314,7 +314,7 @@ class OmniProcessor:
         for kind, count in counts.items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
         if counts["audio"] and not self.has_audio:
-            raise InputError("this checkpoint has no audio encoder (its config.json has no audio_config); send "
+            raise NoAudioError("this checkpoint has no audio encoder (its config.json has no audio_config); send "
                              "images, videos or text only")
         hear = self.has_audio if use_audio_in_video is None else bool(use_audio_in_video)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
@@ -372,7 +372,7 @@ class OmniProcessor:
                 infos.append(OmniMediaInfo("audio", n, num_samples=len(wave)))
         if media:
             work.report("media ready", len(media), len(media))
-        return self._finish(prompt, runs, infos, decoded, videos, clips, notes, context_length)
+        return self.assemble(prompt, runs, infos, decoded, videos, clips, notes, context_length)
 
     def _video_run(self, vid: OmniVideo) -> str:
         stamps = None if vid.frames is None else vid.frames.timestamps_s
@@ -421,7 +421,10 @@ class OmniProcessor:
             return wave.astype(np.float32, copy=False)
         return audio.load_audio(source, limits=self.limits, isolate=self.isolate).waveform
 
-    def _finish(self, prompt, runs, infos, images, videos, clips, notes, context_length=None) -> OmniInputs:
+    def assemble(self, prompt, runs, infos, images, videos, clips, notes, context_length=None) -> OmniInputs:
+        """A rendered prompt and its decoded media (one run and one `OmniMediaInfo` per item, in order) -> `OmniInputs`:
+        placeholders expanded, tokenized, counts checked, pixels, tubelets and mel features stacked. The app builds a
+        conversation's inputs from media it decoded once (ui/chat_media_omni.py) through here."""
         text = chat.expand_placeholders(prompt.text, runs, self.tokens, video_prefix=chat.TUBELET_VIDEO_PREFIX)
         input_ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]], dtype=torch.long)
         fixed = int(input_ids.shape[1]) - sum(i.num_tokens for i in infos if i.kind == "video")

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from vl.errors import InputError
+from vl.errors import NoAudioError
 from vl.runtime.placement import execution_device
 from vl.runtime.results import Stats
 
@@ -45,7 +45,7 @@ def embed_omni(model, inputs, video_pruning_rate=None, cache=None, stats: Stats 
     t1 = time.perf_counter()
     if inputs.input_features is not None:
         if model.audio_encoder is None:
-            raise InputError("this checkpoint has no audio encoder (its config.json has no audio_config); send "
+            raise NoAudioError("this checkpoint has no audio encoder (its config.json has no audio_config); send "
                              "images, videos or text only")
         feats, mask = inputs.input_features, inputs.input_features_mask
         lengths = [] if mask is None else mask.sum(-1).tolist()
