@@ -208,12 +208,16 @@ def test_remote_engine_sends_audio_as_the_engine_takes_it(omni, served, tmp_path
         assert got.stats.audio_tokens == want.stats.audio_tokens > 0
         assert got.stats.prompt_tokens == want.stats.prompt_tokens
     video = write_video(tmp_path / "v.mp4", seconds=1.5)  # the sound-track switch travels as mm_processor_kwargs
-    for hear in (True, False):
+    for hear in (True, False, None):
         messages = user({"type": "video", "video": video})
         got = remote.chat(messages, max_new_tokens=N, temperature=0.0, use_audio_in_video=hear)
         want = local(omni, messages, use_audio_in_video=hear)
         assert (got.answer, got.stats.audio_tokens) == (want.answer, want.stats.audio_tokens)
-        assert (got.stats.audio_tokens > 0) == hear
+        assert (got.stats.audio_tokens > 0) == (hear is not False)
+    # unset, against a model that says it hears: said outright, since vLLM's own default is off
+    body = remote.request_body(user({"type": "video", "video": video}))
+    assert body["mm_processor_kwargs"]["use_audio_in_video"] is True
+    assert "mm_processor_kwargs" not in remote.request_body(user({"type": "audio", "audio": wav}))
     # the wire form: WAV and MP3 as OpenAI's input_audio, other containers as vLLM's audio_url, sniffed by content
     assert encode_audio(wav)["input_audio"]["format"] == "wav" and encode_audio(mp3)["input_audio"]["format"] == "mp3"
     assert encode_audio(str(flac))["audio_url"]["url"].startswith("data:audio/flac;base64,")

@@ -145,6 +145,11 @@ def float_wav(samples, limits: MediaLimits = DEFAULT_LIMITS, rate: int = 16_000)
     return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
 
 
+def _has_video(messages) -> bool:
+    return any(isinstance(part, dict) and part.get("type") == "video"
+               for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list) for part in m["content"])
+
+
 def to_openai_messages(messages, limits: MediaLimits = DEFAULT_LIMITS) -> list[dict]:
     out = []
     for message in messages:
@@ -300,6 +305,10 @@ class RemoteEngine:
             # unset and no /think or /no_think in the messages: our default (off), said outright, since a foreign
             # server's own default differs (vLLM renders the card's template: on)
             body.setdefault("chat_template_kwargs", {})["enable_thinking"] = DEFAULT_THINKING
+        if options.use_audio_in_video is None and _has_video(messages) and self.has_audio:
+            # unset: hear a video's sound when the model hears, as the engine does; said outright, since vLLM's
+            # default is off (a server that does not say whether it hears is left to its own default)
+            body.setdefault("mm_processor_kwargs", {})["use_audio_in_video"] = True
         return body
 
     def chat(self, messages, options: RequestOptions | None = None, *, stream: bool = False,
