@@ -225,3 +225,45 @@ def test_every_parameter_gets_a_gradient(pair):
     # cls/register rows feed the patches only through attention; every tensor must be touched
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, missing
+
+
+# --- the released widths, few layers ----------------------------------------------------------------------------
+RELEASED_VISION = dict(model_type="radio", hidden_size=1280, num_hidden_layers=1, num_attention_heads=16,
+                       mlp_ratio=4.0, patch_size=16, max_img_size=2048, num_cls_tokens=2, num_registers=2,
+                       video_temporal_patch_size=2)
+RELEASED_TEXT = dict(TINY_TEXT, hidden_size=2688, hybrid_override_pattern="M*E", num_attention_heads=32,
+                     num_key_value_heads=2, head_dim=128, intermediate_size=1856, mamba_num_heads=64,
+                     mamba_head_dim=64, n_groups=8, ssm_state_size=128, chunk_size=128, n_routed_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712,
+                     num_nextn_predict_layers=1)
+RELEASED_AUDIO = dict(hidden_size=1024, num_hidden_layers=1, num_attention_heads=8, intermediate_size=4096,
+                      num_mel_bins=128, conv_kernel_size=9, subsampling_conv_channels=256, projection_hidden_size=4096,
+                      projection_bias=False)
+
+
+@torch.no_grad()
+def test_released_widths_with_one_layer_each_match_transformers(tmp_path):
+    """The widths of Nemotron 3 Nano Omni 30B-A3B (vl/config/omni.py `omni_30b_a3b`: ViT-H 1280 x 16 heads, the
+    projector at 20480, the LLM's 2688 with its Mamba, attention and MoE widths, Parakeet 1024 x 8 heads and its
+    4096-wide projector) with one layer of each kind and 4 experts (the count does not change a layer's maths):
+    an image + audio prompt and a video + audio prompt with EVS, the same relative bound."""
+    ref = hf_omni(vision=RELEASED_VISION, text=RELEASED_TEXT, audio=RELEASED_AUDIO, projector_hidden_size=20480,
+                  vision_hidden_size=1280)
+    ref.save_pretrained(tmp_path)
+    ours = vl.load_pretrained(tmp_path)
+    assert ours.config.lm.hidden_size == 2688 and ours.config.projector_hidden_size == 20480
+    feats, mask = audio((60,), mels=128)
+    n = omni_embedding_lengths(mask, ours.config.audio).tolist()[0]
+    pv, grids = images((40, 60))
+    ids = torch.tensor([[3] + image_run(grids[0].tolist()) + [5] + audio_run(n) + [6]])
+    theirs = ref(input_ids=ids, pixel_values=pv, image_grid_hw=grids, input_features=feats,
+                 input_features_mask=mask).logits
+    mine = ours(ids, pixel_values=pv, image_grid_hw=grids, input_features=feats, input_features_mask=mask).logits
+    assert rel_err(mine, theirs) <= RTOL
+    pvv = video(frames=4)
+    ids = torch.tensor([[3] + video_runs(pvv) + [5] + audio_run(n) + [6]])
+    ref.video_pruning_rate = 0.5
+    theirs = ref(input_ids=ids, pixel_values_videos=pvv, input_features=feats, input_features_mask=mask).logits
+    mine = ours(ids, pixel_values_videos=pvv, input_features=feats, input_features_mask=mask,
+                video_pruning_rate=0.5).logits
+    assert rel_err(mine, theirs) <= RTOL
