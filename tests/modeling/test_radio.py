@@ -1,10 +1,14 @@
-"""RADIO encoder: numerics against transformers' RadioModel, CPE (N10), flatten order, contract checks."""
+"""RADIO encoder: numerics against transformers' RadioModel, CPE (N10), flatten order, contract checks, and the fused
+CPU block path against timm's modules."""
+
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from vl.errors import ConfigError
+from vl.modeling import radio
 from vl.modeling.radio import (
     RadioEncoder,
     TileShapeError,
@@ -213,3 +217,151 @@ def test_bad_geometry_is_config_error():
         RadioEncoder(32, 1, 2, 64, patch_size=16, cpe_max_size=100, num_prefix_tokens=1)
     with pytest.raises(ConfigError):
         RadioEncoder(30, 1, 4, 64, patch_size=16, cpe_max_size=64, num_prefix_tokens=1)
+
+
+# --- the fused CPU block path (oneDNN products with bias / GELU / residual post-ops, packed weights) ---------------
+
+def _skip_unless_fused(enc, x):
+    with torch.inference_mode():
+        reason = radio.fused_cpu_off(enc, x)
+    if reason is not None:
+        pytest.skip(f"the fused CPU path does not apply on this machine: {reason}")
+
+
+@pytest.fixture
+def count_fused(monkeypatch):
+    """Counts fused_block calls, so a test knows which path ran."""
+    calls = []
+    real = radio.fused_block
+
+    def counting(block, x):
+        calls.append(x.shape)
+        return real(block, x)
+
+    monkeypatch.setattr(radio, "fused_block", counting)
+    return calls
+
+
+def layer_scale_encoder() -> RadioEncoder:
+    torch.manual_seed(1)
+    enc = RadioEncoder(DIM, DEPTH, HEADS, MLP, patch_size=PATCH, cpe_max_size=CPE_MAX, num_prefix_tokens=K,
+                       layer_scale=True)
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith(("norm1.weight", "norm2.weight", "gamma")) else 0))
+    return enc.eval()
+
+
+@pytest.mark.parametrize("make", [tiny_encoder, layer_scale_encoder], ids=["plain", "layer_scale"])
+@pytest.mark.parametrize("shape", [(1, 13, DIM), (3, 29, DIM)])
+def test_fused_block_equals_the_timm_block_in_fp32(make, shape):
+    """The twin test at its sharpest: fp32, where only oneDNN's summation order separates the two."""
+    enc = make()
+    if not radio._onednn():
+        pytest.skip("torch was built without oneDNN")
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        for block in enc.blocks:
+            want = block(x)
+            got = radio.fused_block(block, x)
+            torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
+            x = want
+
+
+def _bf16_errors(enc32, pixels, fused: bool):
+    enc = copy.deepcopy(enc32).to(torch.bfloat16)
+    enc.fused_cpu = fused
+    with torch.inference_mode():
+        want = enc32.forward_features(pixels)
+        got = enc.forward_features(pixels).float()
+    err = (got - want).abs()
+    return err.max().item(), err.mean().item()
+
+
+@pytest.mark.parametrize("hw", [(32, 32), (48, 80)])
+def test_bf16_default_is_the_fused_path_within_bf16_noise(count_fused, hw):
+    enc32 = tiny_encoder()
+    pixels = torch.randn(2, 3, *hw)
+    _skip_unless_fused(copy.deepcopy(enc32).to(torch.bfloat16), pixels.bfloat16())
+    plain_max, plain_mean = _bf16_errors(enc32, pixels, fused=False)
+    assert not count_fused
+    fused_max, fused_mean = _bf16_errors(enc32, pixels, fused=True)
+    assert len(count_fused) == DEPTH  # every block went through the fused path
+    assert plain_max > 0  # bf16 rounds: the comparison has something to measure
+    assert fused_max <= 1.5 * plain_max and fused_mean <= 1.25 * plain_mean, (fused_max, plain_max, fused_mean,
+                                                                                plain_mean)
+
+
+def test_fused_path_off_reasons_and_the_modules_run(count_fused):
+    enc32 = tiny_encoder()
+    enc = copy.deepcopy(enc32).to(torch.bfloat16)
+    pixels = torch.randn(1, 3, 32, 32)
+    _skip_unless_fused(enc, pixels.bfloat16())
+    x = pixels.bfloat16()
+    assert "autograd" in radio.fused_cpu_off(enc, x)  # grad mode on, parameters require grad
+    with torch.inference_mode():
+        assert "float32" in radio.fused_cpu_off(enc32, pixels)  # fp32 keeps the modules (and transformers' bits)
+        enc32.forward_features(pixels)
+        enc.fused_cpu = False
+        assert "turned off" in radio.fused_cpu_off(enc, x)
+        enc.forward_features(pixels)
+        enc.fused_cpu = True
+        enc.blocks[1].attn.fused_attn = False
+        assert "unfused attention" in radio.fused_cpu_off(enc, x)
+        enc.forward_features(pixels)
+        enc.blocks[1].attn.fused_attn = True
+        assert not count_fused
+        assert radio.fused_cpu_off(enc, x) is None
+        enc.forward_features(pixels)
+    assert len(count_fused) == DEPTH
+    out = enc.forward_features(pixels)  # training-style call: the modules, with a graph
+    assert out.requires_grad and len(count_fused) == DEPTH
+
+
+def test_packed_weights_follow_replaced_and_changed_weights():
+    """A call, an error, weights loaded in place, a parameter replaced: each call answers for the weights it sees."""
+    enc = tiny_encoder().to(torch.bfloat16)
+    other = copy.deepcopy(enc)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-0.5)
+    pixels = torch.randn(2, 3, 32, 40)
+    _skip_unless_fused(enc, pixels.bfloat16())
+
+    def plain(e):
+        e.fused_cpu = False
+        try:
+            return e.forward_features(pixels)
+        finally:
+            e.fused_cpu = True
+
+    with torch.inference_mode():
+        first = enc.forward_features(pixels)
+        with pytest.raises(TileShapeError):
+            enc.forward_features(torch.randn(1, 3, 30, 32))
+        torch.testing.assert_close(enc.forward_features(pixels), first, atol=0, rtol=0)  # same after an error
+        want = other.forward_features(pixels)
+    with torch.no_grad():
+        enc.load_state_dict(other.state_dict())  # copied in place: same tensors, new version
+    with torch.inference_mode():
+        torch.testing.assert_close(enc.forward_features(pixels), want, atol=0, rtol=0)
+        assert (want.float() - first.float()).abs().max() > 1.0
+    # a new Parameter object for one weight: the fused path packs the new one
+    enc.blocks[0].mlp.fc1.weight = torch.nn.Parameter(torch.zeros_like(enc.blocks[0].mlp.fc1.weight))
+    with torch.inference_mode():
+        got = enc.forward_features(pixels)
+        scale = plain(enc).float().abs().max().item()
+        torch.testing.assert_close(got.float(), plain(enc).float(), atol=0.05 * scale, rtol=0)
+        assert (got.float() - want.float()).abs().max() > 0.1 * scale
+
+
+def test_forward_patches_and_tiles_take_the_same_fused_path(count_fused):
+    """Omni's native-resolution images (flattened patches) and V2 tiles are one computation in bf16 as well."""
+    enc = tiny_encoder().to(torch.bfloat16)
+    pixels = torch.randn(1, 3, 24, 40)
+    _skip_unless_fused(enc, pixels.bfloat16())
+    with torch.inference_mode():
+        tiles = enc.forward_features(pixels)[0]
+        patches = enc.forward_patches(image_to_patches(pixels, PATCH)[0], (3, 5))
+    assert len(count_fused) == 2 * DEPTH
+    torch.testing.assert_close(patches, tiles, atol=0, rtol=0)

@@ -19,11 +19,18 @@ stacked on the channel axis (T*3 channels, each patch flattened (t, c, row, col)
 and native-resolution images arriving as already-flattened patches with their grid (`forward_patches`).
 transformers' RADIO also carries LayerScale (`layer_scale{1,2}.lambda1`, 1.0 in C-RADIO); `layer_scale=True`
 builds timm's `LayerScale` (`ls1.gamma`, `ls2.gamma`) for checkpoints that store it.
+
+In bf16 on a CPU with native bf16 GEMM, inference runs each block through `fused_block` (oneDNN products with bias,
+GELU and the residual add as post-ops, weights packed once per weight and cached beside the module): the same maths
+as timm's modules, one bf16 rounding fewer per fused step; `fused_cpu_off` names why it does not apply elsewhere
+(fp32, autograd, other devices) and `encoder.fused_cpu = False` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import weakref
 from functools import partial
 
 import timm
@@ -33,6 +40,8 @@ from timm.models.vision_transformer import Attention, Block, Mlp
 from torch import nn
 
 from vl.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
 
 # ViT names that RADIO registers into timm itself (NVlabs/RADIO `radio/extra_timm_models.py`), so
 # they are absent from a plain timm install. vit_huge_patch16_224 is the Nano V2 VL tower; the same
@@ -224,6 +233,7 @@ class RadioEncoder(nn.Module):
         )
         for block in self.blocks:
             block.attn.fused_attn = True  # SDPA whatever TIMM_FUSED_ATTN says; tests may flip it
+        self.fused_cpu = True  # the oneDNN block path on CPUs where it applies (`fused_cpu_off`); False: timm's modules
 
     @classmethod
     def from_timm_name(cls, name: str, **kwargs) -> "RadioEncoder":
@@ -254,8 +264,12 @@ class RadioEncoder(nn.Module):
         return self._blocks(self.patch_generator.embed(x[None], (h, w)))[0]  # (h*w, D)
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)  # (B, K+N, D)
+        if fused_cpu_off(self, x) is None:
+            for block in self.blocks:
+                x = fused_block(block, x)  # (B, K+N, D)
+        else:
+            for block in self.blocks:
+                x = block(x)  # (B, K+N, D)
         return x[:, self.num_prefix_tokens :]  # (B, N, D): no final norm, all prefix rows dropped
 
     def _check_pixels(self, pixels: torch.Tensor) -> None:
@@ -272,6 +286,92 @@ class RadioEncoder(nn.Module):
                 f"vision tower input: H and W must be positive multiples of the patch size {p}; "
                 f"found {height}x{width}. Resize tiles in the processor (force_image_size)"
             )
+
+
+# --- the CPU block path ---------------------------------------------------------------------------------------------
+# timm's Block in bf16 on the CPU spends a tenth of a ViT-H tile outside its products and their attention
+# (docs/benchmarks.md, "The vision tower on the CPU"): `F.linear` with a bias first copies the broadcast bias into
+# the output (addmm), oneDNN reorders every weight into its blocked layout on every call, and GELU and both residual
+# adds are passes of their own. `fused_block` runs the same block through `torch.ops.mkldnn._linear_pointwise` with
+# weights packed once: bias, GELU (erf, the exact one) and the residual add become post-ops of the product, applied
+# to its fp32 accumulator before the one rounding of the output (one bf16 rounding fewer per fused step). It serves
+# bf16 only: in fp32 it measured no faster than the modules (MKL), which keep transformers' bits.
+
+
+def _native_bf16() -> bool:
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
+    """Why `encoder`'s blocks run timm's modules for `x` rather than `fused_block` (None: the fused path runs)."""
+    if not encoder.fused_cpu:
+        return "turned off (encoder.fused_cpu = False)"
+    if x.device.type != "cpu":
+        return f"input on {x.device.type}"
+    if x.dtype != torch.bfloat16:
+        return f"dtype {x.dtype} (the fused path serves bf16; in fp32 it measured no faster than the modules)"
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in encoder.blocks.parameters())):
+        return "autograd is recording (oneDNN's fused products have no backward)"
+    if torch.compiler.is_compiling():
+        return "compiling"
+    if not _onednn():
+        return "torch was built without oneDNN"
+    if not _native_bf16():
+        return "no native bf16 GEMM on this CPU (AVX512-BF16 / AMX)"
+    for block in encoder.blocks:
+        linears = (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2)
+        if not block.attn.fused_attn:
+            return "timm's unfused attention was asked for"
+        if any(type(m) is not nn.Linear or m.weight.dtype != x.dtype or m.weight.device.type != "cpu" for m in linears):
+            return "a block's linear layers are not plain CPU nn.Linear of the input's dtype"
+    return None
+
+
+@functools.cache
+def _onednn() -> bool:
+    ok = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if not ok:
+        log.info("the RADIO tower runs timm's modules: torch was built without oneDNN")
+    return ok
+
+
+# nn.Linear -> (weak ref to its weight, (data_ptr, version), packed weight): packed once per weight and repacked when
+# the weight is replaced, moved or changed in place (inference tensors have no version counter: replaced or moved
+# only); held only as long as the module lives.
+_PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+
+
+def packed_weight(linear: nn.Linear) -> torch.Tensor:
+    """`linear.weight` in oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`), cached per module."""
+    w = linear.weight
+    stamp = (w.data_ptr(), 0 if w.is_inference() else w._version)
+    hit = _PACKED.get(linear)
+    if hit is None or hit[0]() is not w or hit[1] != stamp:
+        hit = (weakref.ref(w), stamp, torch.ops.mkldnn._reorder_linear_weight(w.detach()))
+        _PACKED[linear] = hit
+    return hit[2]
+
+
+def _residual(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear, scale: nn.Module) -> torch.Tensor:
+    """x + scale(linear(h)): the add is the product's post-op unless a LayerScale sits between them."""
+    if isinstance(scale, nn.Identity):
+        return torch.ops.mkldnn._linear_pointwise.binary(h, x, packed_weight(linear), linear.bias, "add")
+    return x + scale(torch.ops.mkldnn._linear_pointwise(h, packed_weight(linear), linear.bias, "none", [], ""))
+
+
+def fused_block(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """timm `Block.forward` (pre-norm attention + MLP, exact GELU, optional LayerScale) on oneDNN's fused products:
+    (B, L, D) -> (B, L, D), bf16 or fp32. Inference on the CPU only; `fused_cpu_off` says when the encoder uses it."""
+    b, length, d = x.shape
+    attn, mlp = block.attn, block.mlp
+    h = F.layer_norm(x, (d,), block.norm1.weight, block.norm1.bias, block.norm1.eps)
+    qkv = torch.ops.mkldnn._linear_pointwise(h, packed_weight(attn.qkv), attn.qkv.bias, "none", [], "")
+    q, k, v = qkv.view(b, length, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, hd)
+    o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, length, d)  # (B, L, D)
+    x = _residual(x, o, attn.proj, block.ls1)
+    h = F.layer_norm(x, (d,), block.norm2.weight, block.norm2.bias, block.norm2.eps)
+    h = torch.ops.mkldnn._linear_pointwise(h, packed_weight(mlp.fc1), mlp.fc1.bias, "gelu", [], "none")  # (B, L, F)
+    return _residual(x, h, mlp.fc2, block.ls2)
 
 
 def encode_tiles(encoder: RadioEncoder, tiles: torch.Tensor, micro_batch: int = 16) -> torch.Tensor:
