@@ -18,7 +18,8 @@ the median of each round's own ratio, which drifts in the machine's speed betwee
 - `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0, one
   repetition per round in the same rotation (docs/bench_llama_cpp.md);
 - `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
-  (vl/bench/geometry.py).
+  (vl/bench/geometry.py); with `--media`, a page, a video or a long video with its sound through `vl.Engine.chat`
+  at the released widths, each stage timed (vl/bench/media.py).
 Each row carries its spread, (max - min) / median of its repeats; the CPU's vector ISA is printed with the table.
 """
 
@@ -380,6 +381,25 @@ def decode_modes(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(modes))
 
 
+def _media(p: argparse.ArgumentParser, a) -> int:
+    """`--geometry G --media [ITEMS]`: the end-to-end request table of vl/bench/media.py."""
+    from vl.bench import media as media_bench  # the engine and the processors: transformers, only for this table
+
+    items = media_bench.ITEMS[a.geometry] if a.media == "all" else tuple(i for i in a.media.split(",") if i)
+    bad = [i for i in items if i not in media_bench.ITEMS[a.geometry]]
+    if bad or not items:
+        p.error(f"--media: {', '.join(bad) or 'no item'} for {a.geometry}; expected some of "
+                f"{', '.join(media_bench.ITEMS[a.geometry])}")
+    r = media_bench.run(a.geometry, a.format, items, work_dir=a.work_dir, layers=a.layers, keep=a.keep,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
+    print(media_bench.format_result(r))
+    if a.json:
+        text = json.dumps(r, indent=2)
+        print(text) if a.json == "-" else Path(a.json).write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None, calib_source=None) -> int:
     """`vl bench`; `calib_source` feeds the FP8/NVFP4 table (`--quant`): vl/cli.py supplies the synthetic one."""
     p = argparse.ArgumentParser(prog="vl bench", description=__doc__.split("\n")[0])
@@ -420,6 +440,10 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--keep", action="store_true", help="--geometry: keep the written checkpoint in --work-dir")
     p.add_argument("--layers", type=int, default=None, help="--geometry: only the first N layers of the released "
                    "pattern, at the released widths (a quick run; not the released model's figures)")
+    p.add_argument("--media", nargs="?", const="all", default=None, metavar="ITEMS", help="--geometry: instead of the "
+                   "LLM alone, requests end to end through vl.Engine.chat with the towers at their released widths, "
+                   "each stage timed (vl/bench/media.py); a comma list of: nano-12b-v2-vl: page, page-pruned, video; "
+                   "nano-omni-30b-a3b: video-speech (default: all of the geometry's)")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.work_dir is not None:  # a folder the user named: made, as for any output path
@@ -431,7 +455,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         a.decode = a.decode or "fused"
     modes = decode_modes(p, a.decode or ("modules,cuda-graphs" if a.device.startswith("cuda")
                                           else "fused,modules,compiled"))
-    for flag, value in (("--layers", a.layers), ("--cache-len", a.cache_len), ("--decode-threads", a.decode_threads)):
+    for flag, value in (("--layers", a.layers), ("--cache-len", a.cache_len), ("--decode-threads", a.decode_threads),
+                        ("--media", a.media)):
         if value is not None and not a.geometry:
             p.error(f"{flag} applies to --geometry runs")
     try:
@@ -443,6 +468,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     if a.geometry:
         if a.geometry not in bench_geometry.GEOMETRIES:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
+        if a.media is not None:
+            return _media(p, a)
         r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
                                decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
                                repeats=a.repeats, keep=a.keep, layers=a.layers, cache_len=a.cache_len,
