@@ -57,13 +57,13 @@ def test_streamed_moe_checkpoint_loads_with_packed_experts(tmp_path, fmt):
     assert header["backbone.layers.1.mixer.gate.weight"]["dtype"] == "F32"
     hf_quant = json.loads((path / "hf_quant_config.json").read_text())
     assert "*mixer.gate" in hf_quant["quantization"]["exclude_modules"]
-    ours = omni_geometry.load_split_experts(path)
+    ours = vl.load_pretrained(path, dtype=torch.bfloat16)  # the packed experts stay packed, one Linear each
     ups = ours.backbone.layers[1].mixer.experts.up_proj
     assert len(ups) == 16 and all(isinstance(m, QuantizedLinear) and m.fmt == fmt for m in ups)
     assert not isinstance(ours.lm_head, QuantizedLinear)
     assert routed_expert_bytes(ours) < resident_weight_bytes(ours)
-    # the library's load of the same directory: experts dequantized into the fused BF16 tensors
-    lib = vl.load_pretrained(path, dtype=torch.bfloat16)
+    # the same directory with every weight expanded: experts dequantized into the fused BF16 tensors
+    lib = vl.load_pretrained(path, dtype=torch.bfloat16, quant_mode="dequantize")
     assert lib.backbone.layers[1].mixer.experts.up_proj.dtype == torch.bfloat16
     assert routed_expert_bytes(ours) < routed_expert_bytes(lib) / (1.7 if fmt == "fp8" else 3.3)
     ids = torch.randint(3, 512, (1, 24), generator=torch.Generator().manual_seed(0))

@@ -238,3 +238,31 @@ def test_quantized_copy_loads_through_the_quantized_path(saved, tmp_path, algo):
     theirs = twin(**inputs).logits
     assert (ours(**inputs).logits - theirs).abs().max() <= 1e-5 * theirs.abs().max()
     assert (theirs - ref(**inputs).logits).abs().max() > 0  # the quantization did change the weights
+
+
+@torch.no_grad()
+def test_packed_routed_experts_stay_packed_per_expert(saved, tmp_path):
+    """An Omni checkpoint whose routed experts are NVFP4-packed per expert (as ModelOpt writes the released NVFP4)
+    loads with each expert a packed Linear, and its logits equal the same model with every weight expanded."""
+    from vl.quant.linear import QuantizedLinear
+    from vl.quant.nvfp4 import nvfp4_global_scale, quantize_nvfp4
+
+    src, _ = saved
+    t = load_file(src / "model.safetensors")
+    layer = next(k for k in t if ".mixer.experts.0.up_proj.weight" in k).split(".mixer.")[0]
+    n = TINY_TEXT["n_routed_experts"]
+    for i in range(n):
+        for proj in ("up_proj", "down_proj"):
+            key = f"{layer}.mixer.experts.{i}.{proj}"
+            w, s, s2 = quantize_nvfp4(t[f"{key}.weight"].float())
+            t.update({f"{key}.weight": w, f"{key}.weight_scale": s, f"{key}.weight_scale_2": s2,
+                      f"{key}.input_scale": nvfp4_global_scale(4.0)})
+    d = copy_dir(src, tmp_path / "packed_experts")
+    save_file(t, d / "model.safetensors")
+    packed = vl.load_pretrained(d)
+    experts = packed.get_submodule(f"{layer}.mixer.experts")
+    assert len(experts.up_proj) == n and all(isinstance(m, QuantizedLinear) for m in experts.down_proj)
+    expanded = vl.load_pretrained(d, quant_mode="dequantize")
+    inputs = prompt()
+    a, b = packed(**inputs).logits, expanded(**inputs).logits
+    assert (a - b).abs().max() <= 1e-5 * b.abs().max()

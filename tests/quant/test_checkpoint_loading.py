@@ -324,8 +324,12 @@ def _pack_experts(tensors, layer="backbone.layers.1.mixer.experts", n=8):
                             f"{key}.input_scale": nvfp4_global_scale(4.0)})
 
 
-def test_packed_moe_experts_are_dequantized_at_load(tmp_path, caplog):
+def test_packed_moe_experts_stay_packed_per_expert_or_are_dequantized(tmp_path, caplog):
+    """Packed routed experts load as one packed Linear per expert (weight-only, the CPU default: the 30B-A3B's
+    experts stay 16.5 GB instead of 58.7 GB of BF16), or expanded into the fused tensor in "dequantize" mode; both
+    equal the reference carrying the dequantized weights."""
     from tiny_models import save_hf_nemotron
+    from vl.quant.linear import QuantizedLinear
 
     d, _ = save_hf_nemotron(tmp_path, "moe")
     packed = copy_checkpoint(d, tmp_path / "packed", _pack_experts)
@@ -335,13 +339,30 @@ def test_packed_moe_experts_are_dequantized_at_load(tmp_path, caplog):
         for proj in ("up_proj", "down_proj"):
             ref.get_parameter(f"backbone.layers.1.mixer.experts.{proj}").copy_(torch.stack([
                 dequantized_from_file(tensors, f"backbone.layers.1.mixer.experts.{i}.{proj}") for i in range(8)]))
+    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+    want = ref(ids).logits
     with caplog.at_level(logging.INFO, logger="vl.checkpoint.load"):
         model = vl.load_pretrained(packed)
-    assert "packed routed experts" in caplog.records[-1].getMessage()
-    assert model.backbone.layers[1].mixer.experts.up_proj.dtype == torch.float32
-    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(model(ids).logits, ref(ids).logits, atol=1e-5, rtol=1e-5)
+    assert "16 of them routed experts, kept packed" in caplog.records[-1].getMessage()
+    experts = model.backbone.layers[1].mixer.experts
+    assert len(experts.up_proj) == 8 and all(isinstance(m, QuantizedLinear) for m in experts.up_proj)
+    assert experts.up_proj[3].weight.dtype == torch.uint8  # still packed in memory
+    assert torch.allclose(model(ids).logits, want, atol=1e-5, rtol=1e-5)
+    expanded = vl.load_pretrained(packed, quant_mode="dequantize")
+    assert expanded.backbone.layers[1].mixer.experts.up_proj.dtype == torch.float32
+    assert torch.allclose(expanded(ids).logits, want, atol=1e-5, rtol=1e-5)
     key = "backbone.layers.1.mixer.experts.3.down_proj.weight_scale_2"
     bad = copy_checkpoint(packed, tmp_path / "bad", lambda t: t.pop(key))
     with pytest.raises(QuantFormatError, match=f"{key}: missing"):
         vl.load_pretrained(bad)
+
+
+def test_experts_held_per_expert_export_under_the_hub_names():
+    from vl.checkpoint.nemotron_h import export_lm
+    from vl.quant.experts import hub_to_split_name, split_to_hub_name
+
+    hub = "backbone.layers.1.mixer.experts.5.down_proj.weight_scale_2"
+    assert hub_to_split_name(hub) == "backbone.layers.1.mixer.experts.down_proj.5.weight_scale_2"
+    assert split_to_hub_name(hub_to_split_name(hub)) == hub
+    t = torch.zeros(2)
+    assert list(export_lm({hub_to_split_name(hub): t, "backbone.norm_f.weight": t})) == [hub, "backbone.norm_f.weight"]

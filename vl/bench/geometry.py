@@ -205,10 +205,8 @@ def decode_bytes(model) -> int:
 
 
 def load(path, cfg):
-    """The written checkpoint as a user would run it: `vl.load_pretrained`, or, for a MoE model, the loader that
-    keeps the routed experts packed (vl/bench/omni_geometry.py: the library's loader dequantizes them)."""
-    if "E" in cfg.pattern:
-        return omni_geometry.load_split_experts(path)
+    """The written checkpoint as a user would run it: `vl.load_pretrained` (a MoE's packed routed experts stay
+    packed, one quantized Linear per expert: vl/checkpoint/quantized.py)."""
     return vl.load_pretrained(path, dtype=torch.bfloat16)
 
 

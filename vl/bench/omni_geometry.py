@@ -2,12 +2,9 @@
 CPU machine, with its routed experts kept packed.
 
 The writer of vl/bench/geometry.py streams the checkpoint (routed experts packed per expert under the hub's names,
-`mixer.experts.{i}.{up,down}_proj.*`). `vl.load_pretrained` would dequantize packed routed experts into the
-model's fused BF16 tensors (vl/checkpoint/quantized.py `finish`): 58.7 GB for this model, more than the machine.
-So this file loads the checkpoint the same way with one difference: the fused expert tensors are first split into
-one Linear per expert (vl/quant/experts.py), which `swap_quantized_linears` makes packed FP8 / NVFP4 Linears like
-every other quantized Linear; the tensors are read with the library's checkpoint reader (embedding table mapped,
-the rest in process memory) and the model gets the library's runtime passes.
+`mixer.experts.{i}.{up,down}_proj.*`), and `vl.load_pretrained` loads it as a user's: the packed experts stay packed,
+one quantized Linear per expert (vl/checkpoint/quantized.py, vl/quant/experts.py), 16.5 GB for this model where
+their BF16 expansion would be 58.7 GB.
 
 What it adds to the figures: the bytes one decode step reads (every weight except the embedding table, of the
 routed experts only k of E per MoE layer: the router picks k per token and the MoE forward reads only those), the
@@ -17,49 +14,20 @@ and its projector), which text prefill and decode do not build.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from vl.checkpoint.adapter import row_tables
-from vl.checkpoint.files import CheckpointFiles
-from vl.config import LMConfig, lm_config_from_hf
+from vl.config import LMConfig
 from vl.config.omni import OmniConfig, omni_30b_a3b
-from vl.modeling.nemotron_h import NemotronHForCausalLM
-from vl.quant.config import detect_quantized_linears
-from vl.quant.experts import hub_to_split_name, routed_expert_bytes, split_fused_experts
-from vl.quant.linear import QuantizedLinear, resident_weight_bytes, swap_quantized_linears
-from vl.runtime.pretrained import runtime_passes
+from vl.quant.experts import routed_expert_bytes
+from vl.quant.linear import QuantizedLinear, resident_weight_bytes
 
 NAME = "nano-omni-30b-a3b"
 
 
 def lm_config() -> LMConfig:
     return omni_30b_a3b().lm
-
-
-@torch.no_grad()
-def load_split_experts(path) -> NemotronHForCausalLM:
-    """A `nemotron_h` FP8 / NVFP4 checkpoint with packed per-expert routed experts, loaded weight-only with the
-    experts kept packed (one quantized Linear per expert). Strict: every tensor of the model and no other."""
-    path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
-    raw.pop("quantization_config", None)  # read from the tensors below, as the library's loader detects it
-    cfg = lm_config_from_hf(raw, where=str(path / "config.json"))
-    files = CheckpointFiles(path)
-    native = {hub_to_split_name(k): k for k in files.infos}
-    with torch.device("meta"):
-        model = NemotronHForCausalLM(cfg)
-    split_fused_experts(model)
-    specs = detect_quantized_linears({n: files.infos[k] for n, k in native.items()})
-    swap_quantized_linears(model, specs, "weight-only")
-    mapped = row_tables(model)
-    tensors = files.load_all(mapped={native[n] for n in mapped})
-    model.load_state_dict({n: tensors.pop(k) for n, k in native.items()}, strict=True, assign=True)
-    model.eval().requires_grad_(False)
-    return runtime_passes(model)
 
 
 def decode_bytes(model) -> int:

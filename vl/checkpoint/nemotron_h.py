@@ -16,6 +16,7 @@ import torch
 
 from vl.checkpoint.adapter import Plan
 from vl.errors import CheckpointError
+from vl.quant.experts import split_to_hub_name
 
 _EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
@@ -47,12 +48,13 @@ def plan_lm(names, prefix: str = "", native_prefix: str = "") -> Plan:
 
 
 def export_lm(state_dict: dict[str, torch.Tensor], native_prefix: str = "", prefix: str = "") -> dict:
-    """Native LM state dict -> hub layout (per-expert tensors), keys prefixed with `prefix`."""
+    """Native LM state dict -> hub layout (per-expert tensors, from fused tensors or from experts held one Linear
+    each), keys prefixed with `prefix`."""
     out = {}
     for name, t in state_dict.items():
         if not name.startswith(native_prefix):
             continue
-        rest = name[len(native_prefix):]
+        rest = split_to_hub_name(name[len(native_prefix):])  # experts held one (packed) Linear each: hub names
         if rest.endswith(".mixer.experts.up_proj") or rest.endswith(".mixer.experts.down_proj"):
             base, proj = rest.rsplit(".", 1)
             for i in range(t.shape[0]):

@@ -10,7 +10,9 @@ passes (gpt-fast's `_load_model` shape): detect the packed Linears from the head
 the meta model (`vl.quant.swap_quantized_linears`: the strict key / shape / dtype check of
 `vl.checkpoint.adapter` then sees each one's own ModelOpt tensors as what the model expects) or, in
 "dequantize" mode, keep the plain Linears and expand each packed weight into them after reading (`finish`);
-quantized layers are never built in that mode.
+quantized layers are never built in that mode. Packed routed MoE experts stay packed too: the model's fused
+(E, out, in) expert tensors are split into one Linear per expert before the swap (`_split_packed_experts`), and only
+"dequantize" expands them into the fused tensors.
 
 Modes (`quant_mode`): None / "auto" picks per device (CPU: weight-only; CUDA >= 8.9 with FP8: native
 `torch._scaled_mm` per forward where the layer allows it; NVFP4: weight-only, native FP4 GEMM is not
@@ -29,6 +31,7 @@ from torch import nn
 
 from vl.checkpoint.adapter import Plan
 from vl.checkpoint.files import CheckpointFiles
+from vl.quant.experts import split_fused_experts
 from vl.errors import CheckpointError, ConfigError
 from vl.quant.config import (
     QUANT_SUFFIXES,
@@ -64,7 +67,8 @@ class QuantizedLoad:
     mode: str  # "weight-only" | "native" | "auto" | "dequantize": what the quantized modules do
     why: str
     # fused MoE expert tensors stored packed per expert: native name -> per-expert specs (named by checkpoint
-    # module); always dequantized at load (the model holds them as one tensor, not as Linears)
+    # module), dequantized at load into the fused tensor; only in "dequantize" mode (otherwise each expert is a
+    # packed Linear of `specs`)
     stacked: dict[str, list[LinearQuantSpec]] = field(default_factory=dict)
     files: CheckpointFiles | None = field(default=None, repr=False)
 
@@ -98,6 +102,9 @@ class QuantizedLoad:
         src = self.config.source.rsplit("/", 1)[-1] if self.config is not None else "no quantization config"
         algo = f"{self.config.quant_algo}, " if self.config is not None else ""
         extra = ""
+        experts = sum(".mixer.experts." in name for name in self.specs)
+        if experts and self.mode != "dequantize":
+            extra += f"; {experts} of them routed experts, kept packed one Linear per expert"
         if self.stacked:
             extra += (f"; packed routed experts of {len(self.stacked)} fused tensors dequantized at load (the model "
                       "holds them as one tensor, not as Linears)")
@@ -264,8 +271,30 @@ def prepare(model: nn.Module, plan: Plan, files: CheckpointFiles, quant_mode: st
         for name, spec in specs.items():
             linear_to_quantize(model, name, spec)
     else:
+        if stacked:  # packed routed experts stay packed: one quantized Linear per expert (vl/quant/experts.py)
+            _split_packed_experts(model, plan, stacked, specs, names)
+            stacked = {}
         swap_quantized_linears(model, specs, mode, compute_dtype=compute_dtype)
     return QuantizedLoad(config, specs, names, quant_mode, mode, why, stacked, files)
+
+
+def _split_packed_experts(model: nn.Module, plan: Plan, stacked: dict[str, list[LinearQuantSpec]],
+                          specs: dict[str, LinearQuantSpec], names: dict[str, str]) -> None:
+    """The fused tensors of packed routed experts become one Linear per expert (`split_fused_experts`), planned
+    one-to-one from the checkpoint's per-expert tensors, so that `swap_quantized_linears` makes each a packed
+    Linear like any other: a 30B-A3B NVFP4 checkpoint then holds its experts in 16.5 GB instead of 58.7 GB of BF16,
+    and a token still reads only its router's k experts."""
+    split_fused_experts(model, only=set(stacked))
+    for native, per in stacked.items():
+        base, proj = native.rsplit(".", 1)  # `….mixer.experts`, `up_proj`
+        del plan.sources[native]
+        plan.stacked.discard(native)
+        for i, spec in enumerate(per):
+            module = f"{base}.{proj}.{i}"
+            specs[module], names[module] = replace(spec, name=module), spec.name
+            for sfx in spec.shapes:
+                if sfx != "bias":
+                    plan.add(f"{module}.{sfx}", spec.key(sfx))
 
 
 def finish(tensors: dict[str, torch.Tensor], plan: Plan, qload: QuantizedLoad,

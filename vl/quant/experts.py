@@ -36,16 +36,27 @@ def hub_to_split_name(name: str) -> str:
     return f"{m.group(1)}.{m.group(3)}.{m.group(2)}.{m.group(4)}" if m else name
 
 
-def split_fused_experts(model: nn.Module) -> list[str]:
-    """Replace every fused routed-expert tensor (E, out, in) by E bias-free Linears on the same device, holding
-    the same values (views of the fused tensor's rows; meta stays meta). Returns the replaced tensors' names."""
+_SPLIT_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(up_proj|down_proj)\.(\d+)\.([^.]+)$")
+
+
+def split_to_hub_name(name: str) -> str:
+    """The inverse of `hub_to_split_name`: `….mixer.experts.{up,down}_proj.{i}.{suffix}` ->
+    `….mixer.experts.{i}.{up,down}_proj.{suffix}`; any other name unchanged."""
+    m = _SPLIT_EXPERT.match(name)
+    return f"{m.group(1)}.{m.group(3)}.{m.group(2)}.{m.group(4)}" if m else name
+
+
+def split_fused_experts(model: nn.Module, only=None) -> list[str]:
+    """Replace every fused routed-expert tensor (E, out, in) (or those named in `only`) by E bias-free Linears on
+    the same device, holding the same values (views of the fused tensor's rows; meta stays meta). Returns the
+    replaced tensors' names."""
     done = []
     for name, mod in list(model.named_modules()):
         if not _is_routed(name):
             continue
         for proj in PROJECTIONS:
             fused = mod._parameters.get(proj)
-            if fused is None or fused.dim() != 3:
+            if fused is None or fused.dim() != 3 or (only is not None and f"{name}.{proj}" not in only):
                 continue
             experts = nn.ModuleList()
             for row in fused.detach():
