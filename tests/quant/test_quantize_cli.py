@@ -203,21 +203,35 @@ def test_refusals(src, exported, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_moe_text_only_keeps_router_and_experts_and_loads_without_warnings(tmp_path, caplog):
+def test_moe_experts_are_packed_one_linear_each_and_the_router_stays(tmp_path, caplog):
+    """The routed experts are quantized per expert under the hub's names (as the released FP8 / NVFP4 store them),
+    experts no calibration token reached take their layer's largest input scale, the fp32 router stays; the copy
+    loads packed without warnings and is close to the original."""
     from tiny_models import save_hf_nemotron
+    from vl.quant.linear import QuantizedLinear
 
     d, _ = save_hf_nemotron(tmp_path, "moe")
     res = quantize_checkpoint(d, tmp_path / "nvfp4", "nvfp4", num_calib=1, progress=False, calib_source=SYNTHETIC)
     t = res.tensors
-    assert t["backbone.layers.1.mixer.experts.0.up_proj.weight"].dtype == torch.float32
+    for i in range(8):
+        for proj in ("up_proj", "down_proj"):
+            key = f"backbone.layers.1.mixer.experts.{i}.{proj}"
+            assert t[f"{key}.weight"].dtype == torch.uint8 and float(t[f"{key}.input_scale"]) > 0
     assert t["backbone.layers.1.mixer.gate.weight"].dtype == torch.float32
     assert t["backbone.layers.1.mixer.shared_experts.up_proj.weight"].dtype == torch.uint8
+    assert not any(".mixer.experts.up_proj" in k for k in t)  # no fused or split names reach the file
+    assert all(n in res.input_amax for n in res.quantized)  # every expert has a scale, calibrated or filled
+    assert 0 <= res.options["experts_uncalibrated"] < 16
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vl.quant"):
         model = vl.load_pretrained(res.out_dir, quant_mode="weight-only")
     assert not [r for r in caplog.records if r.name.startswith("vl.quant")]
+    assert all(isinstance(m, QuantizedLinear) for m in model.backbone.layers[1].mixer.experts.up_proj)
+    expanded = vl.load_pretrained(res.out_dir, quant_mode="dequantize")
+    original = vl.load_pretrained(d).backbone.layers[1].mixer.experts.up_proj
+    assert rel_err(expanded.backbone.layers[1].mixer.experts.up_proj, original) < 0.2  # NVFP4's rounding only
     ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(0))
-    assert torch.isfinite(model(ids).logits).all()
+    assert torch.allclose(model(ids).logits, expanded(ids).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_the_quantizer_needs_calibration_data_given_to_it(src, tmp_path):

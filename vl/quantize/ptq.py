@@ -7,11 +7,12 @@ quantized from the loaded high-precision values; each quantized Linear's static 
 largest |input| seen while the model runs on calibration prompts (the user's text lines, or built-in synthetic
 documents and clips sent through the real Processor, so that image tiles and video frames reach the LLM the
 way they will at inference). The vision tower, `mlp1`, conv1d, norms and embeddings are never quantized;
-`lm_head` is excluded unless asked (ModelOpt's default); routed MoE experts (fused tensors, not Linears) stay
-in high precision. A Nemotron 3 Nano Omni directory is calibrated through its own processor and only its LLM's
-Linears are packed (the audio branch stays as it was, like the vision tower). Tensors the loader ignores (RADIO's
-summary indices and adaptors, MTP heads) are copied through unchanged. Optional: the residual-stream Hadamard fold (vl/quant/rotate.py) and NVFP4 16x16 2-D weight
-blocks. The output directory is a complete checkpoint: weights, `config.json` with `quantization_config`,
+`lm_head` is excluded unless asked (ModelOpt's default). Routed MoE experts are quantized one Linear each (the fp32
+router is not), and an expert that no calibration token reached takes its layer's largest input scale. A Nemotron 3
+Nano Omni directory is calibrated through its own processor, and only its LLM's Linears are packed (the audio branch
+stays as it was, like the vision tower). Tensors the loader ignores (RADIO's summary indices and adaptors, MTP heads)
+are copied through unchanged. Optional: the residual-stream Hadamard fold (vl/quant/rotate.py) and NVFP4 16x16 2-D
+weight blocks. The output directory is a complete checkpoint: weights, `config.json` with `quantization_config`,
 `hf_quant_config.json`, and every tokenizer / generation / processor file of the input.
 """
 
@@ -40,6 +41,7 @@ from vl.errors import CheckpointError, ConfigError
 from vl.modeling.omni import NemotronOmni
 from vl.processing.load import load_processor
 from vl.quant.config import is_excluded, never_quantized
+from vl.quant.experts import split_fused_experts, split_to_hub_name
 from vl.quant.rotate import rotate_residual_stream
 from vl.runtime.pretrained import load_pretrained
 from vl.quant.export import (
@@ -54,8 +56,8 @@ from vl.quant.export import (
 log = logging.getLogger(__name__)
 
 FORMATS = {"fp8": "FP8", "nvfp4": "NVFP4"}
-# MoE parts that are not Linears: fused routed-expert tensors and the fp32 router; listed so readers know
-MOE_UNQUANTIZED = ("*mixer.experts.*", "*mixer.gate")
+# the MoE's fp32 router stays in high precision (ModelOpt's default); the routed experts are quantized one Linear each
+MOE_UNQUANTIZED = ("*mixer.gate",)
 # Nemotron 3 Nano Omni's audio branch and vision final norm, named for the readers of hf_quant_config.json (the
 # vision tower and mlp1 are already never quantized); only the LLM's Linears are packed, as in the released FP8 / NVFP4
 OMNI_UNQUANTIZED = ("sound_encoder*", "sound_projection*", "vision_projector*")
@@ -76,7 +78,7 @@ class Calibration:
 class QuantizeResult:
     out_dir: Path
     algo: str
-    quantized: list[str]  # checkpoint module names now packed
+    quantized: list[str]  # the model's module names now packed (routed experts one Linear each)
     excluded: list[str]  # Linear module names left in high precision (patterns or never-quantized)
     calibration: list[str]  # one description per calibration input
     input_amax: dict[str, float]
@@ -168,6 +170,22 @@ def _bar(items, desc: str, progress: bool, total: int | None = None):
     return tqdm(items, desc=desc, total=total, file=sys.stderr, leave=False)
 
 
+def _fill_expert_amax(amax: dict[str, float], names: list[str]) -> list[str]:
+    """Routed experts no calibration token was sent to get the largest input amax of their layer's other experts of
+    the same projection (their inputs come from the same residual stream, or the same kind of hidden state);
+    returns their names."""
+    filled = []
+    for name in names:
+        if name in amax or ".mixer.experts." not in name:
+            continue
+        group = name.rsplit(".", 1)[0]  # `….mixer.experts.up_proj`
+        seen = [v for n, v in amax.items() if n.rsplit(".", 1)[0] == group]
+        if seen:
+            amax[name] = max(seen)
+            filled.append(name)
+    return filled
+
+
 def _checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors under the checkpoint names of its own format (hub layout)."""
     if isinstance(model, NemotronOmni):
@@ -219,7 +237,10 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     prefix = "language_model." if lm is not model else ""
     if hadamard:
         rotate_residual_stream(model, seed=seed)
-    extra = (tuple(exclude) + (MOE_UNQUANTIZED if "E" in lm.config.pattern else ())
+    moe = "E" in lm.config.pattern
+    if moe:  # routed experts become one Linear each, calibrated and packed like any other (as the released FP8 / NVFP4)
+        split_fused_experts(lm)
+    extra = (tuple(exclude) + (MOE_UNQUANTIZED if moe else ())
              + (OMNI_UNQUANTIZED if isinstance(model, NemotronOmni) else ()))
     pats = exclude_patterns(exclude_lm_head, extra)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith(prefix)]
@@ -238,13 +259,19 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
             lm.stateless_tail = tail
 
     amax = collect_input_amax(model, run, names)
+    uncalibrated = _fill_expert_amax(amax, names)
+    if uncalibrated:
+        log.warning("vl quantize: %d routed experts saw no calibration token; their input scale is the largest of "
+                    "their layer's other experts (more or longer calibration inputs reach more experts)",
+                    len(uncalibrated))
+    ck = {n: split_to_hub_name(f"{n}.weight")[: -len(".weight")] for n in names}  # checkpoint module names
 
     sd = _checkpoint_state_dict(model)
     files = CheckpointFiles(src)
     declared = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(
         raw.get("torch_dtype") or raw.get("dtype") or "", None)
     in_bytes = sum(math.prod(i.shape) * i.dtype.itemsize for i in files.infos.values())
-    weights = {f"{n}.weight" for n in names}
+    weights = {f"{ck[n]}.weight" for n in names}
     tensors: dict[str, torch.Tensor] = {}
     for key, t in sd.items():  # high-precision tensors go back in the dtype they came in
         if key in weights or not t.is_floating_point():
@@ -257,16 +284,17 @@ def quantize_checkpoint(model_dir, out_dir, fmt: str = "nvfp4", *, prompts: Iter
     kept = [k for k in files.names() if k not in sd]  # what the loader ignores (RADIO's summary indices and
     for key in kept:  # adaptors, MTP heads, ...) goes through unchanged: the copy holds all the original held
         tensors[key] = files.get(key)
-    one_d = [n for n in names if block_2d and sd[f"{n}.weight"].shape[0] % 16]  # 16x16 tiles need rows % 16 == 0
+    one_d = [n for n in names if block_2d and sd[f"{ck[n]}.weight"].shape[0] % 16]  # 16x16 tiles need rows % 16 == 0
     if one_d:
         log.warning("vl quantize: --block-2d: %d Linears have a row count that is not a multiple of 16 and keep "
                     "1-D blocks: %s", len(one_d), ", ".join(one_d))
     for name in _bar(names, "quantizing", progress):
-        q = quantize_state_dict({f"{name}.weight": sd[f"{name}.weight"]}, [name], algo, amax, exclude=pats,
-                                block_2d=block_2d and name not in one_d)
+        q = quantize_state_dict({f"{ck[name]}.weight": sd[f"{ck[name]}.weight"]}, [ck[name]], algo,
+                                {ck[name]: amax[name]}, exclude=pats, block_2d=block_2d and name not in one_d)
         tensors.update(q)
     options = dict(format=fmt, algo=algo, hadamard=hadamard, block_2d=block_2d, exclude_lm_head=exclude_lm_head,
-                   num_calib=len(calib), seed=seed, calib_dtype=str(dtype), block_2d_skipped=one_d)
+                   num_calib=len(calib), seed=seed, calib_dtype=str(dtype), block_2d_skipped=one_d,
+                   experts_uncalibrated=len(uncalibrated))
     skipped = [n for n in excluded if not is_excluded(n, pats)]
     hf_cfg = make_hf_quant_config(algo, pats + tuple(skipped))
     out.mkdir(parents=True, exist_ok=True)
