@@ -20,7 +20,7 @@ def tokenizer(tmp_path_factory):
 
 def test_demo_recipe_trains_on_every_family_in_two_stages():
     r = get_recipe("demo")
-    assert {s.family for s in r.sources} == set(FAMILIES)
+    assert {s.family for s in r.sources} == {f for f in FAMILIES if FAMILIES[f].kind != "audio"}  # it does not hear
     assert [s.name for s in r.stages] == ["vision", "full"]
     # stage 1 teaches the from-scratch tower to see (probe targets only, LM untouched); stage 2 trains all
     assert r.stages[0].trainable == ("vision.", "projector.") and r.stages[0].objective == "vision"
