@@ -474,8 +474,8 @@ def test_audio_to_a_model_that_does_not_hear_is_refused_before_it_loads(model, o
         argv = ["--model", str(d), "--audio", wav]
     out = _vl("chat", *argv, "--prompt", "What is heard?", "--json", importtime=True)
     messages = _messages(out.stderr)
-    assert out.returncode == 2 and json.loads(out.stdout)["error"]["code"] == "bad_input", out
-    assert any(line.startswith("error [bad_input]: --audio: ") and "no audio encoder" in line for line in messages)
+    assert out.returncode == 2 and json.loads(out.stdout)["error"]["code"] == "no_audio", out
+    assert any(line.startswith("error [no_audio]: --audio: ") and "no audio encoder" in line for line in messages)
     assert not set(MODEL_MODULES) & set(_imported(out.stderr))  # refused from config.json alone
 
 

@@ -34,7 +34,7 @@ from vl.cli.flags import (
 )
 from vl.config.omni import omni_config_from_hf
 from vl.directory import checkpoint_kind, default_model, read_config, resolve_dir, synthetic_only
-from vl.errors import InputError, VLError
+from vl.errors import NoAudioError, VLError
 from vl.runtime.outcome import finish_label, finish_note
 
 DESCRIPTION = ("one question about images / a PDF / a video / audio; the answer on stdout, everything else on "
@@ -169,8 +169,8 @@ def check_hears(args, raw: dict, kind: str, model: str) -> None:
         why = "this Nemotron 3 Nano Omni checkpoint has no audio encoder (its config.json has no audio_config)"
     else:
         why = f"{model} is a {kind} checkpoint, which has no audio encoder"
-    raise InputError(f"--audio: {why}; pass --model DIR with a model that hears (Nemotron 3 Nano Omni), or drop "
-                     "--audio")
+    raise NoAudioError(f"--audio: {why}; pass --model DIR with a model that hears (Nemotron 3 Nano Omni), or drop "
+                       "--audio")
 
 
 def _run(args, options, model: str, err) -> int:
