@@ -59,7 +59,7 @@ def test_nano_vl_items_end_to_end(tmp_path):
     assert pruned["vision_tokens_before"] == 13 * tpt and pruned["vision_tokens_after"] < 0.6 * 13 * tpt
     assert pruned["prompt_tokens"] < page["prompt_tokens"]
     assert video["vision_tokens_before"] == 8 * tpt and video["vision_tokens_after"] < 0.5 * 8 * tpt  # EVS 0.75
-    assert r["parts_bytes"].keys() == {"vision", "projector"} and r["llm_layers"] == "4 of 62"
+    assert r["parts_bytes"].keys() == {"vision", "projector"} and r["llm_layers"] == "4 of 62" and r["warm_up_s"] > 0
     assert list(tmp_path.iterdir()) == []  # the checkpoint and the media were removed
     text = media.format_result(r)
     assert "token pruning at 0.5: page TTFT" in text and "video" in text
