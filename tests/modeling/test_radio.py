@@ -222,6 +222,7 @@ def test_bad_geometry_is_config_error():
 # --- the fused CPU block path (oneDNN products with bias / GELU / residual post-ops, packed weights) ---------------
 
 def _skip_unless_fused(enc, x):
+    enc.fused_cpu = True  # opt-in
     with torch.inference_mode():
         reason = radio.fused_cpu_off(enc, x)
     if reason is not None:
@@ -294,6 +295,7 @@ def test_bf16_default_is_the_fused_path_within_bf16_noise(count_fused, hw):
 
 def test_fused_path_off_reasons_and_the_modules_run(count_fused):
     enc32 = tiny_encoder()
+    enc32.fused_cpu = True  # opt-in, so that the reason given is the dtype's
     enc = copy.deepcopy(enc32).to(torch.bfloat16)
     pixels = torch.randn(1, 3, 32, 32)
     _skip_unless_fused(enc, pixels.bfloat16())
@@ -303,7 +305,7 @@ def test_fused_path_off_reasons_and_the_modules_run(count_fused):
         assert "float32" in radio.fused_cpu_off(enc32, pixels)  # fp32 keeps the modules (and transformers' bits)
         enc32.forward_features(pixels)
         enc.fused_cpu = False
-        assert "turned off" in radio.fused_cpu_off(enc, x)
+        assert "opt-in" in radio.fused_cpu_off(enc, x)
         enc.forward_features(pixels)
         enc.fused_cpu = True
         enc.blocks[1].attn.fused_attn = False
@@ -322,6 +324,7 @@ def test_packed_weights_follow_replaced_and_changed_weights():
     """A call, an error, weights loaded in place, a parameter replaced: each call answers for the weights it sees."""
     enc = tiny_encoder().to(torch.bfloat16)
     other = copy.deepcopy(enc)
+    other.fused_cpu = True  # opt-in: the reference takes the same path
     with torch.no_grad():
         for p in other.parameters():
             p.mul_(-0.5)

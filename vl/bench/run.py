@@ -19,7 +19,9 @@ the median of each round's own ratio, which drifts in the machine's speed betwee
   repetition per round in the same rotation (docs/bench_llama_cpp.md);
 - `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
   (vl/bench/geometry.py); with `--media`, a page, a video or a long video with its sound through `vl.Engine.chat`
-  at the released widths, each stage timed (vl/bench/media.py).
+  at the released widths, each stage timed (vl/bench/media.py);
+- `--vision-tower bf16|fp32`: the released-size RADIO tower + projector on one tile against transformers'
+  `RadioModel` (vl/bench/vision.py).
 Each row carries its spread, (max - min) / median of its repeats; the CPU's vector ISA is printed with the table.
 """
 
@@ -38,6 +40,7 @@ import torch
 
 from vl.bench import geometry as bench_geometry
 from vl.bench import quant as quant_bench
+from vl.bench import vision as vision_bench
 from vl.bench.llama_cpp import LlamaCpp
 from vl.bench.quant import quantized_copy
 from vl.bench.timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
@@ -444,6 +447,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "LLM alone, requests end to end through vl.Engine.chat with the towers at their released widths, "
                    "each stage timed (vl/bench/media.py); a comma list of: nano-12b-v2-vl: page, page-pruned, video; "
                    "nano-omni-30b-a3b: video-speech (default: all of the geometry's)")
+    p.add_argument("--vision-tower", default=None, choices=("bf16", "fp32"), help="instead of the tables: the "
+                   "released-size RADIO tower + projector on one tile (vl/bench/vision.py), ours (the opt-in fused "
+                   "block path and the default modules) against transformers' RadioModel, --repeats rounds")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.work_dir is not None:  # a folder the user named: made, as for any output path
@@ -465,6 +471,11 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         p.error(f"--decode-threads: expected a comma list of thread counts, found {a.decode_threads!r}")
     if decode_threads is not None and min(decode_threads) < 1:
         p.error(f"--decode-threads: thread counts must be at least 1, found {a.decode_threads!r}")
+    if a.vision_tower:
+        r = vision_bench.run(torch.bfloat16 if a.vision_tower == "bf16" else torch.float32, threads=a.threads,
+                             rounds=a.repeats)
+        print(vision_bench.format_result(r))
+        return 0
     if a.geometry:
         if a.geometry not in bench_geometry.GEOMETRIES:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")

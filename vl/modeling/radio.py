@@ -20,10 +20,12 @@ and native-resolution images arriving as already-flattened patches with their gr
 transformers' RADIO also carries LayerScale (`layer_scale{1,2}.lambda1`, 1.0 in C-RADIO); `layer_scale=True`
 builds timm's `LayerScale` (`ls1.gamma`, `ls2.gamma`) for checkpoints that store it.
 
-In bf16 on a CPU with native bf16 GEMM, inference runs each block through `fused_block` (oneDNN products with bias,
-GELU and the residual add as post-ops, weights packed once per weight and cached beside the module): the same maths
-as timm's modules, one bf16 rounding fewer per fused step; `fused_cpu_off` names why it does not apply elsewhere
-(fp32, autograd, other devices) and `encoder.fused_cpu = False` turns it off.
+Opt-in (`encoder.fused_cpu = True`): in bf16 on a CPU with native bf16 GEMM, inference runs each block through
+`fused_block` (oneDNN products with bias, GELU and the residual add as post-ops, weights packed once per weight and
+cached beside the module): the same maths as timm's modules, one bf16 rounding fewer per fused step. It is off by
+default: its packed weights are a second copy of the tower's matrices (1.26 GB for ViT-H), and its 2-thread speed
+is not settled (docs/benchmarks.md, "vision tower"). `fused_cpu_off` names why it does not apply (off, fp32,
+autograd, other devices).
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ class RadioEncoder(nn.Module):
         )
         for block in self.blocks:
             block.attn.fused_attn = True  # SDPA whatever TIMM_FUSED_ATTN says; tests may flip it
-        self.fused_cpu = True  # the oneDNN block path on CPUs where it applies (`fused_cpu_off`); False: timm's modules
+        self.fused_cpu = False  # True: the oneDNN block path on CPUs where it applies (`fused_cpu_off`); opt-in
 
     @classmethod
     def from_timm_name(cls, name: str, **kwargs) -> "RadioEncoder":
@@ -305,7 +307,7 @@ def _native_bf16() -> bool:
 def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
     """Why `encoder`'s blocks run timm's modules for `x` rather than `fused_block` (None: the fused path runs)."""
     if not encoder.fused_cpu:
-        return "turned off (encoder.fused_cpu = False)"
+        return "off (opt-in: encoder.fused_cpu = True)"
     if x.device.type != "cpu":
         return f"input on {x.device.type}"
     if x.dtype != torch.bfloat16:
