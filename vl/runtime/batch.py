@@ -188,7 +188,7 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
                 batch = DecodeBatch(engine.lm, params=params,
                                     stop_ids=engine.stop_ids if stop_ids is None else stop_ids,
                                     prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
-                                    decode=engine.decode)
+                                    decode=engine.decode, mix_chunk=getattr(engine, "mix_chunk", None))
             if more is not None and batch.elastic and rows:
                 joining = more(len(rows) + len(waiting))
                 if processed is not None:
@@ -289,20 +289,19 @@ def _fitting(batch: DecodeBatch, waiting: list[_Row]) -> list[_Row]:
 
 
 def _join(engine, batch: DecodeBatch, group: list[_Row]) -> None:
-    """Prefill a group together (left-padded; a batch equals its singles: tests/runtime/test_engine.py)."""
+    """Prefill a group together (left-padded; a batch equals its singles: tests/runtime/test_engine.py); while
+    other rows decode, the batch runs it a chunk per step (vl/runtime/decode_batch.py) and its rows' prefill time
+    is read when their first token comes."""
     if len(group) == 1:
         embeds, mask = group[0].embeds, None
     else:
         embeds, mask = left_pad_embeds([r.embeds[0] for r in group])
     for r in group:
         r.embeds = None  # the cache holds the prompt from now on
-    start = time.perf_counter()
     batch.join([r.index for r in group], [r.request.max_new_tokens for r in group], inputs_embeds=embeds,
                attention_mask=mask, contexts=[r.inputs.input_ids[0].tolist() for r in group],
                controllers=[r.budget for r in group], ignore_eos=[r.request.options.ignore_eos for r in group],
                min_tokens=[r.request.options.min_tokens for r in group])
-    for r in group:
-        r.stats.stages_s["prefill"] = time.perf_counter() - start
 
 
 def _step(engine, batch: DecodeBatch, rows: dict, raise_errors: bool = True):
@@ -313,6 +312,8 @@ def _step(engine, batch: DecodeBatch, rows: dict, raise_errors: bool = True):
     states = batch.states()  # rows that end below leave `rows` at once: later lookups never need them
     for i, tok in out.items():
         row = rows[i]
+        if i in batch.prefill_s:  # its first token: its prompt's prefill is done
+            row.stats.stages_s["prefill"] = batch.prefill_s.pop(i)
         try:
             if row.request.on_token is not None:
                 row.request.on_token(tok)

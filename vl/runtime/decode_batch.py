@@ -12,17 +12,26 @@ Each row keeps its own end rules: the ids that end it (the batch's stop ids, or 
 minimum length before which the batch's stop ids are masked out of its logits (vLLM's `min_tokens`, whose
 logits processor does the same), so rows with different settings share a batch and equal their single runs.
 
+A group that joins while rows decode is prefilled a chunk at a time, one chunk of at most `mix_chunk` tokens per
+step, between the running rows' decode steps (Sarathi-Serve's chunked prefill, without the fused forward: the
+chunk and the step are two calls), so a long prompt delays each running row's next token by one chunk instead of
+by its whole prefill. The group's rows enter at the step its last chunk runs. A chunked prefill equals a one-shot
+prefill up to the order of float32 sums (tests/runtime/test_mixed_prefill.py); a group that joins an idle batch,
+or one left alone because every running row ended, is prefilled at once (nobody waits).
+
 Fixed-shape compiled steps ("compiled", "cuda-graphs") are captured for one cache shape: there the batch is
 formed once (`elastic` is False), rows that end stay as masked rows until the last one ends, and nothing joins.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from vl.errors import GenerationOptionError
 from vl.runtime.cache import HybridCache
-from vl.runtime.decode_step import _bucket, decode_mode, decode_step, default_prefill_chunk
+from vl.runtime.decode_step import _bucket, decode_mode, decode_step, default_mix_chunk, default_prefill_chunk
 from vl.runtime.sampling import SamplingParams, apply_logit_bias, apply_repetition_penalty, draw
 
 ELASTIC_MODES = ("fused", "modules", "static")
@@ -46,13 +55,26 @@ class _Seq:
         return self.budget - len(self.history)
 
 
+class _Prefill:
+    """A joining group's prompt, prefilled a chunk per step into its own cache: ids (k, t) or embeddings (k, t, d),
+    the left-padding mask, how many positions are done, and the seconds spent so far."""
+
+    __slots__ = ("cache", "input_ids", "inputs_embeds", "mask", "length", "done", "seqs", "logits", "seconds")
+
+    def __init__(self, cache, input_ids, inputs_embeds, mask, seqs):
+        self.cache, self.input_ids, self.inputs_embeds, self.mask, self.seqs = (cache, input_ids, inputs_embeds,
+                                                                                mask, seqs)
+        x = input_ids if inputs_embeds is None else inputs_embeds
+        self.length, self.done, self.logits, self.seconds = x.shape[1], 0, None, 0.0
+
+
 class DecodeBatch:
     """Rows that decode together. `join` prefills new rows (together, left-padded); `step` decodes one token
     for every running row, first letting ended rows leave and joined rows enter, and returns `{key: token}`;
     `finish(key)` ends a row from outside (a stop string, a cancel, a deadline)."""
 
     def __init__(self, lm, *, params: SamplingParams = SamplingParams(), stop_ids=(), prefill_chunk: int | None = None,
-                 context_length: int | None = None, decode: str = "fused"):
+                 context_length: int | None = None, decode: str = "fused", mix_chunk: int | None = None):
         decode = decode_mode(decode)  # "eager" warns and reads as "fused"; an unknown mode is refused
         self.lm, self.params, self.decode = lm, params, decode
         self.context_length = context_length or lm.config.max_position_embeddings
@@ -63,6 +85,10 @@ class DecodeBatch:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise GenerationOptionError(f"prefill_chunk must be >= 1, found {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        if mix_chunk is not None and mix_chunk < 0:
+            raise GenerationOptionError(f"mix_chunk must be >= 0 (0: a joining prompt is prefilled at once), found "
+                                        f"{mix_chunk}")
+        self.mix_chunk = mix_chunk  # None: default_mix_chunk of the model's device
         if getattr(lm.config, "vocab_size", None):
             params.check_vocab(lm.config.vocab_size)  # a bad logit_bias id fails here, before any row decodes
         self.gen = torch.Generator(device="cpu")
@@ -75,6 +101,8 @@ class DecodeBatch:
         self.logits = None  # (rows, vocab) to sample from at the next step, when nothing is to be fed
         self.feed = None  # (rows,) the last sampled tokens, fed at the next step
         self.pending: list[tuple[HybridCache, torch.Tensor, list[_Seq]]] = []  # prefilled, not yet merged
+        self.prefilling: list[_Prefill] = []  # joined while rows decode: a chunk per step, oldest first
+        self.prefill_s: dict = {}  # key -> seconds its group's prefill took (read and removed by the caller)
         self.pos = None  # fixed-shape steps: the next position as a 0-d tensor
         self.started = False
 
@@ -87,6 +115,8 @@ class DecodeBatch:
         yield from self.seqs
         for _, _, seqs in self.pending:
             yield from seqs
+        for job in self.prefilling:
+            yield from job.seqs
 
     def fits(self, prompt_lengths: list[int], budgets: list[int]) -> bool:
         """Whether rows with these prompt lengths and token budgets may join now: the padded length plus the
@@ -94,7 +124,7 @@ class DecodeBatch:
         if not self.elastic and (self.started or self.pending or self.seqs):
             return False
         live = [s for s in self._all() if s.ended is None]
-        lengths = list(prompt_lengths) + [c.length for c, _, _ in self.pending]
+        lengths = list(prompt_lengths) + [c.length for c, _, _ in self.pending] + [j.length for j in self.prefilling]
         if self.cache is not None and any(s.ended is None for s in self.seqs):
             lengths.append(self.cache.length + (self.feed is not None))  # the next step adds a position
         rooms = list(budgets) + [s.remaining() for s in live]
@@ -117,31 +147,66 @@ class DecodeBatch:
             raise GenerationOptionError(f"rows cannot join a running batch under decode={self.decode!r}")
         cfg, device = self.lm.config, x.device
         dtype = inputs_embeds.dtype if inputs_embeds is not None else self.lm.backbone.embeddings.weight.dtype
-        alone = not self.seqs and not self.pending  # the cache is this group's: give it its decode room now
+        alone = not self.seqs and not self.pending and not self.prefilling  # the cache is this group's: give it
+        # its decode room now
         room = max(budgets) + 1
         capacity = (_bucket(t + room) if self.static else t + room) if alone else t
         cache = HybridCache(cfg, k, capacity, dtype=dtype, device=device)
         if alone and self.decode == "cuda-graphs":
             for tensor in cache.tensors():
                 torch._dynamo.mark_static_address(tensor)
-        chunk = self.prefill_chunk or default_prefill_chunk(device)
-        logits = None
-        for start in range(0, t, chunk):
-            part = slice(start, start + chunk)
-            logits = self.lm(input_ids=None if inputs_embeds is not None else input_ids[:, part],
-                             inputs_embeds=None if inputs_embeds is None else inputs_embeds[:, part], cache=cache,
-                             attention_mask=None if attention_mask is None else attention_mask[:, part],
-                             logits_to_keep=1).logits[:, -1]
         seqs = [_Seq(key, int(n), None if controllers is None else controllers[i],
                      [] if contexts is None else list(contexts[i]),
                      frozenset() if ignore_eos is not None and ignore_eos[i] else None,
                      0 if min_tokens is None else int(min_tokens[i]))
                 for i, (key, n) in enumerate(zip(keys, budgets))]
+        job = _Prefill(cache, input_ids, inputs_embeds, attention_mask, seqs)
+        if self._running() and self._mix_chunk(device) and t > self._mix_chunk(device):
+            self.prefilling.append(job)  # a chunk per step from the next one on (`_prefill_some`)
+            return
+        self._prefill(job, t)
         if alone:
-            self.cache, self.seqs, self.logits, self.feed = cache, seqs, logits, None
+            self.cache, self.seqs, self.logits, self.feed = cache, seqs, job.logits, None
             self._reset_pos()
         else:
-            self.pending.append((cache, logits, seqs))
+            self.pending.append((cache, job.logits, seqs))
+
+    def _running(self) -> bool:
+        return any(s.ended is None for s in self.seqs)
+
+    def _mix_chunk(self, device) -> int:
+        return default_mix_chunk(device) if self.mix_chunk is None else self.mix_chunk
+
+    def _prefill(self, job: _Prefill, tokens: int) -> None:
+        """Run `tokens` more positions of a group's prompt, in calls of at most `prefill_chunk`; when the prompt is
+        done, `job.logits` holds each row's last logits and `prefill_s` the seconds it took."""
+        x = job.input_ids if job.inputs_embeds is None else job.inputs_embeds
+        chunk = self.prefill_chunk or default_prefill_chunk(x.device)
+        end = min(job.length, job.done + tokens)
+        t0 = time.perf_counter()
+        for start in range(job.done, end, chunk):
+            part = slice(start, min(start + chunk, end))
+            job.logits = self.lm(input_ids=None if job.inputs_embeds is not None else job.input_ids[:, part],
+                                 inputs_embeds=None if job.inputs_embeds is None else job.inputs_embeds[:, part],
+                                 cache=job.cache, attention_mask=None if job.mask is None else job.mask[:, part],
+                                 logits_to_keep=1).logits[:, -1]
+        job.done, job.seconds = end, job.seconds + time.perf_counter() - t0
+        if job.done == job.length:
+            job.input_ids = job.inputs_embeds = job.mask = None  # the cache holds the prompt from now on
+            self.prefill_s.update((s.key, job.seconds) for s in job.seqs)
+
+    def _prefill_some(self) -> None:
+        """Before a step: groups whose rows all ended are dropped; the oldest group runs one chunk while rows
+        decode (every group runs to its end when none does: nobody waits); finished groups wait to be merged."""
+        self.prefilling = [j for j in self.prefilling if any(s.ended is None for s in j.seqs)]
+        running = self._running()
+        for job in list(self.prefilling):
+            self._prefill(job, self._mix_chunk(job.cache.valid.device) if running else job.length)
+            if job.done == job.length:
+                self.prefilling.remove(job)
+                self.pending.append((job.cache, job.logits, job.seqs))
+            if running:
+                break
 
     def finish(self, key) -> None:
         for s in self._all():
@@ -166,9 +231,11 @@ class DecodeBatch:
             return None
         self.started = True
         logits = self.logits
+        if self.feed is not None and self.elastic:
+            self._leave()
+        if self.prefilling:
+            self._prefill_some()
         if self.feed is not None:
-            if self.elastic:
-                self._leave()
             if self.seqs:
                 feed = self.feed
                 if not (feed.is_cpu and self.cache.valid.is_cpu):  # (a CPU cache needs no call: ~30 us cold)

@@ -64,6 +64,13 @@ def default_prefill_chunk(device) -> int:
     return 16384 if torch.device(device).type == "cuda" else 2048
 
 
+def default_mix_chunk(device) -> int:
+    """Tokens of a joining prompt prefilled per decode step while other rows decode (vl/runtime/decode_batch.py):
+    each running row's next token waits for one such chunk. On the CPU a 64-token chunk of the 180m config took
+    about one 8-row decode step (docs/server.md, "Throughput"); a GPU's chunks are cheap next to its steps."""
+    return 512 if torch.device(device).type == "cuda" else 64
+
+
 def _bucket(n: int, step: int = 256) -> int:
     """Cache lengths rounded up, so compiled steps see a few shapes rather than one per request."""
     return -(-n // step) * step
