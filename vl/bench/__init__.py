@@ -4,6 +4,10 @@
   against a copy, memory, cache), with the peers and tables below;
 - quant.py: the FP8 / NVFP4 table (`vl bench --quant`; `python -m vl.bench.quant`);
 - geometry.py: a released-width random checkpoint streamed to disk, loaded and timed (`vl bench --geometry`);
+- omni_geometry.py: the Nemotron 3 Nano Omni 30B-A3B geometry's MoE figures (bytes read per token, BF16 parts, towers);
+- media.py: requests end to end through the engine at released widths, each stage timed (`vl bench --geometry G
+  --media`);
+- vision.py: the released-size vision tower against transformers' RadioModel (`vl bench --vision-tower`);
 - llama_cpp.py: llama.cpp as a peer (converter shim, llama-bench runner);
 - timing.py: what they measure with (peak memory, the CPU's ISA, our prefill and per-token decode);
 - evs_flops.py: the FLOPs and tokens EVS saves per video (`python -m vl.bench.evs_flops`).
@@ -15,7 +19,7 @@ import importlib
 import sys
 import warnings
 
-_SUBMODULES = ("run", "quant", "geometry", "llama_cpp", "timing", "evs_flops")
+_SUBMODULES = ("run", "quant", "geometry", "omni_geometry", "media", "vision", "llama_cpp", "timing", "evs_flops")
 
 
 def __getattr__(name):
