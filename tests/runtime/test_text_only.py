@@ -111,3 +111,21 @@ def test_vl_eval_on_text_prompts(text_dir, engine, tmp_path):
     want = engine.chat([{"role": "user", "content": [{"type": "text", "text": "What is the total?\nAnswer the "
                          "question using a single word or phrase."}]}], max_new_tokens=4, thinking=False)
     assert rows[0]["raw"] == want.text
+
+
+def test_vl_serve_builds_and_answers_on_a_text_only_model(text_dir):
+    """`vl serve --model TEXT_DIR` starts (it reads the processor's media limits to count parts before refusing
+    them) and answers; an image part is a typed 400."""
+    from starlette.testclient import TestClient
+
+    from vl.server.cli import build, parse_args
+
+    engine, scheduler, _, app = build(parse_args(["--model", str(text_dir[0])]))
+    with TestClient(app) as client:
+        name = client.get("/v1/models").json()["data"][0]["id"]
+        ok = client.post("/v1/chat/completions", json={"model": name, "max_tokens": 3, "messages": [
+            {"role": "user", "content": "Hello"}]})
+        assert ok.status_code == 200, ok.text
+        bad = client.post("/v1/chat/completions", json={"model": name, "max_tokens": 3, "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "no_vision", bad.text

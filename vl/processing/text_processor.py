@@ -14,6 +14,7 @@ import torch
 from vl.errors import InputError, NoVisionError
 from vl.options import PROCESSOR, names
 from vl.processing import chat
+from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 from vl.processing.processor import ProcessedInputs, check_prompt_size, max_chars_per_token, tokenizer_stop_ids
 
 # The request options that act in the processor (vl/options.py) only concern media; accepted (the engine and the
@@ -38,10 +39,11 @@ class TextProcessor:
 
     has_vision = False
 
-    def __init__(self, tokenizer, config=None, **_ignored_media_policy):
+    def __init__(self, tokenizer, config=None, *, limits: MediaLimits = DEFAULT_LIMITS, **_ignored_media_policy):
         # media policy (limits, allowed_roots, isolate, ...) is accepted so that callers can build either
-        # processor with the same keywords; there is no media to apply it to.
-        self.tokenizer, self.config = tokenizer, config
+        # processor with the same keywords; there is no media to apply it to. `limits` is kept: the server counts
+        # media parts against it before refusing them (`no_vision`), as for a model that sees.
+        self.tokenizer, self.config, self.limits = tokenizer, config, limits
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.chars_per_token = max_chars_per_token(tokenizer)
 
