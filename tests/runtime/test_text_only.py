@@ -120,7 +120,10 @@ def test_vl_serve_builds_and_answers_on_a_text_only_model(text_dir):
 
     from vl.server.cli import build, parse_args
 
-    engine, scheduler, _, app = build(parse_args(["--model", str(text_dir[0])]))
+    with pytest.raises(SystemExit):
+        parse_args(["--model", str(text_dir[0]), "--mix-chunk", "-1"])
+    engine, scheduler, _, app = build(parse_args(["--model", str(text_dir[0]), "--mix-chunk", "0"]))
+    assert engine.mix_chunk == 0
     with TestClient(app) as client:
         name = client.get("/v1/models").json()["data"][0]["id"]
         ok = client.post("/v1/chat/completions", json={"model": name, "max_tokens": 3, "messages": [

@@ -34,14 +34,16 @@ from vl.runtime.sampling import SamplingParams
 
 class Engine:
     def __init__(self, model, processor, *, stop_ids=(), vision_cache_size: int = 32,
-                 prefill_chunk: int | None = None,
+                 prefill_chunk: int | None = None, mix_chunk: int | None = None,
                  decode: str = "auto"):
         """`decode`: how one-token steps run (vl/runtime/decode_step.py `decode_step`); "auto" = CUDA graphs on a
-        GPU, "fused" on the CPU (where compiling costs a minute per model and shape family)."""
+        GPU, "fused" on the CPU (where compiling costs a minute per model and shape family). `mix_chunk`: tokens of a
+        prompt that joins running rows prefilled per decode step (vl/runtime/decode_batch.py; 0: at once)."""
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
         self.stop_ids = set(stop_ids) | processor.stop_token_ids()
         self.prefill_chunk = prefill_chunk
+        self.mix_chunk = mix_chunk  # tokens of a joining prompt prefilled per decode step (None: the device's default)
         self._vision_cache = VisionCache(vision_cache_size)
         self._lock = threading.Lock()
         if decode == "auto":

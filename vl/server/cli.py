@@ -34,6 +34,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-window-ms", type=float, default=0.0, help="how long the idle server waits for "
                    "requests sent together before it starts a batch (default 0: requests that arrive while a batch "
                    "runs join it between steps anyway; docs/server.md)")
+    p.add_argument("--mix-chunk", type=int, default=None, metavar="N", help="tokens of a prompt that joins running "
+                   "requests prefilled per decode step, so they keep streaming (0: the whole prompt at once; default "
+                   "64 on the CPU, 512 on CUDA)")
     p.add_argument("--prepare-workers", type=int, default=1, help="threads that decode and tile waiting requests' "
                    "media while the engine decodes (default 1; 0: on the engine's thread)")
     p.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds from arrival to "
@@ -70,7 +73,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, one per core); "
                    "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
     p.add_argument("--log-level", default="info")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.mix_chunk is not None and args.mix_chunk < 0:
+        p.error(f"--mix-chunk must be >= 0 (0: a joining prompt is prefilled at once), found {args.mix_chunk}")
+    return args
 
 
 def build(args: argparse.Namespace):
@@ -88,6 +94,7 @@ def build(args: argparse.Namespace):
     engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
                                     video_pruning_rate=args.video_pruning_rate, isolate=args.decode_sandbox == "on",
                                     allowed_roots=roots or None)
+    engine.mix_chunk = args.mix_chunk
     mib = 1 << 20
     policy = MediaPolicy(limits=engine.processor.limits, allowed_roots=tuple(roots), allow_fetch=args.allow_fetch,
                          allow_private_fetch=args.allow_private_fetch, fetch_timeout_s=args.fetch_timeout,
