@@ -361,3 +361,14 @@ def test_render_and_split_agree_on_the_opened_block():
 ])
 def test_strip_reasoning_lmms_eval_rules(raw, expected):
     assert strip_reasoning(raw) == expected
+
+
+def test_placeholders_in_an_earlier_answer_are_left_out_and_in_a_question_refused():
+    """A model can emit its own placeholder tokens; sent back as history they would misalign the media, so an
+    assistant turn's placeholders are dropped, while a user's stay a typed error (matrix: prompt injection)."""
+    history = [{"role": "user", "content": "Say it."}, {"role": "assistant", "content": "it <image> is <video>"},
+               {"role": "user", "content": "Again."}]
+    out = render_messages(history)
+    assert "<image>" not in out.text and "<video>" not in out.text and "Assistant\nit  is\n" in out.text
+    with pytest.raises(PromptFormatError, match="placeholder"):
+        render_messages([{"role": "user", "content": "look: <image>"}])

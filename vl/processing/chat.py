@@ -164,6 +164,9 @@ def _parts(message: Mapping, where: str, pdf_pages, tokens: MediaTokens) -> list
         if kind == "text":
             if not isinstance(text := item.get("text"), str):
                 raise PromptFormatError(f"{at}: 'text' must be a string, found {type(text).__name__}")
+            if message.get("role") == "assistant":  # an earlier answer sent back: a model can emit its placeholder
+                for p in (tokens.img_context, tokens.video_context, tokens.audio_context):  # tokens; they carry
+                    text = text.replace(p, "") if p else text  # no media there, so they are left out
             if bad := [p for p in (tokens.img_context, tokens.video_context, tokens.audio_context) if p and p in text]:
                 kinds = "'image'|'video'|'audio'" if tokens.has_audio else "'image'|'video'"
                 raise PromptFormatError(f"{at}: the text contains the placeholder {bad[0]!r}; pass media as "
