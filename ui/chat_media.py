@@ -113,12 +113,19 @@ def check_counts_per_message(messages, limits) -> None:
                                         f"message {i + 1}; send them in separate messages")
 
 
-def conversation_inputs(processor, messages, proc: dict, thinking, cache: MediaCache) -> ProcessedInputs:
-    """`processor(messages, thinking=thinking, **proc)` for a conversation, the caps per message and each
-    attachment processed at most once while it stays in `cache`."""
-    check_counts_per_message(messages, processor.limits)
-    shaping = tuple(sorted(proc.items()))  # every processor option can change what a file becomes
-    stand_ins, pieces = [], {}
+def attachment_key(part: dict, kind: str, shaping: tuple, family: str = "") -> tuple | None:
+    """An attachment's cache key: its bytes, its part's own options and the request options that shape it (the
+    `family` of processor that made it); None for a source that is neither a file nor bytes (not cached)."""
+    digest = content_key(part.get(kind))
+    own = tuple(sorted((k, v) for k, v in part.items() if k not in ("type", kind) and isinstance(v, (str, int, float))))
+    return None if digest is None else (family, kind, digest, own, shaping)
+
+
+def with_stand_ins(messages, attach) -> tuple[list, dict]:
+    """The conversation with each attachment of a user message replaced by stand-in parts, one per item that
+    `attach(part, kind)` returns as (item kind, value): -> (messages, {stand-in source: value}). Rendering the
+    stand-ins puts the items in prompt order, each found again by its stand-in source."""
+    stand_ins, values = [], {}
     for message in messages:
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, (list, tuple)):
@@ -130,12 +137,25 @@ def conversation_inputs(processor, messages, proc: dict, thinking, cache: MediaC
             if kind not in MEDIA:
                 parts.append(part)
                 continue
-            piece = _piece(processor, part, kind, proc, thinking, shaping, cache)
-            for j, item in enumerate(piece.items):
-                tag = ("attachment", len(pieces))  # a stand-in source: finds the item again in prompt order
-                pieces[tag] = (piece, j)
-                parts.append({"type": item.kind, item.kind: tag})
+            for item_kind, value in attach(part, kind):
+                tag = ("attachment", len(values))  # a stand-in source: finds the value again in prompt order
+                values[tag] = value
+                parts.append({"type": item_kind, item_kind: tag})
         stand_ins.append({**message, "content": parts})
+    return stand_ins, values
+
+
+def conversation_inputs(processor, messages, proc: dict, thinking, cache: MediaCache) -> ProcessedInputs:
+    """`processor(messages, thinking=thinking, **proc)` for a conversation, the caps per message and each
+    attachment processed at most once while it stays in `cache`."""
+    check_counts_per_message(messages, processor.limits)
+    shaping = tuple(sorted(proc.items()))  # every processor option can change what a file becomes
+
+    def attach(part, kind):  # a PDF gives one item per page
+        piece = _piece(processor, part, kind, proc, thinking, shaping, cache)
+        return [(item.kind, (piece, j)) for j, item in enumerate(piece.items)]
+
+    stand_ins, pieces = with_stand_ins(messages, attach)
     prompt = chat.render_prompt(stand_ins, processor.tokenizer, thinking=thinking, tokens=processor.tokens)
     check_prompt_size(prompt.text, processor.tokenizer, getattr(processor, "chars_per_token", None),
                       proc.get("context_length"))
@@ -160,9 +180,7 @@ def conversation_inputs(processor, messages, proc: dict, thinking, cache: MediaC
 
 
 def _piece(processor, part: dict, kind: str, proc: dict, thinking, shaping: tuple, cache: MediaCache) -> Piece:
-    digest = content_key(part.get(kind))
-    own = tuple(sorted((k, v) for k, v in part.items() if k not in ("type", kind) and isinstance(v, (str, int, float))))
-    key = None if digest is None else (kind, digest, own, shaping)
+    key = attachment_key(part, kind, shaping)
     piece = cache.get(key) if key is not None else None
     if piece is None:
         inputs = processor([{"role": "user", "content": [part]}], thinking=thinking, **proc)

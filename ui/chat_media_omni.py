@@ -6,7 +6,7 @@ clips, one video, ...) apply to each user message. Each attachment goes through 
 and what it gives is kept in the same `MediaCache`, keyed by the file's content and the options that shape it (a
 video heard or not is two entries). Its placeholder run is read off that call's own prompt (expanded text minus
 rendered text), so the run is the processor's, never rebuilt here. The conversation is then rendered by the one
-chat format (`vl.processing.chat`) and its inputs put together by the processor's own assembly (`_finish`: the
+chat format (`vl.processing.chat`) and its inputs put together by the processor's own assembly (`assemble`: the
 placeholder counts checked, the patches and tubelets joined, the clips' mel features computed together).
 
 The engine's encoder cache keeps each image's and video's encoding and the request's clips' (all clips together,
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from ui.chat_media import MEDIA, MediaCache, check_counts_per_message, content_key
+from ui.chat_media import MediaCache, attachment_key, check_counts_per_message, with_stand_ins
 from vl.processing import chat
 from vl.processing.omni_processor import OmniInputs
 from vl.processing.processor import check_prompt_size
@@ -52,9 +52,7 @@ def _run(processor, kind: str, inputs: OmniInputs) -> str:
 
 
 def omni_piece(processor, part: dict, kind: str, proc: dict, thinking, cache: MediaCache) -> OmniPiece:
-    digest = content_key(part.get(kind))
-    own = tuple(sorted((k, v) for k, v in part.items() if k not in ("type", kind) and isinstance(v, (str, int, float))))
-    key = None if digest is None else ("omni", kind, digest, own, tuple(sorted(proc.items())))
+    key = attachment_key(part, kind, tuple(sorted(proc.items())), "omni")
     piece = cache.get(key) if key is not None else None
     if piece is None:
         inputs = processor([{"role": "user", "content": [part]}], thinking=thinking, **proc)
@@ -68,23 +66,9 @@ def omni_conversation_inputs(processor, messages, proc: dict, thinking, cache: M
     """`processor(messages, thinking=thinking, **proc)` for a conversation, the caps per message and each
     attachment processed at most once while it stays in `cache`."""
     check_counts_per_message(messages, processor.limits)
-    stand_ins, pieces = [], {}
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, (list, tuple)):
-            stand_ins.append(message)
-            continue
-        parts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in MEDIA:
-                parts.append(part)
-                continue
-            # a PDF is refused here by the processor, with its message; every other attachment is one placeholder
-            tag = ("attachment", len(pieces))  # a stand-in source: finds the piece again in prompt order
-            pieces[tag] = omni_piece(processor, part, kind, proc, thinking, cache)
-            parts.append({"type": kind, kind: tag})
-        stand_ins.append({**message, "content": parts})
+    # a PDF is refused here by the processor, with its message; every other attachment is one placeholder
+    stand_ins, pieces = with_stand_ins(messages, lambda part, kind: [
+        (kind, omni_piece(processor, part, kind, proc, thinking, cache))])
     prompt = chat.render_prompt(stand_ins, processor.tokenizer, thinking=thinking, tokens=processor.tokens)
     check_prompt_size(prompt.text, processor.tokenizer, processor.chars_per_token, proc.get("context_length"))
     runs, infos, images, videos, clips, notes, seen = [], [], [], [], [], [], set()
