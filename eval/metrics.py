@@ -14,8 +14,8 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
 from vl.errors import InputError
-from vl.processing.chat import LE_REASONING_TAGS  # noqa: F401 - re-exported
-from vl.processing.chat import strip_reasoning as _strip_reasoning  # noqa: F401 - re-exported
+from vl.processing.reasoning_text import LE_REASONING_TAGS  # noqa: F401 - re-exported
+from vl.processing.reasoning_text import strip_reasoning as _strip_reasoning  # noqa: F401 - re-exported
 
 # ------------------------------------------------------------------------------------------------
 # Reasoning stripping (LE lmms_eval/api/reasoning.py::strip_reasoning_tags, docs/eval_scoring.md §1)

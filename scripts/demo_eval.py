@@ -32,7 +32,7 @@ from eval.metrics import exact_match
 from eval.sweep import sweep_markdown
 from eval.tasks import get_task
 from vl.errors import ConfigError
-from vl.processing.chat import split_reasoning
+from vl.processing.reasoning_text import split_reasoning
 
 MODES = {"no_think": False, "think": True}
 VIDEO_OPTIONS = {"num_frames": 8, "fps": 2.0}  # the recipe's clips (data_recipes.recipes.VIDEO_OPTIONS)

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from eval.data import Item, row_to_item
 from vl.errors import InputError
-from vl.processing.chat import strip_reasoning
+from vl.processing.reasoning_text import strip_reasoning
 
 HARNESS = "lmms-eval@75571cf"  # docs/eval_scoring.md §0: primary harness, pinned
 

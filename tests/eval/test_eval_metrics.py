@@ -215,10 +215,10 @@ def test_exact_match_normalization():
 
 
 def test_private_strip_agrees_with_chat_py_when_present():
-    """eval.metrics._strip_reasoning is a stand-in until vl.processing.chat.strip_reasoning is committed;
+    """eval.metrics._strip_reasoning is a stand-in until vl.processing.reasoning_text.strip_reasoning is committed;
     this keeps the two identical so the switch changes no score."""
-    chat = pytest.importorskip("vl.processing.chat", reason="vl/processing/chat.py not in this tree yet")
+    reasoning_text = pytest.importorskip("vl.processing.reasoning_text")
     for raw in ["reasoning</think> B", "<think>x</think>B", "<think>unfinished", "a</think>b</think> c",
                 "<think>a</think>x<think>b</think> y", "<analysis>x</analysis> C", " plain ", "</think>",
                 "<think>x</think>y</think>z"]:
-        assert chat.strip_reasoning(raw) == _strip_reasoning(raw), raw
+        assert reasoning_text.strip_reasoning(raw) == _strip_reasoning(raw), raw

@@ -359,7 +359,7 @@ def test_demo_pipeline_equals_engine(demo):
 def test_demo_pipeline_answers_held_out_documents(demo):
     """Held-out (split "test") synthetic documents; scored as eval's synthetic_docs task scores them."""
     from eval.metrics import exact_match
-    from vl.processing.chat import split_reasoning
+    from vl.processing.reasoning_text import split_reasoning
 
     pipe, _ = demo
     samples = demo_samples(6)

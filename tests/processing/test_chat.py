@@ -16,10 +16,10 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from vl.errors import ConfigError, InputError, NoAudioError
 from vl.options import DEFAULT_THINKING
 from vl.processing.chat import (
-    CHAT_TEMPLATE, MediaTokens, PlaceholderMismatchError, PromptFormatError, ThinkSplitter, expand_placeholders,
-    image_placeholder, render_messages, render_prompt, split_reasoning, strip_reasoning,
-    video_placeholder,
+    CHAT_TEMPLATE, MediaTokens, PlaceholderMismatchError, PromptFormatError, expand_placeholders, image_placeholder,
+    render_messages, render_prompt, video_placeholder,
 )
+from vl.processing.reasoning_text import ThinkSplitter, split_reasoning, strip_reasoning
 
 S, U, A, E = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n", "<SPECIAL_11>Assistant\n", "<SPECIAL_12>"
 IMG = {"type": "image", "image": "cat.png"}

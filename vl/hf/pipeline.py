@@ -26,7 +26,8 @@ from transformers.utils.chat_template_utils import Chat
 from vl.errors import GenerationOptionError
 from vl.hf.names import OUR_GENERATE_OPTIONS
 from vl.hf.processor import HF_TEMPLATE_KEYS, OUR_KEYS, NemotronNanoVLV2Processor
-from vl.processing.chat import opens_think, split_reasoning
+from vl.processing.chat import opens_think
+from vl.processing.reasoning_text import split_reasoning
 
 __all__ = ["NemotronNanoVLV2Pipeline", "route_generation_args"]
 

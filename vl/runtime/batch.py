@@ -26,7 +26,7 @@ import torch
 
 from vl.errors import GenerationOptionError, StoppedError, VLError
 from vl.options import RequestOptions
-from vl.processing.chat import ThinkSplitter, split_reasoning
+from vl.processing.reasoning_text import ThinkSplitter, split_reasoning
 from vl.processing.progress import Work
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.decode_batch import DecodeBatch
