@@ -174,15 +174,14 @@ def _fill_expert_amax(amax: dict[str, float], names: list[str]) -> list[str]:
     """Routed experts no calibration token was sent to get the largest input amax of their layer's other experts of
     the same projection (their inputs come from the same residual stream, or the same kind of hidden state);
     returns their names."""
-    filled = []
-    for name in names:
-        if name in amax or ".mixer.experts." not in name:
-            continue
-        group = name.rsplit(".", 1)[0]  # `….mixer.experts.up_proj`
-        seen = [v for n, v in amax.items() if n.rsplit(".", 1)[0] == group]
-        if seen:
-            amax[name] = max(seen)
-            filled.append(name)
+    largest: dict[str, float] = {}  # `….mixer.experts.up_proj` -> the largest amax its experts saw
+    for n, v in amax.items():
+        if ".mixer.experts." in n:
+            group = n.rsplit(".", 1)[0]
+            largest[group] = max(largest.get(group, v), v)
+    filled = [n for n in names if n not in amax and n.rsplit(".", 1)[0] in largest and ".mixer.experts." in n]
+    for name in filled:
+        amax[name] = largest[name.rsplit(".", 1)[0]]
     return filled
 
 
