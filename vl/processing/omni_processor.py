@@ -33,6 +33,7 @@ from vl.processing.omni_video import OmniVideo, OmniVideoConfig, load_omni_video
 from vl.processing.processor import (
     check_prompt_size,
     checked_source,
+    count_media_parts,
     max_chars_per_token,
     special_token_id,
     tokenizer_stop_ids,
@@ -238,18 +239,6 @@ class OmniInputs:
                 "input_features_mask": self.input_features_mask, "media_order": self.media_order}
 
 
-def _count_parts(messages) -> dict[str, int]:
-    """Media parts by kind on the raw messages, so the per-request caps apply before anything is decoded."""
-    counts = {"image": 0, "video": 0, "audio": 0}
-    for message in messages if isinstance(messages, (list, tuple)) else ():
-        content = message.get("content") if isinstance(message, Mapping) else None
-        for item in content if isinstance(content, (list, tuple)) else ():
-            kind = item.get("type") if isinstance(item, Mapping) else None
-            if isinstance(kind, str) and kind in counts:
-                counts[kind] += 1
-    return counts
-
-
 # Nano V2 VL's tiling and PDF options with their defaults (vl/processing/processor.py `Processor.__call__`); PDF
 # parts are refused here, so the PDF options never act
 TILE_OPTIONS = {"max_num_tiles": None, "skip_blank_tiles": False, "pages": None, "max_pages": None,
@@ -310,7 +299,7 @@ class OmniProcessor:
             raise TypeError(f"OmniProcessor got unexpected keyword arguments {unknown}")
         unused = sorted(k for k in ("max_num_tiles", "skip_blank_tiles") if tile_options.get(k, TILE_OPTIONS[k])
                         not in (TILE_OPTIONS[k], None))
-        counts = _count_parts(messages)
+        counts = count_media_parts(messages)
         for kind, count in counts.items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
         if counts["audio"] and not self.has_audio:

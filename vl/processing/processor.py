@@ -103,10 +103,10 @@ def special_token_id(tokenizer, text: str, configured: int | None) -> int:
     return found
 
 
-_COUNTED = {"image": "image", "video": "video", "pdf": "document"}
+_COUNTED = {"image": "image", "video": "video", "pdf": "document", "audio": "audio"}
 
 
-def _count_media_parts(messages) -> dict[str, int]:
+def count_media_parts(messages) -> dict[str, int]:
     """Media parts by kind, counted on the raw messages so that the per-request caps apply before any PDF is
     rendered (rendering happens while the prompt is built). Malformed messages count what they can; the
     prompt builder reports what is wrong with them."""
@@ -224,7 +224,7 @@ class Processor:
         cfg = self.config
         # the option's one range (vl/options.py); the checkpoint's own default is taken as it is
         max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else spec("max_num_tiles").check(max_num_tiles)
-        for kind, count in _count_media_parts(messages).items():  # before anything is decoded (matrix I10)
+        for kind, count in count_media_parts(messages).items():  # before anything is decoded (matrix I10)
             self.limits.check_count(kind, count)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt,
