@@ -15,8 +15,8 @@ the median of each round's own ratio, which drifts in the machine's speed betwee
 - `--formats fp8,nvfp4`: the same weights quantized as `vl quantize` writes them and loaded as a user loads them
   (auto: weight-only on the CPU, decode through the fused kernels of docs/quant_cpu_kernels.md), in the same
   rounds, with their resident bytes;
-- `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0, one
-  repetition per round in the same rotation (docs/bench_llama_cpp.md);
+- `--llama-cpp DIR`: llama.cpp's `llama-bench` on the same weights converted to GGUF f32 / bf16 / q8_0 and
+  quantized to q4_0 / q4_K_M, one repetition per round in the same rotation (docs/bench_llama_cpp.md);
 - `--geometry nano-12b-v2-vl --format nvfp4|fp8`: a released-size model with random weights streamed to disk
   (vl/bench/geometry.py); with `--media`, a page, a video or a long video with its sound through `vl.Engine.chat`
   at the released widths, each stage timed (vl/bench/media.py);
@@ -41,13 +41,12 @@ import torch
 from vl.bench import geometry as bench_geometry
 from vl.bench import quant as quant_bench
 from vl.bench import vision as vision_bench
-from vl.bench.llama_cpp import LlamaCpp
+from vl.bench.llama_cpp import QUANT_KINDS, QUANTIZED, LlamaCpp
 from vl.bench.quant import quantized_copy
 from vl.bench.timing import PeakRSS, _sync, cpu_isa, our_decode_s, our_prefill  # noqa: F401 - re-exported
 from vl.config import LMConfig, bench_180m_lm, lm_config_to_hf
 from vl.errors import GenerationOptionError
 from vl.kernels import gemv, ssd_scan
-from vl.kernels.loader import cpu_flags
 from vl.modeling import kernels
 from vl.modeling.nemotron_h import NemotronHForCausalLM
 from vl.quant.linear import QuantizedLinear, resident_weight_bytes
@@ -182,18 +181,9 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
         calib = torch.randint(3, cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1)).to(device)
         for fmt in formats:
             quant[fmt] = quantized_copy(ours, fmt, calib)
-    # label -> (gguf kind, repack): llama.cpp at this dtype, and its q8_0 next to our fp8 (bf16 pass only); on a
-    # CPU with AMX-INT8 llama-bench's default runs q8_0 through its AMX kernels, so its plain kernels (what a build
-    # without AMX runs) get their own row
-    peers = {}
-    if llama is not None and gguf:
-        peers = {f"llama.cpp {GGUF_NAMES[dtype_name]}": (dtype_name, True)}
-        if dtype_name == "bf16" and "q8_0" in gguf:
-            if "amx_int8" in cpu_flags():
-                peers["llama.cpp q8_0 AMX"] = ("q8_0", True)
-                peers["llama.cpp q8_0 -repack0"] = ("q8_0", False)
-            else:
-                peers["llama.cpp q8_0"] = ("q8_0", True)
+    # label -> (gguf kind, repack): llama.cpp at this dtype, and in the bf16 pass its quantized GGUFs next to our
+    # FP8 / NVFP4, each named for the kernels it ran (AMX, CPU_REPACK) with a --repack 0 row beside (llama_cpp.py)
+    peers = llama.peers(dtype_name, gguf) if llama is not None and gguf else {}
     threads = torch.get_num_threads()
     for t in prefill:
         ids = torch.randint(3, cfg.vocab_size, (1, t), generator=gen).to(device)
@@ -233,7 +223,7 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
             p_ = statistics.median(times[label])
             rows.append(dict(config=name, params=params, dtype=dtype_name, metric=f"prefill tok/s @{t}", peer=label,
                              ours=t / o, peer_tok_s=t / p_, ratio=p_ / o, paired=paired(times[label], times["ours"]),
-                             spread=_spread(times[label])))
+                             spread=_spread(times[label]), peer_gguf_bytes=gguf[peers[label][0]].stat().st_size))
     on_cpu = torch.device(device).type == "cpu"
     read_bytes = {m: bench_geometry.decode_bytes(m) for m in (ours, *quant.values())}  # per token, once
     for ctx in decode_ctx:
@@ -282,16 +272,14 @@ def bench_lm(name: str, dtype_name: str, prefill=(512, 2048, 8192), decode_ctx=(
                 rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label, ours_mode=mode,
                                  metric=f"decode tok/s after {ctx}" + ("" if mode == "fused" else f" ({mode})"),
                                  ours=1 / ref, peer_tok_s=1 / p_, ratio=p_ / ref,
-                                 paired=paired(times[label], times[mode]), spread=_spread(times[label])))
+                                 paired=paired(times[label], times[mode]), spread=_spread(times[label]),
+                                 peer_gguf_bytes=gguf[peers[label][0]].stat().st_size))
             for fmt in quant:
                 q = statistics.median(times[fmt])
                 rows.append(dict(config=name, params=params, dtype=dtype_name, peer=label,
                                  metric=f"decode tok/s after {ctx} ({fmt})", ours=1 / q, peer_tok_s=1 / p_,
                                  ratio=p_ / q, paired=paired(times[label], times[fmt]), spread=_spread(times[fmt])))
     return rows
-
-
-GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}
 
 
 def paired(slow: list[float], fast: list[float]) -> tuple[float, float, float]:
@@ -354,18 +342,20 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['transformers']:>13.1f} "
                      f"{r['ratio']:>6.2f}x  {note}")
     if peer_rows:
-        head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<23} {'peer tok/s':>10} {'ratio':>7}"
+        w = max(23, *(len(r["peer"]) for r in peer_rows))  # "llama.cpp q4_K_M AMX+CPU_REPACK" and the like
+        head = f"{'config':<6} {'dtype':<5} {'metric':<36} {'ours':>10} {'peer':<{w}} {'peer tok/s':>10} {'ratio':>7}"
         lines += ["", "against llama.cpp (its llama-bench, 1 repetition per round, interleaved with ours; ratio: of "
                   "the medians; paired: the median of the rounds' own ratios, with their range):", head,
                   "-" * len(head)]
         for r in peer_rows:
             if "peer_error" in r:
-                lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<23} "
+                lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<{w}} "
                              f"{'-':>10} {'-':>7}  not measured: {r['peer_error'].splitlines()[0][:160]}")
                 continue
             pair = f"; paired {_paired_text(r['paired'])}" if "paired" in r else ""
-            lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<23} "
-                         f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}{pair}")
+            size = f"; GGUF {r['peer_gguf_bytes'] / 2**20:.0f} MiB" if "peer_gguf_bytes" in r else ""
+            lines.append(f"{r['config']:<6} {r['dtype']:<5} {r['metric']:<36} {r['ours']:>10.1f} {r['peer']:<{w}} "
+                         f"{r['peer_tok_s']:>10.1f} {r['ratio']:>6.2f}x  spread {r['spread']:.0%}{pair}{size}")
     return "\n".join(lines)
 
 
@@ -408,7 +398,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p = argparse.ArgumentParser(prog="vl bench", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="180m,tiny", help="comma list of: " + ", ".join(CONFIGS))
     p.add_argument("--dtypes", default="fp32,bf16")
-    p.add_argument("--prefill", default="512,2048,8192", help="prompt lengths for prefill throughput")
+    p.add_argument("--prefill", default="512,2048,8192", help="prompt lengths for prefill throughput ('' for none)")
     p.add_argument("--decode-ctx", default="128,4096", help="context lengths before decode")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -425,8 +415,11 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--formats", default="", help="also time our FP8 / NVFP4 weight-only decode and prefill on "
                    "the same weights: comma list of fp8, nvfp4 (e.g. --formats fp8,nvfp4)")
     p.add_argument("--llama-cpp", default=None, metavar="DIR", help="a llama.cpp source tree with a cmake build "
-                   "(DIR/build/bin/llama-bench): convert the same weights to GGUF f32/bf16/q8_0 with its "
-                   "convert_hf_to_gguf.py and time its llama-bench in the same rounds")
+                   "(DIR/build/bin/llama-bench, llama-quantize): convert the same weights to GGUF f32/bf16/q8_0 with "
+                   "its convert_hf_to_gguf.py, quantize the bf16 one to q4_0/q4_K_M with its llama-quantize, and time "
+                   "its llama-bench in the same rounds")
+    p.add_argument("--llama-cpp-quants", default=",".join(QUANT_KINDS), help="--llama-cpp: the quantized GGUFs "
+                   "timed in the bf16 pass, comma list of " + ", ".join(QUANT_KINDS) + " ('' for none)")
     p.add_argument("--llama-cpp-python", default=None, help="Python that runs the converter (default: this one; "
                    "it needs torch, numpy, safetensors and transformers)")
     p.add_argument("--work-dir", default=None, help="where GGUF files (--llama-cpp) and the --geometry checkpoint "
@@ -493,6 +486,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
         return 0
     rows = []
     formats = tuple(f for f in a.formats.split(",") if f)
+    quants = tuple(k for k in a.llama_cpp_quants.split(",") if k)
+    if set(quants) - set(QUANT_KINDS):
+        p.error(f"--llama-cpp-quants: expected some of {', '.join(QUANT_KINDS)}, found {a.llama_cpp_quants!r}")
     llama, llama_note = None, ""
     if a.llama_cpp:
         try:
@@ -500,6 +496,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
             llama_note = f"llama.cpp: {llama.bench} ({llama.version()})"
         except (FileNotFoundError, OSError, subprocess.SubprocessError) as e:
             llama_note = f"llama.cpp skipped: {e}"
+        if llama is not None and llama.quantize is None and set(quants) & set(QUANTIZED):
+            quants = tuple(k for k in quants if k not in QUANTIZED)
+            llama_note += f"; {', '.join(QUANTIZED)} not measured: no llama-quantize next to llama-bench"
     else:
         llama_note = "llama.cpp not measured (point --llama-cpp DIR at a llama.cpp build to add it)"
     print(f"[vl bench] {llama_note}", file=sys.stderr, flush=True)
@@ -512,13 +511,14 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                 _, hf32 = build_pair(CONFIGS[name](), torch.float32)
                 dest = Path(work.name if work else a.work_dir) / name
                 dest.mkdir(parents=True, exist_ok=True)
-                kinds = tuple(k for k in ("fp32", "bf16") if k in a.dtypes.split(",")) + ("q8_0",)
+                kinds = tuple(k for k in ("fp32", "bf16") if k in a.dtypes.split(","))
+                kinds += quants if "bf16" in kinds else ()  # the quantized rows join the bf16 pass only
                 gguf = llama.export(hf32, CONFIGS[name]().pattern, dest, kinds)
                 del hf32
             for dt in a.dtypes.split(","):
                 print(f"[vl bench] measuring {name} {dt} (the table prints when every run is done)", file=sys.stderr,
                       flush=True)
-                rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",")],
+                rows += bench_lm(name, dt, [int(x) for x in a.prefill.split(",") if x],
                                  [int(x) for x in a.decode_ctx.split(",")], a.new_tokens, a.repeats, a.device,
                                  modes,
                                  formats=formats, llama=llama, gguf=gguf)
