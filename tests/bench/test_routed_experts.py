@@ -103,3 +103,65 @@ def test_hub_names_map_onto_split_names():
     for same in ("backbone.layers.1.mixer.shared_experts.up_proj.weight", "backbone.layers.1.mixer.gate.weight",
                  "backbone.layers.1.mixer.experts.up_proj"):
         assert hub_to_split_name(same) == same
+
+
+def packed_moe(seed=4, **changes):
+    """`make_moe` with its experts split and swapped for weight-only NVFP4 Linears (the 30B geometry's load)."""
+    from vl.quant.linear import swap_quantized_linears
+    from vl.quant.nvfp4 import quantize_nvfp4
+
+    moe = make_moe(seed, **changes)
+    split_fused_experts(moe)
+    sd = {}
+    for proj in ("up_proj", "down_proj"):
+        for e, lin in enumerate(getattr(moe.experts, proj)):
+            p, bs, gs = quantize_nvfp4(lin.weight.float() * (1 + e % 3))  # global scales differ between experts
+            sd.update({f"experts.{proj}.{e}.weight": p, f"experts.{proj}.{e}.weight_scale": bs,
+                       f"experts.{proj}.{e}.weight_scale_2": gs})
+    swap_quantized_linears(moe, sd, "weight-only", compute_dtype=torch.bfloat16)
+    return moe
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@torch.no_grad()
+def test_packed_experts_of_one_token_run_as_one_call_with_each_experts_bits(monkeypatch, dtype):
+    """Decode through packed NVFP4 experts: the grouped kernel call (vl/quant/experts.py `ExpertList.project`) gives
+    the bits of calling each expert's module, twice in a row, and again after an expert's weights change in place
+    and after they are replaced by a new tensor (the bound pointers re-bind: a stale one would read the old bytes)."""
+    from vl.kernels import gemv
+    from vl.quant.experts import ExpertList
+
+    if gemv.kernel() is None:
+        pytest.skip("the fused CPU kernel does not build here: the experts run one by one (tested above)")
+    moe = packed_moe().to(dtype) if dtype == torch.float32 else packed_moe()
+    assert isinstance(moe.experts.up_proj, ExpertList)
+    calls = []
+    real = gemv.Kernel.nvfp4_group
+    monkeypatch.setattr(gemv.Kernel, "nvfp4_group", lambda self, *a: calls.append(1) or real(self, *a))
+    grouped = ExpertList._grouped
+
+    def both(x):
+        ExpertList._grouped = grouped
+        fast = moe(x)
+        ExpertList._grouped = lambda self, ids, x: None
+        try:
+            return fast, moe(x)
+        finally:
+            ExpertList._grouped = grouped
+
+    for seed in (0, 1):
+        x = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        fast, slow = both(x)
+        assert torch.equal(fast, slow)
+    assert len(calls) == 4  # up and down, two tokens: one kernel call each
+    e = moe.gate(x.reshape(1, -1))[1][0, 0].item()  # an expert this token uses
+    down = moe.experts.down_proj
+    before = moe(x)
+    down[e].weight.copy_(down[(e + 1) % 8].weight)
+    fast, slow = both(x)
+    assert torch.equal(fast, slow) and not torch.equal(fast, before)
+    old = down[e].weight
+    down[e].weight = down[(e + 2) % 8].weight.clone()
+    old.fill_(0)  # what a stale pointer would read
+    fast, slow = both(x)
+    assert torch.equal(fast, slow) and not torch.equal(fast, before)

@@ -337,3 +337,36 @@ def test_transposed_sparse_gemv_same_bits_on_any_thread_count_and_all_zero_input
             torch.set_num_threads(threads)
         assert torch.equal(got[0], got[1])
         assert torch.equal(k.dense_t(torch.zeros(rows, 300), wt), torch.zeros(rows, 1040))
+
+
+@pytest.mark.parametrize("build", ["native", "portable", "fma", "dot"])
+@pytest.mark.parametrize("shape", [(37, 208), (130, 48), (64, 1024)])
+@pytest.mark.parametrize("groups,shared", [(1, True), (3, True), (6, False), (2, False)])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_nvfp4_group_equals_each_layer_alone(kernels, nvfp4_loops, build, shape, groups, shared, act):
+    """A MoE layer's experts in one call (`nvfp4_group`): group g's row is bit for bit the one-layer call's, with
+    one activation row for every group (up projections) or a row each (down projections), each group its own global
+    scale (one of them small enough that the bf16 table path must not take it), on 1 and 2 threads."""
+    k = {**kernels, **nvfp4_loops}[build]
+    if build in ("fma", "dot") and k.isa != "avx512":
+        pytest.skip("this CPU has no AVX512 (F/BW/VL): only the portable NVFP4 loop exists here")
+    n, kin = shape
+    layers = [quantize_nvfp4(torch.randn(n, kin) * 0.05 * (g + 1)) for g in range(groups)]
+    if groups > 1:  # a global scale whose least weight is not a normal bf16: the whole group takes the fp32 table
+        layers[-1] = (layers[-1][0], layers[-1][1], torch.tensor(1e-37))
+    x = torch.randn(1 if shared else groups, kin)
+    if act == "bf16":
+        x = x.bfloat16()
+    rows = [0] * groups if shared else list(range(groups))
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = k.nvfp4_group(x, rows, [p.data_ptr() for p, _, _ in layers], [s.data_ptr() for _, s, _ in layers],
+                                [float(gs) for _, _, gs in layers], n, act == "bf16")
+            assert got.shape == (groups, n)
+            for g, (p, s, gs) in enumerate(layers):
+                want = k.nvfp4(x[rows[g]:rows[g] + 1], p, s, float(gs), act == "bf16")
+                assert torch.equal(got[g:g + 1], want), (g, threads)
+    finally:
+        torch.set_num_threads(old)

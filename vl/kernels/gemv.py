@@ -45,7 +45,8 @@ class Kernel(loader.Library):
                  "vl_dense_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
                  "vl_dense_bf16_native": ([], _i),
                  "vl_dense_t_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
-                 "vl_nvfp4_loop": ([], _i)}
+                 "vl_nvfp4_loop": ([], _i),
+                 "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _p, _i], None)}
 
     def __init__(self, path: Path):
         super().__init__(path)
@@ -80,6 +81,23 @@ class Kernel(loader.Library):
                             packed.shape[0])
         return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
             xr, rows, k, wp, bp, gs, n, r16, x_bf16, yr, threads))
+
+    def nvfp4_group(self, x: torch.Tensor, rows: list[int], weights, block_scales, global_scales, n: int,
+                    round_bf16: bool) -> torch.Tensor:
+        """G NVFP4 layers of one shape (n, K) in one kernel call, one activation row each: group g multiplies row
+        `rows[g]` of x (R, K) by layer g (weights / block_scales: G data pointers, global_scales: G floats)
+        -> (G, n) float32. Row g equals `nvfp4(x[rows[g]], ...)` of layer g bit for bit; the threads wake once for
+        all G (a MoE layer's routed experts of one token, vl/quant/experts.py)."""
+        g, k = len(rows), x.shape[1]
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+        base, stride = x.data_ptr(), k * x.element_size()
+        y = torch.empty(g, n, dtype=torch.float32)
+        self.lib.vl_nvfp4_gemv_group(g, (ctypes.c_void_p * g)(*(base + r * stride for r in rows)), 1, k,
+                                     (ctypes.c_void_p * g)(*weights), (ctypes.c_void_p * g)(*block_scales),
+                                     (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16),
+                                     y.data_ptr(), torch.get_num_threads())
+        return y
 
     def _packed(self, n: int, tensors: tuple, call):
         """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds

@@ -66,6 +66,15 @@ def _expert(w, e: int, x):
     return w[e](x) if isinstance(w, nn.ModuleList) else x @ w[e].t()
 
 
+def _experts(w, ids: list[int], x):
+    """Routed experts ids' projections: x (1, in) for every one of them, or (k, in) with row i for expert ids[i]
+    -> (k, out). A list of per-expert modules that can (vl/quant/experts.py `ExpertList.project`) runs them in one
+    call, with each expert's own bits."""
+    if hasattr(w, "project"):
+        return w.project(ids, x)
+    return torch.cat([_expert(w, e, x if x.shape[0] == 1 else x[i:i + 1]) for i, e in enumerate(ids)])
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: LMConfig):
         super().__init__()
@@ -93,8 +102,11 @@ class MoE(nn.Module):
         out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         up, down = self.experts.up_proj, self.experts.down_proj
         if flat.shape[0] == 1:  # one token (decode): its k experts in the same (ascending) order, no gather
-            for e, w in sorted(zip(experts[0].tolist(), weights[0].tolist())):
-                out[0] += _expert(down, e, self.act(_expert(up, e, h))).float()[0] * w
+            order = sorted(zip(experts[0].tolist(), weights[0].tolist()))
+            ids = [e for e, _ in order]
+            y = _experts(down, ids, self.act(_experts(up, ids, h)))  # (k, d): row i from expert ids[i]
+            for i, (_, w) in enumerate(order):
+                out[0] += y[i].float() * w
         else:
             for e in experts.unique().tolist():
                 token, slot = torch.where(experts == e)

@@ -9,6 +9,11 @@ of E bias-free `nn.Linear`s (named `mixer.experts.up_proj.{i}`, `mixer.experts.d
 i's module where it finds one (a list) and multiplies by row i of the tensor otherwise. Either way a token reads
 only the rows of the experts its router chose.
 
+For one token (decode) the MoE asks the list for its k experts' projections at once (`ExpertList.project`):
+where they are packed NVFP4 Linears on the CPU with the fused kernel available, the k products are one kernel call
+(vl/kernels/gemv.py `nvfp4_group`), so the threads wake once per projection rather than once per expert, with the
+bits each expert's own forward gives; anything else calls the experts one by one.
+
 `hub_to_split_name` maps the checkpoint's per-expert names (`mixer.experts.{i}.up_proj.weight`, the hub layout)
 onto the split names (`mixer.experts.up_proj.{i}.weight`).
 """
@@ -19,6 +24,9 @@ import re
 
 import torch
 from torch import nn
+
+from vl.kernels import gemv
+from vl.quant.linear import NVFP4Linear
 
 _HUB_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.([^.]+)$")
 PROJECTIONS = ("up_proj", "down_proj")
@@ -46,6 +54,64 @@ def split_to_hub_name(name: str) -> str:
     return f"{m.group(1)}.{m.group(3)}.{m.group(2)}.{m.group(4)}" if m else name
 
 
+class ExpertList(nn.ModuleList):
+    """A MoE layer's E routed experts' projections (one of up / down), one Linear per expert."""
+
+    def project(self, ids: list[int], x: torch.Tensor) -> torch.Tensor:
+        """Experts `ids`' projections of x: (1, in), one row for every expert, or (len(ids), in), row i for expert
+        ids[i] -> (len(ids), out) in x's dtype; each row what `self[ids[i]]` gives for its input row."""
+        y = self._grouped(ids, x)
+        if y is not None:
+            return y
+        return torch.cat([self[e](x if x.shape[0] == 1 else x[i:i + 1]) for i, e in enumerate(ids)])
+
+    def _grouped(self, ids, x):  # -> the kernel's (len(ids), out), or None where it does not apply
+        if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or len(ids) < 2
+                or torch.compiler.is_compiling() or (torch.is_grad_enabled() and x.requires_grad)):
+            return None
+        kern = gemv.kernel()
+        if kern is None:
+            return None
+        ops = self._operands(kern, ids)
+        if ops is None:
+            return None
+        w, bs, gs, n = ops
+        rows = [0] * len(ids) if x.shape[0] == 1 else list(range(len(ids)))
+        y = kern.nvfp4_group(x, rows, [w[e] for e in ids], [bs[e] for e in ids], [gs[e] for e in ids], n,
+                             x.dtype == torch.bfloat16)
+        return y.to(x.dtype)
+
+    def _operands(self, kern, ids):
+        """The experts' packed pointers and global scales, bound once per kernel and list of modules, re-bound when
+        a used expert's tensors move or change in place (as QuantizedLinear re-binds its own call); None where any
+        expert is not a weight-only NVFP4 Linear the kernel reads as its own forward would."""
+        mods = tuple(self._modules.values())
+        cached = self.__dict__.get("_group_ops")
+        if cached is not None and cached[0] is kern and len(cached[1]) == len(mods) and all(
+                a is b for a, b in zip(cached[1], mods)):
+            ops, keys = cached[2], cached[3]
+            if ops is None or all(keys[e] == _key(mods[e]) for e in ids):
+                return ops
+        ops, keys = (([], [], [], mods[0].out_features) if mods else None), []
+        for m in mods:
+            packed = m.packed_operands() if type(m) is NVFP4Linear else None
+            if (packed is None or m.bias is not None or m.mode not in ("weight-only", "auto") or m.emulate_activations
+                    or (m.out_features, m.in_features) != (mods[0].out_features, mods[0].in_features)):
+                ops, keys = None, []
+                break
+            ops[0].append(packed["weight"].data_ptr())
+            ops[1].append(packed["block_scale"].data_ptr())
+            ops[2].append(packed["global_scale"])
+            keys.append(_key(m))
+        self.__dict__["_group_ops"] = (kern, mods, ops, keys)
+        return ops
+
+
+def _key(m) -> tuple:
+    return (m.weight.data_ptr(), m.weight._version, m.weight_scale.data_ptr(), m.weight_scale._version,
+            m.weight_scale_2._version)
+
+
 def split_fused_experts(model: nn.Module, only=None) -> list[str]:
     """Replace every fused routed-expert tensor (E, out, in) (or those named in `only`) by E bias-free Linears on
     the same device, holding the same values (views of the fused tensor's rows; meta stays meta). Returns the
@@ -58,7 +124,7 @@ def split_fused_experts(model: nn.Module, only=None) -> list[str]:
             fused = mod._parameters.get(proj)
             if fused is None or fused.dim() != 3 or (only is not None and f"{name}.{proj}" not in only):
                 continue
-            experts = nn.ModuleList()
+            experts = ExpertList()
             for row in fused.detach():
                 lin = nn.Linear(row.shape[1], row.shape[0], bias=False, device="meta")
                 lin.weight = nn.Parameter(row, requires_grad=fused.requires_grad)

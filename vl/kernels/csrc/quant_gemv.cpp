@@ -26,6 +26,13 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
   nvfp4_gemv(x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
 }
 
+// G layers of one shape in one call (a MoE layer's routed experts for one token): x, w, bs point to G arrays,
+// gs holds G global scales, y is (G, M, N).
+void vl_nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w, const uint8_t* const* bs,
+                         const float* gs, int N, int round16, int x_bf16, float* y, int nthreads) {
+  nvfp4_gemv_group(G, x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
+}
+
 void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
   dense_gemv(x, M, K, w, N, bf16, y, nthreads);
 }

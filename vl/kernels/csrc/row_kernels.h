@@ -650,48 +650,72 @@ static int nvfp4_loop() {
 #endif
 }
 
+// G layers of the same shape (N, K) in one call: group g multiplies its own rows x[g] (M, K) by its own weights
+// (w[g], bs[g], gs[g]) into y + g * M * N. One parallel loop over every group's row chunks, so the threads wake once
+// for all of them: a MoE layer's k routed experts of one token are k such groups (vl/quant/experts.py). Each output
+// row is computed exactly as the one-layer call computes it (same table, same activation order, same loop).
 // x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
-static void nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
-                       int round16, int x_bf16, float* y, int nthreads) {
+static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w,
+                             const uint8_t* const* bs, const float* gs, int N, int round16, int x_bf16, float* y,
+                             int nthreads) {
   const int grain = 16;
   const int chunks = (N + grain - 1) / grain;
-#ifdef VL_NVFP4_DOT
-  if (x_bf16 && bf16_weights_normal(gs * (1.f / 1024))) {  // smallest |weight|: 0.5 x 2^-9 (E4M3) x gs
-    // the layer's 256 x 16 weight values and the activations in lookup order, once per call
-    uint16_t* tab = (uint16_t*)std::aligned_alloc(64, 256 * 16 * sizeof(uint16_t) + (((size_t)M * K * 2 + 63) & ~(size_t)63));
-    uint16_t* xp = tab + 256 * 16;
-    nvfp4_bf16_table(gs, tab);
-    uint16_t pos[64];  // per 64 columns: the 32 even ones, then the 32 odd ones (low, then high nibbles)
-    for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
-    reorder_rows64((const uint16_t*)x, M, K, pos, xp);
-    parallel_for(chunks, nthreads, [&](int c) {
-      const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
-      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x, xp, K, w, bs, tab, N, y, r0, r1)
-    });
-    std::free(tab);
-    return;
-  }
-#endif
+  const size_t out = (size_t)M * N;
 #ifdef VL_AVX512
-  // the layer's 256 x 16 float32 weight values (16 KiB) and the activations, widened, in lookup order
-  float* tab = (float*)std::aligned_alloc(64, 256 * 16 * sizeof(float) + (((size_t)M * K * 4 + 63) & ~(size_t)63));
-  float* xq = tab + 256 * 16;
-  nvfp4_f32_table(gs, round16 || x_bf16, tab);
-  nvfp4_perm_rows(x, x_bf16, M, K, xq);
-  parallel_for(chunks, nthreads, [&](int c) {
-    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
-    VL_DISPATCH(nvfp4_rows_perm, xq, K, w, bs, tab, N, y, r0, r1)
-  });
-  std::free(tab);
-#else
-  float* xf = x_bf16 ? bf16_rows_to_float((const uint16_t*)x, M, K) : nullptr;
-  const float* xv = x_bf16 ? xf : (const float*)x;
-  parallel_for(chunks, nthreads, [&](int c) {
-    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
-    VL_DISPATCH(nvfp4_rows, xv, K, w, bs, gs, N, round16 || x_bf16, y, r0, r1)
-  });
-  delete[] xf;
+  // per group: its 256 x 16 weight values (float32, or bf16 for the table loop) and its activations in lookup
+  // order, in one 64-byte aligned slot of `per` bytes
+  const size_t per = (256 * 16 + (((size_t)M * K + 15) & ~(size_t)15)) * sizeof(float);
+  char* buf = (char*)std::aligned_alloc(64, per * G);
+  std::vector<char> table16(G, 0);
+#ifdef VL_NVFP4_DOT
+  uint16_t pos[64];  // per 64 columns: the 32 even ones, then the 32 odd ones (low, then high nibbles)
+  for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
 #endif
+  for (int g = 0; g < G; ++g) {
+#ifdef VL_NVFP4_DOT
+    // the bf16 table holds every weight exactly when the least |weight|, 0.5 x 2^-9 (E4M3) x gs, is a normal bf16
+    table16[g] = x_bf16 && bf16_weights_normal(gs[g] * (1.f / 1024));
+    if (table16[g]) {
+      uint16_t* tab = (uint16_t*)(buf + per * g);
+      nvfp4_bf16_table(gs[g], tab);
+      reorder_rows64((const uint16_t*)x[g], M, K, pos, tab + 256 * 16);
+      continue;
+    }
+#endif
+    float* tab = (float*)(buf + per * g);
+    nvfp4_f32_table(gs[g], round16 || x_bf16, tab);
+    nvfp4_perm_rows(x[g], x_bf16, M, K, tab + 256 * 16);
+  }
+  parallel_for(G * chunks, nthreads, [&](int c) {
+    const int g = c / chunks, r0 = (c % chunks) * grain, r1 = r0 + grain < N ? r0 + grain : N;
+#ifdef VL_NVFP4_DOT
+    if (table16[g]) {
+      const uint16_t* tab = (const uint16_t*)(buf + per * g);
+      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x[g], tab + 256 * 16, K, w[g], bs[g], tab, N, y + out * g, r0, r1)
+      return;
+    }
+#endif
+    const float* tab = (const float*)(buf + per * g);
+    VL_DISPATCH(nvfp4_rows_perm, tab + 256 * 16, K, w[g], bs[g], tab, N, y + out * g, r0, r1)
+  });
+  std::free(buf);
+#else
+  std::vector<float*> xf(G, nullptr);
+  if (x_bf16)
+    for (int g = 0; g < G; ++g) xf[g] = bf16_rows_to_float((const uint16_t*)x[g], M, K);
+  parallel_for(G * chunks, nthreads, [&](int c) {
+    const int g = c / chunks, r0 = (c % chunks) * grain, r1 = r0 + grain < N ? r0 + grain : N;
+    const float* xv = x_bf16 ? xf[g] : (const float*)x[g];
+    VL_DISPATCH(nvfp4_rows, xv, K, w[g], bs[g], gs[g], N, round16 || x_bf16, y + out * g, r0, r1)
+  });
+  for (float* p : xf) delete[] p;
+#endif
+}
+
+// One layer: the group of one.
+static void nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
+                       int round16, int x_bf16, float* y, int nthreads) {
+  nvfp4_gemv_group(1, &x, M, K, &w, &bs, &gs, N, round16, x_bf16, y, nthreads);
 }
 
 // Dense: x (M, K) and w (N, K) both bf16 (bf16=1) or both float32; y (M, N) float32. M in 1..4.
