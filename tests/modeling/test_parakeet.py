@@ -1,16 +1,28 @@
 """Parakeet (FastConformer) encoder: numerics against transformers' `ParakeetEncoder` on the same random weights,
-output lengths and the Omni's audio-embedding count, the `audio_config` reader, contract checks."""
+output lengths and the Omni's audio-embedding count, the subsampling in chunks over time against one pass (bit for
+bit, also through the engine), the `audio_config` reader, contract checks."""
 
 import dataclasses
+import os
+import sys
 import types
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+import vl
+import vl.modeling.parakeet as parakeet
+from tiny_models import make_tiny_omni_dir
 from vl.config.parakeet import ParakeetConfig, parakeet_config_from_hf, parakeet_config_to_hf, tiny_parakeet
-from vl.errors import ConfigError
-from vl.modeling.parakeet import ParakeetEncoder, omni_embedding_lengths, subsampled_length
+from vl.errors import ConfigError, VLError
+from vl.modeling.parakeet import ParakeetEncoder, Subsampling, omni_embedding_lengths, subsampled_length
 from vl.processing.audio_features import MelConfig
+from vl.runtime.batch import ChatRequest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "processing"))
+from media_fixtures import tone  # noqa: E402
 
 VARIANTS = {  # the Omni's switches (no biases, no input scale) and transformers' defaults (both on), odd widths
     "omni": tiny_parakeet(),
@@ -168,7 +180,9 @@ def test_embedding_counts_equal_the_omni_processor_for_many_lengths():
 
 def test_released_width_one_layer_equals_transformers():
     """The Omni audio tower's widths (1024 wide, 8 heads, MLP 4096, 128 mel bins, 256 subsampling channels, kernel
-    9) with one conformer block, on a 2 s and a 1.3 s clip batched."""
+    9) with one conformer block, on a 2 s and a 1.3 s clip batched. The tolerance allows for transformers' own
+    spread: its oneDNN convolutions sum the 256 channels in an order that depends on the thread count (its output,
+    up to 5.3 here, moves by 2.8e-5 between 1 and 2 threads), where the 1x1 convolutions here sum in one order."""
     cfg = ParakeetConfig(hidden_size=1024, num_hidden_layers=1, num_attention_heads=8, intermediate_size=4096,
                          num_mel_bins=128, attention_bias=False, scale_input=False, convolution_bias=False)
     ref = transformers_twin(cfg, "sdpa")
@@ -177,7 +191,7 @@ def test_released_width_one_layer_equals_transformers():
     with torch.no_grad():
         want = ref(input_features=x, attention_mask=mask)
         hidden, lengths = enc(x, mask)
-    torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=5e-5)
     assert lengths.tolist() == want.attention_mask.sum(-1).tolist() == [25, 17]
 
 
@@ -189,6 +203,143 @@ def test_forward_is_finite_and_every_parameter_gets_a_gradient():
     assert torch.isfinite(hidden).all()
     hidden.square().mean().backward()
     assert [n for n, p in enc.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+# --- the subsampling in chunks over time ---------------------------------------------------------------------
+
+OMNI_SUBSAMPLING = ParakeetConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  num_mel_bins=128)  # the Omni's subsampling widths: 256 channels, 128 mel bins
+
+
+def whole_subsampling(sub: Subsampling, features, lengths):
+    """The subsampling stack in one pass over the whole clip, each strided convolution padding its own edges (the
+    maths as the module computed it before it ran in chunks), the 1x1 convolutions as the module computes them."""
+    x = features.unsqueeze(1)
+    for layer in sub.layers:
+        if isinstance(layer, torch.nn.ReLU):
+            x = F.relu(x)
+            continue
+        if layer.kernel_size == (1, 1):
+            x = parakeet._pointwise(x, layer)
+        else:
+            x = F.conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, groups=layer.groups)
+        if lengths is not None:
+            lengths = (lengths + 2 * layer.padding[0] - layer.kernel_size[0]) // layer.stride[0] + 1
+            x = x * (torch.arange(x.shape[2]) < lengths[:, None])[:, None, :, None]
+    b, c, t, f = x.shape
+    return sub.linear(x.transpose(1, 2).reshape(b, t, c * f))
+
+
+def chunks_of(monkeypatch, size: int) -> list:
+    """Set `SUBSAMPLING_CHUNK` to `size`; the returned list fills with the (start, stop) of every chunk run."""
+    monkeypatch.setattr(parakeet, "SUBSAMPLING_CHUNK", size)
+    spans, chunk = [], parakeet.Subsampling._chunk
+
+    def recorded(self, x, convs, rows, valid, start, stop):
+        spans.append((start, stop))
+        return chunk(self, x, convs, rows, valid, start, stop)
+
+    monkeypatch.setattr(parakeet.Subsampling, "_chunk", recorded)
+    return spans
+
+
+def tiled(spans, size: int, total: int) -> bool:
+    """The chunks cover rows 0 .. total - 1 once, in order, none longer than `size`."""
+    return [a for a, _ in spans] == list(range(0, total, size)) and spans[-1][1] == total \
+        and all(0 < b - a <= size for a, b in spans) and all(b == a2 for (_, b), (a2, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+@pytest.mark.parametrize("variant", ["omni", "head_dim_gelu"])
+def test_subsampling_in_chunks_is_bit_identical_to_one_pass(variant, size, dtype, monkeypatch):
+    """Odd lengths and lengths either side of a chunk boundary (8 x size input frames per chunk) in one padded
+    batch, a clip alone without a mask; kernel 3 and kernel 5 (a wider receptive field, so more overlap)."""
+    cfg = VARIANTS[variant]
+    sub = ours_from(transformers_twin(cfg), cfg).subsampling.to(dtype)
+    edge = 8 * size
+    lens = [131, edge - 1, edge, edge + 1, 2 * edge + 7, 9, 1]
+    x, mask = padded_batch(cfg, lens)
+    x = x.to(dtype)
+    spans = chunks_of(monkeypatch, size)
+    with torch.no_grad():
+        for features, lengths in ((x, mask.sum(-1)), (x[:1], None), (x[3:4, :edge + 1], None)):
+            spans.clear()
+            got, want = sub(features, lengths), whole_subsampling(sub, features, lengths)
+            assert got.dtype == dtype and torch.equal(got, want)
+            assert len(spans) > 1 and tiled(spans, size, want.shape[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_released_width_subsampling_in_chunks_is_bit_identical(dtype, monkeypatch):
+    """256 channels over 128 mel bins (the width at which oneDNN's convolution sums a 1x1 output in an order that
+    depends on the tensor's size), a padded batch of two clips of different lengths, chunk sizes that do not
+    divide them."""
+    torch.manual_seed(0)
+    sub = Subsampling(OMNI_SUBSAMPLING).eval().to(dtype)
+    x, mask = padded_batch(OMNI_SUBSAMPLING, [1203, 801])
+    x = x.to(dtype)
+    with torch.no_grad():
+        want = whole_subsampling(sub, x, mask.sum(-1))
+        for size in (64, 100):
+            spans = chunks_of(monkeypatch, size)
+            assert torch.equal(sub(x, mask.sum(-1)), want) and tiled(spans, size, 151)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_encoder_in_chunks_equals_one_chunk_and_transformers(dtype, monkeypatch):
+    """The whole encoder on a padded batch of two lengths: bit for bit one chunk's result, lengths equal, and
+    (fp32) transformers' within the parity tolerance."""
+    cfg = VARIANTS["omni"]
+    ref = transformers_twin(cfg)
+    enc = ours_from(ref, cfg).to(dtype)
+    x, mask = padded_batch(cfg, [203, 118])
+    with torch.no_grad():
+        chunks_of(monkeypatch, 10**6)
+        whole, whole_len = enc(x.to(dtype), mask)
+        spans = chunks_of(monkeypatch, 3)
+        hidden, lengths = enc(x.to(dtype), mask)
+        want = ref(input_features=x, attention_mask=mask)
+    assert torch.equal(hidden, whole) and lengths.tolist() == whole_len.tolist() == [26, 15]
+    assert tiled(spans, 3, 26)
+    if dtype == torch.float32:
+        torch.testing.assert_close(hidden, want.last_hidden_state, rtol=1e-5, atol=1e-6)
+
+
+def test_engine_hears_the_same_in_chunks_across_errors_and_neighbours(tmp_path, monkeypatch):
+    """Through `vl.Engine`: a clip, a bad clip, the clip again, then a batch with the bad clip between two good
+    ones of different lengths, once in chunks of 2 frames and once in one chunk: the encoder's outputs are equal
+    bit for bit, request by request, and so are the answers. The encoder cache is off so every request encodes."""
+    d, _ = make_tiny_omni_dir(tmp_path / "omni")
+    engine = vl.Engine(vl.load_pretrained(d), vl.load_processor(d), vision_cache_size=0)
+    seen = []
+    engine.model.audio_encoder.register_forward_hook(lambda m, args, out: seen.append(out[0].clone()))
+    good, other = tone(16000, 1.5, 440.0, 0.2), tone(16000, 0.9, 300.0, 0.3)
+
+    def user(audio):
+        return [{"role": "user", "content": [{"type": "audio", "audio": audio}, {"type": "text", "text": "Said?"}]}]
+
+    def sequence():
+        answers = [engine.chat(user(good), max_new_tokens=4).token_ids]
+        with pytest.raises(VLError):
+            engine.chat(user(b"this is not audio at all" * 10), max_new_tokens=4)
+        answers.append(engine.chat(user(good), max_new_tokens=4).token_ids)
+        got = dict(engine.stream_batch([ChatRequest(user(good), max_new_tokens=4),
+                                        ChatRequest(user(b"RIFF\x00\x00\x00\x00WAVEjunk"), max_new_tokens=4),
+                                        ChatRequest(user(other), max_new_tokens=4)], raise_errors=False))
+        assert isinstance(got[1], VLError)
+        return answers + [got[0].token_ids, got[2].token_ids]
+
+    spans = chunks_of(monkeypatch, 2)
+    chunked = sequence()
+    chunked_seen, n_chunks = seen[:], len(spans)
+    seen.clear()
+    chunks_of(monkeypatch, 10**6)
+    whole = sequence()
+    assert n_chunks > 2 * len(chunked_seen)  # every encoder call ran in several chunks
+    assert chunked == whole and chunked[0] == chunked[1] == chunked[2]
+    assert len(chunked_seen) == len(seen) >= 3
+    assert all(torch.equal(a, b) for a, b in zip(chunked_seen, seen))
 
 
 # --- the audio_config reader -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ audio tower of Nemotron 3 Nano Omni (its `audio_config`):
 
 1. subsampling: a stride-2 3x3 convolution (1 -> C channels), then per further factor of two a stride-2 depthwise
    3x3 and a pointwise convolution, each followed by ReLU; the time axis is re-masked after every convolution so
-   padded frames stay zero; the (C x mel/8) rows of each time step are flattened and projected to D;
+   padded frames stay zero; the (C x mel/8) rows of each time step are flattened and projected to D. The stack runs
+   over time in chunks (`SUBSAMPLING_CHUNK`) with the overlap its receptive field needs, bit-identical to one pass;
 2. optional input scale sqrt(D) (`scale_input`; the Omni sets it off);
 3. conformer blocks (Gulati et al. 2020): x += FF(LN x)/2; x += RelPosMHA(LN x); x += Conv(LN x); x += FF(LN x)/2;
    x = LN x. The attention is Transformer-XL's (Dai et al. 2019, §3.3): the score of query i for key j is
@@ -66,8 +67,25 @@ def time_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length, device=lengths.device) < lengths[:, None]  # (B, T) bool
 
 
+# final (x8) frames per subsampling chunk: 256 x 80 ms = 20.5 s of audio. The stack runs over time one chunk at a
+# time, so its largest activation (the first convolution's C x T/2 x mel/2) is ~1,030 rows, 34 MB in bf16 (67 MB in
+# fp32) at the Omni's widths, instead of 30,001 rows (983 MB in bf16) on 10 minutes of audio; the rows the chunks'
+# receptive fields share (3 of 1,027 in the first layer) are computed twice, well under 1 % of the work.
+SUBSAMPLING_CHUNK = 256
+
+# positions per matrix product of a 1x1 subsampling convolution (`_pointwise`): every product has this shape, so it
+# runs the same kernel whatever the chunk; 1,024 x 256 channels is a full-speed GEMM and pads a 513-row x 32-mel
+# chunk by 6 %
+POINTWISE_ROWS = 1024
+
+
 class Subsampling(nn.Module):
-    """x8 (in general x2^n) convolutional subsampling over (time, mel), then a Linear to the model width."""
+    """x8 (in general x2^n) convolutional subsampling over (time, mel), then a Linear to the model width.
+
+    The convolutions run over time in chunks of `SUBSAMPLING_CHUNK` output frames. A chunk starts from the rows of
+    each layer its outputs read (stride and receptive field followed back from the output range), clipped to the
+    layer's length and padded with zeros where the whole run pads; every output row is then the same sum of the
+    same products as in the whole run, so the result is bit-identical to it (tests/modeling/test_parakeet.py)."""
 
     def __init__(self, config: ParakeetConfig):
         super().__init__()
@@ -82,17 +100,75 @@ class Subsampling(nn.Module):
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         x = features.unsqueeze(1)  # (B, 1, T, mel)
+        convs = [layer for layer in self.layers if isinstance(layer, nn.Conv2d)]
+        rows, valid = [x.shape[2]], [lengths]  # per conv: the rows of its input, the valid rows of each clip
+        for conv in convs:
+            rows.append(_conv_rows(rows[-1], conv))
+            valid.append(None if lengths is None else _conv_rows(valid[-1], conv))
+        b = x.shape[0]
+        chunks = [self._chunk(x, convs, rows, valid, a, min(a + SUBSAMPLING_CHUNK, rows[-1])).transpose(1, 2)
+                  .reshape(b, -1, self.linear.in_features) for a in range(0, rows[-1], SUBSAMPLING_CHUNK)]
+        return self.linear(torch.cat(chunks, dim=1) if len(chunks) > 1 else chunks[0])  # (B, T', D)
+
+    def _chunk(self, x, convs, rows, valid, start: int, stop: int) -> torch.Tensor:
+        """Output rows [start, stop) of the convolution stack: (B, C, stop - start, mel / 2^n)."""
+        spans = [(start, stop)]  # per conv from the last: the output rows it computes (within its output length)
+        for conv, n_in in zip(reversed(convs), reversed(rows[:-1])):
+            lo, hi = _input_span(*spans[-1], conv)
+            spans.append((max(lo, 0), min(hi, n_in)))
+        spans.reverse()  # spans[i]: the rows of conv i's input; spans[i + 1]: those of its output
+        lo, hi = spans[0]
+        x = x[:, :, lo:hi]
+        i = 0
         for layer in self.layers:
             if isinstance(layer, nn.ReLU):
                 x = F.relu(x)
                 continue
-            x = F.conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, groups=layer.groups)
-            if lengths is not None:
-                if layer.stride[0] > 1:
-                    lengths = (lengths + 2 * layer.padding[0] - layer.kernel_size[0]) // layer.stride[0] + 1
-                x = x * time_mask(lengths, x.shape[2])[:, None, :, None]
-        b, c, t, f = x.shape
-        return self.linear(x.transpose(1, 2).reshape(b, t, c * f))  # (B, T', D)
+            conv = convs[i]
+            want_lo, want_hi = _input_span(*spans[i + 1], conv)  # the rows it reads, padding included
+            lo, hi = spans[i]
+            x = F.pad(x, (0, 0, lo - want_lo, want_hi - hi)) if (lo, hi) != (want_lo, want_hi) else x
+            if conv.kernel_size == (1, 1) and conv.groups == 1:
+                x = _pointwise(x, conv)
+            else:
+                x = F.conv2d(x, conv.weight, conv.bias, conv.stride, (0, conv.padding[1]), groups=conv.groups)
+            if valid[i + 1] is not None:
+                out_lo, out_hi = spans[i + 1]
+                keep = torch.arange(out_lo, out_hi, device=x.device) < valid[i + 1][:, None]  # (B, rows)
+                x = x * keep[:, None, :, None]
+            i += 1
+        return x
+
+
+def _conv_rows(n, conv: nn.Conv2d):
+    """Rows along time out of `conv` for `n` rows in (an int or an integer tensor): (n + 2p - k) // s + 1."""
+    return (n + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
+
+
+def _pointwise(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
+    """A 1x1 convolution as float32 matrix products of one shape, `POINTWISE_ROWS` positions x C channels (the last
+    one padded with zero rows), the bias added after, one rounding to x's dtype.
+
+    Why not F.conv2d or one matmul: oneDNN's convolution splits its work by the tensor's size and the thread count,
+    and the BLAS picks other kernels for small matrices, so either can sum a position's channels in another order
+    in a chunk than in the whole run (1-ulp differences in fp32). A product of one fixed shape runs the same kernel
+    every time, so each position's output is the same sum wherever the chunks begin."""
+    b, c, t, f = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(-1, c).float()  # (B t f, C): one row per position
+    n = rows.shape[0]
+    rows = F.pad(rows, (0, 0, 0, -n % POINTWISE_ROWS))
+    w = conv.weight.reshape(conv.out_channels, c).t().float()  # (C, C_out)
+    out = torch.cat([rows[i:i + POINTWISE_ROWS] @ w for i in range(0, n, POINTWISE_ROWS)])[:n]
+    if conv.bias is not None:
+        out = out + conv.bias.float()
+    return out.to(x.dtype).view(b, t, f, conv.out_channels).permute(0, 3, 1, 2).contiguous()
+
+
+def _input_span(lo: int, hi: int, conv: nn.Conv2d) -> tuple[int, int]:
+    """The input rows output rows [lo, hi) of `conv` read, counting its zero padding as rows -p.. and n..: output
+    row t reads s t - p .. s t - p + k - 1."""
+    s, p, k = conv.stride[0], conv.padding[0], conv.kernel_size[0]
+    return s * lo - p, s * (hi - 1) - p + k
 
 
 class FeedForward(nn.Module):
