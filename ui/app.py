@@ -86,8 +86,9 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
         if models is not None:
             from ui.model_picker import build_model_picker
 
-            build_model_picker(demo, ctx, models, header, warning, lambda name: header_text(name, limits, ctx.hears),
-                               dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
+            switched = build_model_picker(demo, ctx, models, header, warning,
+                                          lambda name: header_text(name, limits, ctx.hears),
+                                          dict(concurrency_id=MODEL, concurrency_limit=limits.concurrency))
         controls = build_controls(limits)
         vision = has_vision(engine)
         with gr.Tabs():
@@ -103,6 +104,10 @@ def build_app(engine, *, limits: AppLimits | None = None, examples_dir: str | Pa
                     gr.Markdown(NO_VISION)
             with gr.Tab("Chat", id="chat"):
                 build_chat_tab(ctx, controls, by_tab.get("document", [])[:1] + by_tab.get("video", [])[:1])
+        if models is not None:  # upload filters, sound switches, tiling controls: the served model's, after a switch
+            from ui.model_picker import follow_served_model
+
+            follow_served_model(ctx, switched)
     _share_model_slot(demo, MODEL)
     _stop_chat_by_flag(demo)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency, api_open=False)

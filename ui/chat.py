@@ -1,7 +1,10 @@
 """Chat tab: multi-turn, multimodal (`gr.ChatInterface` with a multimodal textbox), same controls.
 
 Attachments: images, videos, a PDF (Nano V2 VL) and audio files (a model that hears: Nemotron 3 Nano Omni), each
-kept for the later turns of the conversation and processed once (ui/chat_media.py, ui/chat_media_omni.py).
+kept for the later turns of the conversation and processed once (ui/chat_media.py, ui/chat_media_omni.py). For a
+model that hears, a video's sound track follows its frames unless the media settings' "Hear the sound track" switch
+is off (request option `use_audio_in_video`, as in the Video tab). The upload filter, the switch and the tiling
+controls follow the served model across model-picker switches (`AppContext.follow`).
 
 Gradio 6 conventions (gradio-app/gradio `guides/05_chatbots/01_creating-a-chatbot-fast.md`, `03_agents-and-tool-usage.md`): history arrives as OpenAI-style message dicts whose content is a
 list of text / file parts; reasoning is shown as a `gr.ChatMessage` with a `title` in its metadata (a
@@ -18,9 +21,9 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from ui.chat_export import export_files
-from ui.controls import AppContext, Controls, api_example, gen_options
+from ui.controls import AppContext, Controls, api_example, gen_options, shown_if_tiled
 from ui.documents import IMAGE_TYPES
-from ui.hearing import AUDIO_TYPES, check_hears, is_audio
+from ui.hearing import AUDIO_TYPES, check_hears, is_audio, sound_option, sound_switch
 from ui.limits import check_option, check_upload, error_text, slider_max
 from ui.runner import gradio_progress, stats_markdown, stream_chat
 from ui.stop import StopFlag, stop_state
@@ -118,12 +121,14 @@ def chat_messages(ctx: AppContext, message, history) -> list[dict]:
 
 
 def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-            max_tiles, fps, max_frames, evs_rate, skip_blank=False, prune_rate=0.0, flag=None, progress=None):
+            max_tiles, fps, max_frames, evs_rate, skip_blank=False, prune_rate=0.0, flag=None, progress=None,
+            hear=True):
     """Streams the assistant's messages. A failure becomes an assistant message (`ERROR_MARK` ...), never a
     `gr.Error`: Gradio 6.31's ChatInterface leaves its textbox disabled after a raised error, until a reload.
 
     `progress` (a `gr.Progress`): the attachments' pages rendered, frames decoded and tiles encoded, as the
-    Document and Video tabs show them."""
+    Document and Video tabs show them. `hear`: the sound switch; a model that hears gets the videos' sound tracks
+    when it is on (`ui.hearing.sound_option`)."""
     cancel = flag.start() if isinstance(flag, StopFlag) else None
     out: list = []
     try:
@@ -135,7 +140,8 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
                     video_pruning_rate=check_option("EVS rate", "video_pruning_rate", evs_rate),
                     skip_blank_tiles=bool(skip_blank) and ctx.tiled,
                     token_pruning_rate=check_option("redundant-token pruning rate", "token_pruning_rate",
-                                                    prune_rate or 0.0))
+                                                    prune_rate or 0.0),
+                    use_audio_in_video=sound_option(ctx.engine, hear))
         messages = chat_messages(ctx, message, history)
         t0 = time.perf_counter()
         for snap in stream_chat(ctx.engine, messages, options, timeout_s=ctx.limits.request_timeout_s,
@@ -163,18 +169,28 @@ def respond(ctx: AppContext, message, history, thinking, reasoning_budget, max_n
         yield out + [gr.ChatMessage(role="assistant", content=f"{ERROR_MARK}**{title}:** {text}")]
 
 
-def accept_any_file_type(textbox: gr.MultimodalTextbox) -> gr.MultimodalTextbox:
-    """`textbox` whose `file_types` only guide the browser's file dialog. Gradio 6.31 checks them again before the
-    chat function runs and raises "Invalid file type", after which ChatInterface leaves its textbox disabled (see
-    `respond`); a file of another type (an audio file for a model that does not hear, a text file) is refused by
-    `respond` instead, as an assistant message that names it, and the decoders check every file's bytes anyway.
-    (An instance attribute, not a subclass: Gradio's component metaclass writes a `.pyi` stub next to the module of
-    every component subclass.)"""
+def accept_any_file_type(textbox: gr.MultimodalTextbox, file_types: list[str]) -> gr.MultimodalTextbox:
+    """`textbox` (built without `file_types`) showing `file_types` as its upload filter, which only guides the
+    browser's file dialog. Gradio 6.31 checks a textbox's `file_types` again before the chat function runs and
+    raises "Invalid file type", after which ChatInterface leaves its textbox disabled (see `respond`); a file of
+    another type (an audio file for a model that does not hear, a text file) is refused by `respond` instead, as an
+    assistant message that names it, and the decoders check every file's bytes anyway.
+
+    The filter is set on the instance (its attributes are what the page is sent) and the instance's check is
+    skipped. Gradio rebuilds a per-session copy of the textbox from its constructor arguments whenever a handler
+    updates it, and ChatInterface does at every message (disabled while answering, enabled after): built without
+    file types, the copies check nothing either, so the second message of a conversation is checked as the first,
+    whatever filter the page shows after a model switch (ui/model_picker.py). (Instance attributes, not a
+    subclass: Gradio's component metaclass writes a `.pyi` stub next to the module of every component subclass.)"""
+    if textbox.constructor_args.get("file_types") is not None:
+        raise ValueError("build the textbox without file_types: Gradio's per-session copies would check them")
+
     def preprocess(payload):
         if payload is None:
             return None
         return {"text": payload.text, "files": [f.path for f in payload.files]}
 
+    textbox.file_types = list(file_types)
     textbox.preprocess = preprocess
     return textbox
 
@@ -184,43 +200,54 @@ def chat_file_types(ctx: AppContext) -> list[str]:
     return (IMAGE_TYPES + VIDEO_TYPES + ([".pdf"] if ctx.tiled else []) + (AUDIO_TYPES if ctx.hears else []))
 
 
+def chat_box_props(ctx: AppContext) -> dict:
+    """The message box's upload filter and the placeholder that says what it takes, for the served model."""
+    kinds = ["an image"] + (["a PDF"] if ctx.tiled else []) + ["a video"] + (["an audio file"] if ctx.hears else [])
+    return {"file_types": chat_file_types(ctx), "placeholder": f"Ask about {', '.join(kinds[:-1])} or {kinds[-1]}…"}
+
+
 def build_chat_tab(ctx: AppContext, controls: Controls, examples: list[dict] | None = None):
     lim = ctx.limits
-    tiled = ctx.tiled  # the tiling and token-reduction controls apply to Nano V2 VL only
-    with gr.Accordion("Media settings for chat", open=False):
+    # the tiling and token-reduction controls apply to Nano V2 VL only: shown while it is served
+    with gr.Accordion("Media settings for chat", open=False, elem_id="chat-media-settings"):
         with gr.Row():
             tiles = getattr(ctx.config, "max_num_tiles", lim.max_tiles)  # a text-only model has no tiling
-            max_tiles = gr.Slider(1, lim.max_tiles, value=min(tiles, lim.max_tiles), step=1,
-                                  label="Tiles per image (max)", visible=tiled)
+            max_tiles = ctx.follow(gr.Slider(1, lim.max_tiles, value=min(tiles, lim.max_tiles), step=1,
+                                             label="Tiles per image (max)", **shown_if_tiled(ctx)), shown_if_tiled)
             fps = gr.Slider(0.1, lim.max_fps, value=2.0, step=0.1, label="Video frames per second")
             max_frames = gr.Slider(1, lim.max_frames, value=min(64, lim.max_frames), step=1, label="Max frames")
             rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05),
                              value=float(getattr(ctx.config, "video_pruning_rate", 0.0) or 0.0), step=0.05,
                              label="EVS pruning rate")
         with gr.Row():
-            skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", visible=tiled,
-                                     info="whitespace tiles of images and pages never reach the vision encoder")
-            prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,
-                                   label="Redundant-token pruning rate", visible=tiled,
-                                   info="fraction of image / page tokens dropped as repeated background")
+            skip_blank = ctx.follow(gr.Checkbox(value=False, label="Skip blank tiles", elem_id="chat-skip-blank",
+                                                **shown_if_tiled(ctx),
+                                                info="whitespace tiles of images and pages never reach the vision "
+                                                     "encoder"), shown_if_tiled)
+            prune_rate = ctx.follow(gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,
+                                              label="Redundant-token pruning rate", **shown_if_tiled(ctx),
+                                              info="fraction of image / page tokens dropped as repeated background"),
+                                    shown_if_tiled)
+            hear = sound_switch(ctx, "chat-hear", "a video's")
     flag = stop_state()
 
     def fn(message, history, thinking, reasoning_budget, max_new_tokens, temperature, max_tiles, fps, max_frames,
-           rate, skip_blank_tiles, token_pruning_rate, flag, progress=gr.Progress()):
+           rate, skip_blank_tiles, token_pruning_rate, hear, flag, progress=gr.Progress()):
         yield from respond(ctx, message, history, thinking, reasoning_budget, max_new_tokens, temperature,
-                           max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag, progress)
+                           max_tiles, fps, max_frames, rate, skip_blank_tiles, token_pruning_rate, flag, progress,
+                           hear)
 
-    kinds = ["an image"] + (["a PDF"] if tiled else []) + ["a video"] + (["an audio file"] if ctx.hears else [])
-    what = ", ".join(kinds[:-1]) + " or " + kinds[-1]
-    textbox = accept_any_file_type(gr.MultimodalTextbox(
-        file_count="multiple", file_types=chat_file_types(ctx), sources=["upload"], placeholder=f"Ask about {what}…",
-        label="Message", elem_id="chat-input", stop_btn=True))  # Stop shows while answering
+    box = chat_box_props(ctx)
+    textbox = ctx.follow(accept_any_file_type(gr.MultimodalTextbox(
+        file_count="multiple", sources=["upload"], placeholder=box["placeholder"], label="Message",
+        elem_id="chat-input", stop_btn=True), box["file_types"]), chat_box_props)  # Stop shows while answering
     textbox = api_example(textbox, {"text": "What is the total?", "files": []})
     chat_examples = [[{"text": e["question"], "files": [e["path"]]}] for e in examples or []] or None
     interface = gr.ChatInterface(fn, multimodal=True, textbox=textbox,
                                  chatbot=gr.Chatbot(height=420, label="Chat", elem_id="chat-box"),
+                                 # the sound switch after the older controls: API callers that predate it keep working
                                  additional_inputs=controls.inputs + [max_tiles, fps, max_frames, rate, skip_blank,
-                                                                      prune_rate, flag],
+                                                                      prune_rate, hear, flag],
                                  examples=chat_examples, run_examples_on_click=False,
                                  api_name="chat", concurrency_limit=lim.concurrency,
                                  save_history=True, fill_height=False,  # kept in the browser across reloads

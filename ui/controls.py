@@ -7,7 +7,8 @@ the HTTP API accepts any JSON, not only what a slider can produce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -21,11 +22,22 @@ MODEL = "model"  # the one concurrency group: every event that runs the engine s
 
 @dataclass
 class AppContext:
-    """What the tab builders need: the engine, the limits and the folders files may come from."""
+    """What the tab builders need: the engine, the limits and the folders files may come from.
 
-    engine: object  # ui.runner.UIEngine
+    `followers`: the components whose properties come from what the served model can do (upload filters, the sound
+    switches, the tiling controls), each with the function that gives them (`follow`); the model picker sets them
+    again after a switch (ui/model_picker.py `follow_served_model`)."""
+
+    engine: object  # ui.runner.UIEngine; None while the model picker has no model loaded
     limits: AppLimits
     media_roots: list[Path]  # the upload folder and the bundled examples
+    followers: list[tuple[object, Callable[[AppContext], dict]]] = field(default_factory=list)
+
+    def follow(self, component, props: Callable[[AppContext], dict]):
+        """`component` (built with `**props(self)`), its properties `props(ctx)` set again whenever the served model
+        changes; returns `component`."""
+        self.followers.append((component, props))
+        return component
 
     @property
     def config(self):
@@ -40,6 +52,11 @@ class AppContext:
     @property
     def hears(self) -> bool:
         return hears(self.engine)
+
+
+def shown_if_tiled(ctx: AppContext) -> dict:
+    """A Nano V2 VL control (tiling, PDF pages, token reduction): shown while the served model reads tiles."""
+    return {"visible": ctx.tiled}
 
 
 @dataclass

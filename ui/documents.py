@@ -14,7 +14,7 @@ import gradio as gr
 import gradio_client.utils as client_utils
 from gradio.utils import NamedString
 
-from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
+from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options, shown_if_tiled
 from ui.kept_tokens import draw_kept, keep_grids
 from ui.limits import check_int, check_option, check_upload, slider_max
 from ui.page_picker import wire_page_picker
@@ -26,25 +26,36 @@ from vl.processing.documents import parse_page_range
 # what the image decoder accepts (vl/processing/images.py ALLOWED_FORMATS; it checks the bytes, not the name)
 IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".heic", ".heif", ".avif"]
 MAX_QUESTION_CHARS = 4000
+# what the tab takes from any model: the server's file-type check; the served model refuses the rest with its own
+# typed error (Nemotron 3 Nano Omni's processor refuses a PDF)
+DOCUMENT_TYPES = IMAGE_TYPES + [".pdf"]
 
 
-def without_stray_temp_files(files: gr.File) -> gr.File:
+def document_files_props(ctx: AppContext) -> dict:
+    """The upload box's filter and label for the served model: page images, and one PDF for a model that reads
+    tiles (Nano V2 VL)."""
+    what = f"Page images (up to {ctx.limits.media.max_images})" + (" or one PDF" if ctx.tiled else "")
+    return {"file_types": IMAGE_TYPES + ([".pdf"] if ctx.tiled else []), "label": what}
+
+
+def without_stray_temp_files(files: gr.File, accepted: list[str]) -> gr.File:
     """`files` (a `gr.File(type="filepath")`) made to hand over upload paths without Gradio 6.31's stray file.
 
     Gradio's `File._process_single_file` opens `NamedTemporaryFile(delete=False)` in the upload folder, then
     returns the upload's own path and drops the temp file: one empty file per file per request, which
     `delete_cache` never removes (it is in no list of the app's files). The 10-minute soak counted the upload
-    folder growing from 25 to 358 files. This instance's method returns the upload's path after the same
-    file-type check and creates nothing. (An instance attribute, not a subclass: Gradio's component metaclass
-    writes a `.pyi` stub next to the module of every component subclass.)
+    folder growing from 25 to 358 files. This instance's method returns the upload's path after Gradio's
+    file-type check and creates nothing. The check is against `accepted`, not the component's `file_types`: the
+    browser's filter is set for the model served now (ui/model_picker.py), while this instance keeps the one it
+    was built with. (An instance attribute, not a subclass: Gradio's component metaclass writes a `.pyi` stub next
+    to the module of every component subclass.)
     """
     if files.type != "filepath":
         raise ValueError(f"expected a gr.File with type='filepath', found type={files.type!r}")
 
     def process_single_file(f):
-        if files.file_types and not client_utils.is_valid_file(f.path, files.file_types):
-            raise gr.Error(f"Invalid file type. Please upload a file that is one of these formats: "
-                           f"{files.file_types}")
+        if not client_utils.is_valid_file(f.path, accepted):
+            raise gr.Error(f"Invalid file type. Please upload a file that is one of these formats: {accepted}")
         return NamedString(f.path)
 
     files._process_single_file = process_single_file
@@ -143,31 +154,31 @@ def answer_document(ctx: AppContext, files, pages, question, max_tiles, token_bu
 
 def build_document_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
     """The tab for the served model: a model that reads images at their own resolution (Nemotron 3 Nano Omni) takes
-    images only, so its PDF, tiling and token-reduction controls are hidden (they stay in the API, unused)."""
-    cfg, tiled = ctx.config, ctx.tiled
+    images only, so its PDF, tiling and token-reduction controls are hidden (they stay in the API, unused), and
+    shown again when the model picker switches to one that reads tiles (`ctx.follow`)."""
+    cfg, follow = ctx.config, ctx.follow
     tpt = getattr(cfg, "tokens_per_tile", 1)
     with gr.Row():
         with gr.Column(scale=1):
-            what = f"Page images (up to {ctx.limits.media.max_images})" + (" or one PDF" if tiled else "")
-            files = api_example(without_stray_temp_files(gr.File(
-                file_count="multiple", file_types=IMAGE_TYPES + ([".pdf"] if tiled else []), type="filepath",
-                label=what, elem_id="doc-files")), [file_example("page.png")])
-            pages = api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
-                                           f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
-                                           elem_id="doc-pages", visible=tiled), "1-3")
+            files = follow(api_example(without_stray_temp_files(gr.File(
+                file_count="multiple", type="filepath", elem_id="doc-files", **document_files_props(ctx)),
+                DOCUMENT_TYPES), [file_example("page.png")]), document_files_props)
+            pages = follow(api_example(gr.Textbox(label="PDF pages", placeholder="e.g. 1-3,7 (empty = every page, "
+                                                  f"at most {ctx.limits.media.max_pdf_pages})", max_lines=1,
+                                                  elem_id="doc-pages", **shown_if_tiled(ctx)), "1-3"), shown_if_tiled)
             picker = gr.Gallery(label="Pages (click to add to the page range)", elem_id="doc-page-picker",
                                 columns=8, height=150, object_fit="contain", visible=False, allow_preview=False)
             question = api_example(gr.Textbox(label="Question", placeholder="What is the total?", lines=2,
                                               max_length=MAX_QUESTION_CHARS, elem_id="doc-question"),
                                    "What is the total?")
-            with gr.Row(visible=tiled):
+            with follow(gr.Row(elem_id="doc-tiling", **shown_if_tiled(ctx)), shown_if_tiled):
                 max_tiles = gr.Slider(1, ctx.limits.max_tiles,
                                       value=min(getattr(cfg, "max_num_tiles", ctx.limits.max_tiles),
                                                 ctx.limits.max_tiles), step=1, label="Tiles per page (max)")
                 budget = gr.Slider(0, min(ctx.engine.context_length, 32 * 13 * tpt), value=0, step=tpt,
                                    label="Vision token budget for PDF pages",
                                    info="0 = fit the model's context; otherwise pages get fewer tiles to fit")
-            with gr.Row(elem_id="doc-reduction", visible=tiled):
+            with follow(gr.Row(elem_id="doc-reduction", **shown_if_tiled(ctx)), shown_if_tiled):
                 skip_blank = gr.Checkbox(value=False, label="Skip blank tiles", elem_id="doc-skip-blank",
                                          info="whitespace tiles never reach the vision encoder")
                 prune_rate = gr.Slider(0.0, slider_max("token_pruning_rate", 0.05), value=0.0, step=0.05,

@@ -7,7 +7,8 @@ shown as Gradio progress and on the console like `vl app`'s start-up: [1/2] the 
 request still holding it), [2/2] the chosen one is loaded. Freeing first keeps peak memory at one model, which
 matters when each is 12B parameters. A checkpoint that fails to load is reported in the picker's status and the
 previous model is loaded again, so the app keeps answering; the picker stays usable either way. The header then
-names the model being served and says whether it is the demo model. See docs/app_and_cli.md, "Model picker".
+names the model being served and says whether it is the demo model, and what the tabs offer follows what it can do
+(`follow_served_model`: upload filters, sound switches, tiling controls). See docs/app_and_cli.md, "Model picker".
 """
 
 from __future__ import annotations
@@ -98,8 +99,9 @@ def switch_model(ctx, choices: ModelChoices, name: str, progress=None) -> tuple[
 
 
 def build_model_picker(blocks: gr.Blocks, ctx, choices: ModelChoices, header: gr.Markdown, warning: gr.Markdown,
-                       header_text: Callable[[str], str], concurrency: dict) -> None:
+                       header_text: Callable[[str], str], concurrency: dict) -> list:
     """The dropdown and its status line; a pick switches the model and updates the header and the demo warning.
+    Returns the events after which the page shows the served model (a pick, a page load), for `follow_served_model`.
 
     `.input`, not `.change`: the handler puts the dropdown back on the served model after a failed load, and that
     must not count as a new pick. `concurrency`: the model's queue slot (concurrency_id / concurrency_limit).
@@ -120,6 +122,36 @@ def build_model_picker(blocks: gr.Blocks, ctx, choices: ModelChoices, header: gr
         return shown(switch_model(ctx, choices, str(name), progress)[1])
 
     outputs = [picker, status, header, warning]
-    picker.input(on_pick, picker, outputs, api_name="model", **concurrency)
-    blocks.load(lambda: shown(f"Serving `{choices.current}`."), None, outputs, queue=False,
-                api_visibility="private")
+    return [picker.input(on_pick, picker, outputs, api_name="model", **concurrency),
+            blocks.load(lambda: shown(f"Serving `{choices.current}`."), None, outputs, queue=False,
+                        api_visibility="private")]
+
+
+# the follower components' new properties, as the front end applies an update that a handler returns
+_APPLY_PROPS_JS = "(props) => (props || []).map((p) => ({...(p || {}), __type__: 'update'}))"
+
+
+def follow_served_model(ctx, events: list) -> None:
+    """After each of `events`, set the properties of `ctx.followers` from the model now served (`props(ctx)` each).
+
+    They are set in the browser only; the server asks the served model on each request instead (`ui.hearing.
+    check_hears`, the processor; the Document tab's server-side type check is `ui.documents.DOCUMENT_TYPES`, what
+    any model takes). A component updated through the server is rebuilt per session from its constructor
+    arguments (Gradio 6.31 `Blocks.postprocess_data`), which would drop what ui/chat.py and ui/documents.py set on
+    the instances (`accept_any_file_type`, `without_stray_temp_files`): a chat upload of another type would raise
+    before the chat runs and leave the message box disabled, and each document upload would leave a stray file
+    again. So the handler writes the properties into a hidden JSON component and a browser-side step applies
+    them. A page opened before a switch by another browser keeps its filters until it reloads or switches."""
+    if not ctx.followers:
+        return
+    components = [c for c, _ in ctx.followers]
+    props = gr.JSON(visible=False, elem_id="served-model-props")
+
+    def current() -> list[dict]:
+        if ctx.engine is None:  # no model loaded (both loads failed): leave the page as it is
+            return [{} for _ in ctx.followers]
+        return [fn(ctx) for _, fn in ctx.followers]
+
+    for event in events:
+        event.then(current, None, props, queue=False, api_visibility="private").then(
+            None, props, components, js=_APPLY_PROPS_JS, queue=False, api_visibility="private")

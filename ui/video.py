@@ -6,8 +6,8 @@ frame at its timestamp, the tokens kept and the tokens removed, from `Stats.redu
 this very request; at rate 0 every frame keeps all its tokens. Nemotron 3 Nano Omni packs frames into tubelets
 (`video_temporal_patch_size` frames each, one EVS group per tubelet), so its bars are tubelets at their first
 frame's timestamp. A model that hears also gets the clip's sound track after its frames (request option
-`use_audio_in_video`), unless the "Hear the sound track" switch is off; the switch is not shown for a model that
-does not hear.
+`use_audio_in_video`), unless the "Hear the sound track" switch is off; the switch is shown only while the served
+model hears (ui/hearing.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from ui.controls import MODEL, AppContext, Controls, api_example, file_example, gen_options
 from ui.documents import check_question
-from ui.hearing import hears
+from ui.hearing import sound_option, sound_switch
 from ui.limits import check_option, check_upload, slider_max
 from ui.runner import gradio_progress, previews, previews_note, stats_markdown, stream_chat
 from ui.stop import STOPPED_TEXT, StopFlag, failed, run_with_stop, stop_state, wire_stop
@@ -69,14 +69,6 @@ def evs_chart(timestamps: list[float], kept: list[int], tokens_per_frame: int, i
     ax.set_title(f"{n} {unit}: {total} of {n * tokens_per_frame} vision tokens kept (EVS rate {q:g})", fontsize=10)
     ax.legend(loc="upper center", ncols=2, fontsize=8, frameon=False)
     return fig
-
-
-def sound_option(engine, hear) -> bool | None:
-    """The switch's value as the request option `use_audio_in_video`: asked of a model that hears, None (nothing
-    asked, no note) of one that does not, whatever an API caller sent."""
-    if not hears(engine):
-        return None
-    return check_option("hear the sound track", "use_audio_in_video", True if hear is None else hear)
 
 
 def answer_video(ctx: AppContext, video, question, fps, max_frames, evs_rate, thinking, reasoning_budget,
@@ -131,8 +123,7 @@ def build_video_tab(ctx: AppContext, controls: Controls, examples: list[dict]):
                 rate = gr.Slider(0.0, slider_max("video_pruning_rate", 0.05), value=default_rate, step=0.05,
                                  label="EVS pruning rate",
                                  info="fraction of video tokens removed (0 = off)")
-            hear = gr.Checkbox(value=True, label="Hear the sound track", visible=ctx.hears, elem_id="video-hear",
-                               info="the clip's sound follows its frames as audio tokens; off: the frames alone")
+            hear = sound_switch(ctx, "video-hear")
             with gr.Row():
                 ask = gr.Button("Ask", variant="primary", elem_id="video-ask")
                 stop = gr.Button("Stop", variant="stop", elem_id="video-stop", interactive=False)

@@ -244,3 +244,29 @@ def picker_served(checkpoints_folder, examples, upload_dir):
     state.url, state.models = demo.local_url, models
     yield state
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def hearing_picker_served(tiny_dir, tiny_omni_dir, examples, upload_dir, tmp_path_factory):
+    """The app in-process with the model picker over a folder of a model that does not hear (`vl`: `tiny_dir`, Nano
+    V2 VL, served first) and one that hears (`omni`: `tiny_omni_dir`), as `vl app --model FOLDER` builds it."""
+    from ui.app import _model_choices, build_app, launch_app
+    from ui.limits import AppLimits
+    from ui.runner import UIEngine
+
+    folder = tmp_path_factory.mktemp("deaf_and_hearing")
+    (folder / "vl").symlink_to(tiny_dir, target_is_directory=True)
+    (folder / "omni").symlink_to(tiny_omni_dir, target_is_directory=True)
+    limits = AppLimits()
+
+    def load(path):
+        return UIEngine.from_pretrained(path, isolate=True, limits=limits.media,
+                                        allowed_roots=[upload_dir, examples.dir])
+
+    first, models = _model_choices(folder, load)
+    demo = build_app(load(first), limits=limits, examples_dir=examples.dir, examples=examples.records,
+                     model_name=models.current, models=models)
+    launch_app(demo, port=free_port(), limits=limits, model_dir=folder, examples_dir=examples.dir,
+               prevent_thread_lock=True, quiet=True)
+    yield SimpleNamespace(url=demo.local_url, demo=demo, models=models)
+    demo.close()
