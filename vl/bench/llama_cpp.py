@@ -114,25 +114,29 @@ class LlamaCpp:
         cfg = json.loads(cfg_path.read_text())
         cfg["hybrid_override_pattern"] = pattern
         cfg_path.write_text(json.dumps(cfg, indent=1))
-        shim = work / "convert_shim.py"
-        shim.write_text(_SHIM)
         out = {}
         converted = [k for k in kinds if k in GGUF_TYPES]
         if any(k in QUANTIZED for k in kinds) and "bf16" not in converted:
             converted.append("bf16")
         for kind in converted:
-            dst = work / f"model-{GGUF_TYPES[kind]}.gguf"
-            r = subprocess.run([self.python, str(shim), str(self.root), str(hf_dir), "--outtype", GGUF_TYPES[kind],
-                                "--outfile", str(dst)], capture_output=True, text=True, timeout=1800,
-                               env=dict(os.environ, PYTHONPATH=str(self.root / "gguf-py")))
-            if r.returncode != 0 or not dst.is_file():
-                raise RuntimeError(f"convert_hf_to_gguf.py --outtype {GGUF_TYPES[kind]} failed (exit {r.returncode}): "
-                                   f"{(r.stderr or r.stdout).strip()[-800:]}")
-            out[kind] = dst
+            out[kind] = self.converted(hf_dir, kind, work / f"model-{GGUF_TYPES[kind]}.gguf")
         shutil.rmtree(hf_dir, ignore_errors=True)
         for kind in (k for k in kinds if k in QUANTIZED):
             out[kind] = self.quantized(out["bf16"], kind, work / f"model-{kind}.gguf")
         return {k: out[k] for k in kinds}
+
+    def converted(self, hf_dir: Path, kind: str, dst: Path) -> Path:
+        """`convert_hf_to_gguf.py hf_dir --outtype TYPE` through the shim: the GGUF of `kind` (fp32, bf16, q8_0) of a
+        tokenizer-less NemotronH checkpoint whose config.json holds `hybrid_override_pattern`."""
+        shim = Path(dst).parent / "convert_shim.py"
+        shim.write_text(_SHIM)
+        r = subprocess.run([self.python, str(shim), str(self.root), str(hf_dir), "--outtype", GGUF_TYPES[kind],
+                            "--outfile", str(dst)], capture_output=True, text=True, timeout=1800,
+                           env=dict(os.environ, PYTHONPATH=str(self.root / "gguf-py")))
+        if r.returncode != 0 or not Path(dst).is_file():
+            raise RuntimeError(f"convert_hf_to_gguf.py --outtype {GGUF_TYPES[kind]} failed (exit {r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip()[-800:]}")
+        return Path(dst)
 
     def quantize_cmd(self, src: Path, dst: Path, kind: str) -> list[str]:
         if self.quantize is None:
