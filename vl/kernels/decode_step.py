@@ -15,7 +15,7 @@ import functools
 from vl.kernels import loader
 
 SOURCE = loader.CSRC / "decode_step.cpp"
-KINDS = {"M": 0, "*": 1, "-": 2}  # VlLayer.kind per pattern character
+KINDS = {"M": 0, "*": 1, "-": 2, "E": 3}  # VlLayer.kind per pattern character
 FORMATS = {"fp8": 1, "nvfp4": 2}  # VlMat.fmt; 0 = dense
 DENSE_T = 3  # VlMat.fmt of a dense weight stored transposed: the kernel skips its zero inputs
 
@@ -32,7 +32,9 @@ class Layer(ctypes.Structure):  # mirrors `struct VlLayer`
                 ("d_inner", _i), ("conv_dim", _i), ("n_heads", _i),
                 ("head_dim", _i), ("n_groups", _i), ("d_state", _i), ("conv_k", _i), ("conv_w", _p), ("conv_b", _p),
                 ("dt_bias", _p), ("A", _p), ("Dskip", _p), ("gnorm_w", _p), ("dt_lo", _f), ("dt_hi", _f),
-                ("dt_clamp", _i), ("n_q_heads", _i), ("n_kv_heads", _i), ("attn_head_dim", _i)]
+                ("dt_clamp", _i), ("n_q_heads", _i), ("n_kv_heads", _i), ("attn_head_dim", _i),
+                ("router_w", _p), ("router_bias", _p), ("n_experts", _i), ("top_k", _i), ("norm_topk", _i),
+                ("routed_scale", _f), ("up_e", ctypes.POINTER(Mat)), ("down_e", ctypes.POINTER(Mat))]
 
 
 class Model(ctypes.Structure):  # mirrors `struct VlModel`

@@ -14,6 +14,7 @@
 //
 // Built at load (vl/runtime/cpu/decode.py) through vl/kernels/decode_step.py and the build cache of
 // vl/kernels/loader.py (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain C++ loops that any CPU runs.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,9 +36,9 @@ struct VlMat {
 };
 
 struct VlLayer {
-  int kind;               // 0 = Mamba-2 ("M"), 1 = attention ("*"), 2 = ReLU^2 MLP ("-")
+  int kind;               // 0 = Mamba-2 ("M"), 1 = attention ("*"), 2 = ReLU^2 MLP ("-"), 3 = MoE ("E")
   const float* norm_w;    // (D) the block's RMSNorm weight, float32
-  VlMat w_in;             // mamba in_proj | attention q_proj | mlp up_proj: (n_in, D)
+  VlMat w_in;             // mamba in_proj | attention q_proj | mlp (MoE: shared expert) up_proj: (n_in, D)
   VlMat w_k, w_v;         // attention k_proj, v_proj (n_kv_out, D)
   VlMat w_out;            // mamba out_proj | o_proj | down_proj: (D, k_out)
   // Mamba-2
@@ -52,6 +53,13 @@ struct VlLayer {
   int dt_clamp;
   // attention
   int n_q_heads, n_kv_heads, attn_head_dim;
+  // MoE (vl/modeling/mlp.py MoE and Router, one router group, no latent projections)
+  const float* router_w;     // (n_experts, D) float32
+  const float* router_bias;  // (n_experts) e_score_correction_bias
+  int n_experts, top_k, norm_topk;
+  float routed_scale;
+  const VlMat* up_e;         // (n_experts) routed experts' up_proj (I, D)
+  const VlMat* down_e;       // (n_experts) routed experts' down_proj (D, I)
 };
 
 struct VlModel {
@@ -534,6 +542,22 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
+// y = Round(ReLU(Round(y))^2) over n values: the ReLU^2 of an up projection's output, as mlp_layer squares it.
+static void relu2_n(float* y, size_t n, Round rnd) {
+  size_t i = 0;
+#ifdef VL_AVX512
+  for (; i + 16 <= n; i += 16) {  // max(u, 0) takes the 0 for a NaN, as the scalar line does
+    const __m512 r = _mm512_max_ps(rnd_v(_mm512_loadu_ps(y + i), rnd.bf16), _mm512_setzero_ps());
+    _mm512_storeu_ps(y + i, rnd_v(_mm512_mul_ps(r, r), rnd.bf16));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float u = rnd(y[i]);
+    const float r = u > 0.f ? u : 0.f;
+    y[i] = rnd(r * r);
+  }
+}
+
 // down(relu(up(x))^2): relu is exact, the square is rounded to the model dtype as the reference's.
 static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
   const Round rnd{m.bf16};
@@ -542,22 +566,128 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
   a.resize((size_t)B * L.w_in.N, m.bf16);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, a.f.data(), nthreads);
-  size_t i = 0;
-#ifdef VL_AVX512
-  for (; i + 16 <= (size_t)B * L.w_in.N; i += 16) {  // max(u, 0) takes the 0 for a NaN, as the scalar line does
-    const __m512 r = _mm512_max_ps(rnd_v(_mm512_loadu_ps(a.f.data() + i), m.bf16), _mm512_setzero_ps());
-    _mm512_storeu_ps(a.f.data() + i, rnd_v(_mm512_mul_ps(r, r), m.bf16));
-  }
-#endif
-  for (; i < (size_t)B * L.w_in.N; ++i) {
-    const float u = rnd(a.f[i]);
-    const float r = u > 0.f ? u : 0.f;
-    a.f[i] = rnd(r * r);
-  }
+  relu2_n(a.f.data(), (size_t)B * L.w_in.N, rnd);
   a.sync_bf16((size_t)B * L.w_in.N, m.bf16);
   out.resize((size_t)B * m.D);
   gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_n(out.data(), (size_t)B * m.D, rnd.bf16);
+  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+}
+
+// G products of one shape, group g: x row g (xs[g] float32, xbs[g] its bf16 copy) times W[g]. Packed NVFP4 matrices
+// go as one kernel call (row_kernels.h nvfp4_gemv_group: the threads wake once for all of them), anything else one
+// gemv per matrix; either way each row has the bits of its own gemv.
+static void gemv_group(int G, const float* const* xs, const uint16_t* const* xbs, const VlMat* const* W, int bf16,
+                       float* y, int nthreads) {
+  bool nvfp4 = true;
+  for (int g = 0; g < G; ++g) nvfp4 = nvfp4 && W[g]->fmt == 2 && W[g]->K == W[0]->K && W[g]->N == W[0]->N;
+  if (!nvfp4) {
+    for (int g = 0; g < G; ++g) gemv(xs[g], xbs[g], 1, *W[g], bf16, y + (size_t)g * W[g]->N, nthreads);
+    return;
+  }
+  const int x_bf16 = bf16 && gemv_bf16_dot();
+  std::vector<const void*> x(G);
+  std::vector<const uint8_t*> w(G), bs(G);
+  std::vector<float> gs(G);
+  for (int g = 0; g < G; ++g) {
+    x[g] = x_bf16 ? (const void*)xbs[g] : (const void*)xs[g];
+    w[g] = (const uint8_t*)W[g]->w;
+    bs[g] = W[g]->block_scale;
+    gs[g] = W[g]->global_scale;
+  }
+  nvfp4_gemv_group(G, x.data(), 1, W[0]->K, w.data(), bs.data(), gs.data(), W[0]->N, bf16, x_bf16, y, nthreads);
+}
+
+// The router (Router.forward): sigmoid scores of the float32 product, the top k by score + bias, weighted by the
+// scores (normalised over the k when norm_topk) times routed_scale; -> the k (expert, weight) pairs by expert id.
+static void route(const VlLayer& L, int D, const float* x, std::vector<std::pair<int, float>>& chosen) {
+  static thread_local std::vector<float> score, choice;
+  static thread_local std::vector<int> order;
+  score.resize(L.n_experts);
+  choice.resize(L.n_experts);
+  order.resize(L.n_experts);
+  for (int e = 0; e < L.n_experts; ++e) {
+    const float* wr = L.router_w + (size_t)e * D;
+    int i = 0;
+    float dot = 0.f;
+#ifdef VL_AVX512
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(wr + i), acc);
+    dot = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < D; ++i) dot += x[i] * wr[i];
+    score[e] = 1.f / (1.f + std::exp(-dot));
+    choice[e] = score[e] + L.router_bias[e];
+    order[e] = e;
+  }
+  std::partial_sort(order.begin(), order.begin() + L.top_k, order.end(), [&](int a, int b) {
+    return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+  });
+  float tot = 0.f;
+  for (int j = 0; j < L.top_k; ++j) tot += score[order[j]];
+  chosen.resize(L.top_k);
+  for (int j = 0; j < L.top_k; ++j) {
+    const float wj = L.norm_topk ? score[order[j]] / (tot + 1e-20f) : score[order[j]];
+    chosen[j] = {order[j], wj * L.routed_scale};
+  }
+  std::sort(chosen.begin(), chosen.end());
+}
+
+// MoE: each row's k routed experts (down(relu(up(x))^2), the products of all rows' experts as one group per
+// projection), added in float32 by expert id with the router's weights, rounded, plus the shared expert's MLP.
+static void moe_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
+  const Round rnd{m.bf16};
+  static thread_local Act xn, a, sh;
+  static thread_local std::vector<float> up, y, acc, out;
+  static thread_local std::vector<std::pair<int, float>> chosen;
+  static thread_local std::vector<std::pair<int, float>> all;
+  static thread_local std::vector<const float*> xs;
+  static thread_local std::vector<const uint16_t*> xbs;
+  static thread_local std::vector<const VlMat*> mats;
+  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
+  const int k = L.top_k, G = B * k, I = L.up_e[0].N;
+  all.clear();
+  for (int b = 0; b < B; ++b) {
+    route(L, m.D, xn.f.data() + (size_t)b * m.D, chosen);
+    all.insert(all.end(), chosen.begin(), chosen.end());
+  }
+  xs.resize(G);
+  xbs.resize(G);
+  mats.resize(G);
+  for (int g = 0; g < G; ++g) {
+    xs[g] = xn.f.data() + (size_t)(g / k) * m.D;
+    xbs[g] = m.bf16 ? xn.b.data() + (size_t)(g / k) * m.D : nullptr;
+    mats[g] = &L.up_e[all[g].first];
+  }
+  a.resize((size_t)G * I, m.bf16);
+  gemv_group(G, xs.data(), xbs.data(), mats.data(), m.bf16, a.f.data(), nthreads);
+  relu2_n(a.f.data(), (size_t)G * I, rnd);
+  a.sync_bf16((size_t)G * I, m.bf16);
+  for (int g = 0; g < G; ++g) {
+    xs[g] = a.f.data() + (size_t)g * I;
+    xbs[g] = m.bf16 ? a.b.data() + (size_t)g * I : nullptr;
+    mats[g] = &L.down_e[all[g].first];
+  }
+  y.resize((size_t)G * m.D);
+  gemv_group(G, xs.data(), xbs.data(), mats.data(), m.bf16, y.data(), nthreads);
+  round_n(y.data(), y.size(), rnd.bf16);
+  acc.assign((size_t)B * m.D, 0.f);
+  for (int g = 0; g < G; ++g) {  // float32 sums in expert order, as the modules' out[token] += y * w
+    float* o = acc.data() + (size_t)(g / k) * m.D;
+    const float* yr = y.data() + (size_t)g * m.D;
+    const float wg = all[g].second;
+    for (int i = 0; i < m.D; ++i) o[i] += yr[i] * wg;
+  }
+  round_n(acc.data(), acc.size(), rnd.bf16);
+  // the shared expert, as mlp_layer's MLP
+  sh.resize((size_t)B * L.w_in.N, m.bf16);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, sh.f.data(), nthreads);
+  relu2_n(sh.f.data(), (size_t)B * L.w_in.N, rnd);
+  sh.sync_bf16((size_t)B * L.w_in.N, m.bf16);
+  out.resize((size_t)B * m.D);
+  gemv(sh.f.data(), m.bf16 ? sh.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
+  round_n(out.data(), out.size(), rnd.bf16);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = rnd(acc[i] + out[i]);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
@@ -590,8 +720,10 @@ int vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* cac
       mamba_layer(*m, L, B, h.data(), caches[2 * l], (float*)caches[2 * l + 1], nthreads);
     else if (L.kind == 1)
       attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, mask, nthreads);
-    else
+    else if (L.kind == 2)
       mlp_layer(*m, L, B, h.data(), nthreads);
+    else
+      moe_layer(*m, L, B, h.data(), nthreads);
   }
   const Round rnd{m->bf16};
   rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);

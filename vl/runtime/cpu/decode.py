@@ -71,8 +71,8 @@ def status() -> str:
 
 def unsupported(lm) -> str | None:
     """Why the fused step cannot run this model (None: it can). The step covers what the modules do on the CPU for
-    plain and weight-only FP8 / NVFP4 Linears; anything else (offloaded layers, MoE, biases, other activations,
-    activation emulation) keeps them."""
+    plain and weight-only FP8 / NVFP4 Linears, MoE layers included (one router group, no latent projections);
+    anything else (offloaded layers, biases, other activations, activation emulation) keeps them."""
     if type(lm) is not NemotronHForCausalLM:
         return f"not a NemotronHForCausalLM ({type(lm).__name__})"
     cfg = lm.config
@@ -90,11 +90,16 @@ def unsupported(lm) -> str | None:
     for name, module in lm.named_modules():
         if hasattr(module, "_hf_hook"):
             return f"{name or 'the model'} is placed by accelerate hooks"
+    if "E" in cfg.pattern and (cfg.n_group > 1 or cfg.moe_latent_size):
+        return "MoE with router groups or latent projections"
     projections = {"M": ("in_proj", "out_proj"), "*": ("q_proj", "k_proj", "v_proj", "o_proj"),
-                   "-": ("up_proj", "down_proj")}
+                   "-": ("up_proj", "down_proj"), "E": ()}
     for i, block in enumerate(lm.backbone.layers):
-        for attr in projections[block.kind]:
-            why = _matrix_unsupported(getattr(block.mixer, attr))
+        mods = [(attr, getattr(block.mixer, attr)) for attr in projections[block.kind]]
+        if block.kind == "E":
+            mods = _moe_matrices(block.mixer)
+        for attr, mod in mods:
+            why = mod if isinstance(mod, str) else _matrix_unsupported(mod)
             if why:
                 return f"layer {i} {attr}: {why}"
     why = _matrix_unsupported(lm.lm_head)
@@ -103,9 +108,24 @@ def unsupported(lm) -> str | None:
     for name, p in lm.named_parameters():
         if p.device.type != "cpu":
             return f"{name} is on {p.device}"
-        if p.dim() >= 2 and p.dtype != dtype:
+        if p.dim() >= 2 and p.dtype != dtype and not name.endswith("mixer.gate.weight"):  # routers: read as fp32
             return f"{name} is {p.dtype}, the model {dtype}"
     return None
+
+
+def _moe_matrices(moe) -> list:
+    """(name, module) of a MoE layer's matrices as the step reads them: the shared expert's two Linears and every
+    routed expert's, fused rows (a dense (E, out, in) tensor: nn.Linear views of its rows) or one Linear each
+    (vl/quant/experts.py); (name, why) where the step cannot read them."""
+    out = [("shared_experts.up_proj", moe.shared_experts.up_proj),
+           ("shared_experts.down_proj", moe.shared_experts.down_proj)]
+    for proj in ("up_proj", "down_proj"):
+        held = getattr(moe.experts, proj)
+        if isinstance(held, nn.ModuleList):
+            out += [(f"experts.{proj}.{e}", m) for e, m in enumerate(held)]
+        elif not (isinstance(held, torch.Tensor) and held.dim() == 3 and held.is_contiguous()):
+            out.append((f"experts.{proj}", f"routed experts held as {type(held).__name__}"))
+    return out
 
 
 def _matrix_unsupported(mod) -> str | None:
@@ -164,6 +184,17 @@ class Plan:
                 m.block_scale, m.global_scale = ptr(ops["block_scale"]), ops["global_scale"]
             return m
 
+        def expert_mats(held):  # a MoE's routed experts of one projection: an array of E matrices
+            if isinstance(held, nn.ModuleList):
+                mats = [mat(m) for m in held]
+            else:  # fused (E, out, in), contiguous: row e is expert e's dense matrix, read in place
+                e, n, k = held.shape
+                base, step = ptr(held), n * k * held.element_size()
+                mats = [fused.Mat(fmt=0, N=n, K=k, w=base + i * step) for i in range(e)]
+            arr = (fused.Mat * len(mats))(*mats)
+            keep.append(arr)
+            return arr
+
         layers = (fused.Layer * len(lm.backbone.layers))()
         for L, block in zip(layers, lm.backbone.layers):
             mix = block.mixer
@@ -185,6 +216,13 @@ class Plan:
             elif block.kind == "*":
                 L.w_in, L.w_k, L.w_v, L.w_out = mat(mix.q_proj), mat(mix.k_proj), mat(mix.v_proj), mat(mix.o_proj)
                 L.n_q_heads, L.n_kv_heads, L.attn_head_dim = mix.n_heads, mix.n_kv, mix.head_dim
+            elif block.kind == "E":
+                gate = mix.gate
+                L.w_in, L.w_out = mat(mix.shared_experts.up_proj), mat(mix.shared_experts.down_proj)
+                L.router_w, L.router_bias = ptr(_f32(gate.weight)), ptr(_f32(gate.e_score_correction_bias))
+                L.n_experts, L.top_k, L.norm_topk = gate.weight.shape[0], gate.top_k, int(gate.norm_topk_prob)
+                L.routed_scale = gate.scale
+                L.up_e, L.down_e = (expert_mats(getattr(mix.experts, p)) for p in ("up_proj", "down_proj"))
             else:
                 L.w_in, L.w_out = mat(mix.up_proj), mat(mix.down_proj)
         self.model = fused.Model(bf16=int(self.dtype == torch.bfloat16),
