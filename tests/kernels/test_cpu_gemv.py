@@ -370,3 +370,42 @@ def test_nvfp4_group_equals_each_layer_alone(kernels, nvfp4_loops, build, shape,
                 assert torch.equal(got[g:g + 1], want), (g, threads)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("fmt,kind,shape", [("nvfp4", None, (37, 208)), ("nvfp4", None, (300, 64)),
+                                            ("fp8", "tensor", (37, 200)), ("fp8", "channel", (129, 72)),
+                                            ("fp8", "block", (384, 256))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expanded_rows_equal_the_reference_dequantizers(kernels, build, fmt, kind, shape, dtype):
+    """The prefill path's expansion (`nvfp4_expand`, `fp8_expand`): every weight bit for bit what the torch
+    dequantizers give (NaN where they give NaN), NaN codes and subnormal scales included, for whole layers and row ranges from a multiple of
+    128 to an odd end, on 1 and 2 threads."""
+    from vl.quant.fp8 import dequantize_fp8
+    from vl.quant.nvfp4 import dequantize_nvfp4
+
+    k = _which(kernels, build)
+    n, kin = shape
+    w = torch.randn(n, kin) * 0.05
+    if fmt == "nvfp4":
+        packed, bs, gs = quantize_nvfp4(w)
+        bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
+        bs.view(torch.uint8)[1, 1] = 0x7F  # a NaN block scale
+        want = dequantize_nvfp4(packed, bs, gs, dtype)
+        run = lambda r0, r1: k.nvfp4_expand(packed, bs, float(gs), r0, r1, dtype)  # noqa: E731
+    else:
+        w8, s = FP8_QUANT[kind](w)
+        w8.view(torch.uint8)[0, :3] = torch.tensor([0x7F, 0xFF, 0x01], dtype=torch.uint8)  # NaN codes, a subnormal
+        want = dequantize_fp8(w8, s, dtype)
+        scale = s.float().contiguous()
+        run = lambda r0, r1: k.fp8_expand(w8, scale, kind, r0, r1, dtype)  # noqa: E731
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for r0, r1 in ((0, n), (0, 1), (128, n) if n > 128 else (0, n - 1), (0, n - 2 if n > 2 else n)):
+                got = run(r0, r1)
+                assert got.dtype == dtype and got.shape == (r1 - r0, kin)
+                torch.testing.assert_close(got, want[r0:r1], rtol=0, atol=0, equal_nan=True)  # NaN where it is NaN
+    finally:
+        torch.set_num_threads(old)

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vl.errors import CheckpointError, ConfigError
+from vl.kernels import gemv
 from vl.quant.config import QuantFormatError, QuantUnavailableError, detect_quantized_linears
 from vl.quant.export import export_quantized
 from vl.quant.fp8 import dequantize_fp8, quantize_fp8_activation
@@ -283,13 +284,16 @@ def test_row_chunked_prefill_equals_the_dequantize_mode(algo, bias, monkeypatch)
     swap_quantized_linears(ref, sd, "dequantize", compute_dtype=torch.float32)
     monkeypatch.setattr(ql, "DEQUANT_CHUNK_ROWS", 128)  # 3 row blocks
     calls = []
-    orig = type(fast[0]).dequantized_rows
-    monkeypatch.setattr(type(fast[0]), "dequantized_rows", lambda self, *a: calls.append(a[:2]) or orig(self, *a))
+    orig = type(fast[0])._dequantized_block
+    monkeypatch.setattr(type(fast[0]), "_dequantized_block", lambda self, *a: calls.append(a[:2]) or orig(self, *a))
     x = torch.randn(2, 40, 128)  # 80 rows: above the decode kernel's row limit
-    with torch.no_grad():
-        got, want = fast(x), ref(x)
-    assert calls == [(0, 128), (128, 256), (256, 384)]
-    assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    for kernel in ("auto", "off"):  # the packed kernel's expansion, and the torch dequantizers
+        monkeypatch.setenv("VL_QUANT_KERNEL", kernel)
+        calls.clear()
+        with torch.no_grad():
+            got, want = fast(x), ref(x)
+        assert calls == [(0, 128), (128, 256), (256, 384)]
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_wide_inputs_take_fewer_weight_rows_per_block(monkeypatch):
@@ -304,6 +308,7 @@ def test_wide_inputs_take_fewer_weight_rows_per_block(monkeypatch):
     fast, ref = nn.Sequential(nn.Linear(128, 384)), nn.Sequential(nn.Linear(128, 384))
     swap_quantized_linears(fast, sd, "weight-only", compute_dtype=torch.float32)
     swap_quantized_linears(ref, sd, "dequantize", compute_dtype=torch.float32)
+    monkeypatch.setenv("VL_QUANT_KERNEL", "off")  # the torch dequantizers' row blocks (the kernel's: test above)
     monkeypatch.setattr(ql, "DEQUANT_CHUNK_ELEMS", 256 * 128 + 5)  # 256 rows of 128 inputs per block
     calls = []
     orig = type(fast[0]).dequantized_rows
@@ -317,8 +322,9 @@ def test_wide_inputs_take_fewer_weight_rows_per_block(monkeypatch):
 
 @pytest.mark.parametrize("algo", ["NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
 def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
-    """A row block expanded 128 rows at a time (DEQUANT_BLOCK_ELEMS) is the one-shot expansion, and a many-row
-    forward through it gives bit-for-bit the same output."""
+    """A row block expanded 128 rows at a time (DEQUANT_BLOCK_ELEMS) by the torch dequantizers is the one-shot
+    expansion, and a many-row forward through it gives bit-for-bit the same output, as does the packed kernel's
+    expansion (one pass over the block)."""
     import vl.quant.linear as ql
 
     src = nn.Sequential(nn.Linear(128, 384, bias=True))
@@ -326,6 +332,7 @@ def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
     q = nn.Sequential(nn.Linear(128, 384, bias=True))
     swap_quantized_linears(q, sd, "weight-only", compute_dtype=torch.bfloat16)
     x = torch.randn(2, 40, 128).bfloat16()
+    monkeypatch.setenv("VL_QUANT_KERNEL", "off")
     with torch.no_grad():
         want, whole = q(x), q[0].dequantized_rows(0, 384, torch.bfloat16)
     monkeypatch.setattr(ql, "DEQUANT_BLOCK_ELEMS", 128 * 128)  # 3 pieces of 128 rows
@@ -337,6 +344,12 @@ def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
     assert calls == [(0, 128), (128, 256), (256, 384)]
     assert torch.equal(got, want)
     assert torch.equal(q[0]._dequantized_block(0, 384, torch.bfloat16), whole)
+    monkeypatch.setenv("VL_QUANT_KERNEL", "auto")
+    calls.clear()
+    with torch.no_grad():
+        assert torch.equal(q(x), want)
+    assert torch.equal(q[0]._dequantized_block(0, 384, torch.bfloat16), whole)
+    assert calls == [] or gemv.kernel() is None  # the kernel expanded them (where it builds)
 
 
 def test_resident_bytes_count_each_tensors_own_range_and_shared_views_once():

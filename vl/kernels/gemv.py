@@ -46,7 +46,9 @@ class Kernel(loader.Library):
                  "vl_dense_bf16_native": ([], _i),
                  "vl_dense_t_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
                  "vl_nvfp4_loop": ([], _i),
-                 "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _p, _i], None)}
+                 "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _p, _i], None),
+                 "vl_nvfp4_expand": ([_p, _p, _f, _i, _i, _i, _i, _p, _i], None),
+                 "vl_fp8_expand": ([_p, _p, _i, _i, _i, _i, _i, _i, _p, _i], None)}
 
     def __init__(self, path: Path):
         super().__init__(path)
@@ -98,6 +100,26 @@ class Kernel(loader.Library):
                                      (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16),
                                      y.data_ptr(), torch.get_num_threads())
         return y
+
+    def nvfp4_expand(self, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float, r0: int, r1: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+        """Rows r0:r1 of an NVFP4 layer (packed (N, K/2) uint8, block_scale (N, K/16) e4m3, both contiguous) as a
+        (r1 - r0, K) float32 / bfloat16 tensor, bit for bit `dequantize_nvfp4(...)[r0:r1].to(dtype)`."""
+        k = packed.shape[1] * 2
+        out = torch.empty(r1 - r0, k, dtype=dtype)
+        self.lib.vl_nvfp4_expand(packed.data_ptr(), block_scale.data_ptr(), float(global_scale), k, r0, r1,
+                                 int(dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def fp8_expand(self, w8: torch.Tensor, scale: torch.Tensor, kind: str, r0: int, r1: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """Rows r0:r1 of an E4M3 layer (w8 (N, K), scale float32 contiguous as `fp8` takes it) as a (r1 - r0, K)
+        float32 / bfloat16 tensor, bit for bit `dequantize_fp8(...)[r0:r1].to(dtype)`, NaN codes included."""
+        n, k = w8.shape
+        out = torch.empty(r1 - r0, k, dtype=dtype)
+        self.lib.vl_fp8_expand(w8.data_ptr(), scale.data_ptr(), SCALE_KIND[kind], n, k, r0, r1,
+                               int(dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
+        return out
 
     def _packed(self, n: int, tensors: tuple, call):
         """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds

@@ -136,6 +136,12 @@ class QuantizedLinear(nn.Module, abc.ABC):
     def _dequantized_block(self, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
         """`dequantized_rows(r0, r1, dtype)`, expanded a multiple of 128 rows at a time into one tensor of
         `dtype`: the same values (each weight is expanded on its own), with bounded temporaries."""
+        if (dtype in (torch.float32, torch.bfloat16) and self.weight.device.type == "cpu"
+                and not torch.compiler.is_compiling()):
+            kern = gemv.kernel()
+            out = self._expanded(kern, r0, r1, dtype) if kern is not None else None
+            if out is not None:  # the packed kernel's expansion: the same values, one lookup per weight
+                return out
         step = max(FP8_BLOCK, DEQUANT_BLOCK_ELEMS // max(self.in_features, 1) // FP8_BLOCK * FP8_BLOCK)
         if r1 - r0 <= step:
             return self.dequantized_rows(r0, r1, dtype)
@@ -144,6 +150,10 @@ class QuantizedLinear(nn.Module, abc.ABC):
             e = min(s + step, r1)
             out[s - r0:e - r0] = self.dequantized_rows(s, e, dtype)
         return out
+
+    def _expanded(self, kern, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Rows r0:r1 expanded by the packed kernel (vl/kernels/gemv.py), or None where it does not read them."""
+        return None
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight expanded to `dtype`, exactly as the checkpoint's packed values and scales give it."""
@@ -309,6 +319,15 @@ class FP8Linear(QuantizedLinear):
         return {"fmt": "fp8", "weight": w, "scale": self.weight_scale.float().contiguous(),
                 "kind": self.granularity or "tensor"}
 
+    def _expanded(self, kern, r0, r1, dtype):
+        w, s = self.weight, self.weight_scale
+        if not (w.dtype == torch.float8_e4m3fn and w.is_contiguous() and s.device.type == "cpu"):
+            return None
+        scale = self.__dict__.get("_scale_f32")
+        if scale is None or scale[0] is not s or scale[1] != s._version:
+            scale = self.__dict__["_scale_f32"] = (s, s._version, s.float().contiguous())
+        return kern.fp8_expand(w, scale[2], self.granularity or "tensor", r0, r1, dtype)
+
     def _nan_free(self) -> bool:
         """No NaN code (0x7F / 0xFF) in the weight, which the kernels do not decode (they take the reference path).
         A scan of the whole weight, so remembered per weight tensor and version."""
@@ -373,6 +392,11 @@ class NVFP4Linear(QuantizedLinear):
 
     def _fake_quant_input(self, x):
         return fake_quantize_nvfp4_activation(x, self.input_scale)
+
+    def _expanded(self, kern, r0, r1, dtype):
+        ops = self.packed_operands()
+        return None if ops is None else kern.nvfp4_expand(ops["weight"], ops["block_scale"], ops["global_scale"],
+                                                          r0, r1, dtype)
 
     def packed_operands(self) -> dict | None:
         w, s = self.weight, self.weight_scale

@@ -33,6 +33,17 @@ void vl_nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_
   nvfp4_gemv_group(G, x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
 }
 
+// Rows [r0, r1) expanded into out ((r1 - r0), K) float32 or bf16 (out_bf16), as the reference dequantizers give them.
+void vl_nvfp4_expand(const uint8_t* w, const uint8_t* bs, float gs, int K, int r0, int r1, int out_bf16, void* out,
+                     int nthreads) {
+  nvfp4_expand(w, bs, gs, K, r0, r1, out_bf16, out, nthreads);
+}
+
+void vl_fp8_expand(const uint8_t* w, const float* scale, int kind, int N, int K, int r0, int r1, int out_bf16,
+                   void* out, int nthreads) {
+  fp8_expand(w, scale, kind, N, K, r0, r1, out_bf16, out, nthreads);
+}
+
 void vl_dense_gemv(const void* x, int M, int K, const void* w, int N, int bf16, float* y, int nthreads) {
   dense_gemv(x, M, K, w, N, bf16, y, nthreads);
 }

@@ -718,6 +718,61 @@ static void nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint
   nvfp4_gemv_group(1, &x, M, K, &w, &bs, &gs, N, round16, x_bf16, y, nthreads);
 }
 
+// Expanding packed rows for products of many rows (prefill): rows [r0, r1) of a layer written out as float32
+// (out_bf16 = 0) or bf16 (1), each weight exactly the value the reference dequantizers give (vl/quant/nvfp4.py
+// dequantize_nvfp4, vl/quant/fp8.py dequantize_fp8: the float32 product, rounded once to bf16 as torch rounds,
+// NaN as torch's 0x7FC0), so a dense GEMM on them equals the reference path. A table lookup per weight where the
+// torch reference runs several full-size passes (~0.15 G weights/s on one core, as slow as the GEMM it feeds).
+static inline uint16_t bf16_bits(float f) {  // torch's float -> bfloat16: nearest even, NaN -> 0x7FC0
+  if (f != f) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline void put_weight(void* out, size_t at, float v, int out_bf16) {
+  if (out_bf16) ((uint16_t*)out)[at] = bf16_bits(v);
+  else ((float*)out)[at] = v;
+}
+
+static void nvfp4_expand(const uint8_t* w, const uint8_t* bs, float gs, int K, int r0, int r1, int out_bf16,
+                         void* out, int nthreads) {
+  float tab[256 * 16];  // E2M1[c] * (E4M3 block scale s * gs), the reference's float32 products
+  for (int sc = 0; sc < 256; ++sc)
+    for (int c = 0; c < 16; ++c) tab[sc * 16 + c] = E2M1[c] * (FP8_LUT[sc] * gs);
+  const int nb = K / 16;
+  parallel_for(r1 - r0, nthreads, [&](int i) {
+    const int o = r0 + i;
+    const uint8_t* wr = w + (size_t)o * (K / 2);
+    const uint8_t* sr = bs + (size_t)o * nb;
+    const size_t base = (size_t)i * K;
+    for (int b = 0; b < nb; ++b) {
+      const float* t = tab + sr[b] * 16;
+      for (int j = 0; j < 8; ++j) {  // the low nibble is the even element
+        const uint8_t byte = wr[b * 8 + j];
+        put_weight(out, base + b * 16 + 2 * j, t[byte & 15], out_bf16);
+        put_weight(out, base + b * 16 + 2 * j + 1, t[byte >> 4], out_bf16);
+      }
+    }
+  });
+}
+
+// scale as the row kernels take it (kind 0: one, 1: per row, 2: per 128 x 128 block, (N/128 rounded up, K/128)).
+static void fp8_expand(const uint8_t* w, const float* scale, int kind, int N, int K, int r0, int r1, int out_bf16,
+                       void* out, int nthreads) {
+  const int kb = (K + 127) / 128;
+  parallel_for(r1 - r0, nthreads, [&](int i) {
+    const int o = r0 + i;
+    const uint8_t* wr = w + (size_t)o * K;
+    const size_t base = (size_t)i * K;
+    for (int c = 0; c < K; ++c) {
+      const float sc = kind == 0 ? scale[0] : kind == 1 ? scale[o] : scale[(size_t)(o / 128) * kb + c / 128];
+      put_weight(out, base + c, FP8_LUT[wr[c]] * sc, out_bf16);
+    }
+  });
+  (void)N;
+}
+
 // Dense: x (M, K) and w (N, K) both bf16 (bf16=1) or both float32; y (M, N) float32. M in 1..4.
 static int dense_bf16_native() {  // 1: the bf16 loop uses VDPBF16PS (else a scalar loop: the caller keeps torch's)
 #if defined(VL_AVX512) && defined(__AVX512BF16__)
