@@ -45,6 +45,17 @@ def _cpu_vendor() -> str:
 
 
 @functools.cache
+def native_16bit(dtype: torch.dtype) -> bool:
+    """Whether this CPU has native GEMM instructions for `dtype` (AVX512-BF16 or AMX for bf16, AMX-FP16 for fp16)."""
+    cpu = torch.cpu
+    if dtype == torch.bfloat16:
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    if dtype == torch.float16:
+        return bool(cpu._is_amx_fp16_supported())
+    return True
+
+
+@functools.cache
 def use_onednn() -> bool:
     """Whether many-row fp32 products go through oneDNN in this process (see the module docstring)."""
     choice = switches.get("VL_CPU_GEMM")

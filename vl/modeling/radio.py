@@ -42,6 +42,7 @@ from timm.models.vision_transformer import Attention, Block, Mlp
 from torch import nn
 
 from vl.errors import ConfigError, InputError
+from vl.kernels.gemm import native_16bit
 
 log = logging.getLogger(__name__)
 
@@ -300,10 +301,6 @@ class RadioEncoder(nn.Module):
 # bf16 only: in fp32 it measured no faster than the modules (MKL), which keep transformers' bits.
 
 
-def _native_bf16() -> bool:
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
 def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
     """Why `encoder`'s blocks run timm's modules for `x` rather than `fused_block` (None: the fused path runs)."""
     if not encoder.fused_cpu:
@@ -318,7 +315,7 @@ def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
         return "compiling"
     if not _onednn():
         return "torch was built without oneDNN"
-    if not _native_bf16():
+    if not native_16bit(torch.bfloat16):
         return "no native bf16 GEMM on this CPU (AVX512-BF16 / AMX)"
     for block in encoder.blocks:
         linears = (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2)

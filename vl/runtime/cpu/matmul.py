@@ -12,7 +12,6 @@ weights are the faster read) keep the plain 16-bit product.
 
 from __future__ import annotations
 
-import functools
 import logging
 import types
 
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from vl.kernels import gemm, switches
+from vl.kernels.gemm import native_16bit
 from vl.modeling.mlp import MLP
 from vl.kernels import gemv
 
@@ -27,17 +27,6 @@ log = logging.getLogger(__name__)
 
 MIN_ROWS = 8  # below this many rows the per-call weight upcast costs more than the 16-bit GEMM it replaces
 BLOCK_ELEMS = 8 * 1024 * 1024  # fp32 weight elements upcast at a time (32 MiB)
-
-
-@functools.cache
-def native_16bit(dtype: torch.dtype) -> bool:
-    """Whether this CPU has native GEMM instructions for `dtype`."""
-    cpu = torch.cpu
-    if dtype == torch.bfloat16:
-        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
-    if dtype == torch.float16:
-        return bool(cpu._is_amx_fp16_supported())
-    return True
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
