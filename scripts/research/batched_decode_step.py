@@ -30,7 +30,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     flags = native._flags
-    native._flags = lambda portable: [f"-{args.opt}"] + flags(portable)[1:]
+    native._flags = lambda portable, defines=(): [f"-{args.opt}"] + flags(portable, defines)[1:]
     cpu_decode._load.cache_clear()
     lib = cpu_decode.library()
     if lib is None:
