@@ -105,8 +105,10 @@ def test_hub_names_map_onto_split_names():
         assert hub_to_split_name(same) == same
 
 
-def packed_moe(seed=4, **changes):
-    """`make_moe` with its experts split and swapped for weight-only NVFP4 Linears (the 30B geometry's load)."""
+def packed_moe(seed=4, fmt="nvfp4", **changes):
+    """`make_moe` with its experts split and swapped for weight-only NVFP4 (the 30B geometry's load) or per-channel
+    FP8 Linears."""
+    from vl.quant.fp8 import quantize_fp8_per_channel
     from vl.quant.linear import swap_quantized_linears
     from vl.quant.nvfp4 import quantize_nvfp4
 
@@ -115,17 +117,23 @@ def packed_moe(seed=4, **changes):
     sd = {}
     for proj in ("up_proj", "down_proj"):
         for e, lin in enumerate(getattr(moe.experts, proj)):
-            p, bs, gs = quantize_nvfp4(lin.weight.float() * (1 + e % 3))  # global scales differ between experts
-            sd.update({f"experts.{proj}.{e}.weight": p, f"experts.{proj}.{e}.weight_scale": bs,
-                       f"experts.{proj}.{e}.weight_scale_2": gs})
+            w = lin.weight.float() * (1 + e % 3)  # scales differ between experts
+            name = f"experts.{proj}.{e}"
+            if fmt == "nvfp4":
+                p, bs, gs = quantize_nvfp4(w)
+                sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+            else:
+                w8, scale = quantize_fp8_per_channel(w)
+                sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
     swap_quantized_linears(moe, sd, "weight-only", compute_dtype=torch.bfloat16)
     return moe
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @torch.no_grad()
-def test_packed_experts_of_one_token_run_as_one_call_with_each_experts_bits(monkeypatch, dtype):
-    """Decode through packed NVFP4 experts: the grouped kernel call (vl/quant/experts.py `ExpertList.project`) gives
+def test_packed_experts_of_one_token_run_as_one_call_with_each_experts_bits(monkeypatch, dtype, fmt):
+    """Decode through packed NVFP4 / FP8 experts: the grouped kernel call (vl/quant/experts.py `ExpertList.project`) gives
     the bits of calling each expert's module, twice in a row, and again after an expert's weights change in place
     and after they are replaced by a new tensor (the bound pointers re-bind: a stale one would read the old bytes)."""
     from vl.kernels import gemv
@@ -133,11 +141,11 @@ def test_packed_experts_of_one_token_run_as_one_call_with_each_experts_bits(monk
 
     if gemv.kernel() is None:
         pytest.skip("the fused CPU kernel does not build here: the experts run one by one (tested above)")
-    moe = packed_moe().to(dtype) if dtype == torch.float32 else packed_moe()
+    moe = packed_moe(fmt=fmt).to(dtype) if dtype == torch.float32 else packed_moe(fmt=fmt)
     assert isinstance(moe.experts.up_proj, ExpertList)
     calls = []
-    real = gemv.Kernel.nvfp4_group
-    monkeypatch.setattr(gemv.Kernel, "nvfp4_group", lambda self, *a: calls.append(1) or real(self, *a))
+    real = getattr(gemv.Kernel, f"{fmt}_group")
+    monkeypatch.setattr(gemv.Kernel, f"{fmt}_group", lambda self, *a: calls.append(1) or real(self, *a))
     grouped = ExpertList._grouped
 
     def both(x):

@@ -409,3 +409,34 @@ def test_expanded_rows_equal_the_reference_dequantizers(kernels, build, fmt, kin
                 torch.testing.assert_close(got, want[r0:r1], rtol=0, atol=0, equal_nan=True)  # NaN where it is NaN
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("kind,shape", [("tensor", (37, 200)), ("channel", (129, 72)), ("block", (256, 384))])
+@pytest.mark.parametrize("groups,shared", [(1, True), (3, True), (4, False)])
+@pytest.mark.parametrize("act", ["fp32", "bf16"])
+def test_fp8_group_equals_each_layer_alone(kernels, build, kind, shape, groups, shared, act):
+    """`fp8_group`, as `nvfp4_group`: group g's row bit for bit the one-layer call's, each group its own scales (one
+    of them small enough that its bf16 table would not be exact, so that group alone takes the float32 loop)."""
+    k = _which(kernels, build)
+    n, kin = shape
+    layers = [FP8_QUANT[kind](torch.randn(n, kin) * 0.05 * (g + 1)) for g in range(groups)]
+    if groups > 1:
+        layers[-1] = (layers[-1][0], layers[-1][1] * 1e-34)
+    scales = [s.float().contiguous() for _, s in layers]
+    x = torch.randn(1 if shared else groups, kin)
+    if act == "bf16":
+        x = x.bfloat16()
+    rows = [0] * groups if shared else list(range(groups))
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = k.fp8_group(x, rows, [w.data_ptr() for w, _ in layers], [s.data_ptr() for s in scales], kind, n,
+                              act == "bf16")
+            assert got.shape == (groups, n)
+            for g, (w, _) in enumerate(layers):
+                want = k.fp8(x[rows[g]:rows[g] + 1], w, scales[g], kind, act == "bf16")
+                assert torch.equal(got[g:g + 1], want), (g, threads)
+    finally:
+        torch.set_num_threads(old)

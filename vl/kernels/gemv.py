@@ -47,6 +47,7 @@ class Kernel(loader.Library):
                  "vl_dense_t_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
                  "vl_nvfp4_loop": ([], _i),
                  "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _p, _i], None),
+                 "vl_fp8_gemv_group": ([_i, _p, _i, _i, _p, _i, _p, _i, _i, _i, _p, _i], None),
                  "vl_nvfp4_expand": ([_p, _p, _f, _i, _i, _i, _i, _p, _i], None),
                  "vl_fp8_expand": ([_p, _p, _i, _i, _i, _i, _i, _i, _p, _i], None)}
 
@@ -99,6 +100,22 @@ class Kernel(loader.Library):
                                      (ctypes.c_void_p * g)(*weights), (ctypes.c_void_p * g)(*block_scales),
                                      (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16),
                                      y.data_ptr(), torch.get_num_threads())
+        return y
+
+    def fp8_group(self, x: torch.Tensor, rows: list[int], weights, scales, kind: str, n: int,
+                  round_bf16: bool) -> torch.Tensor:
+        """G FP8 layers of one shape (n, K) and scale kind, one activation row each, as `nvfp4_group`: weights and
+        scales are G data pointers (E4M3 (n, K) bytes; float32 scales as `fp8` takes them) -> (G, n) float32, row g
+        bit for bit `fp8(x[rows[g]], ...)` of layer g."""
+        g, k = len(rows), x.shape[1]
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+        base, stride = x.data_ptr(), k * x.element_size()
+        y = torch.empty(g, n, dtype=torch.float32)
+        self.lib.vl_fp8_gemv_group(g, (ctypes.c_void_p * g)(*(base + r * stride for r in rows)), 1, k,
+                                   (ctypes.c_void_p * g)(*weights), n, (ctypes.c_void_p * g)(*scales),
+                                   SCALE_KIND[kind], int(round_bf16), int(x_bf16), y.data_ptr(),
+                                   torch.get_num_threads())
         return y
 
     def nvfp4_expand(self, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float, r0: int, r1: int,

@@ -10,8 +10,8 @@ i's module where it finds one (a list) and multiplies by row i of the tensor oth
 only the rows of the experts its router chose.
 
 For one token (decode) the MoE asks the list for its k experts' projections at once (`ExpertList.project`):
-where they are packed NVFP4 Linears on the CPU with the fused kernel available, the k products are one kernel call
-(vl/kernels/gemv.py `nvfp4_group`), so the threads wake once per projection rather than once per expert, with the
+where they are packed NVFP4 (or FP8) Linears on the CPU with the fused kernel available, the k products are one
+kernel call (vl/kernels/gemv.py `nvfp4_group`, `fp8_group`), so the threads wake once per projection rather than once per expert, with the
 bits each expert's own forward gives; anything else calls the experts one by one.
 
 `hub_to_split_name` maps the checkpoint's per-expert names (`mixer.experts.{i}.up_proj.weight`, the hub layout)
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from vl.kernels import gemv
-from vl.quant.linear import NVFP4Linear
+from vl.quant.linear import FP8Linear, NVFP4Linear
 
 _HUB_EXPERT = re.compile(r"^(.*\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.([^.]+)$")
 PROJECTIONS = ("up_proj", "down_proj")
@@ -75,16 +75,19 @@ class ExpertList(nn.ModuleList):
         ops = self._operands(kern, ids)
         if ops is None:
             return None
-        w, bs, gs, n = ops
         rows = [0] * len(ids) if x.shape[0] == 1 else list(range(len(ids)))
-        y = kern.nvfp4_group(x, rows, [w[e] for e in ids], [bs[e] for e in ids], [gs[e] for e in ids], n,
-                             x.dtype == torch.bfloat16)
+        w, a = [ops["w"][e] for e in ids], [ops["a"][e] for e in ids]
+        if ops["fmt"] == "nvfp4":
+            y = kern.nvfp4_group(x, rows, w, a, [ops["gs"][e] for e in ids], ops["n"], x.dtype == torch.bfloat16)
+        else:
+            y = kern.fp8_group(x, rows, w, a, ops["kind"], ops["n"], x.dtype == torch.bfloat16)
         return y.to(x.dtype)
 
     def _operands(self, kern, ids):
-        """The experts' packed pointers and global scales, bound once per kernel and list of modules, re-bound when
-        a used expert's tensors move or change in place (as QuantizedLinear re-binds its own call); None where any
-        expert is not a weight-only NVFP4 Linear the kernel reads as its own forward would."""
+        """The experts' packed pointers (and NVFP4 global scales), bound once per kernel and list of modules,
+        re-bound when a used expert's tensors move or change in place (as QuantizedLinear re-binds its own call);
+        None where the experts are not all weight-only NVFP4 Linears, or all FP8 ones of one scale kind, that the
+        kernel reads as their own forward would."""
         mods = tuple(self._modules.values())
         cached = self.__dict__.get("_group_ops")
         if cached is not None and cached[0] is kern and len(cached[1]) == len(mods) and all(
@@ -92,24 +95,32 @@ class ExpertList(nn.ModuleList):
             ops, keys = cached[2], cached[3]
             if ops is None or all(keys[e] == _key(mods[e]) for e in ids):
                 return ops
-        ops, keys = (([], [], [], mods[0].out_features) if mods else None), []
+        ops, keys = None, []
         for m in mods:
-            packed = m.packed_operands() if type(m) is NVFP4Linear else None
+            packed = m.packed_operands() if type(m) in (NVFP4Linear, FP8Linear) else None
+            first = ops or {"fmt": packed and packed["fmt"], "kind": packed and packed.get("kind"),
+                            "n": m.out_features, "k": m.in_features, "w": [], "a": [], "gs": [], "keep": []}
             if (packed is None or m.bias is not None or m.mode not in ("weight-only", "auto") or m.emulate_activations
-                    or (m.out_features, m.in_features) != (mods[0].out_features, mods[0].in_features)):
+                    or (m.out_features, m.in_features, packed["fmt"], packed.get("kind"))
+                    != (first["n"], first["k"], first["fmt"], first["kind"])):
                 ops, keys = None, []
                 break
-            ops[0].append(packed["weight"].data_ptr())
-            ops[1].append(packed["block_scale"].data_ptr())
-            ops[2].append(packed["global_scale"])
+            ops = first
+            ops["w"].append(packed["weight"].data_ptr())
+            if packed["fmt"] == "nvfp4":
+                ops["a"].append(packed["block_scale"].data_ptr())
+                ops["gs"].append(packed["global_scale"])
+            else:  # a float32 copy of the scale: kept alive here while the pointer is bound
+                ops["keep"].append(packed["scale"])
+                ops["a"].append(packed["scale"].data_ptr())
             keys.append(_key(m))
         self.__dict__["_group_ops"] = (kern, mods, ops, keys)
         return ops
 
 
 def _key(m) -> tuple:
-    return (m.weight.data_ptr(), m.weight._version, m.weight_scale.data_ptr(), m.weight_scale._version,
-            m.weight_scale_2._version)
+    """What a bound expert's pointers depend on: each of its buffers' storage and in-place version."""
+    return tuple((b.data_ptr(), b._version) for b in m._buffers.values() if b is not None)
 
 
 def split_fused_experts(model: nn.Module, only=None) -> list[str]:

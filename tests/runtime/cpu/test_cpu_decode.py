@@ -432,8 +432,10 @@ def test_fused_step_equals_the_modules_with_moe_layers(lib, dtype, layout, norm_
     follow_the_modules(lm, lib, ids, mask)
 
 
-def nvfp4_experts(lm):
-    """The routed experts split and swapped for weight-only NVFP4 Linears, as a packed checkpoint loads them."""
+def packed_experts(lm, fmt: str):
+    """The routed experts split and swapped for weight-only NVFP4 or (per-channel) FP8 Linears, as a packed
+    checkpoint loads them."""
+    from vl.quant.fp8 import quantize_fp8_per_channel
     from vl.quant.linear import swap_quantized_linears
     from vl.quant.nvfp4 import quantize_nvfp4
 
@@ -442,16 +444,21 @@ def nvfp4_experts(lm):
     for name, mod in lm.named_modules():
         if ".experts.up_proj." in name + "." or ".experts.down_proj." in name + ".":
             if isinstance(mod, torch.nn.Linear):
-                p, bs, gs = quantize_nvfp4(mod.weight.float())
-                sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+                if fmt == "nvfp4":
+                    p, bs, gs = quantize_nvfp4(mod.weight.float())
+                    sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+                else:
+                    w8, scale = quantize_fp8_per_channel(mod.weight.float())
+                    sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
     swap_quantized_linears(lm, sd, "weight-only", compute_dtype=lm.backbone.embeddings.weight.dtype)
     return lm
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_step_equals_the_modules_with_packed_nvfp4_experts(lib, dtype):
-    """Packed NVFP4 routed experts (the 30B-A3B geometry's load): the step runs each projection's experts of all
-    rows as one kernel group; the modules run them through ExpertList.project. Same weights and roundings: fp32
+def test_fused_step_equals_the_modules_with_packed_experts(lib, dtype, fmt):
+    """Packed NVFP4 (the 30B-A3B geometry's load) or FP8 routed experts: the step runs each projection's experts of
+    all rows as one kernel group; the modules run them through ExpertList.project. Same weights and roundings: fp32
     to summation order, bf16 within a few bf16 steps, and the same greedy tokens."""
     from vl.kernels import gemv
 
@@ -459,7 +466,7 @@ def test_fused_step_equals_the_modules_with_packed_nvfp4_experts(lib, dtype):
         pytest.skip("the packed kernel does not build here, so packed experts keep the modules (tested elsewhere)")
     cfg = moe_config(hidden_size=64, moe_intermediate_size=48, moe_shared_expert_intermediate_size=32,
                      intermediate_size=64, pattern=moe_pattern(dtype))
-    lm = nvfp4_experts(model(cfg, dtype, seed=3, std=0.1))
+    lm = packed_experts(model(cfg, dtype, seed=3, std=0.1), fmt)
     assert cpu_decode.unsupported(lm) is None
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 9)])
     follow_the_modules(lm, lib, ids, mask)

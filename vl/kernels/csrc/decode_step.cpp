@@ -574,28 +574,35 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
-// G products of one shape, group g: x row g (xs[g] float32, xbs[g] its bf16 copy) times W[g]. Packed NVFP4 matrices
-// go as one kernel call (row_kernels.h nvfp4_gemv_group: the threads wake once for all of them), anything else one
-// gemv per matrix; either way each row has the bits of its own gemv.
+// G products of one shape, group g: x row g (xs[g] float32, xbs[g] its bf16 copy) times W[g]. Packed NVFP4 or FP8
+// matrices of one format go as one kernel call (row_kernels.h nvfp4_gemv_group / fp8_gemv_group: the threads wake
+// once for all of them), anything else one gemv per matrix; either way each row has the bits of its own gemv.
 static void gemv_group(int G, const float* const* xs, const uint16_t* const* xbs, const VlMat* const* W, int bf16,
                        float* y, int nthreads) {
-  bool nvfp4 = true;
-  for (int g = 0; g < G; ++g) nvfp4 = nvfp4 && W[g]->fmt == 2 && W[g]->K == W[0]->K && W[g]->N == W[0]->N;
-  if (!nvfp4) {
+  const VlMat& W0 = *W[0];
+  bool same = W0.fmt == 1 || W0.fmt == 2;  // packed, all of one format, shape and (FP8) scale kind
+  for (int g = 1; g < G && same; ++g)
+    same = W[g]->fmt == W0.fmt && W[g]->K == W0.K && W[g]->N == W0.N && W[g]->scale_kind == W0.scale_kind;
+  if (!same) {
     for (int g = 0; g < G; ++g) gemv(xs[g], xbs[g], 1, *W[g], bf16, y + (size_t)g * W[g]->N, nthreads);
     return;
   }
   const int x_bf16 = bf16 && gemv_bf16_dot();
   std::vector<const void*> x(G);
   std::vector<const uint8_t*> w(G), bs(G);
+  std::vector<const float*> sc(G);
   std::vector<float> gs(G);
   for (int g = 0; g < G; ++g) {
     x[g] = x_bf16 ? (const void*)xbs[g] : (const void*)xs[g];
     w[g] = (const uint8_t*)W[g]->w;
     bs[g] = W[g]->block_scale;
+    sc[g] = W[g]->scale;
     gs[g] = W[g]->global_scale;
   }
-  nvfp4_gemv_group(G, x.data(), 1, W[0]->K, w.data(), bs.data(), gs.data(), W[0]->N, bf16, x_bf16, y, nthreads);
+  if (W0.fmt == 2)
+    nvfp4_gemv_group(G, x.data(), 1, W0.K, w.data(), bs.data(), gs.data(), W0.N, bf16, x_bf16, y, nthreads);
+  else
+    fp8_gemv_group(G, x.data(), 1, W0.K, w.data(), W0.N, sc.data(), W0.scale_kind, bf16, x_bf16, y, nthreads);
 }
 
 // The router (Router.forward): sigmoid scores of the float32 product, the top k by score + bias, weighted by the

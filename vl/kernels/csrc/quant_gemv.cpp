@@ -26,6 +26,12 @@ void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t*
   nvfp4_gemv(x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
 }
 
+// G FP8 layers of one shape and scale kind in one call: x, w, scale point to G arrays; y is (G, M, N).
+void vl_fp8_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w, int N,
+                       const float* const* scale, int kind, int round16, int x_bf16, float* y, int nthreads) {
+  fp8_gemv_group(G, x, M, K, w, N, scale, kind, round16, x_bf16, y, nthreads);
+}
+
 // G layers of one shape in one call (a MoE layer's routed experts for one token): x, w, bs point to G arrays,
 // gs holds G global scales, y is (G, M, N).
 void vl_nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w, const uint8_t* const* bs,

@@ -594,48 +594,86 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
     default: FN<4>(__VA_ARGS__); break;       \
   }
 
-// M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
-// x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
-static void fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind,
-                     int round16, int x_bf16, float* y, int nthreads) {
-  const int grain = kind == 2 ? 128 : 16;  // a block-scaled chunk never straddles two scale rows needlessly
-  const int chunks = (N + grain - 1) / grain;
-#ifdef VL_FP8_TABLE
+// One FP8 layer's call as its row chunks need it: the activations in the form its loop reads (bf16 in unpack order
+// for the table loop; float32 where a scale's table entries would not be exact) and the per-tensor table.
+struct Fp8Call {
+  const void* x;
+  int x_bf16, round16;
   uint16_t* xp = nullptr;
   float* xf = nullptr;
+#ifdef VL_FP8_TABLE
   Table shared;
+#endif
+  Fp8Call() = default;
+  Fp8Call(const Fp8Call&) = delete;  // owns xp / xf
+  Fp8Call& operator=(const Fp8Call&) = delete;
+  ~Fp8Call() {
+    delete[] xp;
+    delete[] xf;
+  }
+};
+
+static void fp8_prepare(Fp8Call& c, const void* x, int M, int K, int N, const float* scale, int kind, int round16,
+                        int x_bf16) {
+  c.x = x;
+  c.x_bf16 = x_bf16;
+  c.round16 = round16;
+#ifdef VL_FP8_TABLE
   if (x_bf16) {
     bool exact = true;  // every scale's table entries come out of the vector conversion exactly
     const int nscale = kind == 0 ? 1 : kind == 1 ? N : ((N + 127) / 128) * (K / 128);
     for (int i = 0; i < nscale; ++i) exact = exact && bf16_weights_normal(scale[i] * (1.f / 512));
     if (!exact) {  // the float32 path with bf16 rounding of each weight: the same weights, slower
-      xf = bf16_rows_to_float((const uint16_t*)x, M, K);
-      x = xf;
-      x_bf16 = 0;
-      round16 = 1;
+      c.xf = bf16_rows_to_float((const uint16_t*)x, M, K);
+      c.x = c.xf;
+      c.x_bf16 = 0;
+      c.round16 = 1;
     } else {  // activations in the unpack order of each 64-column block
-      xp = new uint16_t[(size_t)M * K];
+      c.xp = new uint16_t[(size_t)M * K];
       uint16_t pos[64];
       for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)unpack_pos(j);
-      reorder_rows64((const uint16_t*)x, M, K, pos, xp);
-      if (kind == 0) make_table(scale[0], shared);  // one table for the whole layer
+      reorder_rows64((const uint16_t*)x, M, K, pos, c.xp);
+      if (kind == 0) make_table(scale[0], c.shared);  // one table for the whole layer
     }
   }
+#else
+  (void)M; (void)K; (void)N; (void)scale; (void)kind;
 #endif
-  parallel_for(chunks, nthreads, [&](int c) {
-    const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+}
+
+static inline void fp8_chunk(Fp8Call& c, int M, int K, const uint8_t* w, int N, const float* scale, int kind,
+                             float* y, int r0, int r1) {
 #ifdef VL_FP8_TABLE
-    if (x_bf16) {
-      VL_DISPATCH(fp8_rows_table, (const uint16_t*)x, xp, K, w, N, scale, kind, &shared, y, r0, r1)
-      return;
-    }
+  if (c.x_bf16) {
+    VL_DISPATCH(fp8_rows_table, (const uint16_t*)c.x, c.xp, K, w, N, scale, kind, &c.shared, y, r0, r1)
+    return;
+  }
 #endif
-    VL_DISPATCH(fp8_rows, (const float*)x, K, w, N, scale, kind, round16, y, r0, r1)
+  VL_DISPATCH(fp8_rows, (const float*)c.x, K, w, N, scale, kind, c.round16, y, r0, r1)
+}
+
+// G FP8 layers of one shape (N, K) and one scale kind in one call, as nvfp4_gemv_group: group g multiplies its
+// rows x[g] (M, K) by (w[g], scale[g]) into y + g * M * N, one parallel loop over every group's row chunks, each
+// row computed as the one-layer call computes it.
+// M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
+// x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
+static void fp8_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w, int N,
+                           const float* const* scale, int kind, int round16, int x_bf16, float* y, int nthreads) {
+  const int grain = kind == 2 ? 128 : 16;  // a block-scaled chunk never straddles two scale rows needlessly
+  const int chunks = (N + grain - 1) / grain;
+  const size_t out = (size_t)M * N;
+  std::vector<Fp8Call> calls(G);
+  for (int g = 0; g < G; ++g) fp8_prepare(calls[g], x[g], M, K, N, scale[g], kind, round16, x_bf16);
+  parallel_for(G * chunks, nthreads, [&](int c) {
+    const int g = c / chunks, r0 = (c % chunks) * grain, r1 = r0 + grain < N ? r0 + grain : N;
+    fp8_chunk(calls[g], M, K, w[g], N, scale[g], kind, y + out * g, r0, r1);
   });
-#ifdef VL_FP8_TABLE
-  delete[] xp;
-  delete[] xf;
-#endif
+}
+
+// One layer: the group of one.
+static void fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind,
+                     int round16, int x_bf16, float* y, int nthreads) {
+  fp8_gemv_group(1, &x, M, K, &w, N, &scale, kind, round16, x_bf16, y, nthreads);
 }
 
 // The loop NVFP4 layers take with bf16 activations: 2 = VDPBF16PS on the bf16 table, 1 = VPERMPS + FMA (float32
