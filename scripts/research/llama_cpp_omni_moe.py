@@ -36,6 +36,7 @@ import torch
 
 import vl
 from vl.bench.geometry import copy_bandwidth, decode_bytes
+from vl.bench import llama_cpp
 from vl.bench.llama_cpp import LlamaCpp, peer_label
 from vl.bench.timing import our_decode_s
 from vl.config import lm_config_to_hf, nano3_30b_a3b_lm
@@ -97,6 +98,26 @@ def write_checkpoint(cfg, out: Path, seed: int = 0) -> Path:
     return out
 
 
+# The converter's builtin GPT-NeoX vocabulary has 50,277 tokens; cut to the model's size it is too short for Omni's
+# 131,072 rows and llama.cpp refuses the GGUF (check_tensor_dims: token_embd.weight 2688 x 50432 expected). This
+# pads the token list with unused "[PAD{i}]" entries up to the model's size, as the converter's own
+# `_set_vocab_gpt2` pads a short tokenizer. (Belongs in vl/bench/llama_cpp.py's _SHIM.)
+PAD_VOCAB = '''_builtin = NemotronHModel._set_vocab_builtin
+def _padded(self, name, vocab_size):
+    w = self.gguf_writer
+    add_list, add_types = w.add_token_list, w.add_token_types
+    w.add_token_list = lambda toks: add_list(list(toks) + [f"[PAD{i}]".encode() for i in range(len(toks), vocab_size)])
+    w.add_token_types = lambda ts: add_types(list(ts) + [5] * (vocab_size - len(ts)))  # gguf.TokenType.UNUSED
+    try:
+        _builtin(self, name, vocab_size)
+    finally:
+        del w.add_token_list, w.add_token_types
+NemotronHModel._set_vocab_builtin = _padded
+'''
+if "_padded" not in llama_cpp._SHIM:
+    llama_cpp._SHIM = llama_cpp._SHIM.replace("sys.argv[0] = root", PAD_VOCAB + "sys.argv[0] = root")
+
+
 def gguf_decode_bytes(root: Path, gguf: Path, top_k: int, experts: int) -> int:
     """Bytes one llama.cpp decode step reads from `gguf`: every tensor, but one row of the token embedding (unless
     it is also the output head) and top_k / experts of the routed expert tensors (`*_exps`)."""
@@ -115,10 +136,12 @@ def gguf_decode_bytes(root: Path, gguf: Path, top_k: int, experts: int) -> int:
     return total
 
 
-def ours_quantized(ckpt: Path, spec: str, work: Path) -> Path:
+def ours_quantized(ckpt: Path, spec: str, work: Path, reuse: bool = False) -> Path:
     """`vl quantize --format FMT` of the BF16 checkpoint (`FMT+head`: lm_head packed too) -> its directory."""
     fmt, _, head = spec.partition("+")
     out = work / f"ours-{spec.replace('+', '-')}"
+    if reuse and (out / "hf_quant_config.json").exists():
+        return out
     cmd = [sys.executable, "-m", "vl.cli", "quantize", "--format", fmt, "--model", str(ckpt), "--out", str(out),
            "--dtype", "bfloat16", "--no-progress", "--overwrite"]
     if head:
@@ -169,7 +192,7 @@ def main() -> None:
     ours = {}
     for spec in filter(None, a.ours.split(",")):
         t0 = time.time()
-        ours[f"ours {spec}"] = vl.load_pretrained(ours_quantized(ckpt, spec, work), dtype=torch.bfloat16)
+        ours[f"ours {spec}"] = vl.load_pretrained(ours_quantized(ckpt, spec, work, a.reuse), dtype=torch.bfloat16)
         print(f"ours {spec}: quantized and loaded in {time.time() - t0:.0f} s", flush=True)
     if not a.keep:
         (ckpt / "model.safetensors").unlink()
