@@ -98,24 +98,6 @@ def write_checkpoint(cfg, out: Path, seed: int = 0) -> Path:
     return out
 
 
-# The converter's builtin GPT-NeoX vocabulary has 50,277 tokens; cut to the model's size it is too short for Omni's
-# 131,072 rows and llama.cpp refuses the GGUF (check_tensor_dims: token_embd.weight 2688 x 50432 expected). This
-# pads the token list with unused "[PAD{i}]" entries up to the model's size, as the converter's own
-# `_set_vocab_gpt2` pads a short tokenizer. (Belongs in vl/bench/llama_cpp.py's _SHIM.)
-PAD_VOCAB = '''_builtin = NemotronHModel._set_vocab_builtin
-def _padded(self, name, vocab_size):
-    w = self.gguf_writer
-    add_list, add_types = w.add_token_list, w.add_token_types
-    w.add_token_list = lambda toks: add_list(list(toks) + [f"[PAD{i}]".encode() for i in range(len(toks), vocab_size)])
-    w.add_token_types = lambda ts: add_types(list(ts) + [5] * (vocab_size - len(ts)))  # gguf.TokenType.UNUSED
-    try:
-        _builtin(self, name, vocab_size)
-    finally:
-        del w.add_token_list, w.add_token_types
-NemotronHModel._set_vocab_builtin = _padded
-'''
-if "_padded" not in llama_cpp._SHIM:
-    llama_cpp._SHIM = llama_cpp._SHIM.replace("sys.argv[0] = root", PAD_VOCAB + "sys.argv[0] = root")
 
 
 def gguf_decode_bytes(root: Path, gguf: Path, top_k: int, experts: int) -> int:

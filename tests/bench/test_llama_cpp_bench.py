@@ -28,10 +28,29 @@ if "q4_K_M" in model and arg("--repack", "1") == "0":
     os.kill(os.getpid(), signal.SIGSEGV)
 print(json.dumps([{{"n_prompt": int(arg("-p")), "n_gen": int(arg("-n")), "avg_ts": 50.0}}]))
 '''
-# convert_hf_to_gguf.py, with the three classes the converter shim patches: writes a file of the asked type
-_CONVERT = '''import sys
+# convert_hf_to_gguf.py, with the three classes the converter shim patches: writes a file of the asked type, and
+# the token list and types the model's vocabulary step gave its writer (next to the file, as JSON)
+_CONVERT = '''import json, sys
+from conversion.nemotron import NemotronHModel
 a = sys.argv
-open(a[a.index("--outfile") + 1], "wb").write(b"G" * {"f32": 4000, "bf16": 2000, "q8_0": 1100}[a[a.index("--outtype") + 1]])
+out = a[a.index("--outfile") + 1]
+open(out, "wb").write(b"G" * {"f32": 4000, "bf16": 2000, "q8_0": 1100}[a[a.index("--outtype") + 1]])
+class Writer:
+    def add_token_list(self, toks): self.toks = [t.decode() for t in toks]
+    def add_token_types(self, types): self.types = list(types)
+m = NemotronHModel.__new__(NemotronHModel)
+m.gguf_writer = w = Writer()
+m.vocab_size = json.load(open(a[1] + "/config.json")).get("vocab_size", 4)
+m.set_vocab()
+json.dump({"tokens": w.toks, "types": w.types}, open(out + ".vocab.json", "w"))
+'''
+# the converter's builtin vocabulary (5 tokens here, 50,277 in llama.cpp), cut to the model's size
+_NEMOTRON = '''class NemotronHModel:
+    def _set_vocab_builtin(self, name, vocab_size):
+        assert name == "gpt-neox", name
+        toks = [f"t{i}".encode() for i in range(5)][:vocab_size]
+        self.gguf_writer.add_token_list(toks)
+        self.gguf_writer.add_token_types([1] * len(toks))
 '''
 _QUANTIZE = '''#!{python}
 import pathlib, sys
@@ -57,9 +76,23 @@ def fake_tree(root, quantize=True):
     (root / "conversion").mkdir()
     (root / "conversion" / "base.py").write_text("class ModelBase:\n    pass\n")
     (root / "conversion" / "granite.py").write_text("class GraniteHybridModel:\n    def set_vocab(self):\n"
-                                                    "        pass\n")
-    (root / "conversion" / "nemotron.py").write_text("class NemotronHModel:\n    pass\n")
+                                                    "        self._set_vocab_builtin('gpt-neox', self.vocab_size)\n")
+    (root / "conversion" / "nemotron.py").write_text(_NEMOTRON)
     return root
+
+
+@pytest.mark.parametrize("vocab", [3, 9])
+def test_the_builtin_vocabulary_is_cut_or_padded_to_the_model_rows(tmp_path, vocab):
+    """llama.cpp refuses a GGUF whose token list is shorter than token_embd (Omni: 131,072 rows against the builtin
+    50,277): the shim pads it with unused tokens, as the converter pads a short tokenizer, and a longer list is cut."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"vocab_size": vocab}))
+    gguf = LlamaCpp(fake_tree(tmp_path / "lc")).converted(hf, "bf16", tmp_path / "model-bf16.gguf")
+    got = json.loads((tmp_path / "model-bf16.gguf.vocab.json").read_text())
+    assert gguf.stat().st_size == 2000 and len(got["tokens"]) == len(got["types"]) == vocab
+    assert got["tokens"][:3] == ["t0", "t1", "t2"]
+    assert got["tokens"][5:] == [f"[PAD{i}]" for i in range(5, vocab)] and got["types"][5:] == [5] * (vocab - 5)
 
 
 def calls(root):

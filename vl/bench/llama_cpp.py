@@ -17,7 +17,9 @@ joins every type whose default used an extra buffer.
 The converter is run through a small shim (written next to the model at run time) because the bench model
 has no tokenizer and transformers 5 rewrites its layer pattern (docs/bench_llama_cpp.md):
 - vocabulary: llama.cpp's own builtin GPT-NeoX vocabulary, cut to the model's size (what its Mamba-2
-  converter does for tokenizer-less checkpoints); `llama-bench` feeds random token ids, so only the size counts;
+  converter does for tokenizer-less checkpoints) or, when the model has more rows than its 50,277 tokens (Omni's
+  131,072), padded with unused `[PAD{i}]` tokens as the converter pads a short tokenizer (llama.cpp refuses a GGUF
+  whose token list is shorter than `token_embd`); `llama-bench` feeds random token ids, so only the size counts;
 - the layer pattern is read from `hybrid_override_pattern` in config.json (transformers 5 turns it into
   `layers_block_type`, whose "mlp" entries the converter does not count as MLP layers);
 - without "E" in the pattern, the MoE defaults transformers writes into every NemotronH config are dropped,
@@ -61,6 +63,17 @@ def _init_dense(self, *args, **kwargs):
             hp.pop(key, None)
     _init(self, *args, hparams=hp, **kwargs)
 NemotronHModel.__init__ = _init_dense
+_builtin = NemotronHModel._set_vocab_builtin
+def _padded(self, name, vocab_size):  # the builtin list is 50,277 tokens: pad it to the model's rows
+    w = self.gguf_writer
+    add_list, add_types = w.add_token_list, w.add_token_types
+    w.add_token_list = lambda toks: add_list(list(toks) + [f"[PAD{i}]".encode() for i in range(len(toks), vocab_size)])
+    w.add_token_types = lambda ts: add_types(list(ts) + [5] * (vocab_size - len(ts)))  # gguf.TokenType.UNUSED
+    try:
+        _builtin(self, name, vocab_size)
+    finally:
+        del w.add_token_list, w.add_token_types
+NemotronHModel._set_vocab_builtin = _padded
 sys.argv[0] = root + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
