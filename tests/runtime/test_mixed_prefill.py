@@ -89,6 +89,34 @@ def test_a_chunked_prefill_equals_a_whole_prefill(lm, chunk):
             assert (a - b).abs().max() <= 1e-4 * max(1.0, b.abs().max()), name
 
 
+@torch.no_grad()
+def test_only_the_prompt_last_chunk_runs_the_tail_and_the_head(lm):
+    """A chunk that only fills the cache stops after the last Mamba / attention layer: one LM head call per prompt
+    (the head is a whole read of the vocabulary's rows), and the cache equals a full call's bit for bit."""
+    seen = []
+    hooks = [lm.lm_head.register_forward_hook(lambda *_: seen.append("head"))]
+    tail = lm.backbone.layers[lm.stateless_tail:]
+    hooks += [m.register_forward_hook(lambda *_: seen.append("tail")) for m in tail]
+    try:
+        ids = torch.randint(3, 128, (1, 31), generator=torch.Generator().manual_seed(3))
+        job = _Prefill(HybridCache(lm.config, 1, 31), ids, None, None, [])
+        batch = DecodeBatch(lm, mix_chunk=5)
+        while job.done < job.length:
+            batch._prefill(job, 5)
+        assert seen == ["tail"] * len(tail) + ["head"]
+        full, only = HybridCache(lm.config, 1, 31), HybridCache(lm.config, 1, 31)
+        lm(input_ids=ids[:, :20], cache=full, logits_to_keep=1)
+        assert lm(input_ids=ids[:, :20], cache=only, cache_only=True) is None and only.length == full.length == 20
+        for mine, ref in zip(only.layers, full.layers):
+            for name in (() if mine is None else vars(mine)):
+                assert torch.equal(getattr(mine, name), getattr(ref, name)), name
+        with pytest.raises(ValueError, match="cache_only needs a cache"):
+            lm(input_ids=ids, cache_only=True)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def test_a_joiner_ended_while_it_prefills_is_dropped_and_the_others_go_on(lm):
     g = torch.Generator().manual_seed(3)
     a, long = torch.randint(3, 128, (6,), generator=g), torch.randint(3, 128, (40,), generator=g)

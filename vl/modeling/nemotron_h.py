@@ -80,7 +80,7 @@ class NemotronHForCausalLM(nn.Module):
         return self.backbone.embeddings(input_ids)
 
     def forward(self, input_ids=None, inputs_embeds=None, cache=None, input_pos=None, attention_mask=None,
-                logits_to_keep: int = 0):
+                logits_to_keep: int = 0, cache_only: bool = False):
         """input_ids (b, t) or inputs_embeds (b, t, d).
 
         cache: a `HybridCache` (vl.runtime.cache) or None. input_pos: the absolute position of the first new
@@ -91,7 +91,13 @@ class NemotronHForCausalLM(nn.Module):
 
         A 0-d tensor `input_pos` selects fixed-shape one-token decode (`decode_step`): nothing on the Python
         side depends on the position, so the step can be compiled and captured as a CUDA graph.
+
+        cache_only: a prompt chunk that is not the prompt's last only fills `cache`: the layers after the last
+        Mamba / attention layer, `norm_f` and `lm_head` (a read of the whole head per chunk) are skipped, and the
+        output is None. The cache holds what a full call would have left in it.
         """
+        if cache_only and cache is None:
+            raise ValueError("cache_only needs a cache to fill")
         h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         b, t, _ = h.shape
         if isinstance(input_pos, torch.Tensor):
@@ -108,9 +114,14 @@ class NemotronHForCausalLM(nn.Module):
         if self.config.residual_in_fp32:
             h = h.float()
         for i, block in enumerate(self.backbone.layers):
+            if i == self.stateless_tail and cache_only:
+                break
             if i == self.stateless_tail and logits_to_keep:
                 h = h[:, -logits_to_keep:]
             h = block(h, cache.layers[i] if cache is not None else None, pos, mask, key_valid)
+        if cache_only:
+            cache.length = pos + t
+            return None
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         h = self.backbone.norm_f(h)

@@ -15,7 +15,9 @@ logits processor does the same), so rows with different settings share a batch a
 A group that joins while rows decode is prefilled a chunk at a time, one chunk of at most `mix_chunk` tokens per
 step, between the running rows' decode steps (Sarathi-Serve's chunked prefill, without the fused forward: the
 chunk and the step are two calls), so a long prompt delays each running row's next token by one chunk instead of
-by its whole prefill. The group's rows enter at the step its last chunk runs. A chunked prefill equals a one-shot
+by its whole prefill. A chunk before the prompt's last only fills the cache (`cache_only`: no LM head, which reads
+the whole vocabulary's rows, and no layers after the last Mamba / attention one). The group's rows enter at the
+step its last chunk runs. A chunked prefill equals a one-shot
 prefill up to the order of float32 sums (tests/runtime/test_mixed_prefill.py); a group that joins an idle batch,
 or one left alone because every running row ended, is prefilled at once (nobody waits).
 
@@ -186,10 +188,13 @@ class DecodeBatch:
         t0 = time.perf_counter()
         for start in range(job.done, end, chunk):
             part = slice(start, min(start + chunk, end))
-            job.logits = self.lm(input_ids=None if job.inputs_embeds is not None else job.input_ids[:, part],
-                                 inputs_embeds=None if job.inputs_embeds is None else job.inputs_embeds[:, part],
-                                 cache=job.cache, attention_mask=None if job.mask is None else job.mask[:, part],
-                                 logits_to_keep=1).logits[:, -1]
+            last = part.stop == job.length  # only the prompt's last chunk needs logits (the others fill the cache)
+            out = self.lm(input_ids=None if job.inputs_embeds is not None else job.input_ids[:, part],
+                          inputs_embeds=None if job.inputs_embeds is None else job.inputs_embeds[:, part],
+                          cache=job.cache, attention_mask=None if job.mask is None else job.mask[:, part],
+                          logits_to_keep=1, cache_only=not last)
+            if last:
+                job.logits = out.logits[:, -1]
         job.done, job.seconds = end, job.seconds + time.perf_counter() - t0
         if job.done == job.length:
             job.input_ids = job.inputs_embeds = job.mask = None  # the cache holds the prompt from now on
