@@ -42,7 +42,7 @@ def test_gemv_equals_the_layers_own_forward(kern, dtype, shape, bias):
         assert cpu_matmul.gemv_decode_linears(lin) == 1
         assert cpu_matmul.gemv_decode_linears(lin) == 0  # applied once
         with torch.no_grad():
-            for rows in (1, 2, 5, gemv.MAX_ROWS + 3):  # the last one keeps torch's forward
+            for rows in (1, 2, 5, gemv.MAX_ROWS + 3):  # the last one keeps torch's forward (and 5 with AMX's bf16)
                 x = torch.randn(1, rows, k).to(dtype)
                 got, want = lin(x), ref(x)
                 assert got.dtype == want.dtype and got.shape == want.shape
@@ -50,7 +50,20 @@ def test_gemv_equals_the_layers_own_forward(kern, dtype, shape, bias):
                 torch.testing.assert_close(got, want, **tol)
     finally:
         kern.dense = orig
-    assert len(calls) == 3
+    assert len(calls) == sum(r <= cpu_matmul.gemv_rows(dtype) for r in (1, 2, 5, gemv.MAX_ROWS + 3))
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_with_amx_bf16_products_of_more_than_kernel_rows_take_torchs_gemm(kern, monkeypatch, amx):
+    """oneDNN's AMX tile GEMM reads the weights once for all rows; the kernel once per 4 rows: with AMX, bf16
+    products of 5+ rows keep torch's forward, fp32 ones (and bf16 without AMX) use the kernel up to MAX_ROWS."""
+    cpu_matmul.gemv_rows.cache_clear()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    try:
+        assert cpu_matmul.gemv_rows(torch.bfloat16) == (gemv.KERNEL_ROWS if amx else gemv.MAX_ROWS)
+        assert cpu_matmul.gemv_rows(torch.float32) == gemv.MAX_ROWS
+    finally:
+        cpu_matmul.gemv_rows.cache_clear()
 
 
 def test_autograd_keeps_torchs_forward(kern):

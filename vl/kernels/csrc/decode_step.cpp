@@ -167,6 +167,19 @@ template <int G>
 static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat& W, int bf16, float* yt, int nthreads) {
   const int N = W.N;
   const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
+#ifdef VL_AMX
+  if (bf16 && amx_ready()) {  // tiles: the rows of a group cost about one row (row_kernels.h dense_bf16_amx)
+    static thread_local std::vector<uint16_t> xv;
+    xv.resize((size_t)(K / 32) * 32 * G);
+    amx_pack(xbm, G, K, xv.data());
+    const uint16_t* xvp = xv.data();  // (the workers' own `xv` are other vectors: thread_local)
+    parallel_for(nthreads, nthreads, [&](int t) {
+      const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+      if (r0 < r1) dense_bf16_amx<G>(xvp, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
+    });
+    return;
+  }
+#endif
   parallel_for(nthreads, nthreads, [&](int t) {
     const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
     if (r0 >= r1) return;

@@ -586,6 +586,99 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
   }
 }
 
+#if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__linux__)
+#define VL_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+// Dense bf16 rows on AMX tiles (CPUs with AMX-BF16; built with -march=native there). The loops above issue one
+// VDPBF16PS per 32 weights per activation row, so beyond one row they are bound by arithmetic, not memory: on the
+// Intel Xeon runner a matrix of 4 rows cost 1.2-1.6x one row and of 8 rows 1.5-2.4x. TDPBF16PS multiplies a tile of
+// 16 weight rows x 32 inputs by the same 32 inputs of up to 16 activation rows at once, so 1, 4 or 8 rows all read
+// the weights at about memory speed (docs/cpu_decode.md, "Batches"). The weight rows are the A tile as stored (16
+// rows of 64 bytes, stride K); the activations are repacked once per call into the B tile's pair layout
+// (`amx_pack`); each output is one lane of a C tile in float32. Per output, the products of one 32-input block are
+// summed in the instruction's fixed order (pair by pair, its k order) and the blocks in increasing order, then the
+// inputs past the last whole block one by one: the same sums whatever the number of rows, their place, or the
+// thread count. Rows past the last whole 16 (N % 16) take the VDPBF16PS loop, also independent of the rows. The
+// process asks Linux once for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM); where it is refused the VDPBF16PS
+// loops run everywhere.
+static bool amx_ready() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+// xb (M, K) bf16 -> xv: per block of 32 inputs, 16 rows (input pairs) of M (even, odd) pairs: the B tile's layout.
+static void amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
+  const int nkb = K / 32;
+  for (int kb = 0; kb < nkb; ++kb)
+    for (int kk = 0; kk < 16; ++kk) {
+      uint16_t* dst = xv + ((size_t)kb * 16 + kk) * M * 2;
+      for (int m = 0; m < M; ++m) {
+        dst[2 * m] = xb[(size_t)m * K + kb * 32 + 2 * kk];
+        dst[2 * m + 1] = xb[(size_t)m * K + kb * 32 + 2 * kk + 1];
+      }
+    }
+}
+
+struct AmxConfig {  // the LDTILECFG operand: palette 1, then bytes per row and rows of tiles 0-15
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// y[m * N + o] for o in [r0, r1), r0 a multiple of 16; xv: `amx_pack` of xb. Tiles: 0-1 C, 2-3 A, 4 B.
+template <int M>
+static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const uint16_t* w, int N, float* y, int r0,
+                           int r1) {
+  const int nkb = K / 32, k32 = nkb * 32;
+  int o = r0;
+  if (nkb > 0 && r1 - r0 >= 16) {
+    AmxConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 5; ++t) {
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = (t == 2 || t == 3) ? 64 : M * 4;
+    }
+    _tile_loadconfig(&cfg);
+    alignas(64) float out[2][16 * M];
+    for (; o + 16 <= r1; o += 32) {
+      const bool two = o + 32 <= r1;
+      const uint16_t* w0 = w + (size_t)o * K;
+      const uint16_t* w1 = w0 + (size_t)16 * K;
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int kb = 0; kb < nkb; ++kb) {
+        _tile_loadd(4, xv + (size_t)kb * 16 * M * 2, M * 4);
+        _tile_loadd(2, w0 + kb * 32, K * 2);
+        _tile_dpbf16ps(0, 2, 4);
+        if (two) {
+          _tile_loadd(3, w1 + kb * 32, K * 2);
+          _tile_dpbf16ps(1, 3, 4);
+        }
+      }
+      _tile_stored(0, out[0], M * 4);
+      if (two) _tile_stored(1, out[1], M * 4);
+      for (int h = 0; h < (two ? 2 : 1); ++h)
+        for (int n = 0; n < 16; ++n) {
+          const uint16_t* wr = w + (size_t)(o + 16 * h + n) * K;
+          for (int m = 0; m < M; ++m) {
+            float v = out[h][n * M + m];
+            for (int i = k32; i < K; ++i) v += bf16_to_float(wr[i]) * bf16_to_float(xb[(size_t)m * K + i]);
+            y[(size_t)m * N + o + 16 * h + n] = v;
+          }
+        }
+      if (!two) {
+        o += 16;
+        break;
+      }
+    }
+    _tile_release();
+  }
+  if (o < r1) dense_bf16_rows<M>(nullptr, xb, K, w, N, y, o, r1);
+}
+#endif
+
 #define VL_DISPATCH(FN, ...)                  \
   switch (M) {                                \
     case 1: FN<1>(__VA_ARGS__); break;        \
@@ -826,6 +919,17 @@ static void dense_gemv(const void* x, int M, int K, const void* w, int N, int bf
   float* xf = nullptr;  // bf16 activations widened, for CPUs without AVX512-BF16
 #if !(defined(VL_AVX512) && defined(__AVX512BF16__))
   if (bf16) xf = bf16_rows_to_float((const uint16_t*)x, M, K);
+#endif
+#ifdef VL_AMX
+  if (bf16 && amx_ready()) {
+    std::vector<uint16_t> xv((size_t)(K / 32) * 32 * M);
+    amx_pack((const uint16_t*)x, M, K, xv.data());
+    parallel_for(chunks, nthreads, [&](int c) {
+      const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
+      VL_DISPATCH(dense_bf16_amx, xv.data(), (const uint16_t*)x, K, (const uint16_t*)w, N, y, r0, r1)
+    });
+    return;
+  }
 #endif
   parallel_for(chunks, nthreads, [&](int c) {
     const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;

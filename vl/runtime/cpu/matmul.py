@@ -12,6 +12,7 @@ weights are the faster read) keep the plain 16-bit product.
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 
@@ -84,12 +85,23 @@ def onednn_fp32_matmuls(model: nn.Module) -> int:
     return n
 
 
+@functools.cache
+def gemv_rows(dtype: torch.dtype) -> int:
+    """Activation rows up to which a dense product takes the GEMV kernel. The kernel streams the weights once per
+    `gemv.KERNEL_ROWS` rows; on CPUs with AMX, torch's bf16 GEMM (oneDNN's tile products) reads them once for
+    all rows and is faster from 5 rows on (1.3-1.6x at 6-8 rows, 2.6-3.1x at 16: docs/quant_cpu_kernels.md,
+    "Dense bf16 / fp32"), so bf16 products of more rows (a short prefill chunk) go to it there."""
+    if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
+        return gemv.KERNEL_ROWS
+    return gemv.MAX_ROWS
+
+
 def _gemv_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
     rows = x.numel() // w.shape[1] if w.shape[1] else 0
     grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     by_rows = transposed(w)
-    if (0 < rows <= gemv.MAX_ROWS and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
+    if (0 < rows <= gemv_rows(w.dtype) and x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == w.dtype
             and not torch.compiler.is_compiling() and not grad and (by_rows or w.is_contiguous())):
         kern = gemv.kernel()
         if kern is not None and (kern.dense_bf16 if w.dtype == torch.bfloat16 else kern.dense_fp32):
