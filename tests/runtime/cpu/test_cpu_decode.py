@@ -471,3 +471,57 @@ def test_fused_step_equals_the_modules_with_packed_experts(lib, dtype, fmt):
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 9)])
     follow_the_modules(lm, lib, ids, mask)
     follow_the_modules(lm, lib, ids[1:])
+
+
+def packed_linears(lm, fmt: str):
+    """Every Linear but the LM head swapped for a weight-only NVFP4 or (per-channel) FP8 one, as a packed
+    checkpoint loads them."""
+    from vl.quant.fp8 import quantize_fp8_per_channel
+    from vl.quant.linear import swap_quantized_linears
+    from vl.quant.nvfp4 import quantize_nvfp4
+
+    sd = {}
+    for name, mod in lm.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            if fmt == "nvfp4":
+                p, bs, gs = quantize_nvfp4(mod.weight.float())
+                sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+            else:
+                w8, scale = quantize_fp8_per_channel(mod.weight.float())
+                sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
+    swap_quantized_linears(lm, sd, "weight-only", compute_dtype=lm.backbone.embeddings.weight.dtype)
+    return lm
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_row_gets_the_same_bits_in_every_batch_size(lib, dtype, fmt):
+    """Packed rows go through the weights four at a time, each row with its own accumulators in one order: a row's
+    logits and cache are bit for bit those of the row decoded alone, whatever the batch size (and a row alone is
+    held to the reference by the kernel twins); in fp32 the step also follows the modules on a batch of 9."""
+    from vl.kernels import gemv
+
+    if gemv.kernel() is None:
+        pytest.skip("the packed kernel does not build here, so packed layers keep the modules (tested elsewhere)")
+    cfg = odd_config(hidden_size=64, intermediate_size=64, mamba_num_heads=4, mamba_head_dim=16, head_dim=16,
+                     ssm_state_size=16)
+    lm = packed_linears(model(cfg, dtype, seed=5, std=0.1), fmt)
+    assert cpu_decode.unsupported(lm) is None
+    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7)])
+    prefilled = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
+    with torch.no_grad():
+        lm(ids, cache=prefilled, attention_mask=mask, logits_to_keep=1)
+    tok = ids[:, -1:]
+    alone = []
+    for i in range(ids.shape[0]):
+        cache = _rows(prefilled, slice(i, i + 1))
+        alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), list(cache.tensors())))
+    for b in (2, 4, 5, 8, 9, 13):
+        cache = _rows(prefilled, slice(0, b))
+        logits = cpu_decode.run_step(lm, lib, tok[:b], cache)
+        for i in range(b):
+            assert torch.equal(logits[i:i + 1], alone[i][0]), (b, i)
+            for k, (mine, one) in enumerate(zip(cache.tensors(), alone[i][1])):
+                assert torch.equal(mine[i:i + 1], one), (b, i, k)
+    if dtype == torch.float32:
+        follow_the_modules(lm, lib, ids[:9], mask[:9])
