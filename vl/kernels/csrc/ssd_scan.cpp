@@ -27,6 +27,23 @@
 
 #include "simd_exp.h"  // vl_exp16
 #endif
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
+// Subnormal floats as zero while a task runs (MXCSR flush-to-zero and denormals-are-zero, set per thread and
+// restored): decays between distant positions of a chunk, exp(acs) of a long chunk and the products of either fall
+// below 2^-126, and every arithmetic instruction with a subnormal operand or result takes a microcode assist. With
+// the released models' decay rates (A = -1 .. -n_heads, dt ~ 1) a 128-token prefill of the 180m config's Mamba layer
+// spent 7.2 ms in this scan instead of 1.9. What is flushed is below 1.2e-38 in magnitude: next to any normal term
+// of a sum it is below float32's rounding (the same 128-token scan gave identical bits either way).
+struct FlushSubnormals {
+#if defined(__SSE2__)
+  unsigned int saved = _mm_getcsr();
+  FlushSubnormals() { _mm_setcsr(saved | 0x8040); }  // FTZ (bit 15) | DAZ (bit 6)
+  ~FlushSubnormals() { _mm_setcsr(saved); }
+#endif
+};
 
 namespace {
 
@@ -202,6 +219,7 @@ void vl_ssd_scan(int b, int t, int h, int p, int g, int n, int L, int bf16, cons
   const int tasks = b * g * split, nchunks = (t + L - 1) / L;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
   for (int task = 0; task < tasks; ++task) {
+    const FlushSubnormals flush;
     const int bb = task / (g * split), gg = (task / split) % g, part = task % split;
     const int h0 = gg * r + part * r / split, nh = gg * r + (part + 1) * r / split - h0;
     std::vector<float> S((size_t)nh * n * p);  // each head's state transposed, S^T (n, p)
