@@ -85,6 +85,14 @@ class Kernel(loader.Library):
         return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
             xr, rows, k, wp, bp, gs, n, r16, x_bf16, yr, threads))
 
+    def _group_rows(self, x: torch.Tensor, rows: list[int], round_bf16: bool):
+        """The activations as a group call reads them: (x_bf16, a pointer per group to its row, the tensor those
+        pointers point into, which the caller keeps alive for the call)."""
+        x_bf16 = round_bf16 and self.bf16_dot
+        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
+        base, stride = x.data_ptr(), x.shape[1] * x.element_size()
+        return x_bf16, (ctypes.c_void_p * len(rows))(*(base + r * stride for r in rows)), x
+
     def nvfp4_group(self, x: torch.Tensor, rows: list[int], weights, block_scales, global_scales, n: int,
                     round_bf16: bool) -> torch.Tensor:
         """G NVFP4 layers of one shape (n, K) in one kernel call, one activation row each: group g multiplies row
@@ -92,11 +100,9 @@ class Kernel(loader.Library):
         -> (G, n) float32. Row g equals `nvfp4(x[rows[g]], ...)` of layer g bit for bit; the threads wake once for
         all G (a MoE layer's routed experts of one token, vl/quant/experts.py)."""
         g, k = len(rows), x.shape[1]
-        x_bf16 = round_bf16 and self.bf16_dot
-        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
-        base, stride = x.data_ptr(), k * x.element_size()
+        x_bf16, xs, x = self._group_rows(x, rows, round_bf16)
         y = torch.empty(g, n, dtype=torch.float32)
-        self.lib.vl_nvfp4_gemv_group(g, (ctypes.c_void_p * g)(*(base + r * stride for r in rows)), 1, k,
+        self.lib.vl_nvfp4_gemv_group(g, xs, 1, k,
                                      (ctypes.c_void_p * g)(*weights), (ctypes.c_void_p * g)(*block_scales),
                                      (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16),
                                      y.data_ptr(), torch.get_num_threads())
@@ -108,11 +114,9 @@ class Kernel(loader.Library):
         scales are G data pointers (E4M3 (n, K) bytes; float32 scales as `fp8` takes them) -> (G, n) float32, row g
         bit for bit `fp8(x[rows[g]], ...)` of layer g."""
         g, k = len(rows), x.shape[1]
-        x_bf16 = round_bf16 and self.bf16_dot
-        x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
-        base, stride = x.data_ptr(), k * x.element_size()
+        x_bf16, xs, x = self._group_rows(x, rows, round_bf16)
         y = torch.empty(g, n, dtype=torch.float32)
-        self.lib.vl_fp8_gemv_group(g, (ctypes.c_void_p * g)(*(base + r * stride for r in rows)), 1, k,
+        self.lib.vl_fp8_gemv_group(g, xs, 1, k,
                                    (ctypes.c_void_p * g)(*weights), n, (ctypes.c_void_p * g)(*scales),
                                    SCALE_KIND[kind], int(round_bf16), int(x_bf16), y.data_ptr(),
                                    torch.get_num_threads())

@@ -432,26 +432,30 @@ def test_fused_step_equals_the_modules_with_moe_layers(lib, dtype, layout, norm_
     follow_the_modules(lm, lib, ids, mask)
 
 
-def packed_experts(lm, fmt: str):
-    """The routed experts split and swapped for weight-only NVFP4 or (per-channel) FP8 Linears, as a packed
+def packed(lm, fmt: str, which):
+    """The Linears whose names `which` accepts swapped for weight-only NVFP4 or (per-channel) FP8 ones, as a packed
     checkpoint loads them."""
     from vl.quant.fp8 import quantize_fp8_per_channel
     from vl.quant.linear import swap_quantized_linears
     from vl.quant.nvfp4 import quantize_nvfp4
 
-    split_experts(lm)
     sd = {}
     for name, mod in lm.named_modules():
-        if ".experts.up_proj." in name + "." or ".experts.down_proj." in name + ".":
-            if isinstance(mod, torch.nn.Linear):
-                if fmt == "nvfp4":
-                    p, bs, gs = quantize_nvfp4(mod.weight.float())
-                    sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
-                else:
-                    w8, scale = quantize_fp8_per_channel(mod.weight.float())
-                    sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
+        if isinstance(mod, torch.nn.Linear) and which(name):
+            if fmt == "nvfp4":
+                p, bs, gs = quantize_nvfp4(mod.weight.float())
+                sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+            else:
+                w8, scale = quantize_fp8_per_channel(mod.weight.float())
+                sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
     swap_quantized_linears(lm, sd, "weight-only", compute_dtype=lm.backbone.embeddings.weight.dtype)
     return lm
+
+
+def packed_experts(lm, fmt: str):
+    """The routed experts split and packed."""
+    split_experts(lm)
+    return packed(lm, fmt, lambda name: ".experts.up_proj." in name + "." or ".experts.down_proj." in name + ".")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
@@ -474,23 +478,8 @@ def test_fused_step_equals_the_modules_with_packed_experts(lib, dtype, fmt):
 
 
 def packed_linears(lm, fmt: str):
-    """Every Linear but the LM head swapped for a weight-only NVFP4 or (per-channel) FP8 one, as a packed
-    checkpoint loads them."""
-    from vl.quant.fp8 import quantize_fp8_per_channel
-    from vl.quant.linear import swap_quantized_linears
-    from vl.quant.nvfp4 import quantize_nvfp4
-
-    sd = {}
-    for name, mod in lm.named_modules():
-        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
-            if fmt == "nvfp4":
-                p, bs, gs = quantize_nvfp4(mod.weight.float())
-                sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
-            else:
-                w8, scale = quantize_fp8_per_channel(mod.weight.float())
-                sd.update({f"{name}.weight": w8, f"{name}.weight_scale": scale})
-    swap_quantized_linears(lm, sd, "weight-only", compute_dtype=lm.backbone.embeddings.weight.dtype)
-    return lm
+    """Every Linear but the LM head packed."""
+    return packed(lm, fmt, lambda name: name != "lm_head")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])

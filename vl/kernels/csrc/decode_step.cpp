@@ -571,12 +571,12 @@ static void relu2_n(float* y, size_t n, Round rnd) {
   }
 }
 
-// down(relu(up(x))^2): relu is exact, the square is rounded to the model dtype as the reference's.
-static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
+// out (B, D) = down(relu(up(xn))^2) with L.w_in / L.w_out, rounded to the model dtype: relu is exact, the square
+// is rounded as the reference's. The MLP layer's body and the MoE layer's shared expert.
+static void relu2_mlp(const VlModel& m, const VlLayer& L, int B, const Act& xn, std::vector<float>& out,
+                      int nthreads) {
   const Round rnd{m.bf16};
-  static thread_local Act xn, a;
-  static thread_local std::vector<float> out;
-  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
+  static thread_local Act a;
   a.resize((size_t)B * L.w_in.N, m.bf16);
   gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, a.f.data(), nthreads);
   relu2_n(a.f.data(), (size_t)B * L.w_in.N, rnd);
@@ -584,6 +584,13 @@ static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
   out.resize((size_t)B * m.D);
   gemv(a.f.data(), m.bf16 ? a.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
   round_n(out.data(), (size_t)B * m.D, rnd.bf16);
+}
+
+static void mlp_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
+  static thread_local Act xn;
+  static thread_local std::vector<float> out;
+  rms_rows(h, B, m.D, L.norm_w, m.eps, Round{m.bf16}, xn);
+  relu2_mlp(m, L, B, xn, out, nthreads);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
 
@@ -657,7 +664,7 @@ static void route(const VlLayer& L, int D, const float* x, std::vector<std::pair
 // projection), added in float32 by expert id with the router's weights, rounded, plus the shared expert's MLP.
 static void moe_layer(const VlModel& m, const VlLayer& L, int B, float* h, int nthreads) {
   const Round rnd{m.bf16};
-  static thread_local Act xn, a, sh;
+  static thread_local Act xn, a;
   static thread_local std::vector<float> up, y, acc, out;
   static thread_local std::vector<std::pair<int, float>> chosen;
   static thread_local std::vector<std::pair<int, float>> all;
@@ -699,14 +706,7 @@ static void moe_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
     for (int i = 0; i < m.D; ++i) o[i] += yr[i] * wg;
   }
   round_n(acc.data(), acc.size(), rnd.bf16);
-  // the shared expert, as mlp_layer's MLP
-  sh.resize((size_t)B * L.w_in.N, m.bf16);
-  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, sh.f.data(), nthreads);
-  relu2_n(sh.f.data(), (size_t)B * L.w_in.N, rnd);
-  sh.sync_bf16((size_t)B * L.w_in.N, m.bf16);
-  out.resize((size_t)B * m.D);
-  gemv(sh.f.data(), m.bf16 ? sh.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_n(out.data(), out.size(), rnd.bf16);
+  relu2_mlp(m, L, B, xn, out, nthreads);  // the shared expert
   for (size_t i = 0; i < out.size(); ++i) out[i] = rnd(acc[i] + out[i]);
   residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
 }
