@@ -27,13 +27,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.browser,
-              pytest.mark.skipif(not shutil.which("/usr/bin/chromium"),
-                                 reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium; "
-                                        "make browser)")]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.browser, needs_chromium]
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "vl" / "demo"
 SHOTS = (REPO / "docs" / "screenshots" if os.environ.get("VL_UPDATE_SCREENSHOTS") == "1"

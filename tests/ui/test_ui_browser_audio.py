@@ -10,7 +10,6 @@ engine's cache; a text file renamed .wav is a visible error in the chat; then a 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,13 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.browser,
-              pytest.mark.skipif(not shutil.which("/usr/bin/chromium"),
-                                 reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium; "
-                                        "make browser)")]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, needs_chromium]
 REPO = Path(__file__).resolve().parents[2]
 
 

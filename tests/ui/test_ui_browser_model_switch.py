@@ -26,13 +26,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "processing"))
 from media_fixtures import write_video  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.browser,
-              pytest.mark.skipif(not shutil.which("/usr/bin/chromium"),
-                                 reason="needs Debian chromium at /usr/bin/chromium (apt-get install chromium; "
-                                        "make browser)")]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, needs_chromium]
 # what each model's page shows (`_view`)
 DEAF = dict(chat_audio=False, chat_pdf=True, chat_hear=False, chat_tiling=True, doc_pdf=True, doc_pages=True,
             doc_tiling=True, video_hear=False)

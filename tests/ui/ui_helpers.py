@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
+
+import pytest
+
+# Debian's chromium, headless, for the browser tests (test tools' own browser downloads fail offline)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+needs_chromium = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian chromium at /usr/bin/chromium "
+                                    "(apt-get install chromium; make browser)")
 
 DOC_ARGS = dict(pages="", max_tiles=12, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=24,
                 temperature=0.0)
