@@ -16,6 +16,7 @@ never the whole table in memory nor the kernel's multi-megabyte read-around. Bot
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
@@ -220,7 +221,9 @@ def _read_tensor(f, info: TensorInfo) -> torch.Tensor:
     t = torch.empty(info.shape, dtype=info.dtype)
     if not info.nbytes:
         return t
-    buf = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    # a ctypes view of the tensor's bytes, not `.numpy()`: that marks the storage as not torch's own (not
+    # resizable), and the huge-page pass leaves such memory alone (vl/runtime/cpu/hugepages.py)
+    buf = memoryview((ctypes.c_char * info.nbytes).from_address(t.data_ptr())).cast("B")
     f.seek(info.offset)
     done = 0
     while done < info.nbytes:  # one read() returns at most ~2 GiB on Linux

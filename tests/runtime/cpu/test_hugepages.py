@@ -151,3 +151,28 @@ def test_a_freed_arena_is_forgotten(monkeypatch):
     del model, arena
     gc.collect()
     assert not hugepages._in_huge(start) and not hugepages._in_huge(end - 1)
+
+
+def test_weights_read_from_a_checkpoint_move_to_huge_pages_and_mapped_tables_do_not(tmp_path, monkeypatch):
+    """The loader's reads leave the storage torch's own (a `.numpy()` view once marked it foreign, and no loaded
+    checkpoint weight got huge pages); its mapped embedding tables stay as they are."""
+    if _thp_mode() in ("never", "absent"):
+        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
+    from safetensors.torch import save_file
+
+    from vl.checkpoint.files import CheckpointFiles
+
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    save_file({"w": torch.randn(4096, 1024), "emb": torch.randn(4096, 1024)}, str(tmp_path / "model.safetensors"))
+    loaded = CheckpointFiles(tmp_path).load_all(mapped={"emb"})
+    w, emb = loaded["w"], loaded["emb"]
+    assert w.untyped_storage().resizable() and not emb.untyped_storage().resizable()
+    model = torch.nn.Module()
+    model.lin = torch.nn.Linear(1024, 4096, bias=False)
+    model.lin.weight.data = w
+    model.emb = torch.nn.Embedding(4096, 1024, _weight=emb)
+    want = w.clone()
+    if hugepages.advise(model) == 0:
+        pytest.skip("the kernel declined MADV_COLLAPSE here (older than Linux 6.1, or THP restricted)")
+    assert hugepages.huge_bytes(model.lin.weight) >= hugepages.HUGE and torch.equal(model.lin.weight, want)
+    assert hugepages.huge_bytes(model.emb.weight) == 0
