@@ -141,3 +141,35 @@ def test_vl_bench_media_flag(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         bench_main(["--geometry", "nano-12b-v2-vl", "--media", "video-speech"])
     assert "video-speech" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pages", ["keep", "release"])
+def test_towers_written_and_loaded_back_are_the_random_towers(tmp_path, monkeypatch, pages):
+    """`write_towers` + `assemble(towers=...)` (read, or mapped in `release` mode) give the same model as the
+    in-memory random towers, seed for seed; an Omni image + sound request answers the same, and in `release` mode
+    the towers hold no page of the process after it (vl/runtime/cpu/encoder_pages.py)."""
+    from vl.runtime.cpu import encoder_pages
+
+    monkeypatch.setenv("VL_ENCODER_PAGES", pages)
+    monkeypatch.setattr(media, "MAPPED_MIN_BYTES", 0)  # the tiny towers' tensors are all small
+    cfg = tiny_omni_config()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        lm_meta = NemotronOmni(cfg).language_model
+    lm = lm_meta.to_empty(device="cpu")
+    media.randomize_(lm, 1)
+    lm.eval().requires_grad_(False)
+    want = media.engine_for(cfg, lm, dtype=torch.float32)
+    written = media.write_towers(cfg, tmp_path / "towers", dtype=torch.float32)
+    got = media.engine_for(cfg, lm, dtype=torch.float32, towers=tmp_path / "towers")
+    assert written == sum(p.numel() * p.element_size() for n, part in want.model.named_children() if n != "language_model"
+                          for p in [*part.parameters(), *part.buffers()])
+    assert got.model.encoder_pages == pages and (got.model.mapped_encoder_bytes > 0) == (pages == "release")
+    for (n, a), (m, b) in zip(want.model.state_dict().items(), got.model.state_dict().items()):
+        assert n == m and torch.equal(a, b), n
+    msgs = media.requests(media.omni_geometry.NAME, ["video-speech"], tmp_path, speech_seconds=2.0,
+                          video_size=(96, 64))["video-speech"][0]
+    assert got.chat(msgs, max_new_tokens=3).token_ids == want.chat(msgs, max_new_tokens=3).token_ids
+    mapped = [p for p in got.model.parameters() if encoder_pages.file_backed(p)
+              and p is not got.model.language_model.backbone.embeddings.weight]
+    assert bool(mapped) == (pages == "release")

@@ -41,6 +41,8 @@ from transformers import AutoTokenizer
 from vl.bench import geometry as bench_geometry
 from vl.bench import omni_geometry
 from vl.bench.timing import PeakRSS
+from vl.checkpoint.files import CheckpointFiles, save_tensors
+from vl.checkpoint.load import MAPPED_MIN_BYTES
 from vl.config import LMConfig, VisionConfig, VLConfig
 from vl.config.omni import OmniConfig, OmniTokenConfig, omni_30b_a3b
 from vl.config.parakeet import ParakeetConfig
@@ -56,6 +58,8 @@ from vl.processing.omni_processor import OmniProcessingConfig, OmniProcessor
 from vl.processing.omni_video import OmniVideoConfig
 from vl.processing.processor import Processor
 from vl.quant.linear import resident_weight_bytes
+from vl.runtime.cpu import encoder_pages
+from vl.runtime.cpu.heap import trim_heap
 from vl.runtime.cpu.matmul import gemv_decode_linears, onednn_fp32_matmuls, upcast_16bit_matmuls
 from vl.runtime.engine import Engine
 
@@ -97,15 +101,66 @@ def _random_part(module: torch.nn.Module, dtype: torch.dtype, seed: int) -> None
     gemv_decode_linears(module)
 
 
-def assemble(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16, seed: int = 0):
-    """The composed model of `cfg` around a loaded LLM `lm`: the other parts random at `cfg`'s widths. Built on the
-    meta device first, so the LLM is never materialised twice."""
+def _model_on_meta(cfg: VLConfig | OmniConfig):
     with torch.device("meta"):
-        model = NemotronOmni(cfg) if isinstance(cfg, OmniConfig) else NemotronVL(cfg)
+        return NemotronOmni(cfg) if isinstance(cfg, OmniConfig) else NemotronVL(cfg)
+
+
+def _parts(model):
+    """(index, name, part) of the parts outside the LLM, numbered as `named_children` does (the parts' seeds)."""
+    return [(i, name, part) for i, (name, part) in enumerate(model.named_children())
+            if name != "language_model" and any(True for _ in part.parameters())]
+
+
+def write_towers(cfg: VLConfig | OmniConfig, path: Path, dtype=torch.bfloat16, seed: int = 0) -> int:
+    """The parts of `cfg` outside the LLM, random at their widths (`assemble`'s weights, seed for seed), saved as one
+    safetensors file in `path` under their native names: a checkpoint's towers, for `assemble(..., towers=path)`.
+    Built one part at a time, each freed once written. -> bytes written."""
+    model, total = _model_on_meta(cfg), 0
+    for i, name, part in _parts(model):
+        _random_part(part, dtype, seed + i)
+        tensors = {f"{name}.{k}": v for k, v in part.state_dict().items()}
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        save_tensors(tensors, path / name)
+        del tensors
+        part.to("meta")
+        trim_heap()
+    return total
+
+
+def _tower_part(part: torch.nn.Module, path: Path, mapped: bool) -> int:
+    """Assign `part`'s tensors from the file `write_towers` wrote: read into memory, or with `mapped` the large ones
+    as views of its map, as the loader maps a checkpoint's encoder weights in `release` mode (vl/checkpoint/load.py
+    `encoder_names`); then the CPU matmul passes of `_random_part`. -> mapped bytes."""
+    files = CheckpointFiles(path)
+    whole = {n for n, info in files.infos.items() if info.nbytes >= MAPPED_MIN_BYTES} if mapped else set()
+    prefix = len(path.name) + 1
+    part.load_state_dict({n[prefix:]: t for n, t in files.load_all(whole=whole).items()}, strict=True, assign=True)
+    part.eval().requires_grad_(False)
+    upcast_16bit_matmuls(part)
+    onednn_fp32_matmuls(part)
+    gemv_decode_linears(part)
+    return sum(files.infos[n].nbytes for n in whole)
+
+
+def assemble(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16, seed: int = 0,
+             towers: Path | None = None):
+    """The composed model of `cfg` around a loaded LLM `lm`: the other parts random at `cfg`'s widths. Built on the
+    meta device first, so the LLM is never materialised twice. `towers`: where `write_towers` saved those parts;
+    they are loaded from there, mapped when `vl.load_pretrained` would choose `release` for a checkpoint of the
+    LLM's and the towers' bytes on this machine (vl/runtime/cpu/encoder_pages.py)."""
+    model = _model_on_meta(cfg)
     model.language_model = lm
-    for i, (name, part) in enumerate(model.named_children()):
-        if name != "language_model" and any(True for _ in part.parameters()):
+    release = towers is not None and encoder_pages.choose(
+        resident_weight_bytes(lm) + sum(f.stat().st_size for f in towers.rglob("*.safetensors"))) == "release"
+    mapped = 0
+    for i, name, part in _parts(model):
+        if towers is None:
             _random_part(part, dtype, seed + i)
+        else:
+            mapped += _tower_part(part, towers / name, release)
+    model.encoder_pages = "release" if mapped else "keep"
+    model.mapped_encoder_bytes = mapped
     return model.eval()
 
 
@@ -118,7 +173,8 @@ def tokenizer(omni: bool):
     return tok
 
 
-def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16) -> Engine:
+def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16,
+               towers: Path | None = None) -> Engine:
     """An `Engine` over `assemble(cfg, lm)` with the processor of `cfg` and no encoder cache (each request runs the
     towers). Media token ids are taken from the tokenizer."""
     omni = isinstance(cfg, OmniConfig)
@@ -145,7 +201,7 @@ def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bflo
         processor = Processor(tok, cfg)
     if len(tok) > cfg.lm.vocab_size:
         raise ConfigError(f"the demo tokenizer's {len(tok)} ids do not fit the LLM's vocabulary of {cfg.lm.vocab_size}")
-    return Engine(assemble(cfg, lm, dtype), processor, vision_cache_size=0)
+    return Engine(assemble(cfg, lm, dtype, towers=towers), processor, vision_cache_size=0)
 
 
 # --- the media ----------------------------------------------------------------------------------------------
@@ -354,9 +410,15 @@ def run(geometry: str, fmt: str = "nvfp4", items=None, *, work_dir=None, layers:
                   llm_layers=f"{len(cfg.lm.pattern)} of {released_layers}", llm_pattern=cfg.lm.pattern)
     try:
         path, result["checkpoint_reused"] = checkpoint(geometry, fmt, cfg.lm, work, layers, log)
+        towers = scratch / "towers"
+        t0 = time.perf_counter()
+        result["towers_written_bytes"] = write_towers(cfg, towers)
+        log(f"[vl bench] wrote the towers ({result['towers_written_bytes'] / 2**30:.2f} GiB) in "
+            f"{time.perf_counter() - t0:.0f} s")
         t0 = time.perf_counter()
         lm = bench_geometry.load(path, cfg.lm)
-        engine = engine_for(cfg, lm)
+        engine = engine_for(cfg, lm, towers=towers)
+        result["encoder_pages"] = engine.model.encoder_pages
         result["load_s"] = time.perf_counter() - t0
         result["parts_bytes"] = {name: sum(p.numel() * p.element_size() for p in part.parameters())
                                  for name, part in engine.model.named_children()

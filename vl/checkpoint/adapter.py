@@ -94,13 +94,17 @@ def row_tables(model: nn.Module) -> set[str]:
             if isinstance(m, nn.Embedding) and uses.get(id(m.weight)) == 1}
 
 
-def materialize(plan: Plan, files: CheckpointFiles, names=None, mapped=frozenset()) -> dict[str, torch.Tensor]:
-    """Read the planned tensors (each checkpoint tensor once) into native names; the natives in `mapped` stay
-    views of the file's memory map (vl/checkpoint/files.py)."""
+def materialize(plan: Plan, files: CheckpointFiles, names=None, mapped=frozenset(),
+                whole=frozenset()) -> dict[str, torch.Tensor]:
+    """Read the planned tensors (each checkpoint tensor once) into native names; the natives in `mapped` (row
+    tables) and `whole` (encoder weights) stay views of the file's memory map (vl/checkpoint/files.py)."""
     names = plan.sources.keys() if names is None else names
     wanted = [s for n in names for s in plan.sources[n]]
-    raw = files.load_all(wanted, mapped={s for n in mapped if n in plan.sources and n not in plan.stacked
-                                         for s in plan.sources[n]})
+
+    def sources(natives):
+        return {s for n in natives if n in plan.sources and n not in plan.stacked for s in plan.sources[n]}
+
+    raw = files.load_all(wanted, mapped=sources(mapped), whole=sources(whole))
     out = {}
     for native in names:
         srcs = plan.sources[native]

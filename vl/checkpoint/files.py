@@ -11,7 +11,9 @@ cannot be dropped by the kernel under memory pressure and faulted back from disk
 memory-mapped 12B model decoded at disk speed on a loaded machine). Names passed as `mapped` are instead
 views of a copy-on-write memory map of their byte range, advised for random access: the loader uses this for
 embedding tables, of which a forward reads a few rows, so a token's row costs a page or two read from disk,
-never the whole table in memory nor the kernel's multi-megabyte read-around. Both give the same bytes.
+never the whole table in memory nor the kernel's multi-megabyte read-around. Names passed as `whole` are mapped
+the same way with normal read-ahead: encoder weights that the runtime maps in for each encoder call and drops
+after it, where the LLM nearly fills the machine (vl/runtime/cpu/encoder_pages.py). All give the same bytes.
 """
 
 from __future__ import annotations
@@ -176,9 +178,10 @@ class CheckpointFiles:
     def get(self, name: str) -> torch.Tensor:
         return self.load_all([name])[name]
 
-    def load_all(self, names=None, mapped=frozenset()) -> dict[str, torch.Tensor]:
+    def load_all(self, names=None, mapped=frozenset(), whole=frozenset()) -> dict[str, torch.Tensor]:
         """The named tensors (default: all), opening each file once: read into process memory, except the
-        names in `mapped`, which are views of the file's memory map (module docstring)."""
+        names in `mapped` (row tables) and `whole` (encoder weights in `release` mode,
+        vl/runtime/cpu/encoder_pages.py), which are views of the file's memory map (module docstring)."""
         wanted = set(self.infos) if names is None else set(names)
         out = {}
         by_file: dict[Path, list[str]] = {}
@@ -191,7 +194,10 @@ class CheckpointFiles:
                 continue
             with open(path, "rb", buffering=0) as f:
                 for info in sorted((self.infos[n] for n in names_in_file), key=lambda i: i.offset):
-                    out[info.name] = (_map_tensor if info.name in mapped else _read_tensor)(f, info)
+                    if info.name in mapped or info.name in whole:
+                        out[info.name] = _map_tensor(f, info, rows=info.name in mapped)
+                    else:
+                        out[info.name] = _read_tensor(f, info)
         return out
 
 
@@ -200,11 +206,17 @@ class CheckpointFiles:
 READ_INTO_MEMORY = sys.byteorder == "little"
 
 
-def _map_tensor(f, info: TensorInfo) -> torch.Tensor:
-    """One tensor as a view of a private (copy-on-write) map of its bytes in the open file `f`."""
+def _map_tensor(f, info: TensorInfo, rows: bool = True) -> torch.Tensor:
+    """One tensor as a view of a private (copy-on-write) map of its bytes in the open file `f`. `rows`: a table
+    read a few rows at a time (no read-around, cached pages dropped first); else a tensor read whole each time it
+    is used, with the kernel's normal read-ahead."""
     if not info.nbytes or info.offset % info.dtype.itemsize:  # a misaligned tensor (legal in the format) is read
         return _read_tensor(f, info)
     start = info.offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    if not rows:
+        m = mmap.mmap(f.fileno(), info.offset + info.nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        return torch.frombuffer(m, dtype=torch.uint8, count=info.nbytes,
+                                offset=info.offset - start).view(info.dtype).reshape(info.shape)
     if hasattr(os, "posix_fadvise"):
         # cached pages of the range are dropped first: the kernel maps a cached large folio (up to MiBs) whole on
         # a fault, so a prompt's few hundred rows made the whole table resident from a warm cache (1.2 GiB at 12B)

@@ -65,9 +65,36 @@ def assign_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], dtype: to
     return model
 
 
-def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_mode: str | None = None):
+MAPPED_MIN_BYTES = 64 << 10  # smaller encoder tensors (norms, biases) are read: a map costs a page or more each
+
+
+def encoder_names(model: nn.Module, plan, files: CheckpointFiles, target: torch.dtype) -> set[str]:
+    """Native names of the encoder weights (every part but `language_model`) that can stay views of the file map:
+    stored in the dtype they will run in (`assign_tensors` makes no copy), of at least MAPPED_MIN_BYTES."""
+    keep_fp32 = tuple(getattr(model, "keep_in_fp32", ()))
+    out = set()
+    for part, module in model.named_children():
+        if part == "language_model":
+            continue
+        for name, _ in [*module.named_parameters(), *module.named_buffers()]:
+            native = f"{part}.{name}"
+            srcs = plan.sources.get(native)
+            if not srcs or native in plan.stacked:
+                continue
+            info = files.infos[srcs[0]]
+            want = torch.float32 if native.endswith(keep_fp32) else target
+            if info.dtype == want and info.nbytes >= MAPPED_MIN_BYTES:
+                out.add(native)
+    return out
+
+
+def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_mode: str | None = None,
+               map_encoders=False):
     """The model of a checkpoint directory with its tensors assigned, on the CPU, before any runtime pass
     (`vl.load_pretrained` = this + vl/runtime/pretrained.py). `device_map` only informs the quantized mode choice.
+    `map_encoders`: the encoders' weights stay views of the checkpoint file's map (`encoder_names`;
+    vl/runtime/cpu/encoder_pages.py); a callable decides from the checkpoint files' bytes, once they are checked.
+    `model.mapped_encoder_bytes` says how many bytes were mapped.
 
     quant_mode (FP8 / NVFP4 checkpoints only): None or "auto" (per device), "weight-only", "native",
     "dequantize"; see vl/checkpoint/quantized.py. `model.quantization` says what was chosen (None if plain)."""
@@ -91,7 +118,10 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
     qload = quantized.prepare(model, plan, files, quant_mode, device_map, target)
     ad.check_plan(plan, files, ad.expected_tensors(model), declared_storage_dtype(raw),
                   quantized=qload.checked_here() if qload else frozenset(), what=f"{kind} checkpoint")
-    tensors = ad.materialize(plan, files, mapped=ad.row_tables(model))  # the rest in process memory
+    if callable(map_encoders):
+        map_encoders = map_encoders(sum(info.nbytes for info in files.infos.values()))
+    whole = encoder_names(model, plan, files, target) if map_encoders else set()
+    tensors = ad.materialize(plan, files, mapped=ad.row_tables(model), whole=whole)  # the rest in process memory
     if scan_nan:
         scan_non_finite(tensors)
     if kind == "nano_vl_v2":
@@ -106,4 +136,5 @@ def load_model(path, dtype=None, device_map=None, scan_nan: bool = False, quant_
     model.checkpoint_dir = str(directory)
     model.config_notes = notes
     model.quantization = qload
+    model.mapped_encoder_bytes = sum(files.infos[plan.sources[n][0]].nbytes for n in whole)
     return model

@@ -94,6 +94,10 @@ SWITCHES = (
            "(where the GEMV library builds with AVX512)"),
     Switch("VL_HUGEPAGES", "flag", "on",
            "large CPU weights moved onto 2 MiB pages at load (Linux transparent huge pages)"),
+    Switch("VL_ENCODER_PAGES", "choice", "auto",
+           "the vision / audio encoders' weights on a CPU: keep = read into memory at load and kept; release = "
+           "mapped from the checkpoint and in memory only while an encoder runs; auto = release on Linux when the "
+           "checkpoint's files hold more than 60% of the machine's RAM, else keep", ("auto", "keep", "release")),
     Switch("VL_HEAP_KEEP", "flag", "on",
            "freed heap blocks up to 32 MiB stay in the process for reuse between trims (glibc, Linux)"),
     Switch("VL_GPU_LIBS_PAGEOUT", "flag", "on",

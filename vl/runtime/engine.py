@@ -23,6 +23,7 @@ from vl.processing.omni_processor import OmniInputs
 from vl.processing.progress import Work
 from vl.options import RequestOptions, canonical, spec
 from vl.runtime.batch import ChatRequest, Tokenized, run_batch
+from vl.runtime.cpu import encoder_pages
 from vl.runtime.generate import decode_mode, decode_step, generate_ids
 from vl.runtime.omni_inputs import embed_omni
 from vl.runtime.placement import execution_device
@@ -217,13 +218,14 @@ def embed_inputs(model, input_ids, pixel_values=None, media=None, video_pruning_
         vectors = None
         if pixel_values is not None and media:
             outs, start, work = [], 0, Work.current()
-            for span in media:
-                work.report("encoding tiles", start, int(pixel_values.shape[0]))
-                tiles = pixel_values[start:start + span.num_tiles]
-                start += span.num_tiles
-                encode = lambda t=tiles: model.encode_tiles(t.to(device, dtype))  # noqa: E731
-                outs.append(vision_cache.get(tiles, span.kind, encode, stats) if vision_cache is not None
-                            else encode())
+            with encoder_pages.in_memory(model, encoder_pages.VISION) as tower:
+                for span in media:
+                    work.report("encoding tiles", start, int(pixel_values.shape[0]))
+                    tiles = pixel_values[start:start + span.num_tiles]
+                    start += span.num_tiles
+                    encode = tower.wrap(lambda t=tiles: model.encode_tiles(t.to(device, dtype)))
+                    outs.append(vision_cache.get(tiles, span.kind, encode, stats) if vision_cache is not None
+                                else encode())
             work.report("encoding tiles", start, int(pixel_values.shape[0]))
             vectors = torch.cat(outs)
         embeds, _, vision = model.prepare_inputs(ids, media=media, tile_vectors=vectors,

@@ -14,6 +14,7 @@ import time
 import torch
 
 from vl.errors import NoAudioError
+from vl.runtime.cpu import encoder_pages
 from vl.runtime.placement import execution_device
 from vl.runtime.results import Stats
 
@@ -31,17 +32,18 @@ def embed_omni(model, inputs, video_pruning_rate=None, cache=None, stats: Stats 
 
     t0 = time.perf_counter()
     images = videos = layout = audio = None
-    if inputs.pixel_values is not None:
-        grids = [tuple(int(x) for x in g) for g in inputs.image_grid_hw.tolist()]
-        patches = inputs.pixel_values.split([h * w for h, w in grids])
-        images = [cached(p, f"omni-image:{h}x{w}",
-                         lambda p=p, g=(h, w): model.encode_images(p.to(device, dtype), torch.tensor([g]))[0])
-                  for p, (h, w) in zip(patches, grids)]
-    if inputs.pixel_values_videos is not None:
-        tubelets = inputs.pixel_values_videos
-        videos = [cached(v, "omni-video", lambda v=v: model.encode_videos(v[None].to(device, dtype))[0])
-                  for v in tubelets]
-        layout = model.video_layout(tubelets.shape)
+    with encoder_pages.in_memory(model, encoder_pages.VISION) as vision:
+        if inputs.pixel_values is not None:
+            grids = [tuple(int(x) for x in g) for g in inputs.image_grid_hw.tolist()]
+            patches = inputs.pixel_values.split([h * w for h, w in grids])
+            images = [cached(p, f"omni-image:{h}x{w}", vision.wrap(
+                lambda p=p, g=(h, w): model.encode_images(p.to(device, dtype), torch.tensor([g]))[0]))
+                for p, (h, w) in zip(patches, grids)]
+        if inputs.pixel_values_videos is not None:
+            tubelets = inputs.pixel_values_videos
+            videos = [cached(v, "omni-video", vision.wrap(lambda v=v: model.encode_videos(v[None].to(device, dtype))[0]))
+                      for v in tubelets]
+            layout = model.video_layout(tubelets.shape)
     t1 = time.perf_counter()
     if inputs.input_features is not None:
         if model.audio_encoder is None:
@@ -49,8 +51,9 @@ def embed_omni(model, inputs, video_pruning_rate=None, cache=None, stats: Stats 
                              "images, videos or text only")
         feats, mask = inputs.input_features, inputs.input_features_mask
         lengths = [] if mask is None else mask.sum(-1).tolist()
-        audio = cached(feats, f"omni-audio:{lengths}",
-                       lambda: model.encode_audio(feats.to(device), None if mask is None else mask.to(device)))
+        with encoder_pages.in_memory(model, encoder_pages.AUDIO) as sound:
+            audio = cached(feats, f"omni-audio:{lengths}", sound.wrap(
+                lambda: model.encode_audio(feats.to(device), None if mask is None else mask.to(device))))
     t2 = time.perf_counter()
     merged = model.merge(ids, images, videos, audio, layout, None, video_pruning_rate, inputs.media_order)
     t3 = time.perf_counter()

@@ -3,20 +3,32 @@ the model code, in gpt-fast's `_load_model` order: build and assign, then the CP
 
 from __future__ import annotations
 
+import logging
+
 from vl.checkpoint.load import load_model
 from vl.kernels import ssd_scan
 from vl.modeling.mamba2 import Mamba2Mixer
 from vl.runtime.cpu import decode as cpu_decode
-from vl.runtime.cpu import gpu_libs, heap, hugepages
+from vl.runtime.cpu import encoder_pages, gpu_libs, heap, hugepages
 from vl.runtime.cpu.matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
                                    upcast_16bit_matmuls)
 from vl.runtime.placement import place
+
+log = logging.getLogger(__name__)
 
 
 def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan: bool = False,
                     quant_mode: str | None = None):
     """Any supported checkpoint directory as an `nn.Module` (README, "Quickstart: Python")."""
-    model = load_model(path, dtype=dtype, device_map=device_map, scan_nan=scan_nan, quant_mode=quant_mode)
+    def release(checkpoint_bytes: int) -> bool:
+        return device_map is None and encoder_pages.choose(checkpoint_bytes) == "release"
+
+    model = load_model(path, dtype=dtype, device_map=device_map, scan_nan=scan_nan, quant_mode=quant_mode,
+                       map_encoders=release)
+    model.encoder_pages = "release" if model.mapped_encoder_bytes else "keep"
+    if model.mapped_encoder_bytes:
+        log.info("vl: %s: %.2f GiB of encoder weights are mapped from the checkpoint and in memory only while an "
+                 "encoder runs (VL_ENCODER_PAGES=keep holds them)", path, model.mapped_encoder_bytes / 2**30)
     return runtime_passes(model, device_map=device_map, max_memory=max_memory)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from vl.runtime.cpu import encoder_pages
+
 MAX_TILES = 64  # tiles per grouped call: the group's pixels are copied into one tensor first (a video can have 100+ frames)
 
 
@@ -38,7 +40,8 @@ class GroupVision:
                 total += int(tiles.shape[0])
         if not parts:
             return
-        out = model.encode_tiles(torch.cat(parts).to(engine._device(), engine._dtype()))
+        with encoder_pages.in_memory(model, encoder_pages.VISION) as tower:
+            out = tower.wrap(lambda: model.encode_tiles(torch.cat(parts).to(engine._device(), engine._dtype())))()
         for key, vec in zip(keys, torch.split(out, [int(p.shape[0]) for p in parts])):
             self.fresh[key] = vec
 

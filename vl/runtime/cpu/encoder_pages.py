@@ -1,0 +1,166 @@
+"""Encoder weights that are in memory only while an encoder runs, on machines the LLM nearly fills.
+
+A vision or audio request runs each encoder once (RADIO and its projector; Omni's Parakeet and its projector), then
+the LLM prefills and decodes for seconds to minutes without them. Nemotron 3 Nano Omni's NVFP4 LLM holds 16.9 GiB of
+a 23 GiB machine, and its two towers add 2.7 GiB of BF16 weights that no decode step reads. In `release` mode the
+loader leaves the encoders' weights as views of a private map of the checkpoint file (vl/checkpoint/files.py
+`map_tensor`), and the runtime brackets each encoder call (`in_memory`):
+- before, `madvise(MADV_POPULATE_READ)` maps the part's pages in one call per tensor (from the page cache when the
+  file's pages are there, else from disk), instead of one page fault per 4 KiB inside the first matmul;
+- after, `madvise(MADV_DONTNEED)` drops them from the process (the file's pages stay in the page cache, which the
+  kernel may reclaim under pressure: the next request then reads them from disk), and `malloc_trim` gives back the
+  encoder's freed activations, which the prefill's heap setting would otherwise keep (vl/runtime/cpu/heap.py).
+So at most one encoder's weights and activations sit beside the LLM at a time, and none during prefill and decode.
+The values never change: the same bytes come back from the file. The cost is mapping the pages again on each
+request (measured in docs/benchmarks.md, "Omni memory").
+
+`VL_ENCODER_PAGES` chooses: `keep` (the weights are read into process memory and stay, as every other weight),
+`release`, or `auto` (the default): `release` on Linux when the checkpoint's files hold more than RELEASE_FRACTION
+of the machine's RAM, else `keep`. Only tensors stored in the dtype they run
+in (no cast) and of at least MIN_BYTES are mapped; a CPU model without a device map only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import platform
+
+import torch
+from torch import nn
+
+from vl.kernels import switches
+from vl.runtime.cpu.heap import madvise_libc, trim_heap
+
+log = logging.getLogger(__name__)
+
+RELEASE_FRACTION = 0.6
+MIN_BYTES = 64 << 10
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ = 3, 4, 22
+
+
+def memory_total() -> int | None:
+    """The machine's RAM in bytes (Linux `/proc/meminfo` MemTotal), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def choose(weight_bytes: int, total: int | None = None) -> str:
+    """`release` or `keep` for a checkpoint of `weight_bytes` on a machine of `total` bytes of RAM (default: this
+    one's), by `VL_ENCODER_PAGES` (module docstring)."""
+    wanted = switches.get("VL_ENCODER_PAGES")
+    if wanted != "auto":
+        return wanted
+    if platform.system() != "Linux":
+        return "keep"
+    total = memory_total() if total is None else total
+    return "release" if total and weight_bytes > RELEASE_FRACTION * total else "keep"
+
+
+def encoder_parts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The composed model's parts outside the LLM that hold weights (vision tower, projectors, audio encoder)."""
+    return [(name, part) for name, part in model.named_children()
+            if name != "language_model" and any(True for _ in part.parameters())]
+
+
+def file_maps() -> list[tuple[int, int]]:
+    """This process's memory maps of files (Linux /proc/self/maps), adjacent ones merged: [(start, end)]."""
+    spans: list[tuple[int, int]] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0":
+                    a, b = (int(v, 16) for v in fields[0].split("-"))
+                    if spans and spans[-1][1] == a:
+                        spans[-1] = (spans[-1][0], b)
+                    else:
+                        spans.append((a, b))
+    except OSError:
+        return []
+    return spans
+
+
+def _inside(spans, start: int, end: int) -> bool:
+    i = bisect.bisect_right(spans, (start, float("inf"))) - 1
+    return i >= 0 and spans[i][0] <= start and end <= spans[i][1]
+
+
+def file_backed(t: torch.Tensor, spans=None) -> bool:
+    """Whether a CPU tensor's storage lies in a map of a file (the loader's `whole` and `mapped` tensors). Only
+    such memory is ever dropped: `MADV_DONTNEED` on torch's own memory would zero it."""
+    if t.device.type != "cpu" or t.numel() == 0:
+        return False
+    st = t.untyped_storage()
+    return _inside(file_maps() if spans is None else spans, st.data_ptr(), st.data_ptr() + st.nbytes())
+
+
+def _ranges(module: nn.Module):
+    spans, seen = file_maps(), set()
+    for t in [*module.parameters(), *module.buffers()]:
+        if t is None or not file_backed(t, spans):
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() in seen:
+            continue
+        seen.add(st.data_ptr())
+        start = st.data_ptr() // PAGE * PAGE
+        yield start, st.data_ptr() + st.nbytes() - start
+
+
+def mapped_bytes(module: nn.Module) -> int:
+    return sum(n for _, n in _ranges(module))
+
+
+def _advise(module: nn.Module, advice: int, fallback: int | None = None) -> None:
+    libc = madvise_libc()
+    if libc is None:
+        return
+    for start, n in _ranges(module):
+        if libc.madvise(start, n, advice) != 0 and fallback is not None:
+            libc.madvise(start, n, fallback)  # MADV_POPULATE_READ needs Linux >= 5.14: read-ahead instead
+
+
+VISION = ("vision", "vision_final_layernorm", "projector")  # what an image, tile or tubelet goes through
+AUDIO = ("audio_encoder", "audio_projector")
+
+
+class in_memory:  # noqa: N801 (used as a context manager, like contextlib's)
+    """The encoder made of `model`'s parts `names` (VISION, AUDIO), for one request: `with in_memory(model, VISION)
+    as vision:` then `vision.wrap(encode)` for each encoder call. In `release` mode the parts' mapped weights are
+    brought in before the first call that runs and dropped when the block ends (module docstring), so a request
+    whose items all come from the encoder cache maps nothing; otherwise it does nothing."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...]):
+        parts = [getattr(model, n, None) for n in names]
+        self.parts = [p for p in parts if isinstance(p, nn.Module)]
+        self.release = bool(self.parts) and getattr(model, "encoder_pages", "keep") == "release"
+        self.mapped = False
+
+    def __enter__(self):
+        return self
+
+    def wrap(self, encode):
+        def run():
+            if self.release and not self.mapped:
+                for part in self.parts:
+                    _advise(part, MADV_POPULATE_READ, fallback=MADV_WILLNEED)
+                self.mapped = True
+            return encode()
+        return run
+
+    def __exit__(self, *exc):
+        if self.mapped:
+            for part in self.parts:
+                _advise(part, MADV_DONTNEED)
+            trim_heap()
+            self.mapped = False
+        return False
