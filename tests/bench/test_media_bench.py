@@ -81,6 +81,9 @@ def test_omni_video_with_its_sound_in_one_request(tmp_path):
     assert r["parts_bytes"].keys() == {"vision", "vision_final_layernorm", "projector", "audio_encoder",
                                        "audio_projector"}
     assert "audio" in media.format_result(r)
+    short = r["items"]["video-speech-16k"]  # the same clip here (the item's 5 minutes cut to the 6 s asked for)
+    check_item(short)
+    assert short["audio_tokens"] == 76 and short["options"] == {"max_frames": media.SPEECH_16K[1]}
 
 
 def test_checkpoint_kept_and_reused(tmp_path):

@@ -18,7 +18,8 @@ prompt's vision tokens before / after reduction and its audio tokens.
 Items: `page` (a synthetic document image that tiles into 12 tiles + the thumbnail), `page-pruned` (the same
 page with document token pruning `token_pruning_rate` 0.5), `video` (64 frames, EVS 0.75) for nano-12b-v2-vl;
 `video-speech` (a 10-minute H.264 + AAC video in one request, frames and sound track: `use_audio_in_video` at its
-default, on) for nano-omni-30b-a3b.
+default, on) and `video-speech-16k` (5 minutes of the same, 80 frames: a prompt of about 15k tokens, within a 16k
+context) for nano-omni-30b-a3b.
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ from vl.runtime.cpu.heap import trim_heap
 from vl.runtime.cpu.matmul import gemv_decode_linears, onednn_fp32_matmuls, upcast_16bit_matmuls
 from vl.runtime.engine import Engine
 
-ITEMS = {"nano-12b-v2-vl": ("page", "page-pruned", "video"), omni_geometry.NAME: ("video-speech",)}
+ITEMS = {"nano-12b-v2-vl": ("page", "page-pruned", "video"), omni_geometry.NAME: ("video-speech", "video-speech-16k")}
 PAGE_SIZE = (2048, 1536)  # 4:3 -> a 4 x 3 grid of 512-px tiles + the thumbnail = 13 tiles
 VIDEO_FRAMES, VIDEO_EVS = 64, 0.75
 PAGE_PRUNING = 0.5
 SPEECH_SECONDS = 600.0
+SPEECH_16K = (300.0, 80)  # seconds, frames: 40 tubelets (10,080 tokens) + 3,750 audio tokens + text ~ 15k tokens
 STAGES = ("media", "vision", "audio", "prefill")
 QUESTION = "What does it say? Answer in one sentence."
 
@@ -289,6 +291,11 @@ def requests(geometry: str, items, media_dir: Path, *, page_size=PAGE_SIZE, vide
             files.setdefault("speech", write_video(media_dir / "talk.mp4", speech_seconds, fps=2, size=video_size,
                                                    sound=True))
             out[item] = (user({"type": "video", "video": files["speech"]}), {})
+        elif item == "video-speech-16k":
+            seconds, frames = SPEECH_16K
+            files.setdefault("speech16k", write_video(media_dir / "talk5.mp4", min(seconds, speech_seconds), fps=2,
+                                                      size=video_size, sound=True))
+            out[item] = (user({"type": "video", "video": files["speech16k"]}), {"max_frames": frames})
         else:
             raise ConfigError(f"--media: unknown item {item!r} for {geometry}; expected some of "
                               f"{', '.join(ITEMS[geometry])}")

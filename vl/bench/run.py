@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--media", nargs="?", const="all", default=None, metavar="ITEMS", help="--geometry: instead of the "
                    "LLM alone, requests end to end through vl.Engine.chat with the towers at their released widths, "
                    "each stage timed (vl/bench/media.py); a comma list of: nano-12b-v2-vl: page, page-pruned, video; "
-                   "nano-omni-30b-a3b: video-speech (default: all of the geometry's)")
+                   "nano-omni-30b-a3b: video-speech, video-speech-16k (default: all of the geometry's)")
     p.add_argument("--vision-tower", default=None, choices=("bf16", "fp32"), help="instead of the tables: the "
                    "released-size RADIO tower + projector on one tile (vl/bench/vision.py), ours (the opt-in fused "
                    "block path and the default modules) against transformers' RadioModel, --repeats rounds")

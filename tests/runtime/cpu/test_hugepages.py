@@ -176,3 +176,27 @@ def test_weights_read_from_a_checkpoint_move_to_huge_pages_and_mapped_tables_do_
         pytest.skip("the kernel declined MADV_COLLAPSE here (older than Linux 6.1, or THP restricted)")
     assert hugepages.huge_bytes(model.lin.weight) >= hugepages.HUGE and torch.equal(model.lin.weight, want)
     assert hugepages.huge_bytes(model.emb.weight) == 0
+
+
+def test_small_tensors_go_into_arenas_of_bounded_size(monkeypatch):
+    """A model with more small weights than one arena holds (a MoE's packed experts) is moved one bounded arena at
+    a time: several arenas, the same values and outputs."""
+    if _thp_mode() in ("never", "absent"):
+        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
+    monkeypatch.setenv("VL_HUGEPAGES", "1")
+    monkeypatch.setattr(hugepages, "ARENA_BYTES", 4 << 20)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=False) for _ in range(20)])  # 1 MiB each
+    x = torch.randn(3, 512)
+    with torch.no_grad():
+        want = model(x)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    old = {id(st) for st in hugepages._ARENAS}
+    if hugepages.advise(model) == 0:
+        pytest.skip("the kernel declined MADV_COLLAPSE here (older than Linux 6.1, or THP restricted)")
+    new = [st for st in hugepages._ARENAS if id(st) not in old]
+    assert len(new) >= 4  # 20 MiB in arenas of at most 4 MiB
+    assert all(st.nbytes() <= hugepages.ARENA_BYTES + hugepages.HUGE for st in new)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    with torch.no_grad():
+        assert torch.equal(model(x), want)

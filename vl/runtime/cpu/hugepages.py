@@ -12,9 +12,9 @@ does not ask. `advise(model)` asks, for every CPU storage the model holds:
   then `madvise(MADV_COLLAPSE)` (Linux >= 6.1), which rebuilds the already written pages as huge pages in place
   (same addresses, no copy, no extra memory);
 - smaller ones (>= MIN_BYTES; a 1024 x 3072 projection of a small model, any packed layer of one) have no or few
-  whole 2 MiB pages inside them, so they are copied into one 2 MiB-aligned huge-page arena and the module's
-  parameters and buffers are re-pointed at their copies (shared and tied tensors stay shared). The extra memory
-  is those small tensors' bytes, for the duration of the copy.
+  whole 2 MiB pages inside them, so they are copied into 2 MiB-aligned huge-page arenas of at most ARENA_BYTES
+  each, and the module's parameters and buffers are re-pointed at their copies (shared and tied tensors stay
+  shared). The extra memory is one arena, for the duration of its copy.
 The values never change, so nothing can change numerically. Where the kernel refuses (THP `never`, an older kernel,
 a non-Linux OS) the pages stay as they are; one log line says how much was done. Memory torch does not own (the
 loader's memory-mapped embedding tables) is never advised. `VL_HUGEPAGES=0` turns it off.
@@ -28,13 +28,14 @@ import weakref
 import torch
 from torch import nn
 
-from vl.runtime.cpu.heap import linux_switch, madvise_libc
+from vl.runtime.cpu.heap import linux_switch, madvise_libc, trim_heap
 
 log = logging.getLogger(__name__)
 
 HUGE = 2 << 20
 IN_PLACE_BYTES = 8 << 20  # from here on, whole 2 MiB pages cover >= 3/4 of a storage: collapse it where it is
 MIN_BYTES = 64 << 10  # smaller storages (norm weights, biases) are not worth moving
+ARENA_BYTES = 256 << 20  # the most one arena holds: the extra memory of a move is one arena at a time
 ALIGN = 64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 
@@ -73,7 +74,10 @@ def advise(model: nn.Module) -> int:
     try:
         done = sum(advise_range(ptr, st.nbytes()) for ptr, st in storages.items() if st.nbytes() >= IN_PLACE_BYTES)
         small = {ptr: st for ptr, st in storages.items() if st.nbytes() < IN_PLACE_BYTES and not _in_huge(ptr)}
-        moved = _move_to_arena(model, small)
+        moved = 0
+        for batch in _batches(small):
+            moved += _move_to_arena(model, batch)
+            trim_heap()  # the batch's originals, freed by the move, go back before the next arena is taken
     except (OSError, AttributeError) as e:  # no libc madvise: keep the pages as they are
         log.info("vl: huge pages not requested (%s)", e)
         return 0
@@ -92,6 +96,20 @@ _ARENAS: weakref.WeakSet = weakref.WeakSet()
 
 def _in_huge(ptr: int) -> bool:
     return any(st.data_ptr() <= ptr < st.data_ptr() + st.nbytes() for st in list(_ARENAS))
+
+
+def _batches(small: dict) -> list[dict]:
+    """The small storages in groups of at most ARENA_BYTES: each group gets its own arena, and its originals are freed
+    before the next is copied, so the copies never need more than one arena of extra memory (a 30B MoE's packed
+    experts are 16 GB of 2.5 MB storages)."""
+    out, size = [{}], 0
+    for ptr, st in small.items():
+        if out[-1] and size + st.nbytes() > ARENA_BYTES:
+            out.append({})
+            size = 0
+        out[-1][ptr] = st
+        size += st.nbytes()
+    return out
 
 
 def _move_to_arena(model: nn.Module, small: dict) -> int:
