@@ -60,33 +60,41 @@ def advise_range(addr: int, nbytes: int) -> int:
 
 def advise(model: nn.Module) -> int:
     """Huge pages under the model's CPU parameters and buffers; -> bytes now on huge pages by this call's doing
-    (collapsed in place or moved into the arena). Safe to call twice."""
+    (collapsed in place or moved into arenas). Safe to call twice. Holds storages' sizes, never the storages, so
+    that each arena's originals are freed as soon as the model points at the copies."""
     if not enabled():
         return 0
-    storages = {}
-    for t in [*model.parameters(), *model.buffers()]:
+    sizes = {}  # data_ptr -> nbytes of the storages to advise
+    for t in _tensors(model):
         # memory torch does not own (a file map: the loader's mapped embedding, a numpy buffer) is left alone:
         # MADV_HUGEPAGE on a file map lets khugepaged read the whole file range in (1.2 GiB for a 12B embedding
         # that decode reads a few rows of)
-        if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= MIN_BYTES \
-                and t.untyped_storage().resizable():
-            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
+        st = t.untyped_storage()
+        if t.device.type == "cpu" and st.nbytes() >= MIN_BYTES and st.resizable():
+            sizes.setdefault(st.data_ptr(), st.nbytes())
     try:
-        done = sum(advise_range(ptr, st.nbytes()) for ptr, st in storages.items() if st.nbytes() >= IN_PLACE_BYTES)
-        small = {ptr: st for ptr, st in storages.items() if st.nbytes() < IN_PLACE_BYTES and not _in_huge(ptr)}
+        done = sum(advise_range(ptr, n) for ptr, n in sizes.items() if n >= IN_PLACE_BYTES)
         moved = 0
-        for batch in _batches(small):
+        for batch in _batches({ptr: n for ptr, n in sizes.items() if n < IN_PLACE_BYTES and not _in_huge(ptr)}):
             moved += _move_to_arena(model, batch)
             trim_heap()  # the batch's originals, freed by the move, go back before the next arena is taken
     except (OSError, AttributeError) as e:  # no libc madvise: keep the pages as they are
         log.info("vl: huge pages not requested (%s)", e)
         return 0
-    total = sum(st.nbytes() for st in storages.values())
+    total = sum(sizes.values())
     if total:
-        log.info("vl: %.0f of %.0f MiB of CPU weights now on 2 MiB pages (%.0f MiB moved into a huge-page arena)%s",
+        log.info("vl: %.0f of %.0f MiB of CPU weights now on 2 MiB pages (%.0f MiB moved into huge-page arenas)%s",
                  (done + moved) / 2**20, total / 2**20, moved / 2**20,
                  "" if done + moved else " (the kernel declined: THP off, an older kernel, or file-backed weights)")
     return done + moved
+
+
+def _tensors(model: nn.Module):
+    for t in model.parameters():
+        yield t
+    for t in model.buffers():
+        if t is not None:
+            yield t
 
 
 # The arenas' storages, while any tensor still uses them: their tensors are not moved again. Weak, so that an arena
@@ -99,25 +107,26 @@ def _in_huge(ptr: int) -> bool:
 
 
 def _batches(small: dict) -> list[dict]:
-    """The small storages in groups of at most ARENA_BYTES: each group gets its own arena, and its originals are freed
-    before the next is copied, so the copies never need more than one arena of extra memory (a 30B MoE's packed
-    experts are 16 GB of 2.5 MB storages)."""
+    """{data_ptr: nbytes} of the small storages in groups of at most ARENA_BYTES: each group gets its own arena,
+    and its originals are freed before the next is copied, so the copies never need more than one arena of extra
+    memory (a 30B MoE's packed experts are 16 GB of 2.5 MB storages)."""
     out, size = [{}], 0
-    for ptr, st in small.items():
-        if out[-1] and size + st.nbytes() > ARENA_BYTES:
+    for ptr, n in small.items():
+        if out[-1] and size + n > ARENA_BYTES:
             out.append({})
             size = 0
-        out[-1][ptr] = st
-        size += st.nbytes()
+        out[-1][ptr] = n
+        size += n
     return out
 
 
 def _move_to_arena(model: nn.Module, small: dict) -> int:
-    """Copy the `small` storages into one huge-page arena and re-point the model's tensors at the copies."""
+    """Copy the storages `small` ({data_ptr: nbytes}) into one huge-page arena and re-point the model's tensors at
+    the copies."""
     offsets, size = {}, 0
-    for ptr, st in small.items():
+    for ptr, n in small.items():
         offsets[ptr] = size
-        size += -(-st.nbytes() // ALIGN) * ALIGN
+        size += -(-n // ALIGN) * ALIGN
     if size < HUGE:
         return 0
     raw = torch.empty(size + HUGE, dtype=torch.uint8)  # fresh, untouched pages: huge ones fault in once advised
@@ -125,9 +134,7 @@ def _move_to_arena(model: nn.Module, small: dict) -> int:
     libc = _libc()
     libc.madvise(raw.data_ptr() + base, -(-size // HUGE) * HUGE, MADV_HUGEPAGE)
     arena = raw[base:base + size]
-    for ptr, st in small.items():
-        src = torch.empty(0, dtype=torch.uint8).set_(st, 0, (st.nbytes(),), (1,))
-        arena[offsets[ptr]:offsets[ptr] + st.nbytes()].copy_(src)
+    _copy_into(arena, model, offsets, small)
     if libc.madvise(arena.data_ptr(), -(-size // HUGE) * HUGE, MADV_COLLAPSE) != 0 and not _any_huge(arena):
         return 0  # the kernel gave no huge pages: leave the model's tensors where they were
     storage = raw.untyped_storage()
@@ -152,6 +159,18 @@ def _move_to_arena(model: nn.Module, small: dict) -> int:
                     module._buffers[name] = q
     _ARENAS.add(storage)  # the storage the moved tensors share
     return size
+
+
+def _copy_into(arena: torch.Tensor, model: nn.Module, offsets: dict, small: dict) -> None:
+    """The bytes of each storage of `small` at its offset in `arena` (a function, so no reference outlives it)."""
+    copied = set()
+    for t in _tensors(model):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if t.device.type == "cpu" and ptr in offsets and ptr not in copied:
+            src = torch.empty(0, dtype=torch.uint8).set_(st, 0, (small[ptr],), (1,))
+            arena[offsets[ptr]:offsets[ptr] + small[ptr]].copy_(src)
+            copied.add(ptr)
 
 
 def _any_huge(t: torch.Tensor) -> bool:
