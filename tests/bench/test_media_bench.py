@@ -165,8 +165,8 @@ def test_towers_written_and_loaded_back_are_the_random_towers(tmp_path, monkeypa
     want = media.engine_for(cfg, lm, dtype=torch.float32)
     written = media.write_towers(cfg, tmp_path / "towers", dtype=torch.float32)
     got = media.engine_for(cfg, lm, dtype=torch.float32, towers=tmp_path / "towers")
-    assert written == sum(p.numel() * p.element_size() for n, part in want.model.named_children() if n != "language_model"
-                          for p in [*part.parameters(), *part.buffers()])
+    assert written == sum(p.numel() * p.element_size() for n, part in want.model.named_children()
+                          if n != "language_model" for p in [*part.parameters(), *part.buffers()])
     assert got.model.encoder_pages == pages and (got.model.mapped_encoder_bytes > 0) == (pages == "release")
     for (n, a), (m, b) in zip(want.model.state_dict().items(), got.model.state_dict().items()):
         assert n == m and torch.equal(a, b), n

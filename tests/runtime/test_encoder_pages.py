@@ -72,25 +72,30 @@ def test_omni_in_release_mode_answers_as_kept_and_holds_no_encoder_page_after_a_
     assert not any(encoder_pages.file_backed(p) for p in model.language_model.parameters()
                    if p is not model.language_model.backbone.embeddings.weight)
 
+    # a module's weights are in the process while it runs (its pre-hook maps them), and only then
     seen = {}
-    encode_images, encode_audio = model.encode_images, model.encode_audio
+    tower_linear = next(m for m in model.vision.modules() if isinstance(m, torch.nn.Linear)
+                        and encoder_pages.file_backed(m.weight))
+    audio_linear = next(m for m in model.audio_encoder.modules() if isinstance(m, torch.nn.Linear)
+                        and encoder_pages.file_backed(m.weight))
+    def spy(key):
+        def hook(module, args, output):
+            seen.setdefault(key, resident_pages(module.weight))
+        return hook
 
-    def spy(name, fn, weights):
-        def run(*a, **k):
-            seen[name] = sum(resident_pages(w) for w in weights)
-            return fn(*a, **k)
-        return run
-
-    monkeypatch.setattr(model, "encode_images", spy("vision", encode_images, vision))
-    monkeypatch.setattr(model, "encode_audio", spy("audio", encode_audio, audio))
+    for key, lin in (("vision", tower_linear), ("audio", audio_linear)):
+        lin.register_forward_hook(spy(key), prepend=True)  # before the post-hook that drops the pages
+    pages = {k: len(range(lin.weight.data_ptr() // encoder_pages.PAGE,
+                          (lin.weight.data_ptr() + lin.weight.nbytes - 1) // encoder_pages.PAGE + 1))
+             for k, lin in (("vision", tower_linear), ("audio", audio_linear))}
     for i in range(2):  # new media each time: the encoder cache does not answer
         image = Image.fromarray(np.random.default_rng(3 + i).integers(0, 255, (60, 90, 3), dtype=np.uint8))
         msgs = user({"type": "image", "image": image}, {"type": "audio", "audio": tone(16000, 1.2, 330.0 + i, 0.2)})
         want = keep.chat(msgs, max_new_tokens=8, ignore_eos=True)
         got = release.chat(msgs, max_new_tokens=8, ignore_eos=True)
         assert got.token_ids == want.token_ids and got.stats.vision_cache_hits == 0
-        assert seen["vision"] > 0 and seen["audio"] > 0  # mapped in while each encoder ran
-        assert sum(resident_pages(w) for w in vision + audio) == 0  # and dropped after the request
+        assert seen == pages  # every page of the weight mapped in while its module ran ...
+        assert sum(resident_pages(w) for w in vision + audio) == 0  # ... and none left after the request
         seen.clear()
         with pytest.raises(VLError):  # a bad request between good ones leaves nothing mapped either
             release.chat(user({"type": "audio", "audio": b"not audio"}), max_new_tokens=4)
@@ -104,7 +109,7 @@ def test_a_follow_up_from_the_encoder_cache_maps_nothing(omni_dir, monkeypatch):
     msgs = user({"type": "image", "image": image}, text="Describe it.")
     first = release.chat(msgs, max_new_tokens=5)
     advised = []
-    monkeypatch.setattr(encoder_pages, "_advise", lambda part, advice, fallback=None: advised.append(advice))
+    monkeypatch.setattr(encoder_pages, "_advise", lambda part, advice: advised.append(advice))
     again = release.chat(msgs, max_new_tokens=5)
     assert again.token_ids == first.token_ids and again.stats.vision_cache_hits == 1
     assert advised == []
@@ -141,3 +146,19 @@ def test_auto_releases_when_the_checkpoint_holds_most_of_the_ram(monkeypatch):
     monkeypatch.setenv("VL_ENCODER_PAGES", "sometimes")
     with pytest.raises(vl.errors.ConfigError):
         encoder_pages.choose(1, 24 * gib)
+
+
+@linux
+def test_a_weight_replaced_after_load_is_never_dropped(omni_dir, monkeypatch):
+    """A hook only drops the storage it found at install: a weight replaced by torch's own memory since (a cast,
+    a fine-tune step) keeps its values through requests (MADV_DONTNEED on it would zero it)."""
+    keep, release = engines(omni_dir, monkeypatch)
+    lin = next(m for m in release.model.vision.modules() if isinstance(m, torch.nn.Linear)
+               and encoder_pages.file_backed(m.weight))
+    lin.weight.data = lin.weight.data.clone()  # now in anonymous memory
+    want = lin.weight.detach().clone()
+    image = Image.fromarray(np.random.default_rng(9).integers(0, 255, (48, 80, 3), dtype=np.uint8))
+    msgs = user({"type": "image", "image": image}, text="Describe it.")
+    for _ in range(2):
+        assert release.chat(msgs, max_new_tokens=5).token_ids == keep.chat(msgs, max_new_tokens=5).token_ids
+        assert torch.equal(lin.weight, want)

@@ -163,6 +163,7 @@ def assemble(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat
             mapped += _tower_part(part, towers / name, release)
     model.encoder_pages = "release" if mapped else "keep"
     model.mapped_encoder_bytes = mapped
+    encoder_pages.install(model)
     return model.eval()
 
 
@@ -175,10 +176,8 @@ def tokenizer(omni: bool):
     return tok
 
 
-def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16,
-               towers: Path | None = None) -> Engine:
-    """An `Engine` over `assemble(cfg, lm)` with the processor of `cfg` and no encoder cache (each request runs the
-    towers). Media token ids are taken from the tokenizer."""
+def processor_for(cfg: VLConfig | OmniConfig):
+    """(the processor of `cfg` over the demo tokenizer, `cfg` with the tokenizer's media token ids)."""
     omni = isinstance(cfg, OmniConfig)
     tok = tokenizer(omni)
     image_id = tok.convert_tokens_to_ids("<image>")
@@ -203,6 +202,14 @@ def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bflo
         processor = Processor(tok, cfg)
     if len(tok) > cfg.lm.vocab_size:
         raise ConfigError(f"the demo tokenizer's {len(tok)} ids do not fit the LLM's vocabulary of {cfg.lm.vocab_size}")
+    return processor, cfg
+
+
+def engine_for(cfg: VLConfig | OmniConfig, lm: torch.nn.Module, dtype=torch.bfloat16,
+               towers: Path | None = None) -> Engine:
+    """An `Engine` over `assemble(cfg, lm)` with the processor of `cfg` and no encoder cache (each request runs the
+    towers). Media token ids are taken from the tokenizer."""
+    processor, cfg = processor_for(cfg)
     return Engine(assemble(cfg, lm, dtype, towers=towers), processor, vision_cache_size=0)
 
 
@@ -454,8 +461,8 @@ def format_result(r: dict) -> str:
     parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in r["parts_bytes"].items())
     lines = [f"{r['geometry']} {r['format']} end to end through vl.Engine.chat (random weights; LLM layers "
              f"{r['llm_layers']}, resident {r['llm_resident_bytes'] / gib:.2f} GiB; BF16 parts at their released "
-             f"widths: {parts} GiB), {r['threads']} CPU threads, load {r['load_s']:.0f} s, untimed warm-up request "
-             f"{r['warm_up_s']:.0f} s",
+             f"widths: {parts} GiB; encoder pages: {r.get('encoder_pages', 'keep')}), {r['threads']} CPU threads, "
+             f"load {r['load_s']:.0f} s, untimed warm-up request {r['warm_up_s']:.0f} s",
              f"  {'item':<13} {'TTFT s':>8} " + " ".join(f"{k + ' s':>9}" for k in STAGES)
              + f" {'unacc.':>7}  peak RSS GiB: media / vision / audio / prefill (whole request); tokens"]
     for item, x in r["items"].items():

@@ -28,6 +28,7 @@ from vl.errors import GenerationOptionError, StoppedError, VLError
 from vl.options import RequestOptions
 from vl.processing.reasoning_text import ThinkSplitter, split_reasoning
 from vl.processing.progress import Work
+from vl.runtime.cpu import encoder_pages
 from vl.runtime.detokenize import IncrementalDecoder
 from vl.runtime.decode_batch import DecodeBatch
 from vl.runtime.generate import check_lengths, left_pad_embeds
@@ -171,43 +172,47 @@ def run_batch(engine, requests: list[ChatRequest], params: SamplingParams, *, ra
     join together are encoded in one vision-tower call (vl/runtime/vision_batch.py) as well as prefilled in
     one call. Without it each request goes through `engine.prepare` on its own."""
     with engine._lock:
-        t0 = time.perf_counter()
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        waiting: list[_Row] = []  # prepared, not yet in the batch (they did not fit in the context with it)
-        if processed is None:
-            for i, req in enumerate(requests):
-                row = yield from _prepare(engine, i, req, t0, raise_errors)
-                if row is not None:
-                    waiting.append(row)
-        else:
-            waiting += yield from _prepare_group(engine, list(enumerate(requests)), processed, raise_errors)
-        batch, rows, count = None, {}, len(requests)
-        while waiting or rows:
-            if batch is None or not batch.live():
-                batch = DecodeBatch(engine.lm, params=params,
-                                    stop_ids=engine.stop_ids if stop_ids is None else stop_ids,
-                                    prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
-                                    decode=engine.decode, mix_chunk=getattr(engine, "mix_chunk", None))
-            if more is not None and batch.elastic and rows:
-                joining = more(len(rows) + len(waiting))
-                if processed is not None:
-                    waiting += yield from _prepare_group(engine, list(enumerate(joining, count)), processed, False)
-                    count += len(joining)
-                for req in joining if processed is None else ():
-                    row = yield from _prepare(engine, count, req, time.perf_counter(), False)
-                    count += 1
+        try:
+            t0 = time.perf_counter()
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            waiting: list[_Row] = []  # prepared, not yet in the batch (they did not fit in the context with it)
+            if processed is None:
+                for i, req in enumerate(requests):
+                    row = yield from _prepare(engine, i, req, t0, raise_errors)
                     if row is not None:
                         waiting.append(row)
-            group = _fitting(batch, waiting)
-            if group:
-                _join(engine, batch, group)
-                rows.update((r.index, r) for r in group)
-                waiting = waiting[len(group):]
-            if not rows:
-                continue
-            for i, item in _step(engine, batch, rows, raise_errors):
-                yield i, (Event(*item) if isinstance(item, tuple) else item)
+            else:
+                waiting += yield from _prepare_group(engine, list(enumerate(requests)), processed, raise_errors)
+            batch, rows, count = None, {}, len(requests)
+            while waiting or rows:
+                if batch is None or not batch.live():
+                    batch = DecodeBatch(engine.lm, params=params,
+                                        stop_ids=engine.stop_ids if stop_ids is None else stop_ids,
+                                        prefill_chunk=engine.prefill_chunk, context_length=engine.context_length,
+                                        decode=engine.decode, mix_chunk=getattr(engine, "mix_chunk", None))
+                if more is not None and batch.elastic and rows:
+                    joining = more(len(rows) + len(waiting))
+                    if processed is not None:
+                        waiting += yield from _prepare_group(engine, list(enumerate(joining, count)), processed,
+                                                             False)
+                        count += len(joining)
+                    for req in joining if processed is None else ():
+                        row = yield from _prepare(engine, count, req, time.perf_counter(), False)
+                        count += 1
+                        if row is not None:
+                            waiting.append(row)
+                group = _fitting(batch, waiting)
+                if group:
+                    _join(engine, batch, group)
+                    rows.update((r.index, r) for r in group)
+                    waiting = waiting[len(group):]
+                if not rows:
+                    continue
+                for i, item in _step(engine, batch, rows, raise_errors):
+                    yield i, (Event(*item) if isinstance(item, tuple) else item)
+        finally:
+            encoder_pages.after_requests(engine.model)  # release mode: the heap back before the next request
 
 
 def _prepare(engine, i: int, req: ChatRequest, t0: float, raise_errors: bool):

@@ -41,7 +41,8 @@ def embed_omni(model, inputs, video_pruning_rate=None, cache=None, stats: Stats 
                 for p, (h, w) in zip(patches, grids)]
         if inputs.pixel_values_videos is not None:
             tubelets = inputs.pixel_values_videos
-            videos = [cached(v, "omni-video", vision.wrap(lambda v=v: model.encode_videos(v[None].to(device, dtype))[0]))
+            videos = [cached(v, "omni-video",
+                             vision.wrap(lambda v=v: model.encode_videos(v[None].to(device, dtype))[0]))
                       for v in tubelets]
             layout = model.video_layout(tubelets.shape)
     t1 = time.perf_counter()

@@ -29,7 +29,9 @@ def load_pretrained(path, dtype=None, device_map=None, max_memory=None, scan_nan
     if model.mapped_encoder_bytes:
         log.info("vl: %s: %.2f GiB of encoder weights are mapped from the checkpoint and in memory only while an "
                  "encoder runs (VL_ENCODER_PAGES=keep holds them)", path, model.mapped_encoder_bytes / 2**30)
-    return runtime_passes(model, device_map=device_map, max_memory=max_memory)
+    model = runtime_passes(model, device_map=device_map, max_memory=max_memory)
+    encoder_pages.install(model)  # release mode: each encoder module maps its weights in only while it runs
+    return model
 
 
 def runtime_passes(model, device_map=None, max_memory=None):

@@ -1,23 +1,29 @@
-"""Encoder weights that are in memory only while an encoder runs, on machines the LLM nearly fills.
+"""Encoder weights that are in memory only while they are used, on machines the LLM nearly fills.
 
 A vision or audio request runs each encoder once (RADIO and its projector; Omni's Parakeet and its projector), then
 the LLM prefills and decodes for seconds to minutes without them. Nemotron 3 Nano Omni's NVFP4 LLM holds 16.9 GiB of
 a 23 GiB machine, and its two towers add 2.7 GiB of BF16 weights that no decode step reads. In `release` mode the
 loader leaves the encoders' weights as views of a private map of the checkpoint file (vl/checkpoint/files.py
-`map_tensor`), and the runtime brackets each encoder call (`in_memory`):
-- before, `madvise(MADV_POPULATE_READ)` maps the part's pages in one call per tensor (from the page cache when the
-  file's pages are there, else from disk), instead of one page fault per 4 KiB inside the first matmul;
-- after, `madvise(MADV_DONTNEED)` drops them from the process (the file's pages stay in the page cache, which the
-  kernel may reclaim under pressure: the next request then reads them from disk), and `malloc_trim` gives back the
-  encoder's freed activations, which the prefill's heap setting would otherwise keep (vl/runtime/cpu/heap.py).
-So at most one encoder's weights and activations sit beside the LLM at a time, and none during prefill and decode.
-The values never change: the same bytes come back from the file. The cost is mapping the pages again on each
-request (measured in docs/benchmarks.md, "Omni memory").
+`_map_tensor`), and `install` hooks every encoder module that holds such weights:
+- before its forward, `madvise(MADV_POPULATE_READ)` maps its weights' pages in, one call per tensor (from the page
+  cache when the file's pages are there, else from disk), instead of a page fault per few KiB inside the matmul;
+- after its forward, `madvise(MADV_DONTNEED)` drops them from the process again. The file's pages stay in the page
+  cache, which the kernel may reclaim under pressure (the next use then reads them from disk).
+So an encoder holds one module's weights at a time (at most a projector's 5120 x 20480 BF16 matrix, 0.2 GiB) beside
+the LLM, and none during prefill and decode. A tower run in micro-batches maps each block's weights once per
+micro-batch. When a request's encoders are done (`in_memory` around them) every mapped page of theirs is dropped
+once more (weights read without their module's forward: a fault maps them, nothing else drops them) and
+`malloc_trim` gives back the encoders' freed activations, which the prefill's heap setting would otherwise keep
+(vl/runtime/cpu/heap.py). The values never change: the same bytes come back from the file. The cost is mapping the
+pages again on each use (measured in docs/benchmarks.md, Omni end to end).
+
+Only memory in a map of a file is ever dropped (`MADV_DONTNEED` on torch's own memory would zero it): tensors are
+checked against /proc/self/maps at install, and each hook checks that its module still holds the same storage.
 
 `VL_ENCODER_PAGES` chooses: `keep` (the weights are read into process memory and stay, as every other weight),
 `release`, or `auto` (the default): `release` on Linux when the checkpoint's files hold more than RELEASE_FRACTION
-of the machine's RAM, else `keep`. Only tensors stored in the dtype they run
-in (no cast) and of at least MIN_BYTES are mapped; a CPU model without a device map only.
+of the machine's RAM, else `keep`. Only tensors stored in the dtype they run in (no cast) and of at least 64 KiB
+(vl/checkpoint/load.py `MAPPED_MIN_BYTES`) are mapped; a CPU model without a device map only.
 """
 
 from __future__ import annotations
@@ -120,13 +126,66 @@ def mapped_bytes(module: nn.Module) -> int:
     return sum(n for _, n in _ranges(module))
 
 
-def _advise(module: nn.Module, advice: int, fallback: int | None = None) -> None:
+def _advise(module: nn.Module, advice: int) -> None:
     libc = madvise_libc()
     if libc is None:
         return
     for start, n in _ranges(module):
-        if libc.madvise(start, n, advice) != 0 and fallback is not None:
-            libc.madvise(start, n, fallback)  # MADV_POPULATE_READ needs Linux >= 5.14: read-ahead instead
+        libc.madvise(start, n, advice)
+
+
+def _own(module: nn.Module, spans) -> list[tuple[str, int, int]]:
+    """(name, data_ptr, nbytes) of the file-backed tensors `module` holds itself (not its children's)."""
+    out = []
+    for name, t in [*module._parameters.items(), *module._buffers.items()]:
+        if t is not None and file_backed(t, spans):
+            st = t.untyped_storage()
+            out.append((name, st.data_ptr(), st.nbytes()))
+    return out
+
+
+def _hooks(own: list[tuple[str, int, int]]):
+    libc = madvise_libc()
+
+    def advise(module, advice):
+        for name, ptr, n in own:
+            t = module._parameters.get(name)
+            t = module._buffers.get(name) if t is None else t
+            if t is None or t.untyped_storage().data_ptr() != ptr or t.untyped_storage().nbytes() != n:
+                continue  # replaced since install (moved, cast): not the file map any more, never dropped
+            start = ptr // PAGE * PAGE
+            if libc.madvise(start, ptr + n - start, advice) != 0 and advice == MADV_POPULATE_READ:
+                libc.madvise(start, ptr + n - start, MADV_WILLNEED)  # Linux < 5.14: read-ahead instead
+
+    def pre(module, args):
+        advise(module, MADV_POPULATE_READ)
+
+    def post(module, args, output):
+        advise(module, MADV_DONTNEED)
+
+    return pre, post
+
+
+def install(model: nn.Module) -> int:
+    """In `release` mode: hook each module of the encoder parts that holds file-mapped weights (module docstring),
+    and drop what is mapped now. -> how many modules were hooked (0 in `keep` mode, or on a C library without
+    madvise)."""
+    if getattr(model, "encoder_pages", "keep") != "release" or madvise_libc() is None:
+        return 0
+    spans, n = file_maps(), 0
+    for name in VISION + AUDIO:
+        part = getattr(model, name, None)
+        if not isinstance(part, nn.Module):
+            continue
+        for module in part.modules():
+            own = _own(module, spans)
+            if own:
+                pre, post = _hooks(own)
+                module.register_forward_pre_hook(pre)
+                module.register_forward_hook(post)
+                n += 1
+        _advise(part, MADV_DONTNEED)
+    return n
 
 
 VISION = ("vision", "vision_final_layernorm", "projector")  # what an image, tile or tubelet goes through
@@ -135,32 +194,37 @@ AUDIO = ("audio_encoder", "audio_projector")
 
 class in_memory:  # noqa: N801 (used as a context manager, like contextlib's)
     """The encoder made of `model`'s parts `names` (VISION, AUDIO), for one request: `with in_memory(model, VISION)
-    as vision:` then `vision.wrap(encode)` for each encoder call. In `release` mode the parts' mapped weights are
-    brought in before the first call that runs and dropped when the block ends (module docstring), so a request
-    whose items all come from the encoder cache maps nothing; otherwise it does nothing."""
+    as vision:` then `vision.wrap(encode)` for each encoder call. In `release` mode, once one of them has run, the
+    parts' mapped pages are dropped and the heap trimmed when the block ends (module docstring), so a request whose
+    items all come from the encoder cache does nothing; in `keep` mode nothing is done."""
 
     def __init__(self, model: nn.Module, names: tuple[str, ...]):
         parts = [getattr(model, n, None) for n in names]
         self.parts = [p for p in parts if isinstance(p, nn.Module)]
         self.release = bool(self.parts) and getattr(model, "encoder_pages", "keep") == "release"
-        self.mapped = False
+        self.ran = False
 
     def __enter__(self):
         return self
 
     def wrap(self, encode):
         def run():
-            if self.release and not self.mapped:
-                for part in self.parts:
-                    _advise(part, MADV_POPULATE_READ, fallback=MADV_WILLNEED)
-                self.mapped = True
+            self.ran = self.ran or self.release
             return encode()
         return run
 
     def __exit__(self, *exc):
-        if self.mapped:
+        if self.ran:
             for part in self.parts:
                 _advise(part, MADV_DONTNEED)
             trim_heap()
-            self.mapped = False
+            self.ran = False
         return False
+
+
+def after_requests(model: nn.Module) -> None:
+    """In `release` mode, when a batch of requests ends: the heap's free pages back to the OS. The prefill keeps
+    its freed temporaries for reuse (vl/runtime/cpu/heap.py); on a machine the LLM nearly fills they would sit
+    beside the next request's media and encoders."""
+    if getattr(model, "encoder_pages", "keep") == "release":
+        trim_heap()
