@@ -162,3 +162,23 @@ def test_a_weight_replaced_after_load_is_never_dropped(omni_dir, monkeypatch):
     for _ in range(2):
         assert release.chat(msgs, max_new_tokens=5).token_ids == keep.chat(msgs, max_new_tokens=5).token_ids
         assert torch.equal(lin.weight, want)
+
+
+@linux
+def test_release_mode_trims_the_heap_after_each_layer_of_a_prefill_chunk_only(omni_dir, monkeypatch):
+    """A prompt of >= TRIM_TOKENS tokens trims after every LLM layer of its prefill (a MoE layer's freed temporaries
+    held 1.9 GiB over the Omni LLM's 52 layers); a decode step does not; `keep` mode never does."""
+    keep, release = engines(omni_dir, monkeypatch)
+    calls = []
+    monkeypatch.setattr(encoder_pages, "trim_heap", lambda: calls.append(1))
+    layers = len(release.model.language_model.backbone.layers)
+    long = "word " * (2 * encoder_pages.TRIM_TOKENS)
+    want = keep.chat(user(text=long), max_new_tokens=4, ignore_eos=True)
+    assert calls == []  # keep mode: no hook, and no trim when the batch ends
+    got = release.chat(user(text=long), max_new_tokens=4, ignore_eos=True)
+    assert got.token_ids == want.token_ids
+    prefill_calls = len(calls)
+    assert layers <= prefill_calls <= layers * 2 + 1  # each layer of each chunk, and the end of the batch
+    calls.clear()
+    release.chat(user(text="Hi."), max_new_tokens=4, ignore_eos=True)  # a short prompt and 4 decode steps
+    assert calls == [1]  # the end of the batch only
