@@ -14,10 +14,11 @@ the LLM, and none during prefill and decode. A tower run in micro-batches maps e
 micro-batch. When a request's encoders are done (`in_memory` around them) every mapped page of theirs is dropped
 once more (weights read without their module's forward: a fault maps them, nothing else drops them) and
 `malloc_trim` gives back the encoders' freed activations, which the prefill's heap setting would otherwise keep
-(vl/runtime/cpu/heap.py). The values never change: the same bytes come back from the file. The cost is mapping the
-pages again on each use (measured in docs/benchmarks.md, Omni end to end). In the same mode the LLM's prefill gives
-its freed temporaries back after each layer of a chunk (`_trim_after_prefill_layer`), and the heap is trimmed when a
-batch of requests ends (`after_requests`).
+(vl/runtime/cpu/heap.py). The values never change: the same bytes come back from the file (a write into a mapped
+weight would be undone at the next drop; in this mode they are read-only). The cost is mapping the pages again on
+each use (the Omni vision stage took 60-66 s per request with the towers resident or not, docs/benchmarks.md). In
+the same mode the LLM's prefill gives its freed temporaries back after each layer of a chunk
+(`_trim_after_prefill_layer`), and the heap is trimmed when a batch of requests ends (`after_requests`).
 
 Only memory in a map of a file is ever dropped (`MADV_DONTNEED` on torch's own memory would zero it): tensors are
 checked against /proc/self/maps at install, and each hook checks that its module still holds the same storage.
@@ -31,7 +32,6 @@ of the machine's RAM, else `keep`. Only tensors stored in the dtype they run in 
 from __future__ import annotations
 
 import bisect
-import logging
 import os
 import platform
 
@@ -41,10 +41,7 @@ from torch import nn
 from vl.kernels import switches
 from vl.runtime.cpu.heap import madvise_libc, trim_heap
 
-log = logging.getLogger(__name__)
-
 RELEASE_FRACTION = 0.6
-MIN_BYTES = 64 << 10
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ = 3, 4, 22
 
@@ -71,12 +68,6 @@ def choose(weight_bytes: int, total: int | None = None) -> str:
         return "keep"
     total = memory_total() if total is None else total
     return "release" if total and weight_bytes > RELEASE_FRACTION * total else "keep"
-
-
-def encoder_parts(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The composed model's parts outside the LLM that hold weights (vision tower, projectors, audio encoder)."""
-    return [(name, part) for name, part in model.named_children()
-            if name != "language_model" and any(True for _ in part.parameters())]
 
 
 def file_maps() -> list[tuple[int, int]]:
@@ -122,10 +113,6 @@ def _ranges(module: nn.Module):
         seen.add(st.data_ptr())
         start = st.data_ptr() // PAGE * PAGE
         yield start, st.data_ptr() + st.nbytes() - start
-
-
-def mapped_bytes(module: nn.Module) -> int:
-    return sum(n for _, n in _ranges(module))
 
 
 def _advise(module: nn.Module, advice: int) -> None:
