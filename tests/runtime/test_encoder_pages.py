@@ -109,7 +109,7 @@ def test_a_follow_up_from_the_encoder_cache_maps_nothing(omni_dir, monkeypatch):
     msgs = user({"type": "image", "image": image}, text="Describe it.")
     first = release.chat(msgs, max_new_tokens=5)
     advised = []
-    monkeypatch.setattr(encoder_pages, "_advise", lambda part, advice: advised.append(advice))
+    monkeypatch.setattr(encoder_pages, "_advise", lambda part, advice, spans=None: advised.append(advice))
     again = release.chat(msgs, max_new_tokens=5)
     assert again.token_ids == first.token_ids and again.stats.vision_cache_hits == 1
     assert advised == []

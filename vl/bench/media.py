@@ -97,6 +97,11 @@ def _random_part(module: torch.nn.Module, dtype: torch.dtype, seed: int) -> None
     with torch.no_grad():
         for name, b in module.named_buffers():
             b.fill_(1 if name.endswith("running_var") else 0)
+    _cpu_passes(module)
+
+
+def _cpu_passes(module: torch.nn.Module) -> None:
+    """Inference mode and the CPU matmul passes of `vl.load_pretrained` (vl/runtime/pretrained.py `runtime_passes`)."""
     module.eval().requires_grad_(False)
     upcast_16bit_matmuls(module)
     onednn_fp32_matmuls(module)
@@ -138,10 +143,7 @@ def _tower_part(part: torch.nn.Module, path: Path, mapped: bool) -> int:
     whole = {n for n, info in files.infos.items() if info.nbytes >= MAPPED_MIN_BYTES} if mapped else set()
     prefix = len(path.name) + 1
     part.load_state_dict({n[prefix:]: t for n, t in files.load_all(whole=whole).items()}, strict=True, assign=True)
-    part.eval().requires_grad_(False)
-    upcast_16bit_matmuls(part)
-    onednn_fp32_matmuls(part)
-    gemv_decode_linears(part)
+    _cpu_passes(part)
     return sum(files.infos[n].nbytes for n in whole)
 
 

@@ -345,13 +345,9 @@ def _rows(cache: HybridCache, rows: slice) -> HybridCache:
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
-def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype, rows):
-    """Dense rows go through the weights 1, 4 or 8 at a time (2-3 padded to 4, 5-7 to 8, more in groups of 8):
-    each row keeps its own accumulators in the same order, so from the same cache a row's logits and cache are
-    bit for bit those of the row decoded alone, whatever the batch size and its row's place in the group."""
-    lm = down_by_rows(models(odd_config(), dtype, seed=3)[0], rows != "plain")
+def thirteen_rows_alone(lm, lib, dtype):
+    """13 left-padded prompts prefilled into one cache, and each row's next step decoded alone from its copy ->
+    (ids, mask, last tokens, the prefilled cache, [(logits, cache tensors)] per row)."""
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7)])
     prefilled = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
     with torch.no_grad():
@@ -361,6 +357,17 @@ def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype, rows):
     for i in range(ids.shape[0]):
         cache = _rows(prefilled, slice(i, i + 1))
         alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), list(cache.tensors())))
+    return ids, mask, tok, prefilled, alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
+def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype, rows):
+    """Dense rows go through the weights 1, 4 or 8 at a time (2-3 padded to 4, 5-7 to 8, more in groups of 8):
+    each row keeps its own accumulators in the same order, so from the same cache a row's logits and cache are
+    bit for bit those of the row decoded alone, whatever the batch size and its row's place in the group."""
+    lm = down_by_rows(models(odd_config(), dtype, seed=3)[0], rows != "plain")
+    ids, mask, tok, prefilled, alone = thirteen_rows_alone(lm, lib, dtype)
     for b in (2, 3, 4, 5, 7, 8, 9, 13):
         cache = _rows(prefilled, slice(0, b))
         logits = cpu_decode.run_step(lm, lib, tok[:b], cache)
@@ -496,15 +503,7 @@ def test_a_packed_row_gets_the_same_bits_in_every_batch_size(lib, dtype, fmt):
                      ssm_state_size=16)
     lm = packed_linears(model(cfg, dtype, seed=5, std=0.1), fmt)
     assert cpu_decode.unsupported(lm) is None
-    ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7)])
-    prefilled = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
-    with torch.no_grad():
-        lm(ids, cache=prefilled, attention_mask=mask, logits_to_keep=1)
-    tok = ids[:, -1:]
-    alone = []
-    for i in range(ids.shape[0]):
-        cache = _rows(prefilled, slice(i, i + 1))
-        alone.append((cpu_decode.run_step(lm, lib, tok[i:i + 1], cache), list(cache.tensors())))
+    ids, mask, tok, prefilled, alone = thirteen_rows_alone(lm, lib, dtype)
     for b in (2, 4, 5, 8, 9, 13):
         cache = _rows(prefilled, slice(0, b))
         logits = cpu_decode.run_step(lm, lib, tok[:b], cache)

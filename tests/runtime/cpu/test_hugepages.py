@@ -179,15 +179,21 @@ def test_weights_read_from_a_checkpoint_move_to_huge_pages_and_mapped_tables_do_
     assert hugepages.huge_bytes(model.emb.weight) == 0
 
 
-def test_small_tensors_go_into_arenas_of_bounded_size(monkeypatch):
-    """A model with more small weights than one arena holds (a MoE's packed experts) is moved one bounded arena at
-    a time: several arenas, the same values and outputs."""
+def small_linears(monkeypatch, arena_mib: int, count: int, in_features: int) -> torch.nn.Module:
+    """`count` bias-free Linear(in_features, 512) weights in fp32, all under the in-place size, with huge pages on
+    and arenas of `arena_mib` MiB (skips where THP is off)."""
     if _thp_mode() in ("never", "absent"):
         pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
     monkeypatch.setenv("VL_HUGEPAGES", "1")
-    monkeypatch.setattr(hugepages, "ARENA_BYTES", 4 << 20)
+    monkeypatch.setattr(hugepages, "ARENA_BYTES", arena_mib << 20)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=False) for _ in range(20)])  # 1 MiB each
+    return torch.nn.Sequential(*[torch.nn.Linear(in_features, 512, bias=False) for _ in range(count)])
+
+
+def test_small_tensors_go_into_arenas_of_bounded_size(monkeypatch):
+    """A model with more small weights than one arena holds (a MoE's packed experts) is moved one bounded arena at
+    a time: several arenas, the same values and outputs."""
+    model = small_linears(monkeypatch, arena_mib=4, count=20, in_features=512)  # 1 MiB each
     x = torch.randn(3, 512)
     with torch.no_grad():
         want = model(x)
@@ -207,14 +213,9 @@ def test_each_arenas_originals_are_freed_before_the_next_arena(monkeypatch):
     """The move holds no storage between arenas: after each arena the process holds about one arena more than the
     model, not the copies of every arena so far beside all the originals (a 30B MoE's 16 GB of packed experts were
     twice in memory at load, and the kernel killed the process)."""
-    if _thp_mode() in ("never", "absent"):
-        pytest.skip(f"transparent huge pages are {_thp_mode()} on this machine")
     import psutil
 
-    monkeypatch.setenv("VL_HUGEPAGES", "1")
-    monkeypatch.setattr(hugepages, "ARENA_BYTES", 8 << 20)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 512, bias=False) for _ in range(64)])  # 2 MiB each
+    model = small_linears(monkeypatch, arena_mib=8, count=64, in_features=1024)  # 2 MiB each
     gc.collect()
     proc = psutil.Process()
     base, after = proc.memory_info().rss, []

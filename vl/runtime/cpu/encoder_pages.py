@@ -102,8 +102,8 @@ def file_backed(t: torch.Tensor, spans=None) -> bool:
     return _inside(file_maps() if spans is None else spans, st.data_ptr(), st.data_ptr() + st.nbytes())
 
 
-def _ranges(module: nn.Module):
-    spans, seen = file_maps(), set()
+def _ranges(module: nn.Module, spans=None):
+    spans, seen = file_maps() if spans is None else spans, set()
     for t in [*module.parameters(), *module.buffers()]:
         if t is None or not file_backed(t, spans):
             continue
@@ -115,11 +115,11 @@ def _ranges(module: nn.Module):
         yield start, st.data_ptr() + st.nbytes() - start
 
 
-def _advise(module: nn.Module, advice: int) -> None:
+def _advise(module: nn.Module, advice: int, spans=None) -> None:
     libc = madvise_libc()
     if libc is None:
         return
-    for start, n in _ranges(module):
+    for start, n in _ranges(module, spans):
         libc.madvise(start, n, advice)
 
 
@@ -173,7 +173,7 @@ def install(model: nn.Module) -> int:
                 module.register_forward_pre_hook(pre)
                 module.register_forward_hook(post)
                 n += 1
-        _advise(part, MADV_DONTNEED)
+        _advise(part, MADV_DONTNEED, spans)
     lm = getattr(model, "language_model", None)
     for layer in getattr(getattr(lm, "backbone", None), "layers", ()):
         layer.register_forward_hook(_trim_after_prefill_layer)
@@ -219,8 +219,9 @@ class in_memory:  # noqa: N801 (used as a context manager, like contextlib's)
 
     def __exit__(self, *exc):
         if self.ran:
+            spans = file_maps()  # read once for all parts: no map is made or removed in between
             for part in self.parts:
-                _advise(part, MADV_DONTNEED)
+                _advise(part, MADV_DONTNEED, spans)
             trim_heap()
             self.ran = False
         return False
