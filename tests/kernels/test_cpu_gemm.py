@@ -2,6 +2,8 @@
 accumulation order and batch-invariant (a row's bits do not depend on the other rows); the choice, its switch
 and the cases that must stay on `F.linear`."""
 
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -117,7 +119,7 @@ def test_loaded_fp32_models_route_their_linears(choice, tmp_path, monkeypatch):
     def routed(model):
         lins = [m for m in model.modules() if type(m) is nn.Linear]
         fwds = [vars(m).get("_vl_dense_forward", vars(m).get("forward")) for m in lins]
-        return lins and [getattr(f, "__func__", None) is cpu_matmul._fp32_forward for f in fwds]
+        return lins and [getattr(f, "__func__", None) is cpu_matmul._gemm_forward for f in fwds]
 
     path, _ = save_hf_nemotron(tmp_path, "hybrid")
     ids = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(0))
@@ -131,3 +133,82 @@ def test_loaded_fp32_models_route_their_linears(choice, tmp_path, monkeypatch):
         got = fast(ids).logits
         assert used
         torch.testing.assert_close(got, plain(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+NATIVE_BF16 = cpu_gemm.native_16bit(torch.bfloat16)
+
+
+def _record_rows(monkeypatch, seen: list):
+    """Record the row count of every F.linear call made by vl/kernels/gemm.py (only there)."""
+    real = F.linear
+    monkeypatch.setattr(cpu_gemm, "F", types.SimpleNamespace(linear=lambda x, w, b=None: seen.append(x.shape[0])
+                                                             or real(x, w, b)))
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16 GEMM (AVX512-BF16 / AMX): 16-bit products "
+                    "are upcast to fp32 there and never reach oneDNN's bf16 kernels")
+def test_16bit_products_run_on_a_multiple_of_16_rows(monkeypatch):
+    """Every row count above 16 reaches the GEMM rounded up to a multiple of 16 (one oneDNN primitive per 16
+    counts instead of one per count), and the answer is the padded call's first rows, zero rows not leaking in."""
+    seen, real = [], F.linear
+    _record_rows(monkeypatch, seen)
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(40, 64, generator=gen).bfloat16(), torch.randn(40, generator=gen).bfloat16()
+    x = torch.randn(200, 64, generator=gen).bfloat16()
+    with torch.no_grad():
+        for m in (1, 5, 16, 17, 31, 32, 33, 100, 200):
+            got = cpu_gemm.linear(x[:m], w, b)
+            padded = torch.cat([x[:m], x.new_zeros(-m % 16 if m > 16 else 0, 64)])
+            assert seen[-1] == padded.shape[0] and seen[-1] == (m if m <= 16 else -(-m // 16) * 16), m
+            assert torch.equal(got, real(padded, w, b)[:m]), m
+        y3 = cpu_gemm.linear(x[:51].reshape(3, 17, 64), w)  # leading dims kept
+        assert y3.shape == (3, 17, 40) and seen[-1] == 64
+    wg = w.float().clone().bfloat16().requires_grad_()  # recording gradients: plain F.linear, no padding
+    cpu_gemm.linear(x[:17], wg)
+    assert seen[-1] == 17
+
+
+def test_moe_expert_products_see_few_row_counts(monkeypatch):
+    """A bf16 MoE prefill multiplies each expert by its own token count; through `gemm.linear` those counts reach
+    the GEMM as multiples of 16, so a prompt's experts build a handful of oneDNN primitives, not one per count."""
+    if not NATIVE_BF16:
+        pytest.skip("no native bf16 GEMM on this CPU: the products are not oneDNN's bf16 ones")
+    from vl.config import LMConfig
+    from vl.modeling.mlp import MoE
+
+    cfg = LMConfig(hidden_size=32, moe_intermediate_size=48, n_routed_experts=8, num_experts_per_tok=2,
+                   moe_shared_expert_intermediate_size=24, mlp_hidden_act="relu2", n_group=1, topk_group=1)
+    torch.manual_seed(0)
+    moe = MoE(cfg).bfloat16()
+    seen, real = [], F.linear
+    _record_rows(monkeypatch, seen)
+    with torch.no_grad():
+        moe(torch.randn(1, 300, 32).bfloat16())
+    counts = [c for c in seen if c > 16]
+    assert counts and all(c % 16 == 0 for c in counts), seen
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no native bf16 GEMM: its 16-bit Linears are upcast to fp32")
+def test_a_bf16_llm_prefills_on_rounded_row_counts(tmp_path, monkeypatch):
+    """`vl.load_pretrained` routes the bf16 LLM's Linears through `gemm.linear`: a 37-token prefill reaches the GEMM
+    as 48 rows (one oneDNN primitive per row bucket, not per prompt length), with the logits of the plain forward
+    within bf16 noise, and decode-sized products still take the GEMV kernel."""
+    import vl
+    from tiny_models import save_hf_nemotron
+    from vl.runtime.cpu import matmul as cpu_matmul
+
+    path, _ = save_hf_nemotron(tmp_path, "hybrid")
+    model = vl.load_pretrained(path, dtype=torch.bfloat16)
+    lins = [m for m in model.modules() if type(m) is nn.Linear]
+    assert lins and all(getattr(vars(m).get("_vl_dense_forward", vars(m).get("forward")), "__func__", None)
+                        is cpu_matmul._gemm_forward for m in lins)
+    ids = torch.randint(0, 64, (1, 37), generator=torch.Generator().manual_seed(0))
+    seen = []
+    _record_rows(monkeypatch, seen)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert seen and set(seen) == {48}, seen
+    monkeypatch.setattr(cpu_gemm, "rounded_rows", lambda rows: rows)  # the same model without rounding
+    with torch.no_grad():
+        want = model(ids).logits
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)

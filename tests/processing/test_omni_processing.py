@@ -326,6 +326,33 @@ def test_decoded_videos_are_resized_where_they_are_decoded(clip, how):
     torch.testing.assert_close(video.tubelets, omni_video_from_frames(decoded[indices], cfg).tubelets, **TOL)
 
 
+@pytest.mark.parametrize("backend", ["decord", "pyav"])
+def test_decoded_frames_are_held_once(tmp_path, backend, tokenizer):
+    """Each decoded frame goes straight into one array for all the sampled frames, so numpy holds the frames once,
+    not one by one and stacked too (80 normalised frames of a 5-minute clip are 250 MB); a single video's
+    tubelets reach the model inputs without another copy. Numpy's allocations are what tracemalloc sees."""
+    import tracemalloc
+
+    colours = [Image.fromarray(rng_pixels(i, 96, 160, 3)) for i in range(24)]
+    path = write_mp4(colours, 6.0, tmp_path / "clip.mp4")
+    cfg = OmniVideoConfig(norm_mean=MEAN, norm_std=STD, video_target_num_patches=240)
+    tracemalloc.start()
+    try:
+        video = load_omni_video(str(path), cfg, target_fps=6.0, backend=backend)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert video.frames.backend == backend and video.num_frames == 24
+    held = video.tubelets.numel() * video.tubelets.element_size()
+    assert held > 8 << 20 and peak < 1.25 * held, (peak, held)  # stacking a list of frames peaks at 2x
+    proc = omni_processor(tokenizer)
+    inputs = proc([{"role": "user", "content": [{"type": "video", "video": str(path)},
+                                                {"type": "text", "text": "What happens?"}]}], fps=6.0)
+    tubelets = inputs.pixel_values_videos
+    # still the decode's numpy array (torch marks such storage not resizable; a copy by torch would be)
+    assert tubelets.shape[:2] == (1, 12) and not tubelets.untyped_storage().resizable()
+
+
 def test_load_processor_reads_an_omni_directory(tokenizer, tmp_path):
     """`vl.load_processor` dispatches on config.json (model_type nemotron_h_omni) to the Omni processor, read from
     the files transformers' own processor saved; an image message gives transformers' input_ids and pixels."""

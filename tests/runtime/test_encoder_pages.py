@@ -182,3 +182,23 @@ def test_release_mode_trims_the_heap_after_each_layer_of_a_prefill_chunk_only(om
     calls.clear()
     release.chat(user(text="Hi."), max_new_tokens=4, ignore_eos=True)  # a short prompt and 4 decode steps
     assert calls == [1]  # the end of the batch only
+
+
+@linux
+def test_release_mode_trims_before_a_requests_first_encoder_call_and_after_its_last(omni_dir, monkeypatch):
+    """The media decoding's freed frames and temporaries go back to the OS before the tower's activations are
+    allocated (one trim before the first encoder call of a block), and the encoders' after it; a follow-up from
+    the encoder cache runs no encoder and trims nothing there."""
+    _, release = engines(omni_dir, monkeypatch)
+    events = []
+    monkeypatch.setattr(encoder_pages, "trim_heap", lambda: events.append("trim"))
+    model = release.model
+    real = model.encode_images
+    monkeypatch.setattr(model, "encode_images", lambda *a, **k: events.append("encode") or real(*a, **k))
+    image = Image.fromarray(np.random.default_rng(9).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    msgs = user({"type": "image", "image": image}, {"type": "image", "image": image.rotate(90)}, text="Compare.")
+    release.chat(msgs, max_new_tokens=2)
+    assert events[:4] == ["trim", "encode", "encode", "trim"]  # before the first, not between, after the block
+    events.clear()
+    release.chat(msgs, max_new_tokens=2)  # both images from the encoder cache
+    assert "encode" not in events and events.count("trim") == 1  # the end of the batch only

@@ -17,6 +17,15 @@ compiler emits for CPU linears) when all of these hold, else plain `F.linear`:
   `VL_CPU_GEMM=blas` turns it off;
 - fp32 operands on the CPU, nothing recording gradients (the op has no backward), not while compiling.
 Same float32 products; sums in oneDNN's order instead of MKL's (fp32 accumulation-order differences).
+
+Row counts: oneDNN builds one GEMM primitive per operand shape and keeps up to 1024 of them (~0.65 MiB each at
+the Omni MoE's expert shapes on an AMX CPU). A MoE prefill multiplies every expert by as many rows as tokens chose
+it, a different count almost every time, so the cache filled with one primitive per count (~0.6 GiB after a long
+Omni prefill, docs/checkpoints.md "Memory on a CPU"). Products of more than ROW_MULTIPLE rows are therefore run on
+zero rows appended up to a multiple of ROW_MULTIPLE, the extra output rows dropped: one primitive per 16 counts,
+and on AMX (16-row tiles) almost no extra arithmetic. A row's bits are those of the padded call: for fp32 the same
+as unpadded (above); oneDNN's bf16 kernels give a row different sums at different row counts whether or not it
+pads, so a 16-bit product is no more batch-dependent than before.
 """
 
 from __future__ import annotations
@@ -70,17 +79,46 @@ def use_onednn() -> bool:
     return x86 and torch.backends.mkl.is_available() and "GenuineIntel" not in vendor and bool(vendor)
 
 
+ROW_MULTIPLE = 16  # many-row oneDNN products run on a rounded row count (see "Row counts" above)
+ROW_BUCKETS = 32  # row counts per doubling above 512: the extra rows are under 1/ROW_BUCKETS of the product
+
+
+def rounded_rows(rows: int) -> int:
+    """The row count a product of `rows` rows runs on: `rows` up to ROW_MULTIPLE, else rounded up to a multiple of
+    ROW_MULTIPLE, or of 1/ROW_BUCKETS of its power of two where that is larger."""
+    if rows <= ROW_MULTIPLE:
+        return rows
+    step = max(ROW_MULTIPLE, 1 << max(rows.bit_length() - 1 - ROW_BUCKETS.bit_length() + 1, 0))
+    return -(-rows // step) * step
+
+
+def _padded(x2: torch.Tensor, rows: int) -> torch.Tensor:
+    """x2 (rows, k) with zero rows appended up to `rounded_rows(rows)` (x2 itself when that is rows)."""
+    target = rounded_rows(rows)
+    if target == rows:
+        return x2
+    out = x2.new_zeros(target, x2.shape[1])
+    out[:rows] = x2
+    return out
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through oneDNN where `use_onednn()` and the operands qualify."""
+    """`F.linear(x, weight, bias)`, through oneDNN where `use_onednn()` and the operands qualify; CPU products that
+    oneDNN runs (fp32 ones routed here, native 16-bit ones) run on `rounded_rows(rows)` rows."""
     k = weight.shape[-1]
     rows = x.numel() // k if k else 0
-    if (rows and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and weight.device.type == "cpu" and (bias is None or bias.dtype == torch.float32)
-            and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)))
-            and not torch.compiler.is_compiling() and use_onednn()):
+    cpu = x.device.type == "cpu" and weight.device.type == "cpu"
+    plain = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))) \
+        and not torch.compiler.is_compiling()
+    if (rows and cpu and plain and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and (bias is None or bias.dtype == torch.float32) and use_onednn()):
         x2 = x.reshape(rows, k)
         if rows == 1:  # the many-row kernel's sums, not the GEMV path's (see "Batch invariance" above)
             x2 = torch.cat([x2, x2])
-        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")[:rows]
+        y = torch.ops.mkldnn._linear_pointwise(_padded(x2, rows), weight, bias, "none", [], "")[:rows]
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    if (rounded_rows(rows) != rows and cpu and plain and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and native_16bit(x.dtype)):
+        y = F.linear(_padded(x.reshape(rows, k), rows), weight, bias)[:rows]
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)

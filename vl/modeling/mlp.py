@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from vl.config import LMConfig
+from vl.kernels import gemm
 
 
 def activation(name: str):
@@ -62,8 +63,10 @@ class Router(nn.Module):
 
 def _expert(w, e: int, x):
     """Routed expert e's projection of x: row e of a fused (E, out, in) tensor, or module e where the experts are
-    held one Linear each (vl/quant/experts.py: packed FP8 / NVFP4 experts). Only expert e's weights are read."""
-    return w[e](x) if isinstance(w, nn.ModuleList) else x @ w[e].t()
+    held one Linear each (vl/quant/experts.py: packed FP8 / NVFP4 experts). Only expert e's weights are read. The
+    row count differs per expert and per chunk, so the product goes through `gemm.linear` (rounded row counts on
+    the CPU, vl/kernels/gemm.py), as the packed experts' many-row products do."""
+    return w[e](x) if isinstance(w, nn.ModuleList) else gemm.linear(x, w[e])
 
 
 def _experts(w, ids: list[int], x):

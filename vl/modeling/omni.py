@@ -83,7 +83,9 @@ class NemotronOmni(nn.Module):
             self.audio_projector = AudioProjector(a.hidden_size, a.projection_hidden_size, cfg.lm.hidden_size,
                                                   a.projection_bias)
         self.language_model = NemotronHForCausalLM(cfg.lm)
-        self.micro_batch = 16  # tubelets per vision-tower call: bounds activation memory, not results
+        # tubelets per vision-tower call: bounds activation memory, not results (at the released widths, bf16, 2
+        # CPU threads, 16 tubelets of 384 x 672 px: peak +0.63 GiB at 16 per call, +0.38 GiB at 4, same time)
+        self.micro_batch = 4
 
     @property
     def lm_config(self):

@@ -430,7 +430,9 @@ class OmniProcessor:
             if found != expected:
                 raise InputError(f"the prompt text itself contains {found - expected} extra {token!r} tokens; "
                                  "remove them from the messages")
-        pixel_values = torch.cat([i.pixel_values for i in images]) if images else None
+        # one item: its own tensor (a view), not a copy; a long video's tubelets are hundreds of MB of float32
+        pixel_values = (images[0].pixel_values if len(images) == 1 else torch.cat([i.pixel_values for i in images])
+                        ) if images else None
         grids = torch.tensor([i.grid for i in images], dtype=torch.long) if images else None
         tubelets = None
         if videos:
@@ -438,7 +440,7 @@ class OmniProcessor:
                 raise InputError("the videos of one request must have the same frame size and number of tubelets "
                                  f"(found {sorted({tuple(v.tubelets.shape) for v in videos})}); send them one per "
                                  "request")
-            tubelets = torch.stack([v.tubelets for v in videos])
+            tubelets = videos[0].tubelets[None] if len(videos) == 1 else torch.stack([v.tubelets for v in videos])
         features = mask = None
         if clips:
             features, mask = log_mel_features(clips, self.config.mel)

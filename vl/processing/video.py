@@ -308,7 +308,39 @@ def _decode_pyav(path, meta, limits, tile_size, index, indices, deadline: _Deadl
         got, partial = _decode_wanted(container, stream, sorted(set(wanted)), position, tile_size, limits,
                                       index.partial, gap, Work.current(), deadline)
     kept = [i for i, p in zip(indices, wanted) if p in got]
-    return kept, [got[index.pts[i]] for i in kept], partial
+    return kept, got.stacked([index.pts[i] for i in kept]), partial
+
+
+class _FrameStack:
+    """Tiles copied, as they are decoded, into one array allocated at the first for every sampled frame: frames are
+    never held one by one and stacked at the same time (80 normalised Omni frames are 250 MB of float32), and no
+    frame-sized blocks are left between the decode's temporaries in the heap. Keyed by frame (pts or position)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.array, self.slots = capacity, None, {}
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __contains__(self, key) -> bool:
+        return key in self.slots
+
+    def put(self, key, tile) -> None:
+        tile = np.asarray(tile)
+        if self.array is None:
+            self.array = np.empty((self.capacity,) + tile.shape, tile.dtype)
+        if tile.shape != self.array.shape[1:] or tile.dtype != self.array.dtype:
+            raise ValueError(f"frame tiles must share one shape and dtype: {tile.dtype} {tile.shape} after "
+                             f"{self.array.dtype} {self.array.shape[1:]}")
+        self.array[len(self.slots)] = tile
+        self.slots[key] = len(self.slots)
+
+    def stacked(self, keys) -> np.ndarray | None:
+        """The tiles of `keys`, in that order: a view where that is the order they came in (None: no tile)."""
+        rows = [self.slots[k] for k in keys]
+        if self.array is None or not rows:
+            return None
+        return self.array[:len(rows)] if rows == list(range(len(rows))) else self.array[rows]
 
 
 class _Display:
@@ -345,7 +377,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
     work = work or Work()
     deadline = deadline or _Deadline(limits.video_timeout_s)
     display = _Display()
-    got: dict[int, np.ndarray] = {}
+    got = _FrameStack(len(wanted))
     k, last, frames, seeked_for = 0, None, None, -1
 
     def far(k):
@@ -367,7 +399,7 @@ def _decode_wanted(container, stream, wanted, position, tile_size, limits, parti
                 while k < len(wanted) and wanted[k] < last:
                     k, partial = k + 1, True  # the decoder never delivered it
                 if k < len(wanted) and wanted[k] == last:
-                    got[last] = display.tile(frame, tile_size, limits)
+                    got.put(last, display.tile(frame, tile_size, limits))
                     k += 1
                     work.report(FRAMES_DECODED, len(got), len(wanted))
                 if k >= len(wanted) or far(k):
@@ -440,7 +472,7 @@ def _decode_decord(path, meta, limits, tile_size, index, indices, deadline: _Dea
             tolerance = max(min(gaps) / 2 if gaps else 1.0, 1e-6)
             if not (math.isfinite(t) and abs(t - pts_s[i]) < tolerance):
                 return (f"decord places frame {i} at {t:.3f} s where the container says {pts_s[i]:.3f} s")
-        tiles, work = [], Work.current()
+        tiles, work = _FrameStack(len(indices)), Work.current()
         # watched: one frame per call, so that progress is per frame and a stop comes before the next frame
         # (decord seeks per index inside a batch anyway, so single-frame calls decode the same frames)
         step = 1 if work.watched else max(1, min(32, _DECODE_BATCH_BYTES // (3 * meta.width * meta.height)))
@@ -449,13 +481,15 @@ def _decode_decord(path, meta, limits, tile_size, index, indices, deadline: _Dea
             batch = reader.get_batch(indices[start : start + step]).asnumpy()  # (b, H, W, 3)
             if batch.shape[1:] != (meta.height, meta.width, 3):
                 return f"decord decoded frames of shape {batch.shape[1:]}, the stream is {meta.width}x{meta.height}"
-            tiles += [_to_tile(Image.fromarray(a), tile_size) for a in batch]
+            for a in batch:
+                tiles.put(len(tiles), _to_tile(Image.fromarray(a), tile_size))
+            del batch
             work.report(FRAMES_DECODED, len(tiles), len(indices))
     except decord_errors as e:
         return f"decord failed to decode the video ({type(e).__name__})"
     finally:
         del reader
-    return indices, tiles, index.partial
+    return indices, tiles.stacked(range(len(indices))), index.partial
 
 
 def _pts_seconds(index: _Index, which) -> list[float]:
@@ -502,9 +536,9 @@ def decode_video_file(path: str, limits: MediaLimits, tile_size: int, target_fps
         except _av_errors() as e:
             raise CorruptMediaError(f"cannot decode the video ({_describe(e)}); re-encode it.") from None
     kept, tiles, partial = result
-    if not tiles:
+    if not len(kept):
         raise CorruptMediaError("none of the sampled video frames could be decoded; the file is corrupt.")
-    return {"indices": kept, "tiles": np.stack(tiles), "pts_s": _pts_seconds(index, kept), "fps": fps,
+    return {"indices": kept, "tiles": tiles, "pts_s": _pts_seconds(index, kept), "fps": fps,
             "num_frames": len(index.pts), "partial": partial, "metadata": meta,
             "backend": "pyav" if note or backend == "pyav" else "decord", "backend_note": note}
 

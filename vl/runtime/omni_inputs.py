@@ -40,9 +40,9 @@ def embed_omni(model, inputs, video_pruning_rate=None, cache=None, stats: Stats 
                 lambda p=p, g=(h, w): model.encode_images(p.to(device, dtype), torch.tensor([g]))[0]))
                 for p, (h, w) in zip(patches, grids)]
         if inputs.pixel_values_videos is not None:
-            tubelets = inputs.pixel_values_videos
+            tubelets = inputs.pixel_values_videos  # cast to the tower's dtype a micro-batch at a time, by the tower
             videos = [cached(v, "omni-video",
-                             vision.wrap(lambda v=v: model.encode_videos(v[None].to(device, dtype))[0]))
+                             vision.wrap(lambda v=v: model.encode_videos(v[None].to(device))[0]))
                       for v in tubelets]
             layout = model.video_layout(tubelets.shape)
     t1 = time.perf_counter()

@@ -10,8 +10,8 @@ from vl.kernels import ssd_scan
 from vl.modeling.mamba2 import Mamba2Mixer
 from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.cpu import encoder_pages, gpu_libs, heap, hugepages
-from vl.runtime.cpu.matmul import (gemv_decode_linears, onednn_fp32_matmuls, transpose_relu2_down_proj,
-                                   upcast_16bit_matmuls)
+from vl.runtime.cpu.matmul import (bucket_llm_matmuls, gemv_decode_linears, onednn_fp32_matmuls,
+                                   transpose_relu2_down_proj, upcast_16bit_matmuls)
 from vl.runtime.placement import place
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ def runtime_passes(model, device_map=None, max_memory=None):
     """The passes every loaded model gets (also applied by `vl bench` to the models it builds in memory)."""
     upcast_16bit_matmuls(model)  # before placement, so accelerate's hooks wrap the routed forward
     onednn_fp32_matmuls(model)  # fp32 products through oneDNN where MKL is slow (vl/kernels/gemm.py)
+    bucket_llm_matmuls(model)  # the LLM's 16-bit products on rounded row counts: bounded oneDNN primitive cache
     gemv_decode_linears(model)  # decode-sized products at memory speed where the CPU kernel builds
     if device_map is not None:
         model = place(model, device_map, max_memory=max_memory)

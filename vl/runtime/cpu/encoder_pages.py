@@ -199,8 +199,10 @@ AUDIO = ("audio_encoder", "audio_projector")
 class in_memory:  # noqa: N801 (used as a context manager, like contextlib's)
     """The encoder made of `model`'s parts `names` (VISION, AUDIO), for one request: `with in_memory(model, VISION)
     as vision:` then `vision.wrap(encode)` for each encoder call. In `release` mode, once one of them has run, the
-    parts' mapped pages are dropped and the heap trimmed when the block ends (module docstring), so a request whose
-    items all come from the encoder cache does nothing; in `keep` mode nothing is done."""
+    parts' mapped pages are dropped and the heap trimmed when the block ends (module docstring), and the heap is
+    trimmed before the first encoder call too (the media decoding's freed frames and temporaries, which the
+    prefill's heap setting keeps, would otherwise sit under the encoder's activations); a request whose items all
+    come from the encoder cache does nothing; in `keep` mode nothing is done."""
 
     def __init__(self, model: nn.Module, names: tuple[str, ...]):
         parts = [getattr(model, n, None) for n in names]
@@ -213,6 +215,8 @@ class in_memory:  # noqa: N801 (used as a context manager, like contextlib's)
 
     def wrap(self, encode):
         def run():
+            if self.release and not self.ran:  # what the request's media decoding freed, before the activations
+                trim_heap()
             self.ran = self.ran or self.release
             return encode()
         return run
