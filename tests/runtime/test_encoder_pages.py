@@ -202,3 +202,72 @@ def test_release_mode_trims_before_a_requests_first_encoder_call_and_after_its_l
     events.clear()
     release.chat(msgs, max_new_tokens=2)  # both images from the encoder cache
     assert "encode" not in events and events.count("trim") == 1  # the end of the batch only
+
+
+@linux
+def test_the_openai_server_in_release_mode_answers_as_kept_request_after_request(omni_dir, monkeypatch):
+    """`vl serve` over a release-mode Omni: the official SDK's image + `input_audio` requests, a bad one between
+    them and two at once (one batch) get the keep-mode engine's answers, and after each no encoder page is left in
+    the process (the server runs requests through the batch path, not `Engine.chat`)."""
+    import base64
+    import io
+    import threading
+    import wave
+
+    openai = pytest.importorskip("openai", reason="the openai client is a [dev] extra: pip install openai")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
+    from helpers import data_uri, in_process_server
+
+    keep, release = engines(omni_dir, monkeypatch)
+    weights = mapped_weights(release.model, encoder_pages.VISION) + mapped_weights(release.model, encoder_pages.AUDIO)
+
+    def wav(freq):
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+            w.writeframes((tone(16000, 1.0, freq, 0.3) * 32767).astype("<i2").tobytes())
+        return buf.getvalue()
+
+    def png(seed):
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    def content(seed, freq):
+        return [{"type": "image_url", "image_url": {"url": data_uri(png(seed), "image/png")}},
+                {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav(freq)).decode(), "format": "wav"}},
+                {"type": "text", "text": "What is said?"}]
+
+    def want(seed, freq):
+        return keep.chat(user({"type": "image", "image": png(seed)}, {"type": "audio", "audio": wav(freq)}),
+                         max_new_tokens=6, temperature=0.0).answer
+
+    with in_process_server(release, served_names=("omni",), max_batch=4, batch_window_s=0.3) as (base, _):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(seed, freq):
+            r = client.chat.completions.create(model="omni", max_tokens=6, temperature=0,
+                                               messages=[{"role": "user", "content": content(seed, freq)}])
+            return r.choices[0].message.content
+
+        for seed, freq in ((1, 300.0), (2, 420.0)):
+            assert ask(seed, freq) == want(seed, freq)
+            assert sum(resident_pages(w) for w in weights) == 0
+            with pytest.raises(openai.BadRequestError):
+                client.chat.completions.create(model="omni", max_tokens=6, messages=[{"role": "user", "content": [
+                    {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"no audio").decode(),
+                                                            "format": "wav"}}]}])
+            assert sum(resident_pages(w) for w in weights) == 0
+        got, barrier = {}, threading.Barrier(2)
+
+        def send(seed, freq):
+            barrier.wait()
+            got[seed] = ask(seed, freq)
+
+        threads = [threading.Thread(target=send, args=(s, f)) for s, f in ((3, 250.0), (4, 610.0))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert got == {3: want(3, 250.0), 4: want(4, 610.0)}
+        assert sum(resident_pages(w) for w in weights) == 0
