@@ -271,3 +271,30 @@ def test_the_openai_server_in_release_mode_answers_as_kept_request_after_request
             t.join(120)
         assert got == {3: want(3, 250.0), 4: want(4, 610.0)}
         assert sum(resident_pages(w) for w in weights) == 0
+
+
+def test_release_mode_decodes_through_the_fused_step(omni_dir, monkeypatch):
+    """The prefill's per-layer trim is a forward hook on every LLM layer; the fused CPU decode step runs no hooks and
+    so stands aside for any hook, but not for this one (it does nothing for one token): release mode decodes
+    through the fused step as keep mode does, with the same tokens. Any other hook still sends a step to the
+    modules."""
+    from vl.runtime.cpu import decode as cpu_decode
+
+    keep, release = engines(omni_dir, monkeypatch)
+    if cpu_decode.library() is None or cpu_decode.unsupported(release.model.language_model) is not None:
+        pytest.skip(f"the fused step does not run this model here ({cpu_decode.status()})")
+    calls, real = [], cpu_decode.run_step
+    monkeypatch.setattr(cpu_decode, "run_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    msgs = user(text="Count to five.")
+    want = keep.chat(msgs, max_new_tokens=6, ignore_eos=True)
+    assert len(calls) == 5
+    calls.clear()
+    got = release.chat(msgs, max_new_tokens=6, ignore_eos=True)
+    assert got.token_ids == want.token_ids and len(calls) == 5  # every step after the prefill's first token
+    calls.clear()
+    probe = release.model.language_model.backbone.layers[0].register_forward_hook(lambda *a: None)
+    try:
+        again = release.chat(msgs, max_new_tokens=6, ignore_eos=True)
+    finally:
+        probe.remove()
+    assert again.token_ids == want.token_ids and calls == []  # a caller's own hook: the modules run every step

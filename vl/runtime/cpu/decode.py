@@ -338,6 +338,14 @@ def step_fn(lm):
     return step
 
 
+def skipped_by_decode_step(hook):
+    """Mark a forward hook as one that does nothing for a one-token decode step (the prefill's per-layer heap trim
+    of vl/runtime/cpu/encoder_pages.py), so that the fused step, which runs no hooks, still runs while it is
+    registered. Returns the hook."""
+    hook._vl_skipped_by_decode_step = True
+    return hook
+
+
 def _hook_dicts(lm) -> list[dict]:
     """Every module's forward (pre-)hook dict: `register_forward_hook` adds to these same dicts in place."""
     return [d for m in lm.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
@@ -346,9 +354,13 @@ def _hook_dicts(lm) -> list[dict]:
 def _hooked(hooks: list[dict]) -> bool:
     """Whether a forward hook is registered on the model or globally: the fused step would skip it (a probe, a
     step counter, a slowed step in a test), so the modules run that step instead. One C-level pass over the
-    hook dicts (~5 us for the 180m model, where a Python loop over its modules took ~140 us per token)."""
+    hook dicts (~5 us for the 180m model, where a Python loop over its modules took ~140 us per token); only the
+    non-empty ones are looked into, for hooks marked `skipped_by_decode_step`, which do not count."""
     glob = nn.modules.module
-    return bool(glob._global_forward_hooks or glob._global_forward_pre_hooks) or any(hooks)
+    if glob._global_forward_hooks or glob._global_forward_pre_hooks:
+        return True
+    return any(hooks) and any(not getattr(f, "_vl_skipped_by_decode_step", False)
+                              for d in hooks if d for f in d.values())
 
 
 @functools.cache

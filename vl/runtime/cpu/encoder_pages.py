@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from vl.kernels import switches
+from vl.runtime.cpu.decode import skipped_by_decode_step
 from vl.runtime.cpu.heap import madvise_libc, trim_heap
 
 RELEASE_FRACTION = 0.6
@@ -183,6 +184,7 @@ def install(model: nn.Module) -> int:
 TRIM_TOKENS = 64  # a prefill chunk, not a decode step (the modules' decode would pay a trim per layer per token)
 
 
+@skipped_by_decode_step  # a one-token step trims nothing: the fused decode step still runs
 def _trim_after_prefill_layer(module, args, output):
     """After an LLM layer of a prefill chunk: glibc keeps the layer's freed temporaries (a MoE layer's per-expert
     products of varying sizes leave holes), and over a 52-layer chunk of the Omni LLM they held 1.9 GiB more than the
