@@ -35,9 +35,9 @@ def tiny_omni_config():
                       audio=tiny_parakeet())
 
 
-def check_item(x):
+def check_item(x, new_tokens=1):
     stages = x["stages_s"]
-    assert x["ttft_s"] > 0 and x["new_tokens"] == 1
+    assert x["ttft_s"] > 0 and x["new_tokens"] == new_tokens
     # the stages before the first token make up its time: what they leave out is small and never negative
     assert sum(stages.values()) == pytest.approx(x["stages_sum_s"])
     assert -1e-3 < x["unaccounted_s"] < max(0.05, 0.1 * x["ttft_s"]), x
@@ -71,9 +71,10 @@ def test_nano_vl_items_end_to_end(tmp_path):
 
 def test_omni_video_with_its_sound_in_one_request(tmp_path):
     r = media.run("nano-omni-30b-a3b", "nvfp4", work_dir=tmp_path, model_config=tiny_omni_config(),
-                  speech_seconds=6.0, video_size=(64, 48), log=lambda m: None)
+                  speech_seconds=6.0, video_size=(64, 48), decode_tokens=5, log=lambda m: None)
     x = r["items"]["video-speech"]
-    check_item(x)
+    check_item(x, new_tokens=6)
+    assert x["decode_tokens_per_s"] > 0 and "decode after the prompt: 5 tokens at" in media.format_result(r)
     assert set(x["stages_s"]) == {"media", "vision", "audio", "prefill"}
     # 6 s at 2 fps = 12 frames = 6 tubelets; 6 s of sound = 601 mel frames -> 76 audio tokens after x8
     assert x["audio_tokens"] == 76 and x["vision_tokens_before"] % 6 == 0 and x["vision_tokens_before"] > 0
@@ -82,7 +83,7 @@ def test_omni_video_with_its_sound_in_one_request(tmp_path):
                                        "audio_projector"}
     assert "audio" in media.format_result(r)
     short = r["items"]["video-speech-16k"]  # the same clip here (the item's 5 minutes cut to the 6 s asked for)
-    check_item(short)
+    check_item(short, new_tokens=6)
     assert short["audio_tokens"] == 76 and short["options"] == {"max_frames": media.SPEECH_16K[1]}
 
 

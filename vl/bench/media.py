@@ -348,13 +348,16 @@ def stage_marks(model, peak: PeakRSS):
             delattr(model, n)
 
 
-def time_request(engine: Engine, messages, options: dict) -> dict:
-    """One request through `Engine.chat` (first token only) -> its TTFT, stages, memory and token counts."""
+def time_request(engine: Engine, messages, options: dict, decode_tokens: int = 0) -> dict:
+    """One request through `Engine.chat` -> its TTFT, stages, memory and token counts; with `decode_tokens`, that
+    many more tokens are decoded after the first (stop ids ignored) and their rate is reported (the "prefill" peak
+    then covers them too: a decode step adds a row of cache per layer)."""
     model = engine.model
     load_before = os.getloadavg()[0]
+    more = {"ignore_eos": True} if decode_tokens else {}
     with PeakRSS("cpu") as peak, stage_marks(model, peak):
         t0 = time.perf_counter()
-        result = engine.chat(messages, max_new_tokens=1, **options)
+        result = engine.chat(messages, max_new_tokens=1 + decode_tokens, **more, **options)
         wall = time.perf_counter() - t0
         peak.mark("prefill")
     s = result.stats
@@ -371,7 +374,8 @@ def time_request(engine: Engine, messages, options: dict) -> dict:
                 ru_maxrss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 prompt_tokens=s.prompt_tokens, vision_tokens_before=s.vision_tokens_before,
                 vision_tokens_after=s.vision_tokens_after, audio_tokens=s.audio_tokens, notes=list(s.notes),
-                new_tokens=s.new_tokens, load_average=(load_before, os.getloadavg()[0]))
+                new_tokens=s.new_tokens, decode_tokens_per_s=s.decode_tokens_per_s if decode_tokens else None,
+                load_average=(load_before, os.getloadavg()[0]))
 
 
 def warm_up(engine: Engine, media_dir: Path) -> float:
@@ -407,10 +411,11 @@ def checkpoint(geometry: str, fmt: str, lm_cfg: LMConfig, work: Path, layers: in
 
 def run(geometry: str, fmt: str = "nvfp4", items=None, *, work_dir=None, layers: int | None = None,
         keep: bool = False, model_config=None, page_size=PAGE_SIZE, video_frames: int = VIDEO_FRAMES,
-        speech_seconds: float = SPEECH_SECONDS, video_size=(640, 360), log=print) -> dict:
+        speech_seconds: float = SPEECH_SECONDS, video_size=(640, 360), decode_tokens: int = 0, log=print) -> dict:
     """Write (or, with `keep`, reuse) and load the geometry's LLM, assemble the model around it, and time each
     item's request. `keep`: the checkpoint stays in `work_dir` for the next run. `model_config`: a `VLConfig` /
-    `OmniConfig` instead of the released one (tests: tiny widths); its `lm` is what is written."""
+    `OmniConfig` instead of the released one (tests: tiny widths); its `lm` is what is written. `decode_tokens`:
+    tokens decoded after each item's first, at its prompt's context (0: the first token only)."""
     if geometry not in ITEMS:
         raise ConfigError(f"--media: expected --geometry {' or '.join(ITEMS)}, found {geometry!r}")
     items = tuple(items or ITEMS[geometry])
@@ -447,12 +452,13 @@ def run(geometry: str, fmt: str = "nvfp4", items=None, *, work_dir=None, layers:
         log(f"[vl bench] media written in {time.perf_counter() - t0 - result['warm_up_s']:.0f} s, an untimed warm-up "
             f"request in {result['warm_up_s']:.0f} s; timing {', '.join(items)}")
         for item, (messages, options) in reqs.items():
-            r = time_request(engine, messages, options)
+            r = time_request(engine, messages, options, decode_tokens)
             result["items"][item] = r
             log(f"[vl bench] {item}: TTFT {r['ttft_s']:.1f} s; stages " + ", ".join(
                 f"{k} {v:.1f} s" for k, v in r["stages_s"].items()) + "; peak RSS GiB " + ", ".join(
                 f"{k} {v / 2**30:.2f}" for k, v in r["peak_rss_by_stage"].items()) + f"; prompt {r['prompt_tokens']}, "
-                f"vision {r['vision_tokens_before']} -> {r['vision_tokens_after']}, audio {r['audio_tokens']}")
+                f"vision {r['vision_tokens_before']} -> {r['vision_tokens_after']}, audio {r['audio_tokens']}"
+                + (f"; then {r['decode_tokens_per_s']:.2f} tok/s" if r["decode_tokens_per_s"] else ""))
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -475,6 +481,9 @@ def format_result(r: dict) -> str:
                      f"({x['peak_rss_bytes'] / gib:.2f}); prompt {x['prompt_tokens']}, vision "
                      f"{x['vision_tokens_before']} -> {x['vision_tokens_after']}, audio {x['audio_tokens']}; load "
                      f"average {x['load_average'][0]:.1f} -> {x['load_average'][1]:.1f}")
+        if x.get("decode_tokens_per_s"):
+            lines.append(f"    decode after the prompt: {x['new_tokens'] - 1} tokens at {x['decode_tokens_per_s']:.2f} "
+                         f"tok/s")
         lines += [f"    note: {n}" for n in x["notes"]]
     if "page" in r["items"] and "page-pruned" in r["items"]:
         a, b = r["items"]["page"]["ttft_s"], r["items"]["page-pruned"]["ttft_s"]

@@ -384,7 +384,7 @@ def _media(p: argparse.ArgumentParser, a) -> int:
         p.error(f"--media: {', '.join(bad) or 'no item'} for {a.geometry}; expected some of "
                 f"{', '.join(media_bench.ITEMS[a.geometry])}")
     r = media_bench.run(a.geometry, a.format, items, work_dir=a.work_dir, layers=a.layers, keep=a.keep,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+                        decode_tokens=a.new_tokens, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
     print(media_bench.format_result(r))
     if a.json:
@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--prefill", default="512,2048,8192", help="prompt lengths for prefill throughput ('' for none)")
     p.add_argument("--decode-ctx", default="128,4096", help="context lengths before decode")
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per measurement; with --media, after "
+                   "each item's first token (decode speed at the item's context)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
