@@ -133,6 +133,9 @@ def down_by_rows(lm, on: bool = True):
     {"residual_in_fp32": True, "use_conv_bias": False},
     {"time_step_limit": (0.05, 0.4), "conv_kernel": 3, "num_key_value_heads": 4},
     {"pattern": "-*", "hidden_size": 64, "intermediate_size": 96, "head_dim": 16, "tie_word_embeddings": True},
+    # query heads sharing a kv head four at a time (Omni has 16 per kv head), with a remainder; odd head widths
+    {"num_attention_heads": 12, "head_dim": 16},
+    {"num_attention_heads": 10, "num_key_value_heads": 1},
 ])
 def test_fused_step_equals_the_modules(lib, dtype, changes):
     lm, truth = models(odd_config(**changes), dtype)
@@ -142,8 +145,9 @@ def test_fused_step_equals_the_modules(lib, dtype, changes):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
-def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype, rows):
-    lm, truth = models(odd_config(), dtype, seed=1)
+@pytest.mark.parametrize("heads", [{}, {"num_attention_heads": 12, "head_dim": 16}])
+def test_fused_step_equals_the_modules_on_padded_batches(lib, dtype, rows, heads):
+    lm, truth = models(odd_config(**heads), dtype, seed=1)
     down_by_rows(lm, rows != "plain")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (4, 11, 7, 1, 9, 3, 6)])  # one GEMV group, 7 padded to 8
     compare_steps(lm, lib, ids, mask, truth=truth)
@@ -310,11 +314,12 @@ def test_a_forward_hook_sends_the_step_through_the_modules(lib, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", ["plain", "down_proj by rows"])
-def test_one_thread_and_several_give_the_same_bits(lib, dtype, rows):
+@pytest.mark.parametrize("heads", [{}, {"num_attention_heads": 12, "head_dim": 16}])
+def test_one_thread_and_several_give_the_same_bits(lib, dtype, rows, heads):
     """The step splits output rows and heads between OpenMP threads, each computed whole by one thread, and runs a
     plain loop for one thread: from one prefilled cache, logits and caches are bit for bit the same at 1 and 3
     threads (the prefill runs once: torch's own products need not give the same bits at another thread count)."""
-    lm = down_by_rows(models(odd_config(), dtype, seed=2)[0], rows != "plain")
+    lm = down_by_rows(models(odd_config(**heads), dtype, seed=2)[0], rows != "plain")
     ids, mask = left_pad([torch.randint(3, 301, (n,)) for n in (5, 8, 2)])
     prefilled = HybridCache(lm.config, 3, 16, dtype=dtype)
     with torch.no_grad():
