@@ -71,3 +71,15 @@ def test_layers_keep_the_released_widths():
     for bad in (0, 63):
         with pytest.raises(ConfigError, match="layers"):
             bench_geometry.geometry_config("nano-12b-v2-vl", bad)
+
+
+@pytest.mark.parametrize("flag", ["--prefill", "--decode-ctx"])
+def test_a_length_that_is_not_a_number_is_a_usage_error(flag, capsys):
+    """`--geometry` takes one length per flag: an empty or non-numeric one is argparse's usage error (exit 2) naming
+    the flag, before anything is written or loaded, not a traceback."""
+    from vl.bench.run import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--geometry", "nano-omni-30b-a3b", flag, ""])
+    assert exit_.value.code == 2
+    assert f"{flag}: --geometry takes one length" in capsys.readouterr().err

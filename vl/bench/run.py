@@ -475,8 +475,14 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
             p.error(f"--geometry: expected one of {', '.join(bench_geometry.GEOMETRIES)}, found {a.geometry!r}")
         if a.media is not None:
             return _media(p, a)
-        r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=int(a.prefill.split(",")[0]),
-                               decode_ctx=int(a.decode_ctx.split(",")[0]), new_tokens=a.new_tokens,
+        first = {}
+        for flag, value in (("--prefill", a.prefill), ("--decode-ctx", a.decode_ctx)):
+            try:
+                first[flag] = int(value.split(",")[0])
+            except ValueError:
+                p.error(f"{flag}: --geometry takes one length (the first of a comma list), found {value!r}")
+        r = bench_geometry.run(a.geometry, a.format, work_dir=a.work_dir, prefill=first["--prefill"],
+                               decode_ctx=first["--decode-ctx"], new_tokens=a.new_tokens,
                                repeats=a.repeats, keep=a.keep, layers=a.layers, cache_len=a.cache_len,
                                decode_threads=decode_threads, log=lambda m: print(m, file=sys.stderr, flush=True))
         print(f"torch {torch.__version__}; CPU: {cpu_isa()}")
