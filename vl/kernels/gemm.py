@@ -19,13 +19,15 @@ compiler emits for CPU linears) when all of these hold, else plain `F.linear`:
 Same float32 products; sums in oneDNN's order instead of MKL's (fp32 accumulation-order differences).
 
 Row counts: oneDNN builds one GEMM primitive per operand shape and keeps up to 1024 of them (~0.65 MiB each at
-the Omni MoE's expert shapes on an AMX CPU). A MoE prefill multiplies every expert by as many rows as tokens chose
-it, a different count almost every time, so the cache filled with one primitive per count (~0.6 GiB after a long
-Omni prefill, docs/checkpoints.md "Memory on a CPU"). Products of more than ROW_MULTIPLE rows are therefore run on
-zero rows appended up to a multiple of ROW_MULTIPLE, the extra output rows dropped: one primitive per 16 counts,
-and on AMX (16-row tiles) almost no extra arithmetic. A row's bits are those of the padded call: for fp32 the same
-as unpadded (above); oneDNN's bf16 kernels give a row different sums at different row counts whether or not it
-pads, so a 16-bit product is no more batch-dependent than before.
+the Omni MoE's expert shapes on an AMX CPU, more at a prefill chunk's). A MoE prefill multiplies every expert by as
+many rows as tokens chose it, a different count almost every time, and a server's prompts end their prefill on
+chunks of every length, so the cache filled with one primitive per count (~0.6 GiB after a long Omni prefill,
+docs/checkpoints.md "A request's own memory"). Products of more than ROW_MULTIPLE rows therefore run on
+`rounded_rows(rows)` rows, zero rows appended and their outputs dropped: a multiple of 16 (on AMX, 16-row tiles:
+almost no extra arithmetic), and above 512 rows a multiple of 1/ROW_BUCKETS of the power of two below (under 1/32
+extra rows), so a shape has 95 counts between 17 and 2048 rows. A row's bits are those of the padded call: for
+fp32 the same as unpadded (above); oneDNN's bf16 kernels give a row different sums at different row counts whether
+or not it pads, so a 16-bit product is no more batch-dependent than before.
 """
 
 from __future__ import annotations
@@ -78,7 +80,6 @@ def use_onednn() -> bool:
     vendor = _cpu_vendor()
     return x86 and torch.backends.mkl.is_available() and "GenuineIntel" not in vendor and bool(vendor)
 
-
 ROW_MULTIPLE = 16  # many-row oneDNN products run on a rounded row count (see "Row counts" above)
 ROW_BUCKETS = 32  # row counts per doubling above 512: the extra rows are under 1/ROW_BUCKETS of the product
 
@@ -88,7 +89,7 @@ def rounded_rows(rows: int) -> int:
     ROW_MULTIPLE, or of 1/ROW_BUCKETS of its power of two where that is larger."""
     if rows <= ROW_MULTIPLE:
         return rows
-    step = max(ROW_MULTIPLE, 1 << max(rows.bit_length() - 1 - ROW_BUCKETS.bit_length() + 1, 0))
+    step = max(ROW_MULTIPLE, 1 << max(rows.bit_length() - ROW_BUCKETS.bit_length(), 0))
     return -(-rows // step) * step
 
 
