@@ -93,9 +93,8 @@ def rounded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
-def _padded(x2: torch.Tensor, rows: int) -> torch.Tensor:
-    """x2 (rows, k) with zero rows appended up to `rounded_rows(rows)` (x2 itself when that is rows)."""
-    target = rounded_rows(rows)
+def _padded(x2: torch.Tensor, rows: int, target: int) -> torch.Tensor:
+    """x2 (rows, k) with zero rows appended up to `target` rows (x2 itself when that is rows)."""
     if target == rows:
         return x2
     out = x2.new_zeros(target, x2.shape[1])
@@ -116,10 +115,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x2 = x.reshape(rows, k)
         if rows == 1:  # the many-row kernel's sums, not the GEMV path's (see "Batch invariance" above)
             x2 = torch.cat([x2, x2])
-        y = torch.ops.mkldnn._linear_pointwise(_padded(x2, rows), weight, bias, "none", [], "")[:rows]
+        x2 = _padded(x2, rows, rounded_rows(rows))
+        y = torch.ops.mkldnn._linear_pointwise(x2, weight, bias, "none", [], "")[:rows]
         return y.reshape(*x.shape[:-1], weight.shape[0])
-    if (rounded_rows(rows) != rows and cpu and plain and x.dtype == weight.dtype
+    target = rounded_rows(rows)
+    if (target != rows and cpu and plain and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16) and native_16bit(x.dtype)):
-        y = F.linear(_padded(x.reshape(rows, k), rows), weight, bias)[:rows]
+        y = F.linear(_padded(x.reshape(rows, k), rows, target), weight, bias)[:rows]
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)

@@ -558,7 +558,8 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
       const size_t base = ((size_t)b * nkv + kh) * max_len * hd;
       float mx[64], tot[64];  // per query head of the task
       for (int qh = q0; qh < q1; ++qh) mx[qh - q0] = -INFINITY;
-      const float* qrow = qd + (size_t)b * L.w_in.N;
+      const float* qrow = qd + (size_t)b * L.w_in.N;  // this row's query heads, and their outputs
+      float* orow = aod + (size_t)b * L.w_in.N;
       for (int j = 0; j <= pos; ++j) {
         const bool masked = vrow && !vrow[j] && j != pos;
         const size_t at = base + (size_t)j * hd;
@@ -589,18 +590,17 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
           t += s[j];
         }
         tot[qh - q0] = t;
-        float* o = aod + (size_t)b * L.w_in.N + (size_t)qh * hd;
+        float* o = orow + (size_t)qh * hd;
         for (int d = 0; d < hd; ++d) o[d] = 0.f;
       }
       for (int j = 0; j <= pos; ++j)
         for (int qh = q0; qh < q1; ++qh) {
           const float p = scd[(size_t)qh * (pos + 1) + j];
           if (p == 0.f) continue;
-          axpy_row(p / tot[qh - q0], vc, base + (size_t)j * hd, aod + (size_t)b * L.w_in.N + (size_t)qh * hd, hd,
-                   m.bf16);
+          axpy_row(p / tot[qh - q0], vc, base + (size_t)j * hd, orow + (size_t)qh * hd, hd, m.bf16);
         }
       for (int qh = q0; qh < q1; ++qh) {
-        float* o = aod + (size_t)b * L.w_in.N + (size_t)qh * hd;
+        float* o = orow + (size_t)qh * hd;
         for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
       }
     });
