@@ -309,12 +309,11 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     extra = [] if args.batch_window_ms is None else ["--batch-window-ms", str(args.batch_window_ms)]
     extra += [] if args.prepare_workers is None else ["--prepare-workers", str(args.prepare_workers)]
+    extra += [] if args.mix_chunk is None else ["--mix-chunk", str(args.mix_chunk)]
     serve = ["serve", "--model", args.model, "--port", str(port), "--max-batch", str(args.max_batch), "--max-queue",
              str(4 * args.clients), "--threads", str(args.threads), "--log-level", "warning", *extra]
-    # `vl serve` has no flag for the joining chunk yet: the engine's attribute, set before the server starts; and
-    # its media policy reads `processor.limits`, which a text-only model's processor lacks: the defaults given
-    start = (f"import sys; from vl.runtime.engine import Engine; Engine.mix_chunk = {args.mix_chunk!r}; "
-             "from vl.processing.text_processor import TextProcessor; from vl.processing.limits import "
+    # `vl serve`'s media policy reads `processor.limits`, which a text-only model's processor lacks: the defaults
+    start = ("import sys; from vl.processing.text_processor import TextProcessor; from vl.processing.limits import "
              "DEFAULT_LIMITS; TextProcessor.limits = getattr(TextProcessor, 'limits', DEFAULT_LIMITS); "
              f"from vl.cli import main; sys.exit(main({serve!r}))")
     server = subprocess.Popen([sys.executable, "-c", start], cwd=REPO, env=env)

@@ -152,6 +152,65 @@ def test_mix_chunk_zero_prefills_a_joiner_at_once_and_a_negative_one_is_refused(
         DecodeBatch(lm, mix_chunk=-1)
 
 
+def _watch(batch, monkeypatch):
+    """Record the tokens of each chunk offered to the fused step (`mix`, and whether it took them) and of each
+    prefill call made apart from a step."""
+    rides, prefills = [], []
+    mix, prefill = batch.step_fn.mix, batch._prefill
+
+    def watched_mix(tok, cache, x, chunk_cache, last):
+        out = mix(tok, cache, x, chunk_cache, last)
+        rides.append((x.shape[0], out is not None))
+        return out
+
+    batch.step_fn.mix = watched_mix
+    monkeypatch.setattr(batch, "_prefill", lambda job, n: prefills.append(min(n, job.length - job.done))
+                        or prefill(job, n))
+    return rides, prefills
+
+
+def test_a_one_row_joiner_rides_inside_the_fused_steps(lm, monkeypatch):
+    """A joiner's chunks go inside the running rows' fused step (one call per step, no prefill call of their own),
+    and every row still equals its single run; a forward hook on the model sends the chunks back to calls of their
+    own (the step then runs through the modules), with the same tokens."""
+    g = torch.Generator().manual_seed(4)
+    a, b, long = (torch.randint(3, 128, (n,), generator=g) for n in (6, 9, 45))
+    joins = {0: [("a", a, 20)], 1: [("b", b, 18)], 3: [("long", long, 7)]}
+    want = {"a": single(lm, a, 20), "b": single(lm, b, 18), "long": single(lm, long, 7)}
+    batch = DecodeBatch(lm, mix_chunk=8)
+    rides, prefills = _watch(batch, monkeypatch)
+    got, per_step = run(batch, joins)
+    assert got == want
+    assert rides == [(8, True), (1, True)] + [(8, True)] * 5 + [(5, True)] and prefills == [6]
+    assert [s for s in per_step[3:9]] == [{"a", "b"}] * 5 + [{"a", "b", "long"}]
+    hook = lm.backbone.layers[0].register_forward_hook(lambda *_: None)
+    try:
+        batch = DecodeBatch(lm, mix_chunk=8)
+        rides, prefills = _watch(batch, monkeypatch)
+        got, _ = run(batch, joins)
+    finally:
+        hook.remove()
+    assert got == want and all(not took for _, took in rides) and prefills == [6, 8, 1, 8, 8, 8, 8, 8, 5]
+
+
+def test_a_padded_group_joins_in_calls_of_its_own(lm, monkeypatch):
+    """Two prompts joining together (left-padded) do not ride: their chunks are prefill calls between steps."""
+    g = torch.Generator().manual_seed(5)
+    a, x, y = (torch.randint(3, 128, (n,), generator=g) for n in (6, 20, 13))
+    batch = DecodeBatch(lm, mix_chunk=8)
+    rides, prefills = _watch(batch, monkeypatch)
+    got = {}
+    batch.join(["a"], [12], input_ids=a[None])
+    for step in range(12):
+        if step == 2:
+            ids, mask = left_pad([x, y])
+            batch.join(["x", "y"], [5, 5], input_ids=ids, attention_mask=mask)
+        for k, tok in (batch.step() or {}).items():
+            got.setdefault(k, []).append(tok)
+    assert rides == [] and prefills == [6, 8, 8, 4]
+    assert got["a"] == single(lm, a, 12) and got["x"] == single(lm, x, 5) and got["y"] == single(lm, y, 5)
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     return Engine.from_pretrained(make_tiny_vl_dir(tmp_path_factory.mktemp("tiny_vl")))

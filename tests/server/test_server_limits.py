@@ -212,3 +212,63 @@ def test_requests_arriving_during_a_batch_join_it(endless):
         assert text == long_ref
         assert sched.joined >= 1 and sched.batches < 4, (sched.joined, sched.batches)
         assert all(n >= 1 for n in done_at)  # the long answer was still running when each short one was done
+
+
+def test_a_long_prompt_rides_into_a_running_stream_twice_next_to_a_bad_request(endless, monkeypatch):
+    """Twice, through the `openai` SDK: while a streamed answer decodes, a long prompt (longer than the default
+    chunk) and a request with a corrupt image arrive; the prompt's chunks ride inside the running row's fused steps
+    (vl/runtime/decode_batch.py), the bad request fails alone with a 400, and both answers equal their single
+    runs. The fused step is slowed by 2 ms (a wrapper, not a forward hook: a hook would send the steps through the
+    modules) so that the stream outlasts the join on any machine."""
+    from vl.runtime.cpu import decode as cpu_decode
+
+    long_prompt = [{"role": "user", "content": "left right up down red green blue yellow " * 12}]
+    long_ref = endless.chat(long_prompt, max_new_tokens=8, thinking=False).answer
+    stream_ref = "".join(e.text for e in endless.chat(HELLO, max_new_tokens=400, thinking=False, stream=True))
+    rides, real = [], cpu_decode.run_step
+
+    def slowed(lm, lib, tok, cache, plan=None, chunk=None):
+        time.sleep(0.002)
+        out = real(lm, lib, tok, cache, plan, chunk)
+        if chunk is not None:
+            rides.append(out is not None)
+        return out
+
+    monkeypatch.setattr(cpu_decode, "run_step", slowed)
+    bad = {"type": "image_url", "image_url": {"url": data_uri(b"\x89PNG\r\n\x1a\nbroken", "image/png")}}
+    with in_process_server(endless, max_batch=8, batch_window_s=0) as (base, sched):
+        c = client_for(base)
+        for _ in range(2):
+            before = len(rides)
+            body = {"model": "vl", "messages": HELLO, "max_tokens": 400, "temperature": 0, "stream": True,
+                    "chat_template_kwargs": {"enable_thinking": False}}
+            answers = [None, None]
+            with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                chunks = []
+                while sum(x.startswith("data:") for x in chunks) < 2:  # the role chunk, then a token: decoding
+                    chunks.append(next(lines))
+
+                def one(i):
+                    try:
+                        got = c.chat.completions.create(
+                            model="vl", max_tokens=8, temperature=0,
+                            messages=long_prompt if i == 0 else [{"role": "user", "content": [
+                                bad, {"type": "text", "text": "What colour?"}]}],
+                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                        answers[i] = got.choices[0].message.content
+                    except openai.APIStatusError as e:
+                        answers[i] = (e.status_code, e.body["code"])
+
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                chunks += list(lines)
+            deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
+                      for ch in json.loads(x[5:])["choices"]]
+            text = "".join((d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+            assert answers[0] == long_ref and answers[1][0] == 400, answers
+            assert text == stream_ref
+            assert len(rides) - before >= 2 and all(rides[before:]), rides[before:]  # it rode, in several steps

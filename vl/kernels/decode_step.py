@@ -43,7 +43,12 @@ class Model(ctypes.Structure):  # mirrors `struct VlModel`
                 ("layers", ctypes.POINTER(Layer))]
 
 
-FUNCTIONS = {"vl_decode_step": ([ctypes.POINTER(Model), _i, _p, _p, _i, _i, _p, _i, _p, _i], _i)}
+class Segment(ctypes.Structure):  # mirrors `struct VlSegment`: a joining prompt's chunk riding along with a step
+    _fields_ = [("T", _i), ("x", _p), ("caches", _p), ("pos", _i), ("max_len", _i), ("valid", _p), ("logits", _i)]
+
+
+FUNCTIONS = {"vl_decode_step": ([ctypes.POINTER(Model), _i, _p, _p, _i, _i, _p, _i, _p, ctypes.POINTER(Segment), _i],
+                                _i)}
 Library = loader.Library
 
 

@@ -12,14 +12,19 @@ Each row keeps its own end rules: the ids that end it (the batch's stop ids, or 
 minimum length before which the batch's stop ids are masked out of its logits (vLLM's `min_tokens`, whose
 logits processor does the same), so rows with different settings share a batch and equal their single runs.
 
-A group that joins while rows decode is prefilled a chunk at a time, one chunk of at most `mix_chunk` tokens per
-step, between the running rows' decode steps (Sarathi-Serve's chunked prefill, without the fused forward: the
-chunk and the step are two calls), so a long prompt delays each running row's next token by one chunk instead of
-by its whole prefill. A chunk before the prompt's last only fills the cache (`cache_only`: no LM head, which reads
-the whole vocabulary's rows, and no layers after the last Mamba / attention one). The group's rows enter at the
-step its last chunk runs. A chunked prefill equals a one-shot
-prefill up to the order of float32 sums (tests/runtime/test_mixed_prefill.py); a group that joins an idle batch,
-or one left alone because every running row ended, is prefilled at once (nobody waits).
+A group that joins while rows decode is prefilled a chunk at a time between the running rows' tokens
+(Sarathi-Serve's chunked prefill), so a long prompt delays each running row's next token by one chunk instead of by
+its whole prefill. Where the step is the fused CPU one and the group is one unpadded row, its chunk rides inside the
+step (Sarathi-Serve's mixed batch): the chunk's tokens are extra rows of the step's products, so one pass over the
+weights serves both, and its Mamba recurrence and attention run on its own cache (vl/runtime/cpu/decode.py
+`run_step`; the running rows' bits do not change). The ride's default chunk fills the step to 16 rows
+(`default_ride_chunk`: AMX tiles take 16 rows at about the cost of one). Otherwise the chunk (`mix_chunk` tokens,
+`default_mix_chunk` by default) is a call of its own before the step; a chunk before the prompt's last then only
+fills the cache (`cache_only`: no LM head, which reads the whole vocabulary's rows, and no layers after the last
+Mamba / attention one). The group's rows enter at the step its last chunk runs. A chunked prefill equals a one-shot
+prefill up to the order of float32 sums (tests/runtime/test_mixed_prefill.py, tests/runtime/cpu/test_mixed_step.py);
+a group no longer than `mix_chunk` (default `default_mix_chunk`), one that joins an idle batch, or one left alone
+because every running row ended, is prefilled at once (nobody waits).
 
 Fixed-shape compiled steps ("compiled", "cuda-graphs") are captured for one cache shape: there the batch is
 formed once (`elastic` is False), rows that end stay as masked rows until the last one ends, and nothing joins.
@@ -33,7 +38,8 @@ import torch
 
 from vl.errors import GenerationOptionError
 from vl.runtime.cache import HybridCache
-from vl.runtime.decode_step import _bucket, decode_mode, decode_step, default_mix_chunk, default_prefill_chunk
+from vl.runtime.decode_step import (_bucket, decode_mode, decode_step, default_mix_chunk, default_prefill_chunk,
+                                   default_ride_chunk)
 from vl.runtime.sampling import SamplingParams, apply_logit_bias, apply_repetition_penalty, draw
 
 ELASTIC_MODES = ("fused", "modules", "static")
@@ -195,23 +201,61 @@ class DecodeBatch:
                           logits_to_keep=1, cache_only=not last)
             if last:
                 job.logits = out.logits[:, -1]
-        job.done, job.seconds = end, job.seconds + time.perf_counter() - t0
+        self._advanced(job, end, time.perf_counter() - t0)
+
+    def _advanced(self, job: _Prefill, done: int, seconds: float) -> None:
+        job.done, job.seconds = done, job.seconds + seconds
         if job.done == job.length:
             job.input_ids = job.inputs_embeds = job.mask = None  # the cache holds the prompt from now on
             self.prefill_s.update((s.key, job.seconds) for s in job.seqs)
 
     def _prefill_some(self) -> None:
-        """Before a step: groups whose rows all ended are dropped; the oldest group runs one chunk while rows
-        decode (every group runs to its end when none does: nobody waits); finished groups wait to be merged."""
-        self.prefilling = [j for j in self.prefilling if any(s.ended is None for s in j.seqs)]
+        """Before a step: the oldest group runs one chunk while rows decode (every group runs to its end when none
+        does: nobody waits); finished groups wait to be merged."""
         running = self._running()
         for job in list(self.prefilling):
             self._prefill(job, self._mix_chunk(job.cache.valid.device) if running else job.length)
-            if job.done == job.length:
-                self.prefilling.remove(job)
-                self.pending.append((job.cache, job.logits, job.seqs))
+            self._if_done(job)
             if running:
                 break
+
+    def _if_done(self, job: _Prefill) -> None:
+        if job.done == job.length:
+            self.prefilling.remove(job)
+            self.pending.append((job.cache, job.logits, job.seqs))
+
+    # --- a joining prompt's chunk inside the step --------------------------------------------------
+    def _rider(self) -> _Prefill | None:
+        """The group whose next chunk rides along with this step (one forward for both: the fused CPU step
+        takes the chunk's tokens as extra rows of its products, vl/runtime/cpu/decode.py `run_step`), or None:
+        the chunk and the step are two calls. It rides when rows decode this step, the step is the fused one, and
+        the oldest group is one unpadded row whose embeddings are in the model dtype."""
+        mix = getattr(self.step_fn, "mix", None)
+        if not self.prefilling or mix is None or self.feed is None or not self._running() or self.mix_chunk == 0:
+            return None
+        job = self.prefilling[0]
+        if job.cache.batch_size != 1 or (job.mask is not None and not bool(job.mask.all())):
+            return None
+        if job.inputs_embeds is not None and job.inputs_embeds.dtype != self.lm.backbone.embeddings.weight.dtype:
+            return None
+        return job
+
+    def _ride(self, job: _Prefill, tok) -> torch.Tensor | None:
+        """One step of the running rows with `job`'s next chunk inside -> their logits, or None (nothing done). The
+        joiner's prefill seconds count the steps it rode in (its chunk and the running rows' tokens together)."""
+        n = self.mix_chunk or default_ride_chunk(len(self.seqs))
+        part = slice(job.done, min(job.length, job.done + n))
+        last = part.stop == job.length
+        t0 = time.perf_counter()
+        x = self.lm.embed(job.input_ids[0, part]) if job.inputs_embeds is None else job.inputs_embeds[0, part]
+        logits = self.step_fn.mix(tok, self.cache, x, job.cache, last)
+        if logits is None:
+            return None
+        if last:
+            job.logits, logits = logits[-1:], logits[:-1]
+        self._advanced(job, part.stop, time.perf_counter() - t0)
+        self._if_done(job)
+        return logits
 
     def finish(self, key) -> None:
         for s in self._all():
@@ -238,14 +282,22 @@ class DecodeBatch:
         logits = self.logits
         if self.feed is not None and self.elastic:
             self._leave()
+        rider = None
         if self.prefilling:
-            self._prefill_some()
+            self.prefilling = [j for j in self.prefilling if any(s.ended is None for s in j.seqs)]
+            rider = self._rider()
+            if rider is None and self.prefilling:
+                self._prefill_some()
         if self.feed is not None:
             if self.seqs:
                 feed = self.feed
                 if not (feed.is_cpu and self.cache.valid.is_cpu):  # (a CPU cache needs no call: ~30 us cold)
                     feed = feed.to(self.cache.valid.device)
-                logits = self.step_fn(feed[:, None], self.cache, self.pos)
+                logits = None if rider is None else self._ride(rider, feed[:, None])
+                if logits is None:
+                    if rider is not None:
+                        self._prefill_some()  # the fused step could not take the chunk: two calls
+                    logits = self.step_fn(feed[:, None], self.cache, self.pos)
                 if self.static:
                     self.pos.add_(1)
                     self.cache.length += 1  # the fixed-shape step does not count positions

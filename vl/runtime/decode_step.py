@@ -65,12 +65,20 @@ def default_prefill_chunk(device) -> int:
 
 
 def default_mix_chunk(device) -> int:
-    """Tokens of a joining prompt prefilled per decode step while other rows decode (vl/runtime/decode_batch.py):
-    each running row's next token waits for one such chunk. On the CPU a 64-token chunk of the 180m config costs
-    about 2-3 8-row decode steps, so a 4k-token joiner raises the running rows' gaps ~3.5x for its duration instead
-    of stalling them for its whole prefill (docs/server.md, "Throughput"); a GPU's chunks are cheap next to its
-    steps."""
+    """Tokens of a joining prompt prefilled per decode step while other rows decode (vl/runtime/decode_batch.py)
+    when its chunk is a call of its own, and the prompt length above which a joiner is chunked at all. On the CPU a
+    64-token chunk of the 180m config costs about 2-3 8-row decode steps (a second pass over the weights), so as its
+    own call it raises the running rows' gaps ~3.5x while a 4k-token prompt joins; where the chunk rides inside the
+    fused step (`default_ride_chunk`) the gaps stay under 2x (docs/server.md, "Throughput"). A GPU's chunks are cheap
+    next to its steps."""
     return 512 if torch.device(device).type == "cuda" else 64
+
+
+def default_ride_chunk(rows: int) -> int:
+    """Tokens of a joining prompt that ride along with a fused CPU decode step of `rows` running rows (one pass
+    over the weights for both, vl/runtime/decode_batch.py): on AMX tiles up to 16 rows cost about one, so the chunk
+    fills the step to 16 rows, and at least 8 tokens go per step."""
+    return max(8, 16 - rows)
 
 
 def _bucket(n: int, step: int = 256) -> int:

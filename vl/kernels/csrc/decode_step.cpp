@@ -74,6 +74,19 @@ struct VlModel {
   const VlLayer* layers;
 };
 
+// A joining prompt's chunk that rides along with a decode step (Sarathi-Serve's mixed batch): T tokens of one
+// prompt, their rows after the B decode rows in every product, so one pass over the weights serves both. Its
+// Mamba recurrence runs token by token on its own state and its attention on its own cache (one row, no padding).
+struct VlSegment {
+  int T;
+  const float* x;       // (T, D) the chunk's embeddings: model-dtype values as float32
+  void* const* caches;  // its cache's two pointers per layer, as `caches` below (one row)
+  int pos;              // the position its first token takes: its keys [0, pos + t] are read by token t
+  int max_len;          // its cache's capacity
+  uint8_t* valid;       // (max_len) its cache's valid bytes: [pos, pos + T) are marked real
+  int logits;           // 1: its last token's logits too, as row B of the step's logits
+};
+
 }  // extern "C"
 
 static inline uint16_t f2b(float f) {  // round to nearest even, as torch's float -> bfloat16
@@ -159,7 +172,8 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 // models (exact). Dense rows go up to eight at a time in contiguous per-thread slices of whole cache lines, so a
 // batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7-2x a
 // step of 4 on the 180m config, docs/cpu_decode.md); a group of 2-3 is padded to 4 and of 5-7 to 8 with zero rows
-// (three instantiations, not eight: compile time). Each row keeps its own accumulators in the same order
+// (three instantiations, not eight: compile time). On AMX tiles bf16 groups go up to 16 (9-15 padded to 16): a
+// joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own accumulators in the same order
 // whatever the group size, so a row's result does not depend on the others. Packed rows go through
 // quant_gemv.cpp's entry points four at a time, as the quantized Linears call them: with a bf16 model each
 // weight is rounded to bf16 as the modules' weight-only path rounds it.
@@ -212,9 +226,14 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
   }
   static thread_local std::vector<float> px, py;
   static thread_local std::vector<uint16_t> pxb;
-  for (int m0 = 0; m0 < M; m0 += 8) {
-    const int mm = M - m0 < 8 ? M - m0 : 8;
-    const int g = mm == 1 ? 1 : mm <= 4 ? 4 : 8;  // the instantiation that takes these rows
+#ifdef VL_AMX
+  const int top = bf16 && amx_ready() ? 16 : 8;  // a tile takes 16 rows at about the cost of one (mixed steps)
+#else
+  const int top = 8;
+#endif
+  for (int m0 = 0; m0 < M; m0 += top) {
+    const int mm = M - m0 < top ? M - m0 : top;
+    const int g = mm == 1 ? 1 : mm <= 4 ? 4 : mm <= 8 ? 8 : 16;  // the instantiation that takes these rows
     const float* xm = x + (size_t)m0 * K;
     const uint16_t* xbm = xb ? xb + (size_t)m0 * K : nullptr;
     float* ym = y + (size_t)m0 * N;
@@ -235,8 +254,10 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
       dense_group<1>(xm, xbm, K, W, bf16, yt, nthreads);
     else if (g == 4)
       dense_group<4>(xm, xbm, K, W, bf16, yt, nthreads);
-    else
+    else if (g == 8)
       dense_group<8>(xm, xbm, K, W, bf16, yt, nthreads);
+    else
+      dense_group<16>(xm, xbm, K, W, bf16, yt, nthreads);
     if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
 }
@@ -376,29 +397,35 @@ static void conv_row(const VlLayer& L, int bf16, void* state, float* xbc) {
   }
 }
 
-// Mamba-2 mixer, one token: conv window roll + SiLU, dt softplus, S <- exp(dt A) S + dt x B^T, y = S C + D x,
-// y * silu(z) normalised per group, out_proj. conv_state (B, conv_dim, k-1) model dtype; ssm (B, H, P, N) float32.
+// Mamba-2 mixer, one token per row: conv window roll + SiLU, dt softplus, S <- exp(dt A) S + dt x B^T,
+// y = S C + D x, y * silu(z) normalised per group, out_proj. conv_state (B, conv_dim, k-1) model dtype; ssm
+// (B, H, P, N) float32. A segment's T tokens follow the B rows through the products; between them its tokens take
+// the same one-token recurrence in order on its own state (a prefill of T tokens, up to float32 summation order).
 static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, void* conv_state, float* ssm,
-                        int nthreads) {
+                        const VlSegment* seg, int l, int nthreads) {
   const Round rnd{m.bf16};
   static thread_local Act xn, yn;
   static thread_local std::vector<float> zx, out;
-  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
-  zx.resize((size_t)B * L.w_in.N);
-  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, B, L.w_in, m.bf16, zx.data(), nthreads);
-  round_n(zx.data(), (size_t)B * L.w_in.N, rnd.bf16);
-  yn.resize((size_t)B * L.d_inner, m.bf16);
+  const int R = B + (seg ? seg->T : 0);
+  rms_rows(h, R, m.D, L.norm_w, m.eps, rnd, xn);
+  zx.resize((size_t)R * L.w_in.N);
+  gemv(xn.f.data(), m.bf16 ? xn.b.data() : nullptr, R, L.w_in, m.bf16, zx.data(), nthreads);
+  round_n(zx.data(), (size_t)R * L.w_in.N, rnd.bf16);
+  yn.resize((size_t)R * L.d_inner, m.bf16);
   const int km1 = L.conv_k - 1, gs = L.d_inner / L.n_groups, hpg = L.n_heads / L.n_groups;
-  for (int b = 0; b < B; ++b) {
-    float* z = zx.data() + (size_t)b * L.w_in.N;
+  const size_t conv_row_bytes = (size_t)L.conv_dim * km1 * (m.bf16 ? 2 : 4);
+  const size_t ssm_row = (size_t)L.n_heads * L.head_dim * L.d_state;
+  for (int r = 0; r < R; ++r) {  // row r < B: decode row r's state; r >= B: the segment's token r - B, its state
+    float* z = zx.data() + (size_t)r * L.w_in.N;
     float* xbc = z + L.d_inner;
     const float* dtr = xbc + L.conv_dim;
-    conv_row(L, m.bf16, (char*)conv_state + (size_t)b * L.conv_dim * km1 * (m.bf16 ? 2 : 4), xbc);
+    void* cstate = r < B ? (char*)conv_state + (size_t)r * conv_row_bytes : seg->caches[2 * l];
+    conv_row(L, m.bf16, cstate, xbc);
     const float* xs = xbc;                                   // (H, P)
     const float* Bm = xbc + L.d_inner;                       // (G, N)
     const float* Cm = Bm + (size_t)L.n_groups * L.d_state;   // (G, N)
-    float* y = yn.f.data() + (size_t)b * L.d_inner;
-    float* S = ssm + (size_t)b * L.n_heads * L.head_dim * L.d_state;
+    float* y = yn.f.data() + (size_t)r * L.d_inner;
+    float* S = r < B ? ssm + (size_t)r * ssm_row : (float*)seg->caches[2 * l + 1];
     parallel_for(L.n_heads, nthreads, [&](int hh) {
       float dt = softplus(dtr[hh] + L.dt_bias[hh]);
       if (L.dt_clamp) dt = dt < L.dt_lo ? L.dt_lo : (dt > L.dt_hi ? L.dt_hi : dt);
@@ -446,11 +473,11 @@ static void mamba_layer(const VlModel& m, const VlLayer& L, int B, float* h, voi
       scale_round_n(yg, r, L.gnorm_w + (size_t)g * gs, gs, m.bf16);
     }
   }
-  yn.sync_bf16((size_t)B * L.d_inner, m.bf16);
-  out.resize((size_t)B * m.D);
-  gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_n(out.data(), (size_t)B * m.D, rnd.bf16);
-  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+  yn.sync_bf16((size_t)R * L.d_inner, m.bf16);
+  out.resize((size_t)R * m.D);
+  gemv(yn.f.data(), m.bf16 ? yn.b.data() : nullptr, R, L.w_out, m.bf16, out.data(), nthreads);
+  round_n(out.data(), (size_t)R * m.D, rnd.bf16);
+  residual_add(h, out.data(), (size_t)R * m.D, Round{m.bf16 && !m.res_f32});
 }
 
 // One cached key or value row (model dtype, at element offset `at`) against float32 vectors, 16 lanes at a time.
@@ -504,112 +531,140 @@ static inline void axpy_row(float p, const void* cache, size_t at, float* o, int
   for (; d < hd; ++d) o[d] += p * (bf16 ? bf16_to_float(((const uint16_t*)cache)[at + d]) : ((const float*)cache)[at + d]);
 }
 
+// One query row's attention over cached keys [0, pos] of one cache row (`base`: its element offset at kv head 0,
+// `stride`: elements per kv head), keys whose `vrow` byte is 0 masked (the query always sees itself); qrow (nq, hd)
+// in, orow (nq, hd) out, rounded to the model dtype; scd: nq * (pos + 1) floats of scratch.
+// One task per kv head, or per part of its query heads when there are fewer kv heads than threads. Keys in the
+// outer loop and the task's query heads in the inner: a cached key or value row is read from memory once per task
+// and then from L1 for the other heads, instead of once per query head (16 query heads share each of Omni's 2 kv
+// heads: at 25k positions the per-head order streamed 2.4 GB of cache per token). Each head's sums still run over
+// the keys in order: the same bits as one head at a time.
+static void attend_row(const VlModel& m, const VlLayer& L, const float* qrow, float* orow, const void* kc,
+                       const void* vc, size_t base, size_t stride, int pos, const uint8_t* vrow, float* scd,
+                       int nthreads) {
+  const Round rnd{m.bf16};
+  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv;
+  const float scale = 1.f / std::sqrt((float)hd);
+  const int parts = std::max({1, std::min(rep, (nthreads + nkv - 1) / nkv), (rep + 63) / 64});  // <= 64 heads each
+  const int per = (rep + parts - 1) / parts;
+  parallel_for(nkv * parts, nthreads, [&](int task) {
+    const int kh = task / parts, q0 = kh * rep + (task % parts) * per, q1 = std::min(q0 + per, (kh + 1) * rep);
+    if (q0 >= q1) return;
+    const size_t kbase = base + (size_t)kh * stride;
+    float mx[64], tot[64];  // per query head of the task
+    for (int qh = q0; qh < q1; ++qh) mx[qh - q0] = -INFINITY;
+    for (int j = 0; j <= pos; ++j) {
+      const bool masked = vrow && !vrow[j] && j != pos;
+      const size_t at = kbase + (size_t)j * hd;
+      int qh = q0;
+      float dots[4];
+      for (; !masked && qh + 4 <= q1; qh += 4) {
+        const float* const qs[4] = {qrow + (size_t)qh * hd, qrow + (size_t)(qh + 1) * hd,
+                                    qrow + (size_t)(qh + 2) * hd, qrow + (size_t)(qh + 3) * hd};
+        dot_rows4(qs, kc, at, hd, m.bf16, dots);
+        for (int r = 0; r < 4; ++r) {
+          const float v = dots[r] * scale;
+          scd[(size_t)(qh + r) * (pos + 1) + j] = v;
+          mx[qh + r - q0] = v > mx[qh + r - q0] ? v : mx[qh + r - q0];
+        }
+      }
+      for (; qh < q1; ++qh) {
+        float* s = scd + (size_t)qh * (pos + 1);
+        if (masked) { s[j] = -INFINITY; continue; }
+        s[j] = dot_row(qrow + (size_t)qh * hd, kc, at, hd, m.bf16) * scale;
+        mx[qh - q0] = s[j] > mx[qh - q0] ? s[j] : mx[qh - q0];
+      }
+    }
+    for (int qh = q0; qh < q1; ++qh) {
+      float* s = scd + (size_t)qh * (pos + 1);
+      float t = 0.f;
+      for (int j = 0; j <= pos; ++j) {
+        s[j] = s[j] == -INFINITY ? 0.f : std::exp(s[j] - mx[qh - q0]);
+        t += s[j];
+      }
+      tot[qh - q0] = t;
+      float* o = orow + (size_t)qh * hd;
+      for (int d = 0; d < hd; ++d) o[d] = 0.f;
+    }
+    for (int j = 0; j <= pos; ++j)
+      for (int qh = q0; qh < q1; ++qh) {
+        const float p = scd[(size_t)qh * (pos + 1) + j];
+        if (p == 0.f) continue;
+        axpy_row(p / tot[qh - q0], vc, kbase + (size_t)j * hd, orow + (size_t)qh * hd, hd, m.bf16);
+      }
+    for (int qh = q0; qh < q1; ++qh) {
+      float* o = orow + (size_t)qh * hd;
+      for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
+    }
+  });
+}
+
+// Writes one token's keys and values (nkv heads of hd, float32 holding model-dtype values) at position `pos` of a
+// cache row (`base`: the row's element offset, `stride`: elements per kv head).
+static void put_kv(const float* ks, const float* vs, void* kc, void* vc, size_t base, size_t stride, int pos, int nkv,
+                   int hd, int bf16) {
+  for (int kh = 0; kh < nkv; ++kh) {
+    const size_t at = base + (size_t)kh * stride + (size_t)pos * hd;
+    for (int d = 0; d < hd; ++d) {
+      if (bf16) {
+        ((uint16_t*)kc)[at + d] = f2b(ks[kh * hd + d]);
+        ((uint16_t*)vc)[at + d] = f2b(vs[kh * hd + d]);
+      } else {
+        ((float*)kc)[at + d] = ks[kh * hd + d];
+        ((float*)vc)[at + d] = vs[kh * hd + d];
+      }
+    }
+  }
+}
+
 // Attention without positional encoding, one query per row over keys [0, pos]; padded batches mask keys whose
-// `valid` is 0, the query always sees itself (vl/modeling/attention.py attention_mask).
+// `valid` is 0, the query always sees itself (vl/modeling/attention.py attention_mask). A segment's token t writes
+// its keys at seg->pos + t of its own cache and reads keys [0, seg->pos + t] there (causal within the chunk).
 static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h, void* kc, void* vc, int pos,
-                            int max_len, const uint8_t* valid, int nthreads) {
+                            int max_len, const uint8_t* valid, const VlSegment* seg, int l, int nthreads) {
   const Round rnd{m.bf16};
   static thread_local Act xn, ao;
   static thread_local std::vector<float> q, k, v, out, sc;
-  rms_rows(h, B, m.D, L.norm_w, m.eps, rnd, xn);
-  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv;
-  q.resize((size_t)B * L.w_in.N);
-  k.resize((size_t)B * L.w_k.N);
-  v.resize((size_t)B * L.w_k.N);
+  const int R = B + (seg ? seg->T : 0);
+  rms_rows(h, R, m.D, L.norm_w, m.eps, rnd, xn);
+  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads;
+  q.resize((size_t)R * L.w_in.N);
+  k.resize((size_t)R * L.w_k.N);
+  v.resize((size_t)R * L.w_k.N);
   const uint16_t* xb = m.bf16 ? xn.b.data() : nullptr;
-  gemv(xn.f.data(), xb, B, L.w_in, m.bf16, q.data(), nthreads);
-  gemv(xn.f.data(), xb, B, L.w_k, m.bf16, k.data(), nthreads);
-  gemv(xn.f.data(), xb, B, L.w_v, m.bf16, v.data(), nthreads);
-  round_n(q.data(), q.size(), rnd.bf16);
-  round_n(k.data(), k.size(), rnd.bf16);
-  round_n(v.data(), v.size(), rnd.bf16);
-  ao.resize((size_t)B * L.w_in.N, m.bf16);
-  sc.resize((size_t)nq * (pos + 1));
-  float* const qd = q.data();  // thread_local buffers: the OpenMP workers below use the caller's, by pointer
-  float* const scd = sc.data();
-  float* const aod = ao.f.data();
-  const float scale = 1.f / std::sqrt((float)hd);
+  gemv(xn.f.data(), xb, R, L.w_in, m.bf16, q.data(), nthreads);
+  gemv(xn.f.data(), xb, R, L.w_k, m.bf16, k.data(), nthreads);
+  gemv(xn.f.data(), xb, R, L.w_v, m.bf16, v.data(), nthreads);
+  round_n(q.data(), (size_t)R * L.w_in.N, rnd.bf16);
+  round_n(k.data(), (size_t)R * L.w_k.N, rnd.bf16);
+  round_n(v.data(), (size_t)R * L.w_k.N, rnd.bf16);
+  ao.resize((size_t)R * L.w_in.N, m.bf16);
+  const int most = seg && seg->pos + seg->T > pos + 1 ? seg->pos + seg->T : pos + 1;  // keys of the longest query
+  sc.resize((size_t)nq * most);
+  float* const scd = sc.data();  // thread_local buffers: the OpenMP workers use the caller's, by pointer
+  const size_t stride = (size_t)max_len * hd;
   for (int b = 0; b < B; ++b) {
-    for (int kh = 0; kh < nkv; ++kh) {  // write this token's key and value at `pos`
-      const size_t at = (((size_t)b * nkv + kh) * max_len + pos) * hd;
-      const float* ks = k.data() + (size_t)b * L.w_k.N + (size_t)kh * hd;
-      const float* vs = v.data() + (size_t)b * L.w_k.N + (size_t)kh * hd;
-      for (int d = 0; d < hd; ++d) {
-        if (m.bf16) {
-          ((uint16_t*)kc)[at + d] = f2b(ks[d]);
-          ((uint16_t*)vc)[at + d] = f2b(vs[d]);
-        } else {
-          ((float*)kc)[at + d] = ks[d];
-          ((float*)vc)[at + d] = vs[d];
-        }
-      }
-    }
-    const uint8_t* vrow = valid ? valid + (size_t)b * max_len : nullptr;
-    // One task per kv head, or per part of its query heads when there are fewer kv heads than threads. Keys in the
-    // outer loop and the task's query heads in the inner: a cached key or value row is read from memory once per
-    // task and then from L1 for the other heads, instead of once per query head (16 query heads share each of
-    // Omni's 2 kv heads: at 25k positions the per-head order streamed 2.4 GB of cache per token). Each head's sums
-    // still run over the keys in order: the same bits as one head at a time.
-    const int parts = std::max({1, std::min(rep, (nthreads + nkv - 1) / nkv), (rep + 63) / 64});  // <= 64 heads each
-    const int per = (rep + parts - 1) / parts;
-    parallel_for(nkv * parts, nthreads, [&](int task) {
-      const int kh = task / parts, q0 = kh * rep + (task % parts) * per, q1 = std::min(q0 + per, (kh + 1) * rep);
-      if (q0 >= q1) return;
-      const size_t base = ((size_t)b * nkv + kh) * max_len * hd;
-      float mx[64], tot[64];  // per query head of the task
-      for (int qh = q0; qh < q1; ++qh) mx[qh - q0] = -INFINITY;
-      const float* qrow = qd + (size_t)b * L.w_in.N;  // this row's query heads, and their outputs
-      float* orow = aod + (size_t)b * L.w_in.N;
-      for (int j = 0; j <= pos; ++j) {
-        const bool masked = vrow && !vrow[j] && j != pos;
-        const size_t at = base + (size_t)j * hd;
-        int qh = q0;
-        float dots[4];
-        for (; !masked && qh + 4 <= q1; qh += 4) {
-          const float* const qs[4] = {qrow + (size_t)qh * hd, qrow + (size_t)(qh + 1) * hd,
-                                      qrow + (size_t)(qh + 2) * hd, qrow + (size_t)(qh + 3) * hd};
-          dot_rows4(qs, kc, at, hd, m.bf16, dots);
-          for (int r = 0; r < 4; ++r) {
-            const float v = dots[r] * scale;
-            scd[(size_t)(qh + r) * (pos + 1) + j] = v;
-            mx[qh + r - q0] = v > mx[qh + r - q0] ? v : mx[qh + r - q0];
-          }
-        }
-        for (; qh < q1; ++qh) {
-          float* s = scd + (size_t)qh * (pos + 1);
-          if (masked) { s[j] = -INFINITY; continue; }
-          s[j] = dot_row(qrow + (size_t)qh * hd, kc, at, hd, m.bf16) * scale;
-          mx[qh - q0] = s[j] > mx[qh - q0] ? s[j] : mx[qh - q0];
-        }
-      }
-      for (int qh = q0; qh < q1; ++qh) {
-        float* s = scd + (size_t)qh * (pos + 1);
-        float t = 0.f;
-        for (int j = 0; j <= pos; ++j) {
-          s[j] = s[j] == -INFINITY ? 0.f : std::exp(s[j] - mx[qh - q0]);
-          t += s[j];
-        }
-        tot[qh - q0] = t;
-        float* o = orow + (size_t)qh * hd;
-        for (int d = 0; d < hd; ++d) o[d] = 0.f;
-      }
-      for (int j = 0; j <= pos; ++j)
-        for (int qh = q0; qh < q1; ++qh) {
-          const float p = scd[(size_t)qh * (pos + 1) + j];
-          if (p == 0.f) continue;
-          axpy_row(p / tot[qh - q0], vc, base + (size_t)j * hd, orow + (size_t)qh * hd, hd, m.bf16);
-        }
-      for (int qh = q0; qh < q1; ++qh) {
-        float* o = orow + (size_t)qh * hd;
-        for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
-      }
-    });
+    const size_t base = (size_t)b * nkv * stride;
+    put_kv(k.data() + (size_t)b * L.w_k.N, v.data() + (size_t)b * L.w_k.N, kc, vc, base, stride, pos, nkv, hd,
+           m.bf16);
+    attend_row(m, L, q.data() + (size_t)b * L.w_in.N, ao.f.data() + (size_t)b * L.w_in.N, kc, vc, base, stride, pos,
+               valid ? valid + (size_t)b * max_len : nullptr, scd, nthreads);
   }
-  ao.sync_bf16((size_t)B * L.w_in.N, m.bf16);
-  out.resize((size_t)B * m.D);
-  gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, B, L.w_out, m.bf16, out.data(), nthreads);
-  round_n(out.data(), (size_t)B * m.D, rnd.bf16);
-  residual_add(h, out.data(), (size_t)B * m.D, Round{m.bf16 && !m.res_f32});
+  if (seg) {
+    void *skc = seg->caches[2 * l], *svc = seg->caches[2 * l + 1];
+    const size_t sstride = (size_t)seg->max_len * hd;
+    for (int t = 0; t < seg->T; ++t)
+      put_kv(k.data() + (size_t)(B + t) * L.w_k.N, v.data() + (size_t)(B + t) * L.w_k.N, skc, svc, 0, sstride,
+             seg->pos + t, nkv, hd, m.bf16);
+    for (int t = 0; t < seg->T; ++t)
+      attend_row(m, L, q.data() + (size_t)(B + t) * L.w_in.N, ao.f.data() + (size_t)(B + t) * L.w_in.N, skc, svc, 0,
+                 sstride, seg->pos + t, nullptr, scd, nthreads);
+  }
+  ao.sync_bf16((size_t)R * L.w_in.N, m.bf16);
+  out.resize((size_t)R * m.D);
+  gemv(ao.f.data(), m.bf16 ? ao.b.data() : nullptr, R, L.w_out, m.bf16, out.data(), nthreads);
+  round_n(out.data(), (size_t)R * m.D, rnd.bf16);
+  residual_add(h, out.data(), (size_t)R * m.D, Round{m.bf16 && !m.res_f32});
 }
 
 // y = Round(ReLU(Round(y))^2) over n values: the ReLU^2 of an up projection's output, as mlp_layer squares it.
@@ -776,36 +831,46 @@ int vl_isa() { return gemv_isa(); }  // 2 = AVX512 path, 0 = portable path
 // pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes: the step marks
 // column `pos` real in every row, and with `padded` masks the keys whose byte is 0 (left padding);
 // logits (B, vocab) float32 out, holding model-dtype values (the reference's lm_head output, widened).
+// seg: null, or a joining prompt's chunk that rides along (VlSegment); with seg->logits, logits has B + 1 rows.
 // -> 0, or 1 when an id is outside the embedding table: then nothing is read past the table or written.
 int vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* caches, int pos, int max_len,
-                   uint8_t* valid, int padded, float* logits, int nthreads) {
+                   uint8_t* valid, int padded, float* logits, const VlSegment* seg, int nthreads) {
   for (int b = 0; b < B; ++b)
     if (ids[b] < 0 || ids[b] >= m->embed_rows) return 1;
+  if (seg && seg->T <= 0) seg = nullptr;
   for (int b = 0; b < B; ++b) valid[(size_t)b * max_len + pos] = 1;
+  if (seg) std::memset(seg->valid + seg->pos, 1, seg->T);
   const uint8_t* mask = padded ? valid : nullptr;
+  const int R = B + (seg ? seg->T : 0), D = m->D;
   static thread_local std::vector<float> h;
   static thread_local Act xn;
-  h.resize((size_t)B * m->D);
+  h.resize((size_t)R * D);
   for (int b = 0; b < B; ++b)
-    for (int i = 0; i < m->D; ++i) {
-      const size_t at = (size_t)ids[b] * m->D + i;
-      h[(size_t)b * m->D + i] = m->bf16 ? bf16_to_float(((const uint16_t*)m->embed)[at]) : ((const float*)m->embed)[at];
+    for (int i = 0; i < D; ++i) {
+      const size_t at = (size_t)ids[b] * D + i;
+      h[(size_t)b * D + i] = m->bf16 ? bf16_to_float(((const uint16_t*)m->embed)[at]) : ((const float*)m->embed)[at];
     }
+  if (seg) std::memcpy(h.data() + (size_t)B * D, seg->x, sizeof(float) * seg->T * D);
   for (int l = 0; l < m->n_layers; ++l) {
     const VlLayer& L = m->layers[l];
     if (L.kind == 0)
-      mamba_layer(*m, L, B, h.data(), caches[2 * l], (float*)caches[2 * l + 1], nthreads);
+      mamba_layer(*m, L, B, h.data(), caches[2 * l], (float*)caches[2 * l + 1], seg, l, nthreads);
     else if (L.kind == 1)
-      attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, mask, nthreads);
+      attention_layer(*m, L, B, h.data(), caches[2 * l], caches[2 * l + 1], pos, max_len, mask, seg, l, nthreads);
     else if (L.kind == 2)
-      mlp_layer(*m, L, B, h.data(), nthreads);
+      mlp_layer(*m, L, R, h.data(), nthreads);
     else
-      moe_layer(*m, L, B, h.data(), nthreads);
+      moe_layer(*m, L, R, h.data(), nthreads);
+  }
+  int out_rows = B;  // the decode rows' logits, then the segment's last token's where asked
+  if (seg && seg->logits) {
+    std::memmove(h.data() + (size_t)B * D, h.data() + (size_t)(R - 1) * D, sizeof(float) * D);
+    out_rows = B + 1;
   }
   const Round rnd{m->bf16};
-  rms_rows(h.data(), B, m->D, m->norm_f, m->eps, rnd, xn, false);
-  gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, B, m->lm_head, m->bf16, logits, nthreads);
-  round_n(logits, (size_t)B * m->vocab, rnd.bf16);
+  rms_rows(h.data(), out_rows, D, m->norm_f, m->eps, rnd, xn, false);
+  gemv(xn.f.data(), m->bf16 ? xn.b.data() : nullptr, out_rows, m->lm_head, m->bf16, logits, nthreads);
+  round_n(logits, (size_t)out_rows * m->vocab, rnd.bf16);
   return 0;
 }
 

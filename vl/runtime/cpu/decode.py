@@ -261,12 +261,19 @@ def _plan(lm, full_check: bool = True) -> Plan:
     return plan
 
 
-def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None = None) -> torch.Tensor | None:
+def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None = None,
+             chunk: tuple | None = None) -> torch.Tensor | None:
     """One token per row: tok (b, 1) ids -> logits (b, vocab) float32, the cache advanced by one position, as
     `lm(input_ids=tok, cache=cache).logits[:, -1]` does; None (nothing done) for a cache it does not read or an id
     outside the embedding table (the modules raise their IndexError). `plan`: the one `step_fn` checked at the
     start of its batch; without it the model's parameters are checked for changes first (~200 tensors: after a
-    step has streamed the weights through the caches, that check alone cost ~0.2 ms of cache misses)."""
+    step has streamed the weights through the caches, that check alone cost ~0.2 ms of cache misses).
+
+    chunk: (x, chunk_cache, last) -- a joining prompt's next tokens riding along with the step: x (t, d) their
+    embeddings in the model dtype, chunk_cache its own one-row cache without padding, advanced by t as
+    `lm(inputs_embeds=x[None], cache=chunk_cache)` would advance it (up to float32 summation order: its Mamba
+    recurrence runs token by token); with `last`, the logits get a row b, its last token's. None where the step
+    cannot take the chunk (nothing done): the caller runs the two apart."""
     plan = plan or _plan(lm, full_check=False)
     ptrs = _cache_pointers(cache, plan.dtype)
     if ptrs is None:
@@ -274,14 +281,30 @@ def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None
     b = tok.shape[0]
     if b != cache.batch_size or tok.numel() != b:
         return None  # rows the cache does not hold: the modules raise their shape error
+    seg, keep = None, ()
+    if chunk is not None:
+        x, ccache, last = chunk
+        cptrs = _cache_pointers(ccache, plan.dtype)
+        if (cptrs is None or ccache.batch_size != 1 or ccache.padded or x.dim() != 2 or x.dtype != plan.dtype
+                or x.shape[1] != plan.model.D or not x.is_cpu):
+            return None
+        ccache.check_room(ccache.length, x.shape[0])
+        xf = x.float().contiguous()
+        keep = (xf, cptrs)
+        seg = fused.Segment(T=x.shape[0], x=xf.data_ptr(), caches=ctypes.cast(cptrs, ctypes.c_void_p),
+                            pos=ccache.length, max_len=ccache.max_len, valid=ccache.valid.data_ptr(), logits=int(last))
     ids = tok if tok.dtype is torch.int64 and tok.is_contiguous() else tok.to(torch.int64).contiguous()  # (b, 1)
     pos = cache.length
     cache.check_room(pos, 1)
-    logits = torch.empty(b, plan.vocab, dtype=torch.float32)
+    logits = torch.empty(b + (seg is not None and seg.logits), plan.vocab, dtype=torch.float32)
     if lib.lib.vl_decode_step(ctypes.byref(plan.model), b, ids.data_ptr(), ptrs, pos, cache.max_len,
-                              cache.valid.data_ptr(), int(cache.padded), logits.data_ptr(), torch.get_num_threads()):
+                              cache.valid.data_ptr(), int(cache.padded), logits.data_ptr(),
+                              None if seg is None else ctypes.byref(seg), torch.get_num_threads()):
         return None  # an id outside the table: the kernel read and wrote nothing
+    del keep
     cache.length = pos + 1
+    if seg is not None:
+        chunk[1].length += seg.T
     return logits
 
 
@@ -335,6 +358,15 @@ def step_fn(lm):
                 return logits
         return lm(input_ids=tok, cache=cache).logits[:, -1]
 
+    def mix(tok, cache, x, chunk_cache, last):
+        """The step with a joining prompt's chunk riding along (`run_step`'s `chunk`) -> logits with b rows, or
+        b + 1 with `last`; None (nothing done) where it cannot: the caller prefills the chunk and steps apart."""
+        if (tok.shape[0] + x.shape[0] <= MAX_ROWS and tok.is_cpu and not torch.is_grad_enabled()
+                and not _hooked(hooks)):
+            return run_step(lm, lib, tok, cache, plan, (x, chunk_cache, last))
+        return None
+
+    step.mix = mix
     return step
 
 

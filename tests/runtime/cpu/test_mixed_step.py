@@ -1,0 +1,96 @@
+"""A joining prompt's chunk riding along with the fused CPU decode step (`run_step(..., chunk=...)`, the
+`VlSegment` of vl/kernels/csrc/decode_step.cpp): the decode rows' logits and cache are bit for bit those of the
+step without the chunk (a row's sums never depend on the other rows), and the chunk fills its cache as the modules'
+prefill of the same tokens does (fp32: up to summation order; bf16: as close to the fp32 model as the bf16 modules
+are), its last token's logits included. Hybrid and MoE stacks, padded decode rows, both builds, 1 and 2 threads."""
+
+import pytest
+import torch
+
+from test_cpu_decode import _err, _rows, down_by_rows, lib, models, moe_config, odd_config  # noqa: F401 (fixture)
+from vl.runtime.cache import HybridCache
+from vl.runtime.cpu import decode as cpu_decode
+from vl.runtime.generate import left_pad
+
+
+def _copy(cache):
+    memo = cache.__dict__.pop("_vl_step_pointers", None)  # (ctypes pointers: not deep-copied, and not the copy's)
+    try:
+        return _rows(cache, slice(None))
+    finally:
+        if memo is not None:
+            cache._vl_step_pointers = memo
+
+
+def _tensors(cache):
+    return [t.clone() for t in cache.tensors()]
+
+
+def _close(got, want, exact, dtype, what):
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4, msg=what)
+        return
+    ulp = 2.0 ** -8 * exact.abs().max().clamp_min(1e-3)  # one bf16 ulp at the tensor's scale
+    (fmax, fmean), (mmax, mmean) = _err(got, exact), _err(want, exact)
+    assert fmax <= 1.5 * mmax + 4 * ulp and fmean <= 1.5 * mmean + ulp, (what, fmax, fmean, mmax, mmean, ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("stack", ["hybrid", "hybrid, down_proj by rows", "moe"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_chunk_rides_along_without_touching_the_decode_rows(lib, dtype, stack, threads):
+    cfg = moe_config() if stack == "moe" else odd_config()
+    lm, truth = models(cfg, dtype, seed=5)
+    lm = down_by_rows(lm, "rows" in stack)
+    g = torch.Generator().manual_seed(7)
+    ids, mask = left_pad([torch.randint(3, 301, (n,), generator=g) for n in (5, 8, 3, 7, 6)])
+    prompt = torch.randint(3, 301, (1, 23), generator=g)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            rows = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
+            lm(ids, cache=rows, attention_mask=mask, logits_to_keep=1)
+            tok = ids[:, -1:]
+            mine, ref = HybridCache(lm.config, 1, 23, dtype=dtype), HybridCache(lm.config, 1, 23, dtype=dtype)
+            exact = HybridCache(lm.config, 1, 23) if truth is not None else None
+            for part in (slice(0, 9), slice(9, 16), slice(16, 23)):
+                last = part.stop == 23
+                alone = _copy(rows)
+                want = cpu_decode.run_step(lm, lib, tok, alone)
+                got = cpu_decode.run_step(lm, lib, tok, rows, chunk=(lm.embed(prompt[0, part]), mine, last))
+                assert got.shape == (ids.shape[0] + last, lm.config.vocab_size)
+                assert torch.equal(got[:ids.shape[0]], want)  # the decode rows: the same bits as without the chunk
+                for a, b in zip(rows.tensors(), alone.tensors()):
+                    assert torch.equal(a, b)
+                out = lm(prompt[:, part], cache=ref, logits_to_keep=1)
+                assert mine.length == ref.length == part.stop and torch.equal(mine.valid, ref.valid)
+                if truth is not None:
+                    full = truth(prompt[:, part], cache=exact, logits_to_keep=1)
+                if last:
+                    _close(got[-1], out.logits[0, -1], full.logits[0, -1] if truth is not None else None, dtype,
+                           "the chunk's last logits")
+                tok = want.argmax(-1, keepdim=True)
+            truths = list(exact.tensors())[1:] if truth is not None else [None] * len(_tensors(ref))
+            for i, (a, b, c) in enumerate(zip(_tensors(mine)[1:], _tensors(ref)[1:], truths)):  # (after `valid`)
+                _close(a, b, c, dtype, f"chunk cache tensor {i}")
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_a_chunk_the_step_cannot_take_is_refused_with_nothing_done(lib):
+    """A padded or several-row chunk cache, or embeddings in another dtype: None, and neither cache moved."""
+    lm = models(odd_config(), torch.float32)[0]
+    rows = HybridCache(lm.config, 2, 8)
+    with torch.no_grad():
+        lm(torch.randint(3, 301, (2, 4)), cache=rows, logits_to_keep=1)
+    tok = torch.randint(3, 301, (2, 1))
+    x = lm.embed(torch.randint(3, 301, (5,)))
+    padded = HybridCache(lm.config, 1, 8)
+    padded.padded = True
+    for chunk in ((x, HybridCache(lm.config, 2, 8), False), (x, padded, False),
+                  (x.to(torch.bfloat16), HybridCache(lm.config, 1, 8), False)):
+        before = _tensors(rows)
+        assert cpu_decode.run_step(lm, lib, tok, rows, chunk=chunk) is None
+        assert rows.length == 4 and chunk[1].length == 0
+        assert all(torch.equal(a, b) for a, b in zip(before, rows.tensors()))
