@@ -642,6 +642,11 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
     }
     _tile_loadconfig(&cfg);
     alignas(64) float out[2][16 * M];
+    // A tile row n holds weight row n's M outputs; y wants each activation row's 16 outputs side by side. Written
+    // one scalar at a time, 16 rows x M lands on M lines N floats apart: with M = 16 and a power-of-two N they share
+    // one L1 set, and the conflict misses cost a 16-row product 1.3-1.6x an 8-row one. One gather + one store per row.
+    const __m512i column = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(M));
     for (; o + 16 <= r1; o += 32) {
       const bool two = o + 32 <= r1;
       const uint16_t* w0 = w + (size_t)o * K;
@@ -659,6 +664,16 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
       }
       _tile_stored(0, out[0], M * 4);
       if (two) _tile_stored(1, out[1], M * 4);
+      if (k32 == K) {  // no inputs past the last block: each row's 16 outputs are one strided column of the tile
+        for (int h = 0; h < (two ? 2 : 1); ++h)
+          for (int m = 0; m < M; ++m)
+            _mm512_storeu_ps(y + (size_t)m * N + o + 16 * h, _mm512_i32gather_ps(column, out[h] + m, 4));
+        if (!two) {
+          o += 16;
+          break;
+        }
+        continue;
+      }
       for (int h = 0; h < (two ? 2 : 1); ++h)
         for (int n = 0; n < 16; ++n) {
           const uint16_t* wr = w + (size_t)(o + 16 * h + n) * K;
