@@ -5,8 +5,8 @@ the 180m config (bf16 or `--nvfp4`, random weights std 0.02, the load passes app
     PYTHONPATH=. .venv/bin/python scripts/research/join_gap.py [--rows 7] [--join 1024] [--chunks default,8,16]
         [--two-calls] [--nvfp4] [--step-costs]
 
-`--step-costs` instead times single fused steps: B rows alone (1, 7, 8, 9, 11, 16) and 7 rows with a T-token chunk
-riding (0, 1, 4, 9, 16, 25; the chunk's cache already holding 1000 tokens). For each chunk size: `--rows` rows join at once and step 3 times, 10 usual steps are timed, then a `--join`-token
+`--step-costs` instead times single fused steps: B rows alone (1, 7, 8, 9, 11, 16, 24, 32) and 7 rows with a T-token
+chunk riding (0, 1, 4, 9, 16, 25, 32; the chunk's cache already holding 1000 tokens). For each chunk size: `--rows` rows join at once and step 3 times, 10 usual steps are timed, then a `--join`-token
 prompt joins and every step until its first token is timed; prints the medians, p95, their ratios and how long the
 join took. One thread, as `vl serve --threads 1`."""
 
@@ -71,7 +71,7 @@ def step_costs(lm) -> None:
         return statistics.median(ts[2:]) * 1e3
 
     with torch.no_grad():
-        for rows, chunk in [(b, 0) for b in (1, 7, 8, 9, 11, 16)] + [(7, t) for t in (0, 1, 4, 9, 16, 25)]:
+        for rows, chunk in [(b, 0) for b in (1, 7, 8, 9, 11, 16, 24, 32)] + [(7, t) for t in (0, 1, 4, 9, 16, 25, 32)]:
             ids = torch.randint(3, cfg.vocab_size, (rows, 64))
             cache = HybridCache(cfg, rows, 64 + 40, dtype=dtype)
             lm(ids, cache=cache, logits_to_keep=1)

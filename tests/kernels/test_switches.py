@@ -144,3 +144,20 @@ def test_each_consumer_reads_its_switch_through_the_record(monkeypatch, tmp_path
     assert loader._cache_dir() == tmp_path
     monkeypatch.setenv("VL_API_KEY", "k")
     assert parse_args([]).api_key == "k"
+
+
+def test_a_command_default_yields_to_the_environment_and_ends_with_its_block(monkeypatch):
+    """`vl serve` loads with VL_SPARSE_DOWN off by its own default; the user's variable still decides, and outside
+    the block the record's default is back."""
+    monkeypatch.delenv("VL_SPARSE_DOWN", raising=False)
+    assert switches.on("VL_SPARSE_DOWN")
+    with switches.command_default("VL_SPARSE_DOWN", "off"):
+        assert not switches.on("VL_SPARSE_DOWN")
+        monkeypatch.setenv("VL_SPARSE_DOWN", "on")
+        assert switches.on("VL_SPARSE_DOWN")
+        monkeypatch.setenv("VL_SPARSE_DOWN", " ")  # empty reads as unset
+        assert not switches.on("VL_SPARSE_DOWN")
+    assert switches.on("VL_SPARSE_DOWN")
+    with pytest.raises(ConfigError, match="VL_SPARSE_DOWN"):
+        with switches.command_default("VL_SPARSE_DOWN", "sometimes"):
+            pass

@@ -193,6 +193,27 @@ def test_a_one_row_joiner_rides_inside_the_fused_steps(lm, monkeypatch):
     assert got == want and all(not took for _, took in rides) and prefills == [6, 8, 1, 8, 8, 8, 8, 8, 5]
 
 
+def test_the_default_ride_follows_the_measured_steps_and_rows_equal_their_single_runs(lm, monkeypatch):
+    """With the default chunk, how many tokens ride follows the running rows' step time and what a chunk token
+    adds to it (measured as the batch goes), within the rows one step takes; the rows still equal their single
+    runs, and the joiner's whole prompt went inside the steps."""
+    from vl.runtime.decode_batch import RIDE_SHARE
+    from vl.runtime.decode_step import default_ride_chunk
+
+    g = torch.Generator().manual_seed(6)
+    a, long = torch.randint(3, 128, (6,), generator=g), torch.randint(3, 128, (150,), generator=g)
+    batch = DecodeBatch(lm)
+    rides, prefills = _watch(batch, monkeypatch)
+    got, _ = run(batch, {0: [("a", a, 160)], 2: [("long", long, 5)]})  # "a" outlasts the join, even 1 token a step
+    assert got == {"a": single(lm, a, 160), "long": single(lm, long, 5)}
+    most = default_ride_chunk(1, batch.step_fn.ride_rows)
+    assert prefills == [6] and sum(n for n, _ in rides) == 150 and all(took and n <= most for n, took in rides)
+    batch._usual_s, batch._token_s = 0.040, 0.004  # a step of 40 ms, 4 ms more per chunk token
+    assert batch._ride_tokens() == min(most, int(RIDE_SHARE * 10))
+    batch._token_s = 1.0  # a token dearer than the whole budget: one at a time, still moving
+    assert batch._ride_tokens() == 1
+
+
 def test_a_padded_group_joins_in_calls_of_its_own(lm, monkeypatch):
     """Two prompts joining together (left-padded) do not ride: their chunks are prefill calls between steps."""
     g = torch.Generator().manual_seed(5)

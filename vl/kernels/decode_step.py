@@ -48,7 +48,8 @@ class Segment(ctypes.Structure):  # mirrors `struct VlSegment`: a joining prompt
 
 
 FUNCTIONS = {"vl_decode_step": ([ctypes.POINTER(Model), _i, _p, _p, _i, _i, _p, _i, _p, ctypes.POINTER(Segment), _i],
-                                _i)}
+                                _i),
+             "vl_tile_rows": ([], _i)}
 Library = loader.Library
 
 

@@ -17,6 +17,7 @@ process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -109,10 +110,30 @@ SWITCHES = (
 BY_NAME = {s.name: s for s in SWITCHES}
 
 
+_command_defaults: dict[str, str] = {}  # a command's own defaults (`command_default`), under the environment's
+
+
 def get(name: str) -> str | None:
     """The switch's current value (canonical; its default when unset). Raises `ConfigError` on a value it does
     not take, KeyError for a name that is not declared above."""
-    return BY_NAME[name].parse(os.environ.get(name))
+    raw = os.environ.get(name)
+    return BY_NAME[name].parse(raw if raw and raw.strip() else _command_defaults.get(name))
+
+
+@contextlib.contextmanager
+def command_default(name: str, value: str):
+    """Inside the block, `name` reads as `value` where the environment leaves it unset: a command's own default
+    (`vl serve` loads the ReLU^2 down_proj as stored, docs/server.md), which the user's variable still overrides."""
+    BY_NAME[name].parse(value)  # a value the switch takes
+    old = _command_defaults.get(name)
+    _command_defaults[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            _command_defaults.pop(name, None)
+        else:
+            _command_defaults[name] = old
 
 
 def on(name: str) -> bool:

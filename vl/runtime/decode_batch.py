@@ -17,8 +17,10 @@ A group that joins while rows decode is prefilled a chunk at a time between the 
 its whole prefill. Where the step is the fused CPU one and the group is one unpadded row, its chunk rides inside the
 step (Sarathi-Serve's mixed batch): the chunk's tokens are extra rows of the step's products, so one pass over the
 weights serves both, and its Mamba recurrence and attention run on its own cache (vl/runtime/cpu/decode.py
-`run_step`; the running rows' bits do not change). The ride's default chunk fills the step to 16 rows
-(`default_ride_chunk`: AMX tiles take 16 rows at about the cost of one). Otherwise the chunk (`mix_chunk` tokens,
+`run_step`; the running rows' bits do not change). The ride's default chunk is as many tokens as keep the step
+within `RIDE_SHARE` more than the running rows' own step, both measured as the batch goes (a chunk token costs more
+the longer its prompt already is), and at most fills the step to the rows it takes in one pass
+(`default_ride_chunk`: 32 where every product is a dense bf16 one on AMX tiles, fewer where products cost per row). Otherwise the chunk (`mix_chunk` tokens,
 `default_mix_chunk` by default) is a call of its own before the step; a chunk before the prompt's last then only
 fills the cache (`cache_only`: no LM head, which reads the whole vocabulary's rows, and no layers after the last
 Mamba / attention one). The group's rows enter at the step its last chunk runs. A chunked prefill equals a one-shot
@@ -43,6 +45,7 @@ from vl.runtime.decode_step import (_bucket, decode_mode, decode_step, default_m
 from vl.runtime.sampling import SamplingParams, apply_logit_bias, apply_repetition_penalty, draw
 
 ELASTIC_MODES = ("fused", "modules", "static")
+RIDE_SHARE = 0.6  # a riding chunk may add this share of the running rows' step (their gap stays under 2x)
 POSITIONS_IN_PYTHON = ("fused", "modules")  # the other modes keep a fixed-shape cache and a tensor position
 
 
@@ -113,6 +116,8 @@ class DecodeBatch:
         self.prefill_s: dict = {}  # key -> seconds its group's prefill took (read and removed by the caller)
         self.pos = None  # fixed-shape steps: the next position as a 0-d tensor
         self.started = False
+        self._usual_s = None  # the running rows' fused step alone, seconds (moving average)
+        self._token_s = None  # what a riding chunk's token adds to it, seconds (moving average)
 
     # --- who is in ---------------------------------------------------------------------------------
     def live(self) -> list:
@@ -240,10 +245,21 @@ class DecodeBatch:
             return None
         return job
 
+    def _ride_tokens(self) -> int:
+        """The default chunk that rides with this step: as many tokens as keep the step within RIDE_SHARE more than
+        the running rows' own step (both measured as the batch goes: a chunk's tokens cost more as its prompt grows,
+        its attention reading every key before them), and no more than fill the step to the rows it takes in one
+        pass (`default_ride_chunk`). Which tokens ride together does not change a bit of the joiner's cache
+        (tests/runtime/cpu/test_mixed_step.py), so the sizes may follow the clock."""
+        most = default_ride_chunk(len(self.seqs), self.step_fn.ride_rows)
+        if self._usual_s is None or not self._token_s:
+            return most
+        return max(1, min(most, int(RIDE_SHARE * self._usual_s / self._token_s)))
+
     def _ride(self, job: _Prefill, tok) -> torch.Tensor | None:
         """One step of the running rows with `job`'s next chunk inside -> their logits, or None (nothing done). The
         joiner's prefill seconds count the steps it rode in (its chunk and the running rows' tokens together)."""
-        n = self.mix_chunk or default_ride_chunk(len(self.seqs))
+        n = self.mix_chunk or self._ride_tokens()
         part = slice(job.done, min(job.length, job.done + n))
         last = part.stop == job.length
         t0 = time.perf_counter()
@@ -253,7 +269,10 @@ class DecodeBatch:
             return None
         if last:
             job.logits, logits = logits[-1:], logits[:-1]
-        self._advanced(job, part.stop, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        if self._usual_s is not None:  # what a token of the chunk added to the step
+            self._token_s = _ema(self._token_s, max(seconds - self._usual_s, 0.0) / (part.stop - part.start))
+        self._advanced(job, part.stop, seconds)
         self._if_done(job)
         return logits
 
@@ -297,7 +316,9 @@ class DecodeBatch:
                 if logits is None:
                     if rider is not None:
                         self._prefill_some()  # the fused step could not take the chunk: two calls
+                    t0 = time.perf_counter()
                     logits = self.step_fn(feed[:, None], self.cache, self.pos)
+                    self._usual_s = _ema(self._usual_s, time.perf_counter() - t0)
                 if self.static:
                     self.pos.add_(1)
                     self.cache.length += 1  # the fixed-shape step does not count positions
@@ -380,3 +401,7 @@ class DecodeBatch:
     def _reset_pos(self):
         if self.static and self.cache is not None:
             self.pos = torch.tensor(self.cache.length, device=self.cache.valid.device)
+
+
+def _ema(old: float | None, new: float, keep: float = 0.5) -> float:
+    return new if old is None else keep * old + (1 - keep) * new

@@ -74,11 +74,12 @@ def default_mix_chunk(device) -> int:
     return 512 if torch.device(device).type == "cuda" else 64
 
 
-def default_ride_chunk(rows: int) -> int:
+def default_ride_chunk(rows: int, ride_rows: int) -> int:
     """Tokens of a joining prompt that ride along with a fused CPU decode step of `rows` running rows (one pass
-    over the weights for both, vl/runtime/decode_batch.py): on AMX tiles up to 16 rows cost about one, so the chunk
-    fills the step to 16 rows, and at least 8 tokens go per step."""
-    return max(8, 16 - rows)
+    over the weights for both, vl/runtime/decode_batch.py): enough to fill the step to `ride_rows`, the rows the
+    step takes at well under twice the cost of its decode rows (vl/runtime/cpu/decode.py `ride_rows`), and at least
+    4 so that the joiner moves."""
+    return max(4, ride_rows - rows)
 
 
 def _bucket(n: int, step: int = 256) -> int:

@@ -91,9 +91,13 @@ def build(args: argparse.Namespace):
         torch.set_num_threads(max(1, args.threads))
     model = args.model or default_model()
     roots = [str(Path(r).resolve()) for r in args.allowed_root]
-    engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
-                                    video_pruning_rate=args.video_pruning_rate, isolate=args.decode_sandbox == "on",
-                                    allowed_roots=roots or None)
+    # a server decodes batches, and a joining prompt rides in them as extra rows: there the ReLU^2 down_proj as
+    # stored (one tile pass for all rows) beats the layout by input rows (fp32 multiply-adds per row), which one
+    # row decoding alone prefers; VL_SPARSE_DOWN=on still asks for it (docs/server.md, "Batching")
+    with switches.command_default("VL_SPARSE_DOWN", "off"):
+        engine = Engine.from_pretrained(model, dtype=args.dtype, device_map=args.device_map,
+                                        video_pruning_rate=args.video_pruning_rate,
+                                        isolate=args.decode_sandbox == "on", allowed_roots=roots or None)
     engine.mix_chunk = args.mix_chunk
     mib = 1 << 20
     policy = MediaPolicy(limits=engine.processor.limits, allowed_roots=tuple(roots), allow_fetch=args.allow_fetch,

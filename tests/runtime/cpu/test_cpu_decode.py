@@ -370,15 +370,15 @@ def thirteen_rows_alone(lm, lib, dtype, lengths=(5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6
 @pytest.mark.parametrize("widths", ["odd", "multiples of 32"])
 def test_a_row_gets_the_same_bits_in_every_batch_size(lib, dtype, rows, widths):
     """Dense rows go through the weights 1, 4 or 8 at a time (2-3 padded to 4, 5-7 to 8, more in groups of 8; on
-    AMX bf16 up to 16, 9-15 padded to 16): each row keeps its own accumulators in the same order, so from the same
+    AMX bf16 up to 32: 9-15 padded to 16, 17-23 to 24, 25-31 to 32): each row keeps its own accumulators in the same order, so from the same
     cache a row's logits and cache are bit for bit those of the row decoded alone, whatever the batch size and its
     row's place in the group. Input widths that are multiples of 32 take the tiles' gathered output, odd ones the
     scalar tail loop."""
     changes = {} if widths == "odd" else {"hidden_size": 64, "intermediate_size": 96, "mamba_head_dim": 16}
     lm = down_by_rows(models(odd_config(**changes), dtype, seed=3)[0], rows != "plain")
-    lengths = (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7, 3, 8, 4)
+    lengths = (5, 8, 2, 7, 3, 6, 4, 8, 1, 5, 6, 2, 7, 3, 8, 4) * 2
     ids, mask, tok, prefilled, alone = thirteen_rows_alone(lm, lib, dtype, lengths)
-    for b in (2, 3, 4, 5, 7, 8, 9, 13, 16):
+    for b in (2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 27, 32):
         cache = _rows(prefilled, slice(0, b))
         logits = cpu_decode.run_step(lm, lib, tok[:b], cache)
         for i in range(b):

@@ -44,7 +44,7 @@ def test_a_chunk_rides_along_without_touching_the_decode_rows(lib, dtype, stack,
     lm = down_by_rows(lm, "rows" in stack)
     g = torch.Generator().manual_seed(7)
     ids, mask = left_pad([torch.randint(3, 301, (n,), generator=g) for n in (5, 8, 3, 7, 6)])
-    prompt = torch.randint(3, 301, (1, 23), generator=g)
+    prompt = torch.randint(3, 301, (1, 40), generator=g)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -52,10 +52,10 @@ def test_a_chunk_rides_along_without_touching_the_decode_rows(lib, dtype, stack,
             rows = HybridCache(lm.config, ids.shape[0], 16, dtype=dtype)
             lm(ids, cache=rows, attention_mask=mask, logits_to_keep=1)
             tok = ids[:, -1:]
-            mine, ref = HybridCache(lm.config, 1, 23, dtype=dtype), HybridCache(lm.config, 1, 23, dtype=dtype)
-            exact = HybridCache(lm.config, 1, 23) if truth is not None else None
-            for part in (slice(0, 9), slice(9, 16), slice(16, 23)):
-                last = part.stop == 23
+            mine, ref = HybridCache(lm.config, 1, 40, dtype=dtype), HybridCache(lm.config, 1, 40, dtype=dtype)
+            exact = HybridCache(lm.config, 1, 40) if truth is not None else None
+            for part in (slice(0, 9), slice(9, 30), slice(30, 40)):  # 14, 26 and 15 rows in all
+                last = part.stop == 40
                 alone = _copy(rows)
                 want = cpu_decode.run_step(lm, lib, tok, alone)
                 got = cpu_decode.run_step(lm, lib, tok, rows, chunk=(lm.embed(prompt[0, part]), mine, last))
@@ -94,3 +94,29 @@ def test_a_chunk_the_step_cannot_take_is_refused_with_nothing_done(lib):
         assert cpu_decode.run_step(lm, lib, tok, rows, chunk=chunk) is None
         assert rows.length == 4 and chunk[1].length == 0
         assert all(torch.equal(a, b) for a, b in zip(before, rows.tensors()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("stack", ["hybrid", "moe"])
+def test_a_chunk_fills_its_cache_with_the_same_bits_in_one_step_or_token_by_token(lib, dtype, stack):
+    """Every per-row sum keeps its order whatever the rows beside it (products, the recurrence, attention over the
+    chunk's keys read once for all its tokens), so 19 tokens riding in one step leave the chunk's cache and last
+    logits bit for bit as 19 steps of one token each do."""
+    cfg = moe_config() if stack == "moe" else odd_config()
+    lm = models(cfg, dtype, seed=6)[0]
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(3, 301, (3, 6), generator=g)
+    prompt = torch.randint(3, 301, (1, 30), generator=g)
+    with torch.no_grad():
+        rows = HybridCache(lm.config, 3, 40, dtype=dtype)
+        lm(ids, cache=rows, logits_to_keep=1)
+        together, apart = HybridCache(lm.config, 1, 30, dtype=dtype), HybridCache(lm.config, 1, 30, dtype=dtype)
+        for c in (together, apart):
+            lm(prompt[:, :11], cache=c, cache_only=True)  # the chunk's keys start after 11 cached ones
+        tok = ids[:, -1:]
+        one = cpu_decode.run_step(lm, lib, tok, _copy(rows), chunk=(lm.embed(prompt[0, 11:]), together, True))
+        for t in range(11, 30):
+            last = cpu_decode.run_step(lm, lib, tok, _copy(rows), chunk=(lm.embed(prompt[0, t:t + 1]), apart, t == 29))
+    assert torch.equal(one[-1], last[-1])
+    for a, b in zip(together.tensors(), apart.tensors()):
+        assert torch.equal(a, b)

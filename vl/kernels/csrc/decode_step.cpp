@@ -172,8 +172,8 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 // models (exact). Dense rows go up to eight at a time in contiguous per-thread slices of whole cache lines, so a
 // batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7-2x a
 // step of 4 on the 180m config, docs/cpu_decode.md); a group of 2-3 is padded to 4 and of 5-7 to 8 with zero rows
-// (three instantiations, not eight: compile time). On AMX tiles bf16 groups go up to 16 (9-15 padded to 16): a
-// joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own accumulators in the same order
+// (three instantiations, not eight: compile time). On AMX tiles bf16 groups go up to 32 (9-15 padded to 16, 17-23 to
+// 24, 25-31 to 32): a joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own accumulators in the same order
 // whatever the group size, so a row's result does not depend on the others. Packed rows go through
 // quant_gemv.cpp's entry points four at a time, as the quantized Linears call them: with a bf16 model each
 // weight is rounded to bf16 as the modules' weight-only path rounds it.
@@ -204,6 +204,23 @@ static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat
   });
 }
 
+#ifdef VL_AMX
+// 17-32 bf16 rows on tiles (row_kernels.h dense_bf16_amx32), AMX only: a joining prompt's chunk beside the rows.
+template <int G>
+static void dense_group_amx32(const uint16_t* xbm, int K, const VlMat& W, float* yt, int nthreads) {
+  const int N = W.N;
+  const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;
+  static thread_local std::vector<uint16_t> xv;
+  xv.resize((size_t)(K / 32) * 32 * G);
+  amx_pack(xbm, G, K, xv.data());
+  const uint16_t* xvp = xv.data();
+  parallel_for(nthreads, nthreads, [&](int t) {
+    const int r0 = t * per, r1 = r0 + per < N ? r0 + per : N;
+    if (r0 < r1) dense_bf16_amx32<G>(xvp, xbm, K, (const uint16_t*)W.w, N, yt, r0, r1);
+  });
+}
+#endif
+
 static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
   const int K = W.K, N = W.N;
   if (W.fmt == 3) {  // dense, stored transposed (K, N): skips the zero inputs (a ReLU^2 down_proj)
@@ -227,13 +244,13 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
   static thread_local std::vector<float> px, py;
   static thread_local std::vector<uint16_t> pxb;
 #ifdef VL_AMX
-  const int top = bf16 && amx_ready() ? 16 : 8;  // a tile takes 16 rows at about the cost of one (mixed steps)
+  const int top = bf16 && amx_ready() ? 32 : 8;  // tiles take 32 rows at about the cost of one (mixed steps)
 #else
   const int top = 8;
 #endif
   for (int m0 = 0; m0 < M; m0 += top) {
     const int mm = M - m0 < top ? M - m0 : top;
-    const int g = mm == 1 ? 1 : mm <= 4 ? 4 : mm <= 8 ? 8 : 16;  // the instantiation that takes these rows
+    const int g = mm == 1 ? 1 : mm <= 4 ? 4 : mm <= 8 ? 8 : mm <= 16 ? 16 : mm <= 24 ? 24 : 32;  // its instantiation
     const float* xm = x + (size_t)m0 * K;
     const uint16_t* xbm = xb ? xb + (size_t)m0 * K : nullptr;
     float* ym = y + (size_t)m0 * N;
@@ -256,8 +273,14 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
       dense_group<4>(xm, xbm, K, W, bf16, yt, nthreads);
     else if (g == 8)
       dense_group<8>(xm, xbm, K, W, bf16, yt, nthreads);
-    else
+    else if (g == 16)
       dense_group<16>(xm, xbm, K, W, bf16, yt, nthreads);
+#ifdef VL_AMX
+    else if (g == 24)
+      dense_group_amx32<24>(xbm, K, W, yt, nthreads);
+    else
+      dense_group_amx32<32>(xbm, K, W, yt, nthreads);
+#endif
     if (pad) std::memcpy(ym, yt, sizeof(float) * mm * N);
   }
 }
@@ -599,6 +622,93 @@ static void attend_row(const VlModel& m, const VlLayer& L, const float* qrow, fl
   });
 }
 
+// A chunk's T query rows (token t at position pos0 + t sees keys [0, pos0 + t] of one cache row, no padding) over
+// their shared keys: per kv head, every cached key and value row is read once for all T tokens and their query heads
+// (token after token would stream the whole cache T times: at a 4k-token prompt's end that was most of a 25-token
+// chunk's cost). Each (token, head) sums its keys in increasing order whatever T, so a token's bits do not depend on
+// the tokens beside it; the exponentials are vl_exp16's (attend_row's are exp()'s). scd: nq * T * (pos0 + T) floats.
+static void attend_segment(const VlModel& m, const VlLayer& L, const float* q, float* out, const void* kc,
+                           const void* vc, size_t stride, int pos0, int T, float* scd, int nthreads) {
+  const Round rnd{m.bf16};
+  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv, W = L.w_in.N;
+  const int len = pos0 + T;  // keys of the last token
+  const float scale = 1.f / std::sqrt((float)hd);
+  parallel_for(nkv, nthreads, [&](int kh) {
+    const int q0 = kh * rep, q1 = q0 + rep;
+    const size_t kbase = (size_t)kh * stride;
+    std::vector<float> mx((size_t)T * rep, -INFINITY), tot((size_t)T * rep);
+    auto row = [&](int t, int qh) { return scd + ((size_t)t * nq + qh) * len; };  // scores of (token, head)
+    for (int j = 0; j < len; ++j) {
+      const size_t at = kbase + (size_t)j * hd;
+      for (int t = j > pos0 ? j - pos0 : 0; t < T; ++t) {  // the tokens that see key j
+        const float* qrow = q + (size_t)t * W;
+        int qh = q0;
+        float dots[4];
+        for (; qh + 4 <= q1; qh += 4) {
+          const float* const qs[4] = {qrow + (size_t)qh * hd, qrow + (size_t)(qh + 1) * hd,
+                                      qrow + (size_t)(qh + 2) * hd, qrow + (size_t)(qh + 3) * hd};
+          dot_rows4(qs, kc, at, hd, m.bf16, dots);
+          for (int r = 0; r < 4; ++r) {
+            const float v = dots[r] * scale;
+            row(t, qh + r)[j] = v;
+            float& mm = mx[(size_t)t * rep + qh + r - q0];
+            mm = v > mm ? v : mm;
+          }
+        }
+        for (; qh < q1; ++qh) {
+          const float v = dot_row(qrow + (size_t)qh * hd, kc, at, hd, m.bf16) * scale;
+          row(t, qh)[j] = v;
+          float& mm = mx[(size_t)t * rep + qh - q0];
+          mm = v > mm ? v : mm;
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int qh = q0; qh < q1; ++qh) {
+        float* sr = row(t, qh);
+        const float mv = mx[(size_t)t * rep + qh - q0];
+        const int n = pos0 + t + 1;
+        float tt = 0.f;
+        int j = 0;
+#ifdef VL_AVX512
+        // 16 exponentials at a time (a chunk's keys are many: the scalar loop was a third of its attention); the
+        // sum stays in order, one key after the other, so only the exponentials' own rounding differs from exp()
+        const __m512 mvv = _mm512_set1_ps(mv);
+        for (; j + 16 <= n; j += 16) {
+          alignas(64) float e[16];
+          _mm512_store_ps(e, vl_exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mvv)));
+          for (int i = 0; i < 16; ++i) tt += (sr[j + i] = e[i]);
+        }
+#endif
+        for (; j < n; ++j) {
+          sr[j] = std::exp(sr[j] - mv);
+          tt += sr[j];
+        }
+        tot[(size_t)t * rep + qh - q0] = tt;
+        float* o = out + (size_t)t * W + (size_t)qh * hd;
+        for (int d = 0; d < hd; ++d) o[d] = 0.f;
+      }
+    // values: four tokens at a time over the keys, so their heads' output rows stay in L1 (all T tokens' rows at
+    // once did not fit and made the pass slower than token by token)
+    for (int t0 = 0; t0 < T; t0 += 4) {
+      const int t1 = std::min(T, t0 + 4);
+      for (int j = 0; j < pos0 + t1; ++j)
+        for (int t = std::max(t0, j - pos0); t < t1; ++t)
+          for (int qh = q0; qh < q1; ++qh) {
+            const float p = row(t, qh)[j];
+            if (p == 0.f) continue;
+            axpy_row(p / tot[(size_t)t * rep + qh - q0], vc, kbase + (size_t)j * hd,
+                     out + (size_t)t * W + (size_t)qh * hd, hd, m.bf16);
+          }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int qh = q0; qh < q1; ++qh) {
+        float* o = out + (size_t)t * W + (size_t)qh * hd;
+        for (int d = 0; d < hd; ++d) o[d] = rnd(o[d]);
+      }
+  });
+}
+
 // Writes one token's keys and values (nkv heads of hd, float32 holding model-dtype values) at position `pos` of a
 // cache row (`base`: the row's element offset, `stride`: elements per kv head).
 static void put_kv(const float* ks, const float* vs, void* kc, void* vc, size_t base, size_t stride, int pos, int nkv,
@@ -639,8 +749,7 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   round_n(k.data(), (size_t)R * L.w_k.N, rnd.bf16);
   round_n(v.data(), (size_t)R * L.w_k.N, rnd.bf16);
   ao.resize((size_t)R * L.w_in.N, m.bf16);
-  const int most = seg && seg->pos + seg->T > pos + 1 ? seg->pos + seg->T : pos + 1;  // keys of the longest query
-  sc.resize((size_t)nq * most);
+  sc.resize(std::max((size_t)nq * (pos + 1), seg ? (size_t)nq * seg->T * (seg->pos + seg->T) : 0));
   float* const scd = sc.data();  // thread_local buffers: the OpenMP workers use the caller's, by pointer
   const size_t stride = (size_t)max_len * hd;
   for (int b = 0; b < B; ++b) {
@@ -656,9 +765,8 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
     for (int t = 0; t < seg->T; ++t)
       put_kv(k.data() + (size_t)(B + t) * L.w_k.N, v.data() + (size_t)(B + t) * L.w_k.N, skc, svc, 0, sstride,
              seg->pos + t, nkv, hd, m.bf16);
-    for (int t = 0; t < seg->T; ++t)
-      attend_row(m, L, q.data() + (size_t)(B + t) * L.w_in.N, ao.f.data() + (size_t)(B + t) * L.w_in.N, skc, svc, 0,
-                 sstride, seg->pos + t, nullptr, scd, nthreads);
+    attend_segment(m, L, q.data() + (size_t)B * L.w_in.N, ao.f.data() + (size_t)B * L.w_in.N, skc, svc, sstride,
+                   seg->pos, seg->T, scd, nthreads);
   }
   ao.sync_bf16((size_t)R * L.w_in.N, m.bf16);
   out.resize((size_t)R * m.D);
@@ -826,6 +934,14 @@ static void moe_layer(const VlModel& m, const VlLayer& L, int B, float* h, int n
 extern "C" {
 
 int vl_isa() { return gemv_isa(); }  // 2 = AVX512 path, 0 = portable path
+
+int vl_tile_rows() {  // rows a bf16 product takes in one pass on AMX tiles (0: no tiles here)
+#ifdef VL_AMX
+  return amx_ready() ? 32 : 0;
+#else
+  return 0;
+#endif
+}
 
 // ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
 // pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes: the step marks

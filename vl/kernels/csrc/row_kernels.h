@@ -692,6 +692,95 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
   }
   if (o < r1) dense_bf16_rows<M>(nullptr, xb, K, w, N, y, o, r1);
 }
+
+// 17-32 rows on tiles: a B tile takes at most 16 activation rows, so rows 0-15 and 16..M-1 are two B tiles over the
+// same `amx_pack` layout (B_hi starts 16 pairs into each pair-row) and each weight block has two C tiles (tiles: 0-1
+// and 5-6 C, 2-3 A, 4 and 7 B). The weights are still read once; each output gets the same sums as in the 16-row
+// kernel (the tile instruction's order per 32-input block, blocks in order, then the tail), so a row's bits do not
+// depend on the group. Rows past the last whole 16 weight rows go through the 16-row kernel's tail loop, in two
+// halves of the activation rows.
+template <int M>
+static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, const uint16_t* w, int N, float* y,
+                             int r0, int r1) {
+  static_assert(M > 16 && M <= 32, "16 < M <= 32");
+  constexpr int H = M - 16;
+  const int nkb = K / 32, k32 = nkb * 32;
+  int o = r0;
+  if (nkb > 0 && r1 - r0 >= 16) {
+    AmxConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = (t == 2 || t == 3) ? 64 : (t == 5 || t == 6 || t == 7) ? H * 4 : 64;
+    }
+    _tile_loadconfig(&cfg);
+    alignas(64) float lo[2][16 * 16], hi[2][16 * H];
+    const __m512i step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i col_lo = _mm512_mullo_epi32(step, _mm512_set1_epi32(16));
+    const __m512i col_hi = _mm512_mullo_epi32(step, _mm512_set1_epi32(H));
+    for (; o + 16 <= r1; o += 32) {
+      const bool two = o + 32 <= r1;
+      const uint16_t* w0 = w + (size_t)o * K;
+      const uint16_t* w1 = w0 + (size_t)16 * K;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(5);
+      _tile_zero(6);
+      for (int kb = 0; kb < nkb; ++kb) {
+        const uint16_t* xk = xv + (size_t)kb * 16 * M * 2;
+        _tile_loadd(4, xk, M * 4);
+        _tile_loadd(7, xk + 32, M * 4);
+        _tile_loadd(2, w0 + kb * 32, K * 2);
+        _tile_dpbf16ps(0, 2, 4);
+        _tile_dpbf16ps(5, 2, 7);
+        if (two) {
+          _tile_loadd(3, w1 + kb * 32, K * 2);
+          _tile_dpbf16ps(1, 3, 4);
+          _tile_dpbf16ps(6, 3, 7);
+        }
+      }
+      _tile_stored(0, lo[0], 64);
+      _tile_stored(5, hi[0], H * 4);
+      if (two) {
+        _tile_stored(1, lo[1], 64);
+        _tile_stored(6, hi[1], H * 4);
+      }
+      for (int h = 0; h < (two ? 2 : 1); ++h) {
+        if (k32 == K) {
+          for (int m = 0; m < 16; ++m)
+            _mm512_storeu_ps(y + (size_t)m * N + o + 16 * h, _mm512_i32gather_ps(col_lo, lo[h] + m, 4));
+          for (int m = 0; m < H; ++m)
+            _mm512_storeu_ps(y + (size_t)(16 + m) * N + o + 16 * h, _mm512_i32gather_ps(col_hi, hi[h] + m, 4));
+          continue;
+        }
+        for (int n = 0; n < 16; ++n) {
+          const uint16_t* wr = w + (size_t)(o + 16 * h + n) * K;
+          for (int m = 0; m < M; ++m) {
+            float v = m < 16 ? lo[h][n * 16 + m] : hi[h][n * H + m - 16];
+            for (int i = k32; i < K; ++i) v += bf16_to_float(wr[i]) * bf16_to_float(xb[(size_t)m * K + i]);
+            y[(size_t)m * N + o + 16 * h + n] = v;
+          }
+        }
+      }
+      if (!two) {
+        o += 16;
+        break;
+      }
+    }
+    _tile_release();
+  }
+  if (o < r1) {  // the last weight rows (N % 16): the row loop, 16 activation rows and then the rest
+    dense_bf16_rows<16>(nullptr, xb, K, w, N, y, o, r1);
+    static thread_local std::vector<uint16_t> rest;
+    static thread_local std::vector<float> yr;
+    rest.assign(xb + (size_t)16 * K, xb + (size_t)M * K);
+    rest.resize((size_t)16 * K, 0);  // zero rows up to the 16-row kernel: an exact no-op on the real rows' sums
+    yr.assign((size_t)16 * N, 0.f);
+    dense_bf16_rows<16>(nullptr, rest.data(), K, w, N, yr.data(), o, r1);
+    for (int m = 0; m < H; ++m)
+      std::memcpy(y + (size_t)(16 + m) * N + o, yr.data() + (size_t)m * N + o, sizeof(float) * (r1 - o));
+  }
+}
 #endif
 
 #define VL_DISPATCH(FN, ...)                  \
