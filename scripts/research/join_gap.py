@@ -1,14 +1,15 @@
 """The running rows' step while a long prompt joins a `DecodeBatch` (vl/runtime/decode_batch.py), in-process, on
-the 180m config (bf16 or `--nvfp4`, random weights std 0.02, the load passes applied): the chunk riding along with the fused step
-(the default) against the chunk and the step as two calls (`--two-calls`, the path before the ride).
+the 180m config (bf16 or `--nvfp4`, random weights std 0.02, the load passes applied): the chunk riding along with
+the fused step (the default) against the chunk and the step as two calls (`--two-calls`, the path before the ride).
 
     PYTHONPATH=. .venv/bin/python scripts/research/join_gap.py [--rows 7] [--join 1024] [--chunks default,8,16]
         [--two-calls] [--nvfp4] [--step-costs]
 
-`--step-costs` instead times single fused steps: B rows alone (1, 7, 8, 9, 11, 16, 24, 32) and 7 rows with a T-token
-chunk riding (0, 1, 4, 9, 16, 25, 32; the chunk's cache already holding 1000 tokens). For each chunk size: `--rows` rows join at once and step 3 times, 10 usual steps are timed, then a `--join`-token
+For each chunk size: `--rows` rows join at once and step 3 times, 10 usual steps are timed, then a `--join`-token
 prompt joins and every step until its first token is timed; prints the medians, p95, their ratios and how long the
-join took. One thread, as `vl serve --threads 1`."""
+join took. `--step-costs` instead times single fused steps: B rows alone (1, 7, 8, 9, 11, 16, 24, 32) and 7 rows
+with a T-token chunk riding (0, 1, 4, 9, 16, 25, 32; the chunk's cache already holding 1000 tokens). One thread, as
+`vl serve --threads 1`."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def step_costs(lm) -> None:
             tok = ids[:, -1:]
             ride = (lambda: (lm.embed(torch.randint(3, cfg.vocab_size, (chunk,))), other, False)) if chunk else None
             ms = timed(lambda: cpu_decode.run_step(lm, lib, tok, cache, chunk=ride() if ride else None))
-            print(f"{rows:2d} rows{f' + a {chunk}-token chunk' if chunk else '':>20}: {ms:6.1f} ms per step", flush=True)
+            what = f" + a {chunk}-token chunk" if chunk else ""
+            print(f"{rows:2d} rows{what:>20}: {ms:6.1f} ms per step", flush=True)
 
 
 def main() -> int:
@@ -107,7 +109,8 @@ def main() -> int:
         print(f"fused step: {cpu_decode.status()}; {'nvfp4' if args.nvfp4 else 'bf16'}; 1 thread")
         step_costs(lm)
         return 0
-    print(f"fused step: {cpu_decode.status()}; {'nvfp4' if args.nvfp4 else 'bf16'}; {args.rows} rows decoding, a {args.join}-token prompt joins; 1 thread")
+    print(f"fused step: {cpu_decode.status()}; {'nvfp4' if args.nvfp4 else 'bf16'}; {args.rows} rows decoding, "
+          f"a {args.join}-token prompt joins; 1 thread")
     for c in args.chunks.split(","):
         chunk = None if c == "default" else int(c)
         for two in ([False, True] if args.two_calls else [False]):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -50,6 +51,22 @@ def wait_idle(sched, timeout_s: float = 120) -> bool:
 
 def post(base, body, **kw):
     return httpx.post(base + "/v1/chat/completions", json={"model": "vl", **body}, timeout=60, **kw)
+
+
+@contextmanager
+def decoding_stream(base, body):
+    """A streamed request read until its first token (it is decoding) -> (the rest of its lines, the lines read)."""
+    with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
+        lines, chunks = r.iter_lines(), []
+        while sum(x.startswith("data:") for x in chunks) < 2:  # the role chunk, then a token
+            chunks.append(next(lines))
+        yield lines, chunks
+
+
+def streamed_text(chunks) -> str:
+    deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
+              for ch in json.loads(x[5:])["choices"]]
+    return "".join((d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
 
 
 def test_api_key_401_and_body_cap_413(engine):
@@ -188,11 +205,7 @@ def test_requests_arriving_during_a_batch_join_it(endless):
         body = {"model": "vl", "messages": HELLO, "max_tokens": 300, "temperature": 0, "stream": True,
                 "chat_template_kwargs": {"enable_thinking": False}}
         answers, done_at = [None] * 3, [None] * 3
-        with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
-            lines = r.iter_lines()
-            chunks = []
-            while sum(x.startswith("data:") for x in chunks) < 2:  # the role chunk, then a token: it is decoding
-                chunks.append(next(lines))
+        with decoding_stream(base, body) as (lines, chunks):
 
             def one(i):
                 got = c.chat.completions.create(model="vl", messages=prompts[i], max_tokens=6, temperature=0,
@@ -205,9 +218,7 @@ def test_requests_arriving_during_a_batch_join_it(endless):
             for t in threads:
                 t.join(60)
             chunks += list(lines)
-        deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
-                  for ch in json.loads(x[5:])["choices"]]
-        text = "".join((d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+        text = streamed_text(chunks)
         assert answers == refs
         assert text == long_ref
         assert sched.joined >= 1 and sched.batches < 4, (sched.joined, sched.batches)
@@ -243,11 +254,7 @@ def test_a_long_prompt_rides_into_a_running_stream_twice_next_to_a_bad_request(e
             body = {"model": "vl", "messages": HELLO, "max_tokens": 400, "temperature": 0, "stream": True,
                     "chat_template_kwargs": {"enable_thinking": False}}
             answers = [None, None]
-            with httpx.Client(timeout=60) as h, h.stream("POST", base + "/v1/chat/completions", json=body) as r:
-                lines = r.iter_lines()
-                chunks = []
-                while sum(x.startswith("data:") for x in chunks) < 2:  # the role chunk, then a token: decoding
-                    chunks.append(next(lines))
+            with decoding_stream(base, body) as (lines, chunks):
 
                 def one(i):
                     try:
@@ -266,9 +273,7 @@ def test_a_long_prompt_rides_into_a_running_stream_twice_next_to_a_bad_request(e
                 for t in threads:
                     t.join(60)
                 chunks += list(lines)
-            deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
-                      for ch in json.loads(x[5:])["choices"]]
-            text = "".join((d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+            text = streamed_text(chunks)
             assert answers[0] == long_ref and answers[1][0] == 400, answers
             assert text == stream_ref
             assert len(rides) - before >= 2 and all(rides[before:]), rides[before:]  # it rode, in several steps

@@ -20,9 +20,9 @@ weights serves both, and its Mamba recurrence and attention run on its own cache
 `run_step`; the running rows' bits do not change). The ride's default chunk is as many tokens as keep the step
 within `RIDE_SHARE` more than the running rows' own step, both measured as the batch goes (a chunk token costs more
 the longer its prompt already is), and at most fills the step to the rows it takes in one pass
-(`default_ride_chunk`: 32 where every product is a dense bf16 one on AMX tiles, fewer where products cost per row). Otherwise the chunk (`mix_chunk` tokens,
-`default_mix_chunk` by default) is a call of its own before the step; a chunk before the prompt's last then only
-fills the cache (`cache_only`: no LM head, which reads the whole vocabulary's rows, and no layers after the last
+(`default_ride_chunk`: 32 where every product is a dense bf16 one on AMX tiles, fewer where products cost per
+row). Otherwise the chunk (`mix_chunk` tokens, `default_mix_chunk` by default) is a call of its own before the step;
+a chunk before the prompt's last then only fills the cache (`cache_only`: no LM head, which reads the whole vocabulary's rows, and no layers after the last
 Mamba / attention one). The group's rows enter at the step its last chunk runs. A chunked prefill equals a one-shot
 prefill up to the order of float32 sums (tests/runtime/test_mixed_prefill.py, tests/runtime/cpu/test_mixed_step.py);
 a group no longer than `mix_chunk` (default `default_mix_chunk`), one that joins an idle batch, or one left alone

@@ -173,8 +173,8 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 // batch of up to eight reads each weight once per step (two passes of four made a bf16 step of 8 rows cost 1.7-2x a
 // step of 4 on the 180m config, docs/cpu_decode.md); a group of 2-3 is padded to 4 and of 5-7 to 8 with zero rows
 // (three instantiations, not eight: compile time). On AMX tiles bf16 groups go up to 32 (9-15 padded to 16, 17-23 to
-// 24, 25-31 to 32): a joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own accumulators in the same order
-// whatever the group size, so a row's result does not depend on the others. Packed rows go through
+// 24, 25-31 to 32): a joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own
+// accumulators in the same order whatever the group size, so a row's result does not depend on the others. Packed rows go through
 // quant_gemv.cpp's entry points four at a time, as the quantized Linears call them: with a bf16 model each
 // weight is rounded to bf16 as the modules' weight-only path rounds it.
 template <int G>

@@ -627,6 +627,30 @@ struct AmxConfig {  // the LDTILECFG operand: palette 1, then bytes per row and 
   uint8_t rows[16];
 };
 
+// One C tile's outputs to y: c holds 16 weight rows (o..o+15) x `rows` activation rows (m0..m0+rows-1), row n at
+// c + n * rows. y wants each activation row's 16 outputs side by side: written one scalar at a time, 16 rows x M
+// lands on M lines N floats apart, which share one L1 set when N is a power of two, and the conflict misses made a
+// 16-row product cost 1.3-1.6x an 8-row one; so one gather and one store per activation row. Inputs past the last
+// whole block of 32 (k32 < K) are added per output after the tile's sums, one by one.
+static inline void amx_tile_out(const float* c, int rows, int m0, const uint16_t* w, const uint16_t* xb, int K, int k32,
+                                int N, float* y, int o) {
+  if (k32 == K) {
+    const __m512i column = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(rows));
+    for (int m = 0; m < rows; ++m)
+      _mm512_storeu_ps(y + (size_t)(m0 + m) * N + o, _mm512_i32gather_ps(column, c + m, 4));
+    return;
+  }
+  for (int n = 0; n < 16; ++n) {
+    const uint16_t* wr = w + (size_t)(o + n) * K;
+    for (int m = 0; m < rows; ++m) {
+      float v = c[n * rows + m];
+      for (int i = k32; i < K; ++i) v += bf16_to_float(wr[i]) * bf16_to_float(xb[(size_t)(m0 + m) * K + i]);
+      y[(size_t)(m0 + m) * N + o + n] = v;
+    }
+  }
+}
+
 // y[m * N + o] for o in [r0, r1), r0 a multiple of 16; xv: `amx_pack` of xb. Tiles: 0-1 C, 2-3 A, 4 B.
 template <int M>
 static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const uint16_t* w, int N, float* y, int r0,
@@ -642,11 +666,6 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
     }
     _tile_loadconfig(&cfg);
     alignas(64) float out[2][16 * M];
-    // A tile row n holds weight row n's M outputs; y wants each activation row's 16 outputs side by side. Written
-    // one scalar at a time, 16 rows x M lands on M lines N floats apart: with M = 16 and a power-of-two N they share
-    // one L1 set, and the conflict misses cost a 16-row product 1.3-1.6x an 8-row one. One gather + one store per row.
-    const __m512i column = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(M));
     for (; o + 16 <= r1; o += 32) {
       const bool two = o + 32 <= r1;
       const uint16_t* w0 = w + (size_t)o * K;
@@ -664,25 +683,7 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
       }
       _tile_stored(0, out[0], M * 4);
       if (two) _tile_stored(1, out[1], M * 4);
-      if (k32 == K) {  // no inputs past the last block: each row's 16 outputs are one strided column of the tile
-        for (int h = 0; h < (two ? 2 : 1); ++h)
-          for (int m = 0; m < M; ++m)
-            _mm512_storeu_ps(y + (size_t)m * N + o + 16 * h, _mm512_i32gather_ps(column, out[h] + m, 4));
-        if (!two) {
-          o += 16;
-          break;
-        }
-        continue;
-      }
-      for (int h = 0; h < (two ? 2 : 1); ++h)
-        for (int n = 0; n < 16; ++n) {
-          const uint16_t* wr = w + (size_t)(o + 16 * h + n) * K;
-          for (int m = 0; m < M; ++m) {
-            float v = out[h][n * M + m];
-            for (int i = k32; i < K; ++i) v += bf16_to_float(wr[i]) * bf16_to_float(xb[(size_t)m * K + i]);
-            y[(size_t)m * N + o + 16 * h + n] = v;
-          }
-        }
+      for (int h = 0; h < (two ? 2 : 1); ++h) amx_tile_out(out[h], M, 0, w, xb, K, k32, N, y, o + 16 * h);
       if (!two) {
         o += 16;
         break;
@@ -715,9 +716,6 @@ static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, cons
     }
     _tile_loadconfig(&cfg);
     alignas(64) float lo[2][16 * 16], hi[2][16 * H];
-    const __m512i step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i col_lo = _mm512_mullo_epi32(step, _mm512_set1_epi32(16));
-    const __m512i col_hi = _mm512_mullo_epi32(step, _mm512_set1_epi32(H));
     for (; o + 16 <= r1; o += 32) {
       const bool two = o + 32 <= r1;
       const uint16_t* w0 = w + (size_t)o * K;
@@ -746,21 +744,8 @@ static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, cons
         _tile_stored(6, hi[1], H * 4);
       }
       for (int h = 0; h < (two ? 2 : 1); ++h) {
-        if (k32 == K) {
-          for (int m = 0; m < 16; ++m)
-            _mm512_storeu_ps(y + (size_t)m * N + o + 16 * h, _mm512_i32gather_ps(col_lo, lo[h] + m, 4));
-          for (int m = 0; m < H; ++m)
-            _mm512_storeu_ps(y + (size_t)(16 + m) * N + o + 16 * h, _mm512_i32gather_ps(col_hi, hi[h] + m, 4));
-          continue;
-        }
-        for (int n = 0; n < 16; ++n) {
-          const uint16_t* wr = w + (size_t)(o + 16 * h + n) * K;
-          for (int m = 0; m < M; ++m) {
-            float v = m < 16 ? lo[h][n * 16 + m] : hi[h][n * H + m - 16];
-            for (int i = k32; i < K; ++i) v += bf16_to_float(wr[i]) * bf16_to_float(xb[(size_t)m * K + i]);
-            y[(size_t)m * N + o + 16 * h + n] = v;
-          }
-        }
+        amx_tile_out(lo[h], 16, 0, w, xb, K, k32, N, y, o + 16 * h);
+        amx_tile_out(hi[h], H, 16, w, xb, K, k32, N, y, o + 16 * h);
       }
       if (!two) {
         o += 16;
