@@ -13,6 +13,12 @@ from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.generate import left_pad
 
 
+def _config(stack: str):
+    if stack == "moe":
+        return moe_config()
+    return odd_config(**({"head_dim": 32} if "32-wide" in stack else {}))
+
+
 def _copy(cache):
     memo = cache.__dict__.pop("_vl_step_pointers", None)  # (ctypes pointers: not deep-copied, and not the copy's)
     try:
@@ -36,10 +42,11 @@ def _close(got, want, exact, dtype, what):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("stack", ["hybrid", "hybrid, down_proj by rows", "moe"])
+@pytest.mark.parametrize("stack", ["hybrid", "hybrid, down_proj by rows", "moe", "hybrid, 32-wide heads"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_chunk_rides_along_without_touching_the_decode_rows(lib, dtype, stack, threads):
-    cfg = moe_config() if stack == "moe" else odd_config()
+    """(32-wide heads: a bf16 chunk's attention as tile products on AMX, vl_decode_step's attend_segment_tiles.)"""
+    cfg = _config(stack)
     lm, truth = models(cfg, dtype, seed=5)
     lm = down_by_rows(lm, "rows" in stack)
     g = torch.Generator().manual_seed(7)
@@ -97,12 +104,12 @@ def test_a_chunk_the_step_cannot_take_is_refused_with_nothing_done(lib):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("stack", ["hybrid", "moe"])
+@pytest.mark.parametrize("stack", ["hybrid", "moe", "hybrid, 32-wide heads"])
 def test_a_chunk_fills_its_cache_with_the_same_bits_in_one_step_or_token_by_token(lib, dtype, stack):
     """Every per-row sum keeps its order whatever the rows beside it (products, the recurrence, attention over the
     chunk's keys read once for all its tokens), so 19 tokens riding in one step leave the chunk's cache and last
     logits bit for bit as 19 steps of one token each do."""
-    cfg = moe_config() if stack == "moe" else odd_config()
+    cfg = _config(stack)
     lm = models(cfg, dtype, seed=6)[0]
     g = torch.Generator().manual_seed(8)
     ids = torch.randint(3, 301, (3, 6), generator=g)

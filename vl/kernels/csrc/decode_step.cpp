@@ -627,8 +627,70 @@ static void attend_row(const VlModel& m, const VlLayer& L, const float* qrow, fl
 // (token after token would stream the whole cache T times: at a 4k-token prompt's end that was most of a 25-token
 // chunk's cost). Each (token, head) sums its keys in increasing order whatever T, so a token's bits do not depend on
 // the tokens beside it; the exponentials are vl_exp16's (attend_row's are exp()'s). scd: nq * T * (pos0 + T) floats.
+#ifdef VL_AMX
+// The same attention as products, for bf16 models on AMX tiles: per kv head, the T * rep query rows (bf16 values,
+// exact) times the cached keys are one tile product (the keys are a (len, hd) matrix as a Linear's weight is), the
+// scores softmaxed per row with token t's keys past pos0 + t masked, and the probabilities times the cached values
+// one product through the kernel for weights stored (K, N) (the values are (len, hd)). Every row's sums keep one
+// order whatever the rows beside it, so a token's bits still do not depend on the chunk around it; the order is
+// the products', not attend_row's.
+static void attend_segment_tiles(const VlModel& m, const VlLayer& L, const float* q, float* out, const void* kc,
+                                 const void* vc, size_t stride, int pos0, int T, float* scd, int nthreads) {
+  const Round rnd{m.bf16};
+  const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv, W = L.w_in.N;
+  const int len = pos0 + T, rows = T * rep, padded = (rows + 15) / 16 * 16;
+  const float scale = 1.f / std::sqrt((float)hd);
+  parallel_for(nkv, nthreads, [&](int kh) {
+    const size_t kbase = (size_t)kh * stride;
+    float* sc = scd + (size_t)kh * padded * len;  // (padded rows, len) scores, then probabilities
+    std::vector<uint16_t> qb((size_t)padded * hd, 0), xv((size_t)(hd / 32) * 32 * 16);
+    std::vector<float> o((size_t)padded * hd);
+    for (int t = 0; t < T; ++t)  // row t * rep + r: token t, query head kh * rep + r
+      for (int r = 0; r < rep; ++r)
+        to_bf16_n(q + (size_t)t * W + (size_t)(kh * rep + r) * hd, qb.data() + (size_t)(t * rep + r) * hd, hd);
+    for (int g = 0; g < padded; g += 16) {
+      amx_pack(qb.data() + (size_t)g * hd, 16, hd, xv.data());
+      dense_bf16_amx<16>(xv.data(), qb.data() + (size_t)g * hd, hd, (const uint16_t*)kc + kbase, len,
+                         sc + (size_t)g * len, 0, len);
+    }
+    for (int i = 0; i < rows; ++i) {
+      float* sr = sc + (size_t)i * len;
+      const int n = pos0 + i / rep + 1;  // keys this row's token sees
+      float mv = -INFINITY;
+      for (int j = 0; j < n; ++j) {
+        sr[j] *= scale;
+        mv = sr[j] > mv ? sr[j] : mv;
+      }
+      float tt = 0.f;
+      int j = 0;
+      const __m512 mvv = _mm512_set1_ps(mv);
+      for (; j + 16 <= n; j += 16) {
+        alignas(64) float e[16];
+        _mm512_store_ps(e, vl_exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + j), mvv)));
+        for (int k = 0; k < 16; ++k) tt += (sr[j + k] = e[k]);
+      }
+      for (; j < n; ++j) tt += (sr[j] = std::exp(sr[j] - mv));
+      const float inv = 1.f / tt;
+      for (j = 0; j < n; ++j) sr[j] *= inv;
+      for (; j < len; ++j) sr[j] = 0.f;  // keys after this token: masked (and skipped by the product below)
+    }
+    dense_t_gemv(sc, rows, len, (const uint16_t*)vc + kbase, hd, 1, o.data(), 1);
+    for (int i = 0; i < rows; ++i) {
+      float* dst = out + (size_t)(i / rep) * W + (size_t)(kh * rep + i % rep) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = rnd(o[(size_t)i * hd + d]);
+    }
+  });
+}
+#endif
+
 static void attend_segment(const VlModel& m, const VlLayer& L, const float* q, float* out, const void* kc,
                            const void* vc, size_t stride, int pos0, int T, float* scd, int nthreads) {
+#ifdef VL_AMX
+  if (m.bf16 && amx_ready() && L.attn_head_dim % 32 == 0) {
+    attend_segment_tiles(m, L, q, out, kc, vc, stride, pos0, T, scd, nthreads);
+    return;
+  }
+#endif
   const Round rnd{m.bf16};
   const int hd = L.attn_head_dim, nq = L.n_q_heads, nkv = L.n_kv_heads, rep = nq / nkv, W = L.w_in.N;
   const int len = pos0 + T;  // keys of the last token
@@ -749,7 +811,8 @@ static void attention_layer(const VlModel& m, const VlLayer& L, int B, float* h,
   round_n(k.data(), (size_t)R * L.w_k.N, rnd.bf16);
   round_n(v.data(), (size_t)R * L.w_k.N, rnd.bf16);
   ao.resize((size_t)R * L.w_in.N, m.bf16);
-  sc.resize(std::max((size_t)nq * (pos + 1), seg ? (size_t)nq * seg->T * (seg->pos + seg->T) : 0));
+  const size_t seg_scores = seg ? (size_t)nkv * ((seg->T * (nq / nkv) + 15) / 16 * 16) * (seg->pos + seg->T) : 0;
+  sc.resize(std::max((size_t)nq * (pos + 1), seg_scores));
   float* const scd = sc.data();  // thread_local buffers: the OpenMP workers use the caller's, by pointer
   const size_t stride = (size_t)max_len * hd;
   for (int b = 0; b < B; ++b) {
