@@ -39,7 +39,8 @@ class Engine:
                  decode: str = "auto"):
         """`decode`: how one-token steps run (vl/runtime/decode_step.py `decode_step`); "auto" = CUDA graphs on a
         GPU, "fused" on the CPU (where compiling costs a minute per model and shape family). `mix_chunk`: tokens of a
-        prompt that joins running rows prefilled per decode step (vl/runtime/decode_batch.py; 0: at once)."""
+        prompt that joins running rows prefilled per decode step (vl/runtime/decode_batch.py; 0: at once; None: on the
+        CPU's fused step as many as keep the step within 60% more than the running rows' own, else 64 / 512 on CUDA)."""
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
         self.stop_ids = set(stop_ids) | processor.stop_token_ids()

@@ -35,8 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "requests sent together before it starts a batch (default 0: requests that arrive while a batch "
                    "runs join it between steps anyway; docs/server.md)")
     p.add_argument("--mix-chunk", type=int, default=None, metavar="N", help="tokens of a prompt that joins running "
-                   "requests prefilled per decode step, so they keep streaming (0: the whole prompt at once; default "
-                   "64 on the CPU, 512 on CUDA)")
+                   "requests prefilled per decode step, so they keep streaming (0: the whole prompt at once). Default: "
+                   "on the CPU a prompt over 64 tokens rides inside the decode steps, as many tokens per step as keep "
+                   "each step within 60%% more than the running rows' own (docs/server.md); on CUDA 512")
     p.add_argument("--prepare-workers", type=int, default=1, help="threads that decode and tile waiting requests' "
                    "media while the engine decodes (default 1; 0: on the engine's thread)")
     p.add_argument("--request-timeout", type=float, default=c.request_timeout_s, help="seconds from arrival to "
