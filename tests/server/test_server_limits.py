@@ -63,6 +63,15 @@ def decoding_stream(base, body):
         yield lines, chunks
 
 
+def at_once(fn, n: int) -> None:
+    """fn(0) .. fn(n - 1) on threads of their own, started together; returns when they are done."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def streamed_text(chunks) -> str:
     deltas = [ch["delta"] for x in chunks if x.startswith("data:") and "[DONE]" not in x
               for ch in json.loads(x[5:])["choices"]]
@@ -184,11 +193,7 @@ def test_batched_requests_equal_single_runs_and_a_bad_one_fails_alone(engine):
             except openai.APIStatusError as e:
                 answers[i] = (e.status_code, e.body["code"])
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        at_once(one, 4)
         assert answers[:3] == [r.answer for r in refs]
         assert answers[3][0] == 400 and answers[3][1] in ("corrupt_media", "bad_media")
         assert sched.batches == 1, "the four requests sent together should have been one batch"
@@ -212,11 +217,7 @@ def test_requests_arriving_during_a_batch_join_it(endless):
                                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}})
                 answers[i], done_at[i] = got.choices[0].message.content, sched.snapshot()["running"]
 
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
+            at_once(one, 3)
             chunks += list(lines)
         text = streamed_text(chunks)
         assert answers == refs
@@ -267,11 +268,7 @@ def test_a_long_prompt_rides_into_a_running_stream_twice_next_to_a_bad_request(e
                     except openai.APIStatusError as e:
                         answers[i] = (e.status_code, e.body["code"])
 
-                threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(60)
+                at_once(one, 2)
                 chunks += list(lines)
             text = streamed_text(chunks)
             assert answers[0] == long_ref and answers[1][0] == 400, answers

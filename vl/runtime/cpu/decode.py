@@ -286,7 +286,7 @@ def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None
     b = tok.shape[0]
     if b != cache.batch_size or tok.numel() != b:
         return None  # rows the cache does not hold: the modules raise their shape error
-    seg, keep = None, ()
+    seg = None
     if chunk is not None:
         x, ccache, last = chunk
         cptrs = _cache_pointers(ccache, plan.dtype)
@@ -294,8 +294,7 @@ def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None
                 or x.shape[1] != plan.model.D or not x.is_cpu):
             return None
         ccache.check_room(ccache.length, x.shape[0])
-        xf = x.float().contiguous()
-        keep = (xf, cptrs)
+        xf = x.float().contiguous()  # (alive until the call returns: the struct holds its address)
         seg = fused.Segment(T=x.shape[0], x=xf.data_ptr(), caches=ctypes.cast(cptrs, ctypes.c_void_p),
                             pos=ccache.length, max_len=ccache.max_len, valid=ccache.valid.data_ptr(), logits=int(last))
     ids = tok if tok.dtype is torch.int64 and tok.is_contiguous() else tok.to(torch.int64).contiguous()  # (b, 1)
@@ -306,10 +305,9 @@ def run_step(lm, lib: fused.Library, tok: torch.Tensor, cache, plan: Plan | None
                               cache.valid.data_ptr(), int(cache.padded), logits.data_ptr(),
                               None if seg is None else ctypes.byref(seg), torch.get_num_threads()):
         return None  # an id outside the table: the kernel read and wrote nothing
-    del keep
     cache.length = pos + 1
     if seg is not None:
-        chunk[1].length += seg.T
+        ccache.length += seg.T
     return logits
 
 
