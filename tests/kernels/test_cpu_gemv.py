@@ -221,13 +221,23 @@ def test_weight_only_decode_equals_dequantize_mode(kernels, monkeypatch, fmt, ki
     assert resident_weight_bytes(fast) == before  # nothing cached beside the packed weights
 
 
-def test_prefill_sized_inputs_take_the_reference_path(kernels, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_sized_inputs_take_the_reference_path(kernels, monkeypatch, dtype):
+    """Past `MAX_ROWS` rows (past `TILE_MAX_ROWS` for bf16 NVFP4 rows on AMX tiles) the layer expands its weights and
+    runs a GEMM; bf16 rows in between take the tiles where this CPU has them."""
     monkeypatch.setenv("VL_KERNEL_CACHE", str(kernels["native"].path.parent))
     gemv._load.cache_clear()
+    kern = gemv.kernel()
+    calls = []
+    monkeypatch.setattr(kern.lib, "vl_nvfp4_gemv", lambda *a: calls.append(a[1]))
     sd = _one_linear_sd("nvfp4", 32, 64, False)
-    fast = _model(sd, "weight-only", torch.float32, 32, 64, False)
-    monkeypatch.setattr(type(fast["proj"]), "_fused_gemv", lambda *a: pytest.fail("fused on a prefill"))
-    fast["proj"](torch.randn(gemv.MAX_ROWS + 1, 64))
+    fast = _model(sd, "weight-only", dtype, 32, 64, False)
+    tiles = dtype == torch.bfloat16 and kern.packed_tiles and kern.bf16_dot
+    limit = gemv.TILE_MAX_ROWS if tiles else gemv.MAX_ROWS
+    fast["proj"](torch.randn(limit + 1, 64, dtype=dtype))
+    assert calls == []
+    fast["proj"](torch.randn(gemv.MAX_ROWS + 1, 64, dtype=dtype))
+    assert calls == ([gemv.MAX_ROWS + 1] if tiles else [])
 
 
 def test_fp8_nan_codes_fall_back_to_the_reference(kernels, monkeypatch):
@@ -370,6 +380,72 @@ def test_nvfp4_group_equals_each_layer_alone(kernels, nvfp4_loops, build, shape,
                 assert torch.equal(got[g:g + 1], want), (g, threads)
     finally:
         torch.set_num_threads(old)
+
+
+def _nvfp4_raw(k, x, packed, bs, gs, tiles: int) -> torch.Tensor:
+    """One `vl_nvfp4_gemv` call on all rows of bf16 x with `tiles` as given (the Python rule bypassed)."""
+    m, kin = x.shape
+    y = torch.empty(m, packed.shape[0])
+    k.lib.vl_nvfp4_gemv(x.data_ptr(), m, kin, packed.data_ptr(), bs.data_ptr(), float(gs), packed.shape[0], 1, 1,
+                        tiles, y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def _tiled(kernels):
+    k = kernels["native"]
+    if not (k.packed_tiles and k.bf16_dot):
+        pytest.skip("no AMX tiles here (AMX-BF16 and the kernel's bf16 activations): NVFP4 rows keep their loops")
+    return k
+
+
+@pytest.mark.parametrize("shape", [(37, 208), (130, 48), (64, 1024), (19, 96), (16, 16), (5, 2048)])
+def test_nvfp4_rows_on_tiles_equal_the_reference_with_the_same_bits_in_every_row_count(kernels, shape):
+    """NVFP4 on AMX tiles (row_kernels.h nvfp4_rows_amx): every row count from 1 to 33 (two B tiles past 16, a
+    second pass past 32) gives each row the bits of that row alone on tiles, and the reference's sums within float32
+    noise; odd block counts (K = 208, 48, 16) and weight rows past the last whole 16 (N = 37, 130, 19, 5) included,
+    with a subnormal block scale, on 1 and 2 threads. The tiles sum in another order than the float32 loop, so on
+    the widest layer the two differ somewhere: the call took the tiles."""
+    k = _tiled(kernels)
+    n, kin = shape
+    packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
+    bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
+    x = torch.randn(33, kin).bfloat16()
+    ref = gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, True)
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            alone = torch.cat([_nvfp4_raw(k, x[i:i + 1], packed, bs, gs, 1) for i in range(33)])
+            _close(alone, ref)
+            for m in (2, 3, 16, 17, 31, 32, 33):
+                assert torch.equal(_nvfp4_raw(k, x[:m], packed, bs, gs, 1), alone[:m]), (m, threads)
+    finally:
+        torch.set_num_threads(old)
+    if kin == 2048:
+        assert not torch.equal(alone, _nvfp4_raw(k, x, packed, bs, gs, 0))
+
+
+@pytest.mark.parametrize("rule", ["auto", "on", "off"])
+def test_the_tile_rule_picks_the_path_by_row_count_alone(kernels, monkeypatch, rule):
+    """`VL_NVFP4_TILES` as a quantized Linear's bound call reads it: auto takes tiles for calls of two rows or more
+    (a lone row keeps the float32 loop), on for every call, off for none; a row's bits then depend on the rule and on
+    whether it is alone, never on the other rows. A layer whose least weight is not a normal bf16 keeps the loop."""
+    k = _tiled(kernels)
+    monkeypatch.setenv("VL_NVFP4_TILES", rule)
+    packed, bs, gs = quantize_nvfp4(torch.randn(48, 2048) * 0.05)
+    x = torch.randn(9, 2048).bfloat16()
+    call = k.nvfp4_layer(packed, bs, float(gs))
+    tiles = {m: _nvfp4_raw(k, x[:m], packed, bs, gs, 1) for m in (1, 9)}
+    loop = {m: _nvfp4_raw(k, x[:m], packed, bs, gs, 0) for m in (1, 9)}
+    for m in (1, 9):
+        want = tiles[m] if rule == "on" or (rule == "auto" and m >= 2) else loop[m]
+        assert torch.equal(call(x[:m], True), want), m
+    prompt = torch.randn(100, 2048).bfloat16()  # a short prompt's rows: tiles too (auto, on), 32 per call
+    want = _nvfp4_raw(k, prompt, packed, bs, gs, int(rule != "off"))
+    assert torch.equal(call(prompt, True), want)
+    _close(want, gemv_ref.nvfp4_gemv_ref(prompt, packed, bs, gs, True))
+    tiny = torch.tensor(1e-37)  # weights below the normal bf16 range: the tiles would flush them
+    assert torch.equal(k.nvfp4_layer(packed, bs, float(tiny))(x, True), _nvfp4_raw(k, x, packed, bs, tiny, 0))
 
 
 @pytest.mark.parametrize("build", ["native", "portable"])

@@ -345,6 +345,7 @@ def test_bounded_dequantize_temporaries_give_the_same_bits(algo, monkeypatch):
     assert torch.equal(got, want)
     assert torch.equal(q[0]._dequantized_block(0, 384, torch.bfloat16), whole)
     monkeypatch.setenv("VL_QUANT_KERNEL", "auto")
+    monkeypatch.setenv("VL_NVFP4_TILES", "off")  # (on AMX tiles 80 bf16 rows would skip the expansion)
     calls.clear()
     with torch.no_grad():
         assert torch.equal(q(x), want)

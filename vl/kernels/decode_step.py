@@ -38,7 +38,7 @@ class Layer(ctypes.Structure):  # mirrors `struct VlLayer`
 
 
 class Model(ctypes.Structure):  # mirrors `struct VlModel`
-    _fields_ = [("bf16", _i), ("res_f32", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
+    _fields_ = [("bf16", _i), ("res_f32", _i), ("packed_tiles", _i), ("D", _i), ("vocab", _i), ("n_layers", _i), ("eps", _f),
                 ("embed", _p), ("embed_rows", _i), ("norm_f", _p), ("lm_head", Mat),
                 ("layers", ctypes.POINTER(Layer))]
 
@@ -49,7 +49,8 @@ class Segment(ctypes.Structure):  # mirrors `struct VlSegment`: a joining prompt
 
 FUNCTIONS = {"vl_decode_step": ([ctypes.POINTER(Model), _i, _p, _p, _i, _i, _p, _i, _p, ctypes.POINTER(Segment), _i],
                                 _i),
-             "vl_tile_rows": ([], _i)}
+             "vl_tile_rows": ([], _i),
+             "vl_packed_tiles": ([], _i)}
 Library = loader.Library
 
 

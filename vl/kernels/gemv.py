@@ -25,13 +25,15 @@ from pathlib import Path
 
 import torch
 
-from vl.kernels import loader
+from vl.kernels import loader, switches
 
 log = logging.getLogger(__name__)
 
 SOURCE = loader.CSRC / "quant_gemv.cpp"
 MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
+TILE_MAX_ROWS = 256  # the same for NVFP4 rows on AMX tiles (docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")
 KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
+TILE_ROWS = 32  # rows per NVFP4 call on AMX tiles (two B tiles of 16)
 SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -40,13 +42,14 @@ class Kernel(loader.Library):
     """The loaded library: `fp8(...)` and `nvfp4(...)` on float32 rows, `dense(...)` and `dense_t(...)`."""
 
     functions = {"vl_fp8_gemv": ([_p, _i, _i, _p, _i, _p, _i, _i, _i, _p, _i], None),
-                 "vl_nvfp4_gemv": ([_p, _i, _i, _p, _p, _f, _i, _i, _i, _p, _i], None),
+                 "vl_nvfp4_gemv": ([_p, _i, _i, _p, _p, _f, _i, _i, _i, _i, _p, _i], None),
+                 "vl_packed_tiles": ([], _i),
                  "vl_gemv_bf16_dot": ([], _i),
                  "vl_dense_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
                  "vl_dense_bf16_native": ([], _i),
                  "vl_dense_t_gemv": ([_p, _i, _i, _p, _i, _i, _p, _i], None),
                  "vl_nvfp4_loop": ([], _i),
-                 "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _p, _i], None),
+                 "vl_nvfp4_gemv_group": ([_i, _p, _i, _i, _p, _p, _p, _i, _i, _i, _i, _p, _i], None),
                  "vl_fp8_gemv_group": ([_i, _p, _i, _i, _p, _i, _p, _i, _i, _i, _p, _i], None),
                  "vl_nvfp4_expand": ([_p, _p, _f, _i, _i, _i, _i, _p, _i], None),
                  "vl_fp8_expand": ([_p, _p, _i, _i, _i, _i, _i, _i, _p, _i], None)}
@@ -59,6 +62,7 @@ class Kernel(loader.Library):
         # the NVFP4 loop bf16 activations take (docs/quant_cpu_kernels.md, "Why two loops for bf16 activations")
         self.nvfp4_loop = {2: "vdpbf16ps table", 1: "vpermps + fma", 0: "portable"}[lib.vl_nvfp4_loop()]
         self.dense_fp32 = self.isa == "avx512"  # the portable fp32 loop is no faster than torch's
+        self.packed_tiles = bool(lib.vl_packed_tiles())  # NVFP4 rows can take AMX tiles (bf16 activations)
 
     def fp8(self, x: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor, kind: str, round_bf16: bool):
         """x (M, K) contiguous (float32, or bfloat16 with round_bf16), w8 (N, K) float8_e4m3fn, scale float32
@@ -75,15 +79,17 @@ class Kernel(loader.Library):
         """`fp8` with the layer's pointers bound once: -> call(x, round_bf16). The caller keeps the tensors alive
         and unchanged while it uses the call (QuantizedLinear re-binds when a tensor or its version changes)."""
         f, wp, n, sp, kd = self.lib.vl_fp8_gemv, w8.data_ptr(), w8.shape[0], scale.data_ptr(), SCALE_KIND[kind]
-        return self._packed(n, (w8, scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
+        return self._packed(n, (w8, scale), lambda xr, rows, k, x_bf16, r16, yr, threads, tiles: f(
             xr, rows, k, wp, n, sp, kd, r16, x_bf16, yr, threads))
 
     def nvfp4_layer(self, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float):
-        """`nvfp4` with the layer's pointers bound once: -> call(x, round_bf16) (as `fp8_layer`)."""
+        """`nvfp4` with the layer's pointers bound once: -> call(x, round_bf16) (as `fp8_layer`). With bf16
+        activations on AMX tiles, `tile_rule()` (read here) picks by the row count alone which rows take tiles."""
         f, wp, bp, gs, n = (self.lib.vl_nvfp4_gemv, packed.data_ptr(), block_scale.data_ptr(), float(global_scale),
                             packed.shape[0])
-        return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads: f(
-            xr, rows, k, wp, bp, gs, n, r16, x_bf16, yr, threads))
+        least = {"on": 1, "auto": 2, "off": 0}[tile_rule()] if self.packed_tiles else 0
+        return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads, tiles: f(
+            xr, rows, k, wp, bp, gs, n, r16, x_bf16, tiles, yr, threads), tiles_from=least)
 
     def _group_rows(self, x: torch.Tensor, rows: list[int], round_bf16: bool):
         """The activations as a group call reads them: (x_bf16, a pointer per group to its row, the tensor those
@@ -104,7 +110,7 @@ class Kernel(loader.Library):
         y = torch.empty(g, n, dtype=torch.float32)
         self.lib.vl_nvfp4_gemv_group(g, xs, 1, k,
                                      (ctypes.c_void_p * g)(*weights), (ctypes.c_void_p * g)(*block_scales),
-                                     (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16),
+                                     (ctypes.c_float * g)(*global_scales), n, int(round_bf16), int(x_bf16), 0,
                                      y.data_ptr(), torch.get_num_threads())
         return y
 
@@ -142,10 +148,11 @@ class Kernel(loader.Library):
                                int(dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
         return out
 
-    def _packed(self, n: int, tensors: tuple, call):
+    def _packed(self, n: int, tensors: tuple, call, tiles_from: int = 0):
         """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds
         weights to bf16 and has a bf16 dot product, else float32), KERNEL_ROWS rows per kernel call. `tensors`:
-        what the bound pointers point into, kept alive by the returned call."""
+        what the bound pointers point into, kept alive by the returned call. tiles_from > 0 (NVFP4 on AMX): calls
+        of at least that many bf16 rows take tiles, TILE_ROWS rows per call."""
         bf16_dot = self.bf16_dot
 
         def run(x: torch.Tensor, round_bf16: bool, _keep=tensors) -> torch.Tensor:
@@ -154,12 +161,18 @@ class Kernel(loader.Library):
             x = x.to(torch.bfloat16 if x_bf16 else torch.float32).contiguous()
             y = torch.empty(m, n, dtype=torch.float32)
             threads = torch.get_num_threads()
-            if m <= KERNEL_ROWS:
-                call(x.data_ptr(), m, k, int(x_bf16), int(round_bf16), y.data_ptr(), threads)
-                return y
-            for r in range(0, m, KERNEL_ROWS):
-                call(x[r].data_ptr(), min(KERNEL_ROWS, m - r), k, int(x_bf16), int(round_bf16), y[r].data_ptr(), threads)
+            tiles = int(x_bf16 and 0 < tiles_from <= m)
+            step = TILE_ROWS if tiles else KERNEL_ROWS
+            for r in range(0, m, step):
+                call(x[r].data_ptr(), min(step, m - r), k, int(x_bf16), int(round_bf16), y[r].data_ptr(), threads,
+                     tiles)
             return y
+
+        def max_rows(round_bf16: bool) -> int:
+            """The most rows this layer's kernel takes before dequantize + GEMM is the faster."""
+            return TILE_MAX_ROWS if round_bf16 and bf16_dot and tiles_from else MAX_ROWS
+
+        run.max_rows = max_rows
         return run
 
     def dense(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -188,6 +201,12 @@ def _mode() -> str:
     return loader.mode("VL_QUANT_KERNEL")
 
 
+def tile_rule() -> str:
+    """`VL_NVFP4_TILES`: which NVFP4 rows of bf16 models take AMX tiles where the kernel has them (auto: calls and
+    steps of two rows or more, on: every row, off: none; docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")."""
+    return switches.get("VL_NVFP4_TILES")
+
+
 @functools.cache
 def _load(mode: str) -> tuple[Kernel | None, str]:
     return loader.load(SOURCE, mode, "VL_QUANT_KERNEL", "the fused CPU kernel", Kernel, linux_only_in_auto=True,
@@ -211,5 +230,7 @@ def _warn_once(why: str) -> None:
 def status() -> str:
     """One line for logs and `vl bench`: which path weight-only decode uses here."""
     k, why = _load(_mode())
-    return (f"fused {k.isa} kernel ({k.path.name}; NVFP4 with bf16 activations: {k.nvfp4_loop})" if k is not None
-            else f"reference path ({why})")
+    if k is None:
+        return f"reference path ({why})"
+    tiles = f", AMX tiles: {tile_rule()}" if k.packed_tiles else ""
+    return f"fused {k.isa} kernel ({k.path.name}; NVFP4 with bf16 activations: {k.nvfp4_loop}{tiles})"

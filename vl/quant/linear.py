@@ -191,16 +191,16 @@ class QuantizedLinear(nn.Module, abc.ABC):
         if cached is None or len(cached[0]) != len(key) or any(a is not b for a, b in zip(cached[0], key)):
             cached = self.__dict__["_fused_cache"] = (key, self._fused_layer(kern))
         call = cached[1]
-        return None if call is None else call(x2, round_bf16)
+        return None if call is None or x2.shape[0] > call.max_rows(round_bf16) else call(x2, round_bf16)
 
     def _weight_only(self, x):
         if self.emulate_activations:
             x = self._fake_quant_input(x)
         rows = x.numel() // self.in_features if self.in_features else 0
-        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= gemv.MAX_ROWS
+        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and 0 < rows <= gemv.TILE_MAX_ROWS
                 and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad)):
             kern = gemv.kernel()
-            if kern is not None:  # few rows (decode): read the packed bytes once (vl/kernels/gemv.py)
+            if kern is not None:  # few rows (decode, short prompts on tiles): read the packed bytes once (gemv.py)
                 x2 = x.reshape(rows, self.in_features)  # the kernel wrapper casts as it needs
                 y = self._fused_gemv(x2, kern, x.dtype == torch.bfloat16)
                 if y is not None:

@@ -7,7 +7,8 @@ are), its last token's logits included. Hybrid and MoE stacks, padded decode row
 import pytest
 import torch
 
-from test_cpu_decode import _err, _rows, down_by_rows, lib, models, moe_config, odd_config  # noqa: F401 (fixture)
+from test_cpu_decode import (_err, _rows, down_by_rows, lib, model, models, moe_config, odd_config,  # noqa: F401
+                             packed_linears, thirteen_rows_alone)
 from vl.runtime.cache import HybridCache
 from vl.runtime.cpu import decode as cpu_decode
 from vl.runtime.generate import left_pad
@@ -127,3 +128,35 @@ def test_a_chunk_fills_its_cache_with_the_same_bits_in_one_step_or_token_by_toke
     assert torch.equal(one[-1], last[-1])
     for a, b in zip(together.tensors(), apart.tensors()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rule", ["auto", "on"])
+def test_nvfp4_rows_on_tiles_keep_their_bits_in_batches_and_beside_a_chunk(lib, monkeypatch, rule):
+    """A bf16 NVFP4 model on AMX tiles (`VL_NVFP4_TILES`, read when the step's plan is built). on: every row in
+    every batch size has the bits of the row decoded alone. auto: a row alone keeps the float32 loop and every
+    batch of two or more rows takes tiles, so a row has the same bits in every batch of two or more; a lone row
+    with a chunk riding beside it (the chunk's tokens on tiles, the row on its loop) keeps the bits of its step
+    without the chunk, as rows of a batch do."""
+    if not lib.lib.vl_packed_tiles():
+        pytest.skip("no AMX tiles in this build or on this CPU: NVFP4 rows keep their loops (tested elsewhere)")
+    monkeypatch.setenv("VL_NVFP4_TILES", rule)
+    cfg = odd_config(hidden_size=64, intermediate_size=64, mamba_num_heads=4, mamba_head_dim=16, head_dim=16,
+                     ssm_state_size=16)
+    lm = packed_linears(model(cfg, torch.bfloat16, seed=5, std=0.1), "nvfp4")
+    ids, mask, tok, prefilled, alone = thirteen_rows_alone(lm, lib, torch.bfloat16)
+    batch13 = cpu_decode.run_step(lm, lib, tok, _copy(prefilled))
+    for b in (2, 5, 13):
+        logits = cpu_decode.run_step(lm, lib, tok[:b], _rows(prefilled, slice(0, b)))
+        for i in range(b):
+            assert torch.equal(logits[i:i + 1], batch13[i:i + 1]), (b, i)
+            if rule == "on":
+                assert torch.equal(logits[i:i + 1], alone[i][0]), (b, i)
+    prompt = torch.randint(3, 301, (1, 12), generator=torch.Generator().manual_seed(9))
+    for b in (1, 3):
+        rows = _rows(prefilled, slice(0, b))
+        want = cpu_decode.run_step(lm, lib, tok[:b], _copy(rows))
+        chunk = HybridCache(lm.config, 1, 12, dtype=torch.bfloat16)
+        got = cpu_decode.run_step(lm, lib, tok[:b], rows, chunk=(lm.embed(prompt[0]), chunk, True))
+        assert torch.equal(got[:b], want), b
+        if b == 1:
+            assert torch.equal(want, alone[0][0])

@@ -65,6 +65,7 @@ struct VlLayer {
 struct VlModel {
   int bf16;       // model dtype: 1 = bfloat16, 0 = float32
   int res_f32;    // residual stream kept in float32 (residual_in_fp32) while the model is bf16
+  int packed_tiles;  // NVFP4 products on AMX tiles (bf16): 0 never, 1 from two decode rows (and a chunk's), 2 always
   int D, vocab, n_layers;
   float eps;
   const void* embed;      // (embed_rows, D) model dtype
@@ -175,8 +176,9 @@ static inline void scale_round_n(float* o, float r, const float* w, int n, int b
 // (three instantiations, not eight: compile time). On AMX tiles bf16 groups go up to 32 (9-15 padded to 16, 17-23 to
 // 24, 25-31 to 32): a joining prompt's chunk rides in the same pass as the decode rows. Each row keeps its own
 // accumulators in the same order whatever the group size, so a row's result does not depend on the others. Packed rows go through
-// quant_gemv.cpp's entry points four at a time, as the quantized Linears call them: with a bf16 model each
-// weight is rounded to bf16 as the modules' weight-only path rounds it.
+// quant_gemv.cpp's kernels as the quantized Linears call them (FP8 four rows at a time; NVFP4 four at a time or, on
+// AMX tiles, 32 per pass, by the rule of `tile_policy` below): with a bf16 model each weight is rounded to bf16 as
+// the modules' weight-only path rounds it.
 template <int G>
 static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat& W, int bf16, float* yt, int nthreads) {
   const int N = W.N;
@@ -221,23 +223,41 @@ static void dense_group_amx32(const uint16_t* xbm, int K, const VlMat& W, float*
 }
 #endif
 
+// Which rows of this step's products over all rows take packed NVFP4 weights on AMX tiles: rows [lead, M). A tile
+// pass costs about the same for 1 to 32 rows but about 1.6x the float32 loop for one row alone, so with
+// packed_tiles = 1 a lone decode row keeps the loop and every row of a batch of two or more, and every token of a
+// riding chunk, takes tiles: a row's bits then depend only on whether it decodes alone, never on which rows or chunk
+// are beside it (set by vl_decode_step; the MoE's routed experts, one row per expert, always take the loop).
+struct TilePolicy {
+  int lead = 0;
+};
+static thread_local TilePolicy tile_policy;
+
 static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int bf16, float* y, int nthreads) {
   const int K = W.K, N = W.N;
   if (W.fmt == 3) {  // dense, stored transposed (K, N): skips the zero inputs (a ReLU^2 down_proj)
     dense_t_gemv(x, M, K, W.w, N, bf16, y, nthreads);
     return;
   }
-  if (W.fmt == 1 || W.fmt == 2) {
+  if (W.fmt == 2) {  // any row count: the loop takes its rows four at a time, tiles 32 per pass
+    const int x_bf16 = bf16 && gemv_bf16_dot();
+    const int lead = std::min(M, tile_policy.lead);
+    const void* xs = x_bf16 ? (const void*)xb : (const void*)x;
+    const size_t esz = x_bf16 ? sizeof(uint16_t) : sizeof(float);
+    if (lead > 0)
+      nvfp4_gemv(xs, lead, K, (const uint8_t*)W.w, W.block_scale, W.global_scale, N, bf16, x_bf16, 0, y, nthreads);
+    if (lead < M)
+      nvfp4_gemv((const char*)xs + esz * lead * K, M - lead, K, (const uint8_t*)W.w, W.block_scale, W.global_scale,
+                 N, bf16, x_bf16, 1, y + (size_t)lead * N, nthreads);
+    return;
+  }
+  if (W.fmt == 1) {
     const int x_bf16 = bf16 && gemv_bf16_dot();
     for (int m0 = 0; m0 < M; m0 += 4) {
       const int mm = M - m0 < 4 ? M - m0 : 4;
       const void* xm = x_bf16 ? (const void*)(xb + (size_t)m0 * K) : (const void*)(x + (size_t)m0 * K);
-      if (W.fmt == 1)
-        fp8_gemv(xm, mm, K, (const uint8_t*)W.w, N, W.scale, W.scale_kind, bf16, x_bf16, y + (size_t)m0 * N,
-                 nthreads);
-      else
-        nvfp4_gemv(xm, mm, K, (const uint8_t*)W.w, W.block_scale, W.global_scale, N, bf16, x_bf16,
-                   y + (size_t)m0 * N, nthreads);
+      fp8_gemv(xm, mm, K, (const uint8_t*)W.w, N, W.scale, W.scale_kind, bf16, x_bf16, y + (size_t)m0 * N,
+               nthreads);
     }
     return;
   }
@@ -903,7 +923,7 @@ static void gemv_group(int G, const float* const* xs, const uint16_t* const* xbs
     gs[g] = W[g]->global_scale;
   }
   if (W0.fmt == 2)
-    nvfp4_gemv_group(G, x.data(), 1, W0.K, w.data(), bs.data(), gs.data(), W0.N, bf16, x_bf16, y, nthreads);
+    nvfp4_gemv_group(G, x.data(), 1, W0.K, w.data(), bs.data(), gs.data(), W0.N, bf16, x_bf16, 0, y, nthreads);
   else
     fp8_gemv_group(G, x.data(), 1, W0.K, w.data(), W0.N, sc.data(), W0.scale_kind, bf16, x_bf16, y, nthreads);
 }
@@ -1006,6 +1026,8 @@ int vl_tile_rows() {  // rows a bf16 product takes in one pass on AMX tiles (0: 
 #endif
 }
 
+int vl_packed_tiles() { return packed_tiles(); }  // 1: VlModel.packed_tiles takes NVFP4 rows to AMX tiles here
+
 // ids (B,) token ids; caches: two pointers per layer (mamba: conv state, ssm state; attention: K, V; MLP: unused);
 // pos: the position the new token takes (keys [0, pos] are read); valid (B, max_len) bytes: the step marks
 // column `pos` real in every row, and with `padded` masks the keys whose byte is 0 (left padding);
@@ -1021,6 +1043,7 @@ int vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* cac
   if (seg) std::memset(seg->valid + seg->pos, 1, seg->T);
   const uint8_t* mask = padded ? valid : nullptr;
   const int R = B + (seg ? seg->T : 0), D = m->D;
+  tile_policy.lead = m->packed_tiles == 2 ? 0 : m->packed_tiles == 1 && B >= 2 ? 0 : m->packed_tiles == 1 ? B : R;
   static thread_local std::vector<float> h;
   static thread_local Act xn;
   h.resize((size_t)R * D);

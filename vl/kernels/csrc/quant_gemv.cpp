@@ -15,15 +15,18 @@ int vl_nvfp4_loop() { return nvfp4_loop(); }
 
 int vl_dense_bf16_native() { return dense_bf16_native(); }
 
+int vl_packed_tiles() { return packed_tiles(); }  // 1: tiles = 1 takes NVFP4 rows to AMX tiles here
+
 // M in 1..4 (the caller splits larger row counts). nthreads: OpenMP threads over output rows.
 void vl_fp8_gemv(const void* x, int M, int K, const uint8_t* w, int N, const float* scale, int kind, int round16,
                  int x_bf16, float* y, int nthreads) {
   fp8_gemv(x, M, K, w, N, scale, kind, round16, x_bf16, y, nthreads);
 }
 
+// Any M; tiles = 1: on AMX tiles (bf16 activations), in their order of the sums (row_kernels.h nvfp4_gemv_group).
 void vl_nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N, int round16,
-                   int x_bf16, float* y, int nthreads) {
-  nvfp4_gemv(x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
+                   int x_bf16, int tiles, float* y, int nthreads) {
+  nvfp4_gemv(x, M, K, w, bs, gs, N, round16, x_bf16, tiles, y, nthreads);
 }
 
 // G FP8 layers of one shape and scale kind in one call: x, w, scale point to G arrays; y is (G, M, N).
@@ -35,8 +38,8 @@ void vl_fp8_gemv_group(int G, const void* const* x, int M, int K, const uint8_t*
 // G layers of one shape in one call (a MoE layer's routed experts for one token): x, w, bs point to G arrays,
 // gs holds G global scales, y is (G, M, N).
 void vl_nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w, const uint8_t* const* bs,
-                         const float* gs, int N, int round16, int x_bf16, float* y, int nthreads) {
-  nvfp4_gemv_group(G, x, M, K, w, bs, gs, N, round16, x_bf16, y, nthreads);
+                         const float* gs, int N, int round16, int x_bf16, int tiles, float* y, int nthreads) {
+  nvfp4_gemv_group(G, x, M, K, w, bs, gs, N, round16, x_bf16, tiles, y, nthreads);
 }
 
 // Rows [r0, r1) expanded into out ((r1 - r0), K) float32 or bf16 (out_bf16), as the reference dequantizers give them.

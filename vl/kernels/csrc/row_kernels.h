@@ -15,7 +15,9 @@
 // NVFP4: a layer's weights are all among 256 x 16 values (E2M1 value x block scale x global scale, computed in
 // float32 exactly as the reference does), tabulated once per call; the 16 E2M1 codes of one block index their
 // scale's row with one permute (nvfp4_rows_perm, float32 FMAs), or, with bf16 activations on CPUs without AMX,
-// a table of bf16 values four blocks at a time (nvfp4_rows_bf16, VDPBF16PS).
+// a table of bf16 values four blocks at a time (nvfp4_rows_bf16, VDPBF16PS); on CPUs with AMX, rows of bf16
+// activations that the caller sends with tiles = 1 take AMX tiles, the weights rebuilt in bf16 per 16 x 32 block
+// (nvfp4_rows_amx).
 //
 // Built into each library by vl/kernels/loader.py (g++ -O3 -march=native -fopenmp); -DVL_PORTABLE builds the plain
 // C++ path (table lookups) that any CPU runs.
@@ -766,15 +768,142 @@ static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, cons
       std::memcpy(y + (size_t)(16 + m) * N + o, yr.data() + (size_t)m * N + o, sizeof(float) * (r1 - o));
   }
 }
+
+// NVFP4 rows on AMX tiles (bf16 activations): each 16 weight rows x 32 inputs (two blocks) are rebuilt as bf16 into
+// a 1 KiB A tile (per block the VPERMPS of nvfp4_rows_perm on the float32 table of bf16-rounded weights, then one
+// exact VCVTNE2PS2BF16 per tile row), and TDPBF16PS multiplies them by up to 16 activation rows per B tile (two B
+// tiles for 17-32 rows). The rebuilt weights are the reference's exactly and bf16 x bf16 products are exact in
+// float32, so only the order of the float32 additions differs from a dequantize-then-GEMM: per output, the pairs of
+// one 32-input block in the instruction's order, the blocks in increasing order. The A tile holds each block's
+// weights in the permute's lane order, so the activations are packed in that order too (nvfp4_amx_pack); a K that is
+// an odd number of blocks ends on a zero half (zero weights times zero inputs add exact zeros). Every row count,
+// one row included, takes this loop, so a row's bits never depend on the rows beside it. Rows past the last whole
+// 16 of the range fill the A tile's first rows (the rest stay zero) and store only theirs.
+static inline int nvfp4_amx_col(int p) { return 4 * (p % 8) + p / 8; }  // element held by lane p of a tile row
+
+// xb (M, K) bf16 -> xv: per 32 inputs, 16 pair-rows of M (even, odd) pairs, in the A tile's lane order.
+static void nvfp4_amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
+  const int nkb = (K + 31) / 32;
+  int col[32];
+  for (int p = 0; p < 32; ++p) col[p] = nvfp4_amx_col(p);
+  for (int kb = 0; kb < nkb; ++kb)
+    for (int kk = 0; kk < 16; ++kk) {
+      uint16_t* dst = xv + ((size_t)kb * 16 + kk) * M * 2;
+      for (int m = 0; m < M; ++m)
+        for (int h = 0; h < 2; ++h) {
+          const int c = kb * 32 + col[2 * kk + h];
+          dst[2 * m + h] = c < K ? xb[(size_t)m * K + c] : 0;
+        }
+    }
+}
+
+// One tile row: weight row `wr` (packed) / `sr` (block scales), inputs 32 kb .. 32 kb + 31 as bf16 in lane order.
+// The 16 code bytes go to all four 128-bit lanes; word j of lane L shifted right by 4 L holds, in its low 4 bits, the
+// code of element 4 j + L (nvfp4_amx_col), of block j / 4. Bit 5 of each index picks that block's scale: its table
+// row (16 bf16 weights, exact) is the start of the first or the second table operand of one VPERMT2W.
+template <bool PAIR>
+static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uint16_t* tab16, __m512i sh, __m512i sel,
+                                 uint16_t* at) {
+  const __m512i codes = _mm512_broadcast_i32x4(PAIR ? _mm_loadu_si128((const __m128i*)wr)
+                                                    : _mm_loadl_epi64((const __m128i*)wr));
+  const __m512i idx = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(codes, sh), _mm512_set1_epi16(0x0F), sel, 0xEA);
+  const __m512i t0 = _mm512_load_si512(tab16 + ((size_t)sr[0] << 5));
+  const __m512i t1 = PAIR ? _mm512_load_si512(tab16 + ((size_t)sr[1] << 5)) : _mm512_setzero_si512();
+  _mm512_store_si512((__m512i*)at, _mm512_permutex2var_epi16(t0, idx, t1));
+}
+
+// tab16: (257, 16) bf16, row s the 16 weights of block scale s (the last row only read past, by row 255's load).
+static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, const uint8_t* bs, const uint16_t* tab16,
+                           int N, float* y, int r0, int r1) {
+  const int lo = M < 16 ? M : 16, hi = M - lo, nb = K / 16, nkb = (K + 31) / 32, npair = nb / 2;
+  AmxConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 6; ++t) cfg.rows[t] = 16;
+  cfg.colsb[0] = cfg.colsb[4] = (uint16_t)(lo * 4);             // C, B: rows 0..15
+  cfg.colsb[1] = cfg.colsb[5] = (uint16_t)((hi ? hi : 1) * 4);  // C, B: rows 16..M-1
+  cfg.colsb[2] = cfg.colsb[3] = 64;                             // A: 16 weight rows x 32 bf16, two buffers
+  _tile_loadconfig(&cfg);
+  uint16_t shv[32], selv[32];
+  for (int p = 0; p < 32; ++p) {
+    shv[p] = (uint16_t)(4 * (p / 8));
+    selv[p] = (uint16_t)(p % 8 >= 4 ? 32 : 0);
+  }
+  __m512i sh = _mm512_loadu_si512(shv), sel = _mm512_loadu_si512(selv);
+  __asm__("" : "+v"(sh), "+v"(sel));
+  alignas(64) uint16_t a[2][16 * 32];
+  alignas(64) float c0[16 * 16], c1[16 * 16];
+  const __m512i column = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const size_t wstride = K / 2;
+  auto multiply = [&](int kb, const uint16_t* at, bool odd) __attribute__((always_inline)) {
+    const uint16_t* xk = xv + (size_t)kb * 16 * M * 2;
+    _tile_loadd(4, xk, M * 4);
+    if (hi) _tile_loadd(5, xk + 32, M * 4);
+    if (odd) {
+      _tile_loadd(3, at, 64);
+      _tile_dpbf16ps(0, 3, 4);
+      if (hi) _tile_dpbf16ps(1, 3, 5);
+    } else {
+      _tile_loadd(2, at, 64);
+      _tile_dpbf16ps(0, 2, 4);
+      if (hi) _tile_dpbf16ps(1, 2, 5);
+    }
+  };
+  for (int o = r0; o < r1; o += 16) {
+    const int rows = r1 - o < 16 ? r1 - o : 16;
+    const uint8_t* w0 = w + (size_t)o * wstride;
+    const uint8_t* s0 = bs + (size_t)o * nb;
+    _tile_zero(0);
+    if (hi) _tile_zero(1);
+    if (rows == 16) {
+      for (int kb = 0; kb < npair; ++kb) {
+        uint16_t* at = a[kb & 1];
+        if (!(kb & 3))  // one line 4 KiB ahead per 64 bytes of each row
+          for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(w0 + r * wstride + kb * 16) + PREFETCH_BYTES, _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r)
+          nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
+        multiply(kb, at, kb & 1);
+      }
+      if (npair < nkb) {  // an odd number of blocks: the last one alone, with zeros beside it
+        uint16_t* at = a[npair & 1];
+        for (int r = 0; r < 16; ++r)
+          nvfp4_amx_row<false>(w0 + r * wstride + npair * 16, s0 + (size_t)r * nb + 2 * npair, tab16, sh, sel, at + r * 32);
+        multiply(npair, at, npair & 1);
+      }
+    } else {  // the range's last rows: the A tile's first `rows` rows, the rest zeros
+      std::memset(a, 0, sizeof(a));
+      for (int kb = 0; kb < nkb; ++kb) {
+        uint16_t* at = a[kb & 1];
+        for (int r = 0; r < rows; ++r) {
+          if (kb < npair)
+            nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
+          else
+            nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
+        }
+        multiply(kb, at, kb & 1);
+      }
+    }
+    _tile_stored(0, c0, lo * 4);
+    if (hi) _tile_stored(1, c1, hi * 4);
+    const __mmask16 keep = (__mmask16)((1u << rows) - 1);
+    for (int m = 0; m < M; ++m) {  // C holds weight row n, activation row m at n * (its rows) + m
+      const __m512 v = m < 16 ? _mm512_i32gather_ps(_mm512_mullo_epi32(column, _mm512_set1_epi32(lo)), c0 + m, 4)
+                              : _mm512_i32gather_ps(_mm512_mullo_epi32(column, _mm512_set1_epi32(hi)), c1 + m - 16, 4);
+      _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, v);
+    }
+  }
+  _tile_release();
+}
 #endif
 
-#define VL_DISPATCH(FN, ...)                  \
-  switch (M) {                                \
+#define VL_DISPATCH_ROWS(ROWS, FN, ...)       \
+  switch (ROWS) {                             \
     case 1: FN<1>(__VA_ARGS__); break;        \
     case 2: FN<2>(__VA_ARGS__); break;        \
     case 3: FN<3>(__VA_ARGS__); break;        \
     default: FN<4>(__VA_ARGS__); break;       \
   }
+#define VL_DISPATCH(FN, ...) VL_DISPATCH_ROWS(M, FN, __VA_ARGS__)
 
 // One FP8 layer's call as its row chunks need it: the activations in the form its loop reads (bf16 in unpack order
 // for the table loop; float32 where a scale's table entries would not be exact) and the per-tensor table.
@@ -873,29 +1002,35 @@ static int nvfp4_loop() {
 // G layers of the same shape (N, K) in one call: group g multiplies its own rows x[g] (M, K) by its own weights
 // (w[g], bs[g], gs[g]) into y + g * M * N. One parallel loop over every group's row chunks, so the threads wake once
 // for all of them: a MoE layer's k routed experts of one token are k such groups (vl/quant/experts.py). Each output
-// row is computed exactly as the one-layer call computes it (same table, same activation order, same loop).
+// row is computed exactly as the one-layer call computes it (same table, same activation order, same loop), and
+// the same whatever M: the loops keep per-row accumulators four rows at a time, and with tiles = 1 (bf16
+// activations, AMX) nvfp4_rows_amx takes every row count (32 rows per pass) in its own order of the sums. So a row's
+// bits depend on `tiles`, never on the other rows: the caller picks `tiles` by a rule that does not look at them
+// (vl/kernels/gemv.py, decode_step.cpp `gemv`).
 // x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
 static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const uint8_t* const* w,
-                             const uint8_t* const* bs, const float* gs, int N, int round16, int x_bf16, float* y,
-                             int nthreads) {
-  const int grain = 16;
-  const int chunks = (N + grain - 1) / grain;
+                             const uint8_t* const* bs, const float* gs, int N, int round16, int x_bf16, int tiles,
+                             float* y, int nthreads) {
   const size_t out = (size_t)M * N;
 #ifdef VL_AVX512
-  // per group: its 256 x 16 weight values (float32, or bf16 for the table loop) and its activations in lookup
-  // order, in one 64-byte aligned slot of `per` bytes
-  const size_t per = (256 * 16 + (((size_t)M * K + 15) & ~(size_t)15)) * sizeof(float);
+  // per group: its 256 x 16 weight values (float32, or bf16 for the table loop) and its activations in the order
+  // its loop reads them, in one 64-byte aligned slot of `per` bytes
+  const int nkb = (K + 31) / 32;
+  const size_t xbytes = std::max((size_t)M * K * sizeof(float), (size_t)M * nkb * 32 * sizeof(uint16_t));
+  const size_t per = 256 * 16 * sizeof(float) + ((xbytes + 63) & ~(size_t)63);
   char* buf = (char*)std::aligned_alloc(64, per * G);
-  std::vector<char> table16(G, 0);
+  std::vector<char> loop(G, 1);  // 1 = nvfp4_rows_perm, 2 = nvfp4_rows_bf16, 3 = nvfp4_rows_amx
 #ifdef VL_NVFP4_DOT
   uint16_t pos[64];  // per 64 columns: the 32 even ones, then the 32 odd ones (low, then high nibbles)
   for (int j = 0; j < 64; ++j) pos[j] = (uint16_t)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
 #endif
   for (int g = 0; g < G; ++g) {
+    // the bf16 weights are exact (and not flushed by the tiles) when the least |weight|, 0.5 x 2^-9 (E4M3) x gs, is a
+    // normal bf16
+    const bool normal = x_bf16 && bf16_weights_normal(gs[g] * (1.f / 1024));
 #ifdef VL_NVFP4_DOT
-    // the bf16 table holds every weight exactly when the least |weight|, 0.5 x 2^-9 (E4M3) x gs, is a normal bf16
-    table16[g] = x_bf16 && bf16_weights_normal(gs[g] * (1.f / 1024));
-    if (table16[g]) {
+    if (normal) {
+      loop[g] = 2;
       uint16_t* tab = (uint16_t*)(buf + per * g);
       nvfp4_bf16_table(gs[g], tab);
       reorder_rows64((const uint16_t*)x[g], M, K, pos, tab + 256 * 16);
@@ -904,29 +1039,71 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
 #endif
     float* tab = (float*)(buf + per * g);
     nvfp4_f32_table(gs[g], round16 || x_bf16, tab);
+#ifdef VL_AMX
+    if (tiles && normal && amx_ready()) {  // the bf16 weights (exact: round16), 32-row slabs each packed for its B tiles
+      loop[g] = 3;
+      uint16_t* tab16 = (uint16_t*)tab;  // per scale 64 bytes: its 16 bf16 weights, then 16 zeros, in place of
+      for (int sc = 0; sc < 256; ++sc) {  // the float32 row (read whole before it is written)
+        const __m512i v = _mm512_load_si512(tab + sc * 16);
+        _mm256_store_si256((__m256i*)(tab16 + sc * 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+        _mm256_store_si256((__m256i*)(tab16 + sc * 32 + 16), _mm256_setzero_si256());
+      }
+      for (int m0 = 0; m0 < M; m0 += 32)
+        nvfp4_amx_pack((const uint16_t*)x[g] + (size_t)m0 * K, std::min(32, M - m0), K,
+                       (uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32);
+      continue;
+    }
+#endif
     nvfp4_perm_rows(x[g], x_bf16, M, K, tab + 256 * 16);
   }
+  const int grain = 64;  // 16 x 4: an AMX chunk loads its tile configuration once
+  const int chunks = (N + grain - 1) / grain;
   parallel_for(G * chunks, nthreads, [&](int c) {
     const int g = c / chunks, r0 = (c % chunks) * grain, r1 = r0 + grain < N ? r0 + grain : N;
+    float* yg = y + out * g;
 #ifdef VL_NVFP4_DOT
-    if (table16[g]) {
+    if (loop[g] == 2) {
       const uint16_t* tab = (const uint16_t*)(buf + per * g);
-      VL_DISPATCH(nvfp4_rows_bf16, (const uint16_t*)x[g], tab + 256 * 16, K, w[g], bs[g], tab, N, y + out * g, r0, r1)
+      for (int m0 = 0; m0 < M; m0 += 4) {
+        const int mm = std::min(4, M - m0);
+        const uint16_t* xr = (const uint16_t*)x[g] + (size_t)m0 * K;
+        VL_DISPATCH_ROWS(mm, nvfp4_rows_bf16, xr, tab + 256 * 16 + (size_t)m0 * K, K, w[g], bs[g], tab, N,
+                         yg + (size_t)m0 * N, r0, r1)
+      }
       return;
     }
 #endif
     const float* tab = (const float*)(buf + per * g);
-    VL_DISPATCH(nvfp4_rows_perm, tab + 256 * 16, K, w[g], bs[g], tab, N, y + out * g, r0, r1)
+#ifdef VL_AMX
+    if (loop[g] == 3) {
+      for (int m0 = 0; m0 < M; m0 += 32)
+        nvfp4_rows_amx((const uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32, std::min(32, M - m0), K, w[g],
+                       bs[g], (const uint16_t*)tab, N, yg + (size_t)m0 * N, r0, r1);
+      return;
+    }
+#endif
+    for (int m0 = 0; m0 < M; m0 += 4) {
+      const int mm = std::min(4, M - m0);
+      VL_DISPATCH_ROWS(mm, nvfp4_rows_perm, tab + 256 * 16 + (size_t)m0 * K, K, w[g], bs[g], tab, N,
+                       yg + (size_t)m0 * N, r0, r1)
+    }
   });
   std::free(buf);
 #else
+  (void)tiles;
+  const int grain = 16;
+  const int chunks = (N + grain - 1) / grain;
   std::vector<float*> xf(G, nullptr);
   if (x_bf16)
     for (int g = 0; g < G; ++g) xf[g] = bf16_rows_to_float((const uint16_t*)x[g], M, K);
   parallel_for(G * chunks, nthreads, [&](int c) {
     const int g = c / chunks, r0 = (c % chunks) * grain, r1 = r0 + grain < N ? r0 + grain : N;
     const float* xv = x_bf16 ? xf[g] : (const float*)x[g];
-    VL_DISPATCH(nvfp4_rows, xv, K, w[g], bs[g], gs[g], N, round16 || x_bf16, y + out * g, r0, r1)
+    for (int m0 = 0; m0 < M; m0 += 4) {
+      const int mm = std::min(4, M - m0);
+      VL_DISPATCH_ROWS(mm, nvfp4_rows, xv + (size_t)m0 * K, K, w[g], bs[g], gs[g], N, round16 || x_bf16,
+                       y + out * g + (size_t)m0 * N, r0, r1)
+    }
   });
   for (float* p : xf) delete[] p;
 #endif
@@ -934,8 +1111,16 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
 
 // One layer: the group of one.
 static void nvfp4_gemv(const void* x, int M, int K, const uint8_t* w, const uint8_t* bs, float gs, int N,
-                       int round16, int x_bf16, float* y, int nthreads) {
-  nvfp4_gemv_group(1, &x, M, K, &w, &bs, &gs, N, round16, x_bf16, y, nthreads);
+                       int round16, int x_bf16, int tiles, float* y, int nthreads) {
+  nvfp4_gemv_group(1, &x, M, K, &w, &bs, &gs, N, round16, x_bf16, tiles, y, nthreads);
+}
+
+static int packed_tiles() {  // 1: NVFP4 rows with bf16 activations can take AMX tiles (`tiles` = 1) in this build
+#ifdef VL_AMX
+  return amx_ready() ? 1 : 0;
+#else
+  return 0;
+#endif
 }
 
 // Expanding packed rows for products of many rows (prefill): rows [r0, r1) of a layer written out as float32

@@ -230,8 +230,10 @@ class Plan:
                 L.up_e, L.down_e = (expert_mats(getattr(mix.experts, p)) for p in ("up_proj", "down_proj"))
             else:
                 L.w_in, L.w_out = mat(mix.up_proj), mat(mix.down_proj)
+        self.tiles = {"off": 0, "auto": 1, "on": 2}[gemv.tile_rule()]  # NVFP4 rows on AMX tiles (read at load)
         self.model = fused.Model(bf16=int(self.dtype == torch.bfloat16),
                             res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
+                            packed_tiles=self.tiles,
                             D=cfg.hidden_size, vocab=lm.lm_head.out_features, n_layers=len(layers),
                             eps=cfg.layer_norm_epsilon, embed=ptr(lm.backbone.embeddings.weight),
                             embed_rows=lm.backbone.embeddings.weight.shape[0],
@@ -377,15 +379,16 @@ def step_fn(lm):
 def ride_rows(plan: Plan, lib: fused.Library) -> int:
     """Rows in all (decode rows and a riding chunk's tokens) that a step of this model takes at well under twice the
     cost of its decode rows alone, as measured on the 180m config with 7 decode rows (docs/cpu_decode.md, "A
-    joining prompt's chunk inside the step"): on AMX tiles every dense bf16 product takes 32 rows in one pass
-    (7 + 25 rows: 1.74x); a ReLU^2 down_proj stored by input rows costs fp32 multiply-adds per row (7 + 9: 1.45x,
-    7 + 16: 2.0x); packed FP8 / NVFP4 products take four rows per pass (NVFP4 7 + 4: 1.46x, 7 + 9: 1.99x), as
-    do the row loops without tiles."""
+    joining prompt's chunk inside the step"): on AMX tiles every dense bf16 product, and every NVFP4 one unless
+    `VL_NVFP4_TILES=off`, takes 32 rows in one pass (7 + 25 rows: 1.74x); a ReLU^2 down_proj stored by input rows
+    costs fp32 multiply-adds per row (7 + 9: 1.45x, 7 + 16: 2.0x); packed FP8 products (and NVFP4 without tiles)
+    take four rows per pass (NVFP4 7 + 4: 1.46x, 7 + 9: 1.99x), as do the row loops without tiles."""
     if plan.dtype != torch.bfloat16 or not lib.lib.vl_tile_rows():
         return 12
-    if plan.formats <= {0}:
+    tiled = {0, fused.FORMATS["nvfp4"]} if plan.tiles and lib.lib.vl_packed_tiles() else {0}
+    if plan.formats <= tiled:
         return 32
-    return 16 if plan.formats <= {0, fused.DENSE_T} else 12
+    return 16 if plan.formats <= tiled | {fused.DENSE_T} else 12
 
 
 def skipped_by_decode_step(hook):
