@@ -1,6 +1,8 @@
-"""NVFP4 products of bf16 rows: the float32 loop (four rows per pass) against AMX tiles (32 rows per pass), by row
+"""NVFP4 products of bf16 rows: the float32 loop (four rows per pass) against AMX tiles (64 rows per pass), by row
 count, on one thread, the weights in L2 (one 3072 x 1024 layer) and streamed from memory (20 such layers, 31 MB),
-and at the 12B widths (5120 -> 20480, 20480 -> 5120). Best of `--reps` calls of each; prints ms and G weights/s.
+and at the 12B widths (5120 -> 20480, 20480 -> 5120), where prompt-sized row counts also time what the layer did
+before for more than 16 rows: the weights expanded to bf16 2048 rows at a time, then a GEMM. Best of `--reps` calls
+of each; prints ms and G weights/s.
 
     PYTHONPATH=. .venv/bin/python scripts/research/nvfp4_tiles.py [--reps 20]
 """
@@ -12,7 +14,7 @@ import time
 
 import torch
 
-from vl.kernels import gemv
+from vl.kernels import gemm, gemv
 from vl.quant.nvfp4 import quantize_nvfp4
 
 
@@ -29,28 +31,39 @@ def main() -> None:
     for name, n, kin, layers in [("L2, 3072 x 1024", 3072, 1024, 1), ("memory, 20 x 3072 x 1024", 3072, 1024, 20),
                                  ("12B up, 20480 x 5120", 20480, 5120, 1), ("12B down, 5120 x 20480", 5120, 20480, 1)]:
         ws = [quantize_nvfp4(torch.randn(n, kin) * 0.05) for _ in range(layers)]
-        for rows in (1, 2, 4, 8, 16, 32):
+        wide = layers == 1 and n * kin > 1 << 24
+        for rows in (1, 2, 4, 8, 16, 32) + ((64, 128, 256) if wide else ()):
             x = torch.randn(rows, kin).bfloat16()
             y = torch.empty(rows, n)
             best = {}
-            for tiles, step in ((0, 4), (1, 32)):
+            for tiles, step in ((0, gemv.KERNEL_ROWS), (1, gemv.TILE_ROWS)):
                 def once():
                     for w, bs, gs in ws:
                         for r in range(0, rows, step):
                             k.lib.vl_nvfp4_gemv(x[r].data_ptr(), min(step, rows - r), kin, w.data_ptr(),
                                                 bs.data_ptr(), float(gs), n, 1, 1, tiles, y[r].data_ptr(), 1)
-                once()
-                t = []
-                for _ in range(args.reps):
-                    t0 = time.perf_counter()
-                    once()
-                    t.append(time.perf_counter() - t0)
-                best[tiles] = min(t)
-            gw = n * kin * layers / 1e9
-            print(f"{name:28s} {rows:2d} rows: loop {best[0] * 1e3:7.2f} ms ({gw / best[0]:5.1f} G w/s), tiles "
-                  f"{best[1] * 1e3:7.2f} ms ({gw / best[1]:5.1f} G w/s), loop / tiles {best[0] / best[1]:.2f}",
-                  flush=True)
+                best[tiles] = timed(once, args.reps)
+            line = (f"{name:28s} {rows:3d} rows: loop {best[0] * 1e3:7.2f} ms, tiles {best[1] * 1e3:7.2f} ms "
+                    f"({n * kin * layers / 1e9 / best[1]:5.1f} G w/s), loop / tiles {best[0] / best[1]:5.2f}")
+            if wide and rows >= 16:
+                w, bs, gs = ws[0]
 
+                def expand():
+                    for r0 in range(0, n, 2048):
+                        r1 = min(n, r0 + 2048)
+                        y[:, r0:r1] = gemm.linear(x, k.nvfp4_expand(w, bs, float(gs), r0, r1, torch.bfloat16), None)
+                line += f", expand + GEMM {timed(expand, 3) * 1e3:7.2f} ms"
+            print(line, flush=True)
+
+
+def timed(fn, reps: int) -> float:
+    fn()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return min(t)
 
 if __name__ == "__main__":
     main()

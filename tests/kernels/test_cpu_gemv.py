@@ -400,8 +400,8 @@ def _tiled(kernels):
 
 @pytest.mark.parametrize("shape", [(37, 208), (130, 48), (64, 1024), (19, 96), (16, 16), (5, 2048)])
 def test_nvfp4_rows_on_tiles_equal_the_reference_with_the_same_bits_in_every_row_count(kernels, shape):
-    """NVFP4 on AMX tiles (row_kernels.h nvfp4_rows_amx): every row count from 1 to 33 (two B tiles past 16, a
-    second pass past 32) gives each row the bits of that row alone on tiles, and the reference's sums within float32
+    """NVFP4 on AMX tiles (row_kernels.h nvfp4_rows_amx): every row count from 1 to 70 (a B tile per 16 rows, a
+    second pass past 64) gives each row the bits of that row alone on tiles, and the reference's sums within float32
     noise; odd block counts (K = 208, 48, 16) and weight rows past the last whole 16 (N = 37, 130, 19, 5) included,
     with a subnormal block scale, on 1 and 2 threads. The tiles sum in another order than the float32 loop, so on
     the widest layer the two differ somewhere: the call took the tiles."""
@@ -409,15 +409,15 @@ def test_nvfp4_rows_on_tiles_equal_the_reference_with_the_same_bits_in_every_row
     n, kin = shape
     packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
     bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
-    x = torch.randn(33, kin).bfloat16()
+    x = torch.randn(70, kin).bfloat16()
     ref = gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, True)
     old = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            alone = torch.cat([_nvfp4_raw(k, x[i:i + 1], packed, bs, gs, 1) for i in range(33)])
+            alone = torch.cat([_nvfp4_raw(k, x[i:i + 1], packed, bs, gs, 1) for i in range(70)])
             _close(alone, ref)
-            for m in (2, 3, 16, 17, 31, 32, 33):
+            for m in (2, 3, 16, 17, 33, 48, 63, 64, 65, 70):
                 assert torch.equal(_nvfp4_raw(k, x[:m], packed, bs, gs, 1), alone[:m]), (m, threads)
     finally:
         torch.set_num_threads(old)

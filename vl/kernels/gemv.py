@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 SOURCE = loader.CSRC / "quant_gemv.cpp"
 MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
-TILE_MAX_ROWS = 256  # the same for NVFP4 rows on AMX tiles (docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")
+TILE_MAX_ROWS = 512  # the same for NVFP4 rows on AMX tiles (docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")
 KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
-TILE_ROWS = 32  # rows per NVFP4 call on AMX tiles (two B tiles of 16)
+TILE_ROWS = 64  # rows per NVFP4 call on AMX tiles (four B tiles of 16)
 SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 

@@ -239,7 +239,7 @@ static void gemv(const float* x, const uint16_t* xb, int M, const VlMat& W, int 
     dense_t_gemv(x, M, K, W.w, N, bf16, y, nthreads);
     return;
   }
-  if (W.fmt == 2) {  // any row count: the loop takes its rows four at a time, tiles 32 per pass
+  if (W.fmt == 2) {  // any row count: the loop takes its rows four at a time, tiles 64 per pass
     const int x_bf16 = bf16 && gemv_bf16_dot();
     const int lead = std::min(M, tile_policy.lead);
     const void* xs = x_bf16 ? (const void*)xb : (const void*)x;

@@ -770,82 +770,98 @@ static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, cons
 }
 
 // NVFP4 rows on AMX tiles (bf16 activations): each 16 weight rows x 32 inputs (two blocks) are rebuilt as bf16 into
-// a 1 KiB A tile (per block the VPERMPS of nvfp4_rows_perm on the float32 table of bf16-rounded weights, then one
-// exact VCVTNE2PS2BF16 per tile row), and TDPBF16PS multiplies them by up to 16 activation rows per B tile (two B
-// tiles for 17-32 rows). The rebuilt weights are the reference's exactly and bf16 x bf16 products are exact in
-// float32, so only the order of the float32 additions differs from a dequantize-then-GEMM: per output, the pairs of
-// one 32-input block in the instruction's order, the blocks in increasing order. The A tile holds each block's
-// weights in the permute's lane order, so the activations are packed in that order too (nvfp4_amx_pack); a K that is
-// an odd number of blocks ends on a zero half (zero weights times zero inputs add exact zeros). Every row count,
-// one row included, takes this loop, so a row's bits never depend on the rows beside it. Rows past the last whole
-// 16 of the range fill the A tile's first rows (the rest stay zero) and store only theirs.
+// a 1 KiB A tile (nvfp4_amx_row), and TDPBF16PS multiplies them by the same inputs of up to 64 activation rows, 16
+// per B tile. The rebuilt weights are the reference's exactly and bf16 x bf16 products are exact in float32, so only
+// the order of the float32 additions differs from a dequantize-then-GEMM: per output, the pairs of one 32-input
+// block in the instruction's order, the blocks in increasing order. The A tile holds each block's weights in the
+// lane order of the rebuild, so the activations are packed in that order too (nvfp4_amx_pack); a K that is an odd
+// number of blocks ends on a zero half (zero weights times zero inputs add exact zeros). An output depends only on
+// its own activation row (a C tile's column), so every row count, one row included, gives a row the same bits.
+// Weight rows past the last whole 16 of the range fill the A tile's first rows (the rest zeros) and store only theirs.
 static inline int nvfp4_amx_col(int p) { return 4 * (p % 8) + p / 8; }  // element held by lane p of a tile row
 
-// xb (M, K) bf16 -> xv: per 32 inputs, 16 pair-rows of M (even, odd) pairs, in the A tile's lane order.
+// xb (M, K) bf16 -> xv: per 32 inputs, per group of 16 rows (the last filled up with zero rows), one B tile: 16
+// pair-rows of 16 (even, odd) pairs in the A tile's lane order (1 KiB). M <= 64. Row by row: its 32 inputs of a
+// block permuted into lane order, each pair scattered to its pair-row (row m is pair m % 16 of every pair-row).
 static void nvfp4_amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
-  const int nkb = (K + 31) / 32;
-  int col[32];
-  for (int p = 0; p < 32; ++p) col[p] = nvfp4_amx_col(p);
-  for (int kb = 0; kb < nkb; ++kb)
-    for (int kk = 0; kk < 16; ++kk) {
-      uint16_t* dst = xv + ((size_t)kb * 16 + kk) * M * 2;
-      for (int m = 0; m < M; ++m)
-        for (int h = 0; h < 2; ++h) {
-          const int c = kb * 32 + col[2 * kk + h];
-          dst[2 * m + h] = c < K ? xb[(size_t)m * K + c] : 0;
-        }
+  const int nkb = (K + 31) / 32, full = K / 32, G = (M + 15) / 16;
+  if (M % 16 || full < nkb) std::memset(xv, 0, (size_t)nkb * G * 1024);  // the padding rows, a last block's zero half
+  uint16_t colv[32];
+  for (int p = 0; p < 32; ++p) colv[p] = (uint16_t)nvfp4_amx_col(p);
+  const __m512i perm = _mm512_loadu_si512(colv);
+  const __m512i where = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(16));
+  for (int m = 0; m < M; ++m) {
+    const uint16_t* xr = xb + (size_t)m * K;
+    uint16_t* base = xv + (size_t)(m / 16) * 512 + 2 * (m % 16);
+    for (int kb = 0; kb < full; ++kb)
+      _mm512_i32scatter_epi32(base + (size_t)kb * G * 512, where,
+                              _mm512_permutexvar_epi16(perm, _mm512_loadu_si512(xr + kb * 32)), 4);
+    for (int p = 0; full < nkb && p < 32; ++p) {  // a last block of 16 inputs
+      const int c = full * 32 + colv[p];
+      if (c < K) base[(size_t)full * G * 512 + (p / 2) * 32 + p % 2] = xr[c];
     }
+  }
 }
 
 // One tile row: weight row `wr` (packed) / `sr` (block scales), inputs 32 kb .. 32 kb + 31 as bf16 in lane order.
 // The 16 code bytes go to all four 128-bit lanes; word j of lane L shifted right by 4 L holds, in its low 4 bits, the
-// code of element 4 j + L (nvfp4_amx_col), of block j / 4. Bit 5 of each index picks that block's scale: its table
-// row (16 bf16 weights, exact) is the start of the first or the second table operand of one VPERMT2W.
+// code of element 4 j + L (nvfp4_amx_col), of block j / 4. One VPERMW looks every lane up in the first block's table
+// row (16 bf16 weights, exact; 64-byte rows, so no load splits a cache line), a second one, masked to the lanes of
+// the second block, in its row. (VPERMT2W on both rows at once is three micro-ops on Intel cores, VPERMW one.)
 template <bool PAIR>
-static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uint16_t* tab16, __m512i sh, __m512i sel,
+static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uint16_t* tab16, __m512i sh,
                                  uint16_t* at) {
   const __m512i codes = _mm512_broadcast_i32x4(PAIR ? _mm_loadu_si128((const __m128i*)wr)
                                                     : _mm_loadl_epi64((const __m128i*)wr));
-  const __m512i idx = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(codes, sh), _mm512_set1_epi16(0x0F), sel, 0xEA);
-  const __m512i t0 = _mm512_load_si512(tab16 + ((size_t)sr[0] << 5));
-  const __m512i t1 = PAIR ? _mm512_load_si512(tab16 + ((size_t)sr[1] << 5)) : _mm512_setzero_si512();
-  _mm512_store_si512((__m512i*)at, _mm512_permutex2var_epi16(t0, idx, t1));
+  const __m512i idx = _mm512_and_si512(_mm512_srlv_epi16(codes, sh), _mm512_set1_epi16(0x0F));
+  const __m512i v = _mm512_permutexvar_epi16(idx, _mm512_load_si512(tab16 + ((size_t)sr[0] << 5)));
+  // a lone last block: the second block's lanes read code 0 of the first one, an exact zero
+  _mm512_store_si512((__m512i*)at, PAIR ? _mm512_mask_permutexvar_epi16(v, (__mmask32)0xF0F0F0F0u, idx,
+                                                                        _mm512_load_si512(tab16 + ((size_t)sr[1] << 5)))
+                                        : v);
 }
 
-// tab16: (257, 16) bf16, row s the 16 weights of block scale s (the last row only read past, by row 255's load).
+// y[m * N + o] for m < M <= 64, o in [r0, r1); xv: nvfp4_amx_pack of the M rows; tab16: per block scale s, 64 bytes
+// at 32 s: its 16 bf16 weights, then zeros. Tiles: C 0, 1, 6, 7 (rows 0-15, 16-31, 32-47, 48-63), A 2-3 (even and
+// odd 32-input blocks), B 4-5 (groups in turn).
 static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, const uint8_t* bs, const uint16_t* tab16,
                            int N, float* y, int r0, int r1) {
-  const int lo = M < 16 ? M : 16, hi = M - lo, nb = K / 16, nkb = (K + 31) / 32, npair = nb / 2;
+  const int G = (M + 15) / 16, nb = K / 16, nkb = (K + 31) / 32, npair = nb / 2;
   AmxConfig cfg{};
   cfg.palette = 1;
-  for (int t = 0; t < 6; ++t) cfg.rows[t] = 16;
-  cfg.colsb[0] = cfg.colsb[4] = (uint16_t)(lo * 4);             // C, B: rows 0..15
-  cfg.colsb[1] = cfg.colsb[5] = (uint16_t)((hi ? hi : 1) * 4);  // C, B: rows 16..M-1
-  cfg.colsb[2] = cfg.colsb[3] = 64;                             // A: 16 weight rows x 32 bf16, two buffers
-  _tile_loadconfig(&cfg);
-  uint16_t shv[32], selv[32];
-  for (int p = 0; p < 32; ++p) {
-    shv[p] = (uint16_t)(4 * (p / 8));
-    selv[p] = (uint16_t)(p % 8 >= 4 ? 32 : 0);
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
   }
-  __m512i sh = _mm512_loadu_si512(shv), sel = _mm512_loadu_si512(selv);
-  __asm__("" : "+v"(sh), "+v"(sel));
-  alignas(64) uint16_t a[2][16 * 32];
-  alignas(64) float c0[16 * 16], c1[16 * 16];
-  const __m512i column = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  _tile_loadconfig(&cfg);
+  uint16_t shv[32];
+  for (int p = 0; p < 32; ++p) shv[p] = (uint16_t)(4 * (p / 8));
+  __m512i sh = _mm512_loadu_si512(shv);
+  __asm__("" : "+v"(sh));
+  // A tiles in four buffers: block kb + 2 is rebuilt while kb is multiplied (standalone, 12B widths, one thread:
+  // 64 rows 18.3 -> 14.4 ms, one row 9.5 -> 7.7 ms against rebuilding kb just before multiplying it)
+  alignas(64) uint16_t a[4][16 * 32];
+  alignas(64) float c[4][16 * 16];
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(16));
   const size_t wstride = K / 2;
-  auto multiply = [&](int kb, const uint16_t* at, bool odd) __attribute__((always_inline)) {
-    const uint16_t* xk = xv + (size_t)kb * 16 * M * 2;
-    _tile_loadd(4, xk, M * 4);
-    if (hi) _tile_loadd(5, xk + 32, M * 4);
-    if (odd) {
+  auto multiply = [&](int kb, const uint16_t* at) __attribute__((always_inline)) {
+    const uint16_t* xk = xv + (size_t)kb * G * 512;
+    if (kb & 1) {
       _tile_loadd(3, at, 64);
+      _tile_loadd(4, xk, 64);
       _tile_dpbf16ps(0, 3, 4);
-      if (hi) _tile_dpbf16ps(1, 3, 5);
+      if (G > 1) { _tile_loadd(5, xk + 512, 64); _tile_dpbf16ps(1, 3, 5); }
+      if (G > 2) { _tile_loadd(4, xk + 1024, 64); _tile_dpbf16ps(6, 3, 4); }
+      if (G > 3) { _tile_loadd(5, xk + 1536, 64); _tile_dpbf16ps(7, 3, 5); }
     } else {
       _tile_loadd(2, at, 64);
+      _tile_loadd(4, xk, 64);
       _tile_dpbf16ps(0, 2, 4);
-      if (hi) _tile_dpbf16ps(1, 2, 5);
+      if (G > 1) { _tile_loadd(5, xk + 512, 64); _tile_dpbf16ps(1, 2, 5); }
+      if (G > 2) { _tile_loadd(4, xk + 1024, 64); _tile_dpbf16ps(6, 2, 4); }
+      if (G > 3) { _tile_loadd(5, xk + 1536, 64); _tile_dpbf16ps(7, 2, 5); }
     }
   };
   for (int o = r0; o < r1; o += 16) {
@@ -853,44 +869,51 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
     const uint8_t* w0 = w + (size_t)o * wstride;
     const uint8_t* s0 = bs + (size_t)o * nb;
     _tile_zero(0);
-    if (hi) _tile_zero(1);
+    if (G > 1) _tile_zero(1);
+    if (G > 2) _tile_zero(6);
+    if (G > 3) _tile_zero(7);
     if (rows == 16) {
-      for (int kb = 0; kb < npair; ++kb) {
-        uint16_t* at = a[kb & 1];
+      constexpr int AHEAD = 2, AHEAD2 = 4;
+      auto fill = [&](int kb) __attribute__((always_inline)) {
+        uint16_t* at = a[kb % AHEAD2];
         if (!(kb & 3))  // one line 4 KiB ahead per 64 bytes of each row
           for (int r = 0; r < 16; ++r) _mm_prefetch((const char*)(w0 + r * wstride + kb * 16) + PREFETCH_BYTES, _MM_HINT_T0);
 #pragma GCC unroll 16
         for (int r = 0; r < 16; ++r)
-          nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
-        multiply(kb, at, kb & 1);
+          nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
+      };
+      for (int kb = 0; kb < AHEAD && kb < npair; ++kb) fill(kb);
+      for (int kb = 0; kb < npair; ++kb) {
+        if (kb + AHEAD < npair) fill(kb + AHEAD);
+        multiply(kb, a[kb % AHEAD2]);
       }
       if (npair < nkb) {  // an odd number of blocks: the last one alone, with zeros beside it
-        uint16_t* at = a[npair & 1];
+        uint16_t* at = a[npair % AHEAD2];
         for (int r = 0; r < 16; ++r)
-          nvfp4_amx_row<false>(w0 + r * wstride + npair * 16, s0 + (size_t)r * nb + 2 * npair, tab16, sh, sel, at + r * 32);
-        multiply(npair, at, npair & 1);
+          nvfp4_amx_row<false>(w0 + r * wstride + npair * 16, s0 + (size_t)r * nb + 2 * npair, tab16, sh, at + r * 32);
+        multiply(npair, at);
       }
     } else {  // the range's last rows: the A tile's first `rows` rows, the rest zeros
       std::memset(a, 0, sizeof(a));
+      constexpr int AHEAD2 = 2;
       for (int kb = 0; kb < nkb; ++kb) {
-        uint16_t* at = a[kb & 1];
+        uint16_t* at = a[kb % AHEAD2];
         for (int r = 0; r < rows; ++r) {
           if (kb < npair)
-            nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
+            nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
           else
-            nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, sel, at + r * 32);
+            nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
         }
-        multiply(kb, at, kb & 1);
+        multiply(kb, at);
       }
     }
-    _tile_stored(0, c0, lo * 4);
-    if (hi) _tile_stored(1, c1, hi * 4);
+    _tile_stored(0, c[0], 64);
+    if (G > 1) _tile_stored(1, c[1], 64);
+    if (G > 2) _tile_stored(6, c[2], 64);
+    if (G > 3) _tile_stored(7, c[3], 64);
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
-    for (int m = 0; m < M; ++m) {  // C holds weight row n, activation row m at n * (its rows) + m
-      const __m512 v = m < 16 ? _mm512_i32gather_ps(_mm512_mullo_epi32(column, _mm512_set1_epi32(lo)), c0 + m, 4)
-                              : _mm512_i32gather_ps(_mm512_mullo_epi32(column, _mm512_set1_epi32(hi)), c1 + m - 16, 4);
-      _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, v);
-    }
+    for (int m = 0; m < M; ++m)  // C tile m / 16 holds weight row n, activation row m at n * 16 + m % 16
+      _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, _mm512_i32gather_ps(column, c[m / 16] + m % 16, 4));
   }
   _tile_release();
 }
@@ -1004,7 +1027,7 @@ static int nvfp4_loop() {
 // for all of them: a MoE layer's k routed experts of one token are k such groups (vl/quant/experts.py). Each output
 // row is computed exactly as the one-layer call computes it (same table, same activation order, same loop), and
 // the same whatever M: the loops keep per-row accumulators four rows at a time, and with tiles = 1 (bf16
-// activations, AMX) nvfp4_rows_amx takes every row count (32 rows per pass) in its own order of the sums. So a row's
+// activations, AMX) nvfp4_rows_amx takes every row count (64 rows per pass) in its own order of the sums. So a row's
 // bits depend on `tiles`, never on the other rows: the caller picks `tiles` by a rule that does not look at them
 // (vl/kernels/gemv.py, decode_step.cpp `gemv`).
 // x_bf16 = 1 (only where gemv_bf16_dot() says so): x holds (M, K) bf16 values and round16 is implied.
@@ -1015,8 +1038,11 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
 #ifdef VL_AVX512
   // per group: its 256 x 16 weight values (float32, or bf16 for the table loop) and its activations in the order
   // its loop reads them, in one 64-byte aligned slot of `per` bytes
-  const int nkb = (K + 31) / 32;
-  const size_t xbytes = std::max((size_t)M * K * sizeof(float), (size_t)M * nkb * 32 * sizeof(uint16_t));
+  const int nkb = (K + 31) / 32;  // the tiles' B tiles: per 32 inputs, 1 KiB per 16 rows (the last filled up)
+  // rows per tile pass: every 16 weight rows read a pass's B tiles whole, so they should stay in L2 (~1.5 MiB); a
+  // row's sums are the same in any pass (5120 -> 20480 inputs, 64 rows, one thread: 32 ms in one pass, 25 in two)
+  const int slab = nkb * 4 <= 1536 ? 64 : nkb * 2 <= 1536 ? 32 : 16;
+  const size_t xbytes = std::max((size_t)M * K * sizeof(float), (size_t)nkb * ((M + 15) / 16) * 1024);
   const size_t per = 256 * 16 * sizeof(float) + ((xbytes + 63) & ~(size_t)63);
   char* buf = (char*)std::aligned_alloc(64, per * G);
   std::vector<char> loop(G, 1);  // 1 = nvfp4_rows_perm, 2 = nvfp4_rows_bf16, 3 = nvfp4_rows_amx
@@ -1040,7 +1066,7 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
     float* tab = (float*)(buf + per * g);
     nvfp4_f32_table(gs[g], round16 || x_bf16, tab);
 #ifdef VL_AMX
-    if (tiles && normal && amx_ready()) {  // the bf16 weights (exact: round16), 32-row slabs each packed for its B tiles
+    if (tiles && normal && amx_ready()) {  // the bf16 weights (exact: round16), 64-row slabs each packed for its B tiles
       loop[g] = 3;
       uint16_t* tab16 = (uint16_t*)tab;  // per scale 64 bytes: its 16 bf16 weights, then 16 zeros, in place of
       for (int sc = 0; sc < 256; ++sc) {  // the float32 row (read whole before it is written)
@@ -1048,8 +1074,8 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
         _mm256_store_si256((__m256i*)(tab16 + sc * 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
         _mm256_store_si256((__m256i*)(tab16 + sc * 32 + 16), _mm256_setzero_si256());
       }
-      for (int m0 = 0; m0 < M; m0 += 32)
-        nvfp4_amx_pack((const uint16_t*)x[g] + (size_t)m0 * K, std::min(32, M - m0), K,
+      for (int m0 = 0; m0 < M; m0 += slab)
+        nvfp4_amx_pack((const uint16_t*)x[g] + (size_t)m0 * K, std::min(slab, M - m0), K,
                        (uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32);
       continue;
     }
@@ -1076,8 +1102,8 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
     const float* tab = (const float*)(buf + per * g);
 #ifdef VL_AMX
     if (loop[g] == 3) {
-      for (int m0 = 0; m0 < M; m0 += 32)
-        nvfp4_rows_amx((const uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32, std::min(32, M - m0), K, w[g],
+      for (int m0 = 0; m0 < M; m0 += slab)
+        nvfp4_rows_amx((const uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32, std::min(slab, M - m0), K, w[g],
                        bs[g], (const uint16_t*)tab, N, yg + (size_t)m0 * N, r0, r1);
       return;
     }
