@@ -427,19 +427,19 @@ def test_nvfp4_rows_on_tiles_equal_the_reference_with_the_same_bits_in_every_row
 
 @pytest.mark.parametrize("rule", ["auto", "on", "off"])
 def test_the_tile_rule_picks_the_path_by_row_count_alone(kernels, monkeypatch, rule):
-    """`VL_NVFP4_TILES` as a quantized Linear's bound call reads it: auto takes tiles for calls of two rows or more
-    (a lone row keeps the float32 loop), on for every call, off for none; a row's bits then depend on the rule and on
-    whether it is alone, never on the other rows. A layer whose least weight is not a normal bf16 keeps the loop."""
+    """`VL_NVFP4_TILES` as a quantized Linear's bound call reads it: auto takes tiles for calls of
+    `gemv.TILE_FROM_ROWS` rows or more (fewer keep the float32 loop), on for every call, off for none; a row's bits
+    then depend on the rule and on its call's row count, never on the other rows. A layer whose least weight is not
+    a normal bf16 keeps the loop."""
     k = _tiled(kernels)
     monkeypatch.setenv("VL_NVFP4_TILES", rule)
     packed, bs, gs = quantize_nvfp4(torch.randn(48, 2048) * 0.05)
     x = torch.randn(9, 2048).bfloat16()
     call = k.nvfp4_layer(packed, bs, float(gs))
-    tiles = {m: _nvfp4_raw(k, x[:m], packed, bs, gs, 1) for m in (1, 9)}
-    loop = {m: _nvfp4_raw(k, x[:m], packed, bs, gs, 0) for m in (1, 9)}
-    for m in (1, 9):
-        want = tiles[m] if rule == "on" or (rule == "auto" and m >= 2) else loop[m]
-        assert torch.equal(call(x[:m], True), want), m
+    counts = (1, gemv.TILE_FROM_ROWS - 1, gemv.TILE_FROM_ROWS, 9)
+    for m in counts:
+        tiled = rule == "on" or (rule == "auto" and m >= gemv.TILE_FROM_ROWS)
+        assert torch.equal(call(x[:m], True), _nvfp4_raw(k, x[:m], packed, bs, gs, int(tiled))), m
     prompt = torch.randn(100, 2048).bfloat16()  # a short prompt's rows: tiles too (auto, on), 32 per call
     want = _nvfp4_raw(k, prompt, packed, bs, gs, int(rule != "off"))
     assert torch.equal(call(prompt, True), want)

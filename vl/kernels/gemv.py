@@ -84,10 +84,10 @@ class Kernel(loader.Library):
 
     def nvfp4_layer(self, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float):
         """`nvfp4` with the layer's pointers bound once: -> call(x, round_bf16) (as `fp8_layer`). With bf16
-        activations on AMX tiles, `tile_rule()` (read here) picks by the row count alone which rows take tiles."""
+        activations on AMX tiles, `tile_from()` (read here) picks by the row count alone which rows take tiles."""
         f, wp, bp, gs, n = (self.lib.vl_nvfp4_gemv, packed.data_ptr(), block_scale.data_ptr(), float(global_scale),
                             packed.shape[0])
-        least = {"on": 1, "auto": 2, "off": 0}[tile_rule()] if self.packed_tiles else 0
+        least = tile_from() if self.packed_tiles else 0
         return self._packed(n, (packed, block_scale), lambda xr, rows, k, x_bf16, r16, yr, threads, tiles: f(
             xr, rows, k, wp, bp, gs, n, r16, x_bf16, tiles, yr, threads), tiles_from=least)
 
@@ -201,10 +201,20 @@ def _mode() -> str:
     return loader.mode("VL_QUANT_KERNEL")
 
 
+TILE_FROM_ROWS = 5  # `VL_NVFP4_TILES=auto`: below this many rows the float32 loop is the faster (12B widths)
+
+
 def tile_rule() -> str:
     """`VL_NVFP4_TILES`: which NVFP4 rows of bf16 models take AMX tiles where the kernel has them (auto: calls and
-    steps of two rows or more, on: every row, off: none; docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")."""
+    steps of TILE_FROM_ROWS rows or more, on: every row, off: none; docs/quant_cpu_kernels.md, "NVFP4 rows on AMX
+    tiles")."""
     return switches.get("VL_NVFP4_TILES")
+
+
+def tile_from() -> int:
+    """`tile_rule()` as a row count: calls (fused steps: decode rows) of at least this many rows take the tiles
+    (0: none)."""
+    return {"on": 1, "auto": TILE_FROM_ROWS, "off": 0}[tile_rule()]
 
 
 @functools.cache

@@ -91,10 +91,10 @@ SWITCHES = (
            "which library runs many-row fp32 products: auto = oneDNN on x86 CPUs not made by Intel where torch "
            "uses MKL, else torch's BLAS; onednn; blas", ("auto", "onednn", "blas")),
     Switch("VL_NVFP4_TILES", "choice", "auto",
-           "NVFP4 decode products of bf16 models on AMX tiles (CPUs with AMX-BF16): auto = for the rows of a batch "
-           "of two or more and a joining prompt's chunk, a row decoding alone keeps the float32 loop; on = every "
-           "row (a row's bits never depend on the batch; one row alone about 1.6x slower); off = never; read at "
-           "load", ("auto", "on", "off")),
+           "NVFP4 products of bf16 models on AMX tiles (CPUs with AMX-BF16): auto = calls and decode batches of "
+           "5 rows or more, a joining prompt's chunk and prompts up to 512 rows, fewer rows keep the float32 loop; "
+           "on = every row (a row's bits never depend on its batch; one row alone about 1.5x slower); off = never; "
+           "read at load", ("auto", "on", "off")),
     Switch("VL_SPARSE_DOWN", "flag", "on",
            "ReLU^2 MLP down_proj weights stored by input rows at load, so decode skips the rows of zero inputs "
            "(where the GEMV library builds with AVX512)"),

@@ -133,10 +133,12 @@ def test_a_chunk_fills_its_cache_with_the_same_bits_in_one_step_or_token_by_toke
 @pytest.mark.parametrize("rule", ["auto", "on"])
 def test_nvfp4_rows_on_tiles_keep_their_bits_in_batches_and_beside_a_chunk(lib, monkeypatch, rule):
     """A bf16 NVFP4 model on AMX tiles (`VL_NVFP4_TILES`, read when the step's plan is built). on: every row in
-    every batch size has the bits of the row decoded alone. auto: a row alone keeps the float32 loop and every
-    batch of two or more rows takes tiles, so a row has the same bits in every batch of two or more; a lone row
-    with a chunk riding beside it (the chunk's tokens on tiles, the row on its loop) keeps the bits of its step
-    without the chunk, as rows of a batch do."""
+    every batch size has the bits of the row decoded alone. auto: batches below `gemv.TILE_FROM_ROWS` rows keep the
+    float32 loop (a row has its bits alone) and larger ones take tiles (a row has the same bits in all of them); a
+    riding chunk's tokens take tiles beside the decode rows' own path, so the decode rows keep the bits of their
+    step without the chunk, whatever the batch size."""
+    from vl.kernels import gemv
+
     if not lib.lib.vl_packed_tiles():
         pytest.skip("no AMX tiles in this build or on this CPU: NVFP4 rows keep their loops (tested elsewhere)")
     monkeypatch.setenv("VL_NVFP4_TILES", rule)
@@ -145,18 +147,17 @@ def test_nvfp4_rows_on_tiles_keep_their_bits_in_batches_and_beside_a_chunk(lib, 
     lm = packed_linears(model(cfg, torch.bfloat16, seed=5, std=0.1), "nvfp4")
     ids, mask, tok, prefilled, alone = thirteen_rows_alone(lm, lib, torch.bfloat16)
     batch13 = cpu_decode.run_step(lm, lib, tok, _copy(prefilled))
-    for b in (2, 5, 13):
+    small = gemv.TILE_FROM_ROWS if rule == "auto" else 1
+    for b in (2, small - 1, small, 9, 13):
         logits = cpu_decode.run_step(lm, lib, tok[:b], _rows(prefilled, slice(0, b)))
         for i in range(b):
-            assert torch.equal(logits[i:i + 1], batch13[i:i + 1]), (b, i)
+            assert torch.equal(logits[i:i + 1], batch13[i:i + 1] if b >= small else alone[i][0]), (b, i)
             if rule == "on":
                 assert torch.equal(logits[i:i + 1], alone[i][0]), (b, i)
     prompt = torch.randint(3, 301, (1, 12), generator=torch.Generator().manual_seed(9))
-    for b in (1, 3):
+    for b in (1, 3, 6):
         rows = _rows(prefilled, slice(0, b))
         want = cpu_decode.run_step(lm, lib, tok[:b], _copy(rows))
         chunk = HybridCache(lm.config, 1, 12, dtype=torch.bfloat16)
         got = cpu_decode.run_step(lm, lib, tok[:b], rows, chunk=(lm.embed(prompt[0]), chunk, True))
         assert torch.equal(got[:b], want), b
-        if b == 1:
-            assert torch.equal(want, alone[0][0])

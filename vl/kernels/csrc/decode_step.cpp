@@ -65,7 +65,7 @@ struct VlLayer {
 struct VlModel {
   int bf16;       // model dtype: 1 = bfloat16, 0 = float32
   int res_f32;    // residual stream kept in float32 (residual_in_fp32) while the model is bf16
-  int packed_tiles;  // NVFP4 products on AMX tiles (bf16): 0 never, 1 from two decode rows (and a chunk's), 2 always
+  int packed_tiles;  // NVFP4 products on AMX tiles (bf16) from this many decode rows, and a chunk's (0: never)
   int D, vocab, n_layers;
   float eps;
   const void* embed;      // (embed_rows, D) model dtype
@@ -224,10 +224,11 @@ static void dense_group_amx32(const uint16_t* xbm, int K, const VlMat& W, float*
 #endif
 
 // Which rows of this step's products over all rows take packed NVFP4 weights on AMX tiles: rows [lead, M). A tile
-// pass costs about the same for 1 to 32 rows but about 1.6x the float32 loop for one row alone, so with
-// packed_tiles = 1 a lone decode row keeps the loop and every row of a batch of two or more, and every token of a
-// riding chunk, takes tiles: a row's bits then depend only on whether it decodes alone, never on which rows or chunk
-// are beside it (set by vl_decode_step; the MoE's routed experts, one row per expert, always take the loop).
+// pass costs about the same for 1 to 32 rows but more than the float32 loop for a few rows (at the 12B widths: 1.5x
+// for one row, even at four; vl/kernels/gemv.py TILE_FROM_ROWS), so decode rows fewer than VlModel.packed_tiles keep
+// the loop and the rows of larger batches, and every token of a riding chunk, take tiles: a row's bits then depend
+// only on whether its batch reaches that size, never on which rows or chunk are beside it (set by vl_decode_step;
+// the MoE's routed experts, one row per expert, always take the loop).
 struct TilePolicy {
   int lead = 0;
 };
@@ -1043,7 +1044,7 @@ int vl_decode_step(const VlModel* m, int B, const int64_t* ids, void* const* cac
   if (seg) std::memset(seg->valid + seg->pos, 1, seg->T);
   const uint8_t* mask = padded ? valid : nullptr;
   const int R = B + (seg ? seg->T : 0), D = m->D;
-  tile_policy.lead = m->packed_tiles == 2 ? 0 : m->packed_tiles == 1 && B >= 2 ? 0 : m->packed_tiles == 1 ? B : R;
+  tile_policy.lead = m->packed_tiles <= 0 ? R : B >= m->packed_tiles ? 0 : B;
   static thread_local std::vector<float> h;
   static thread_local Act xn;
   h.resize((size_t)R * D);

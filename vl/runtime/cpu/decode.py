@@ -230,7 +230,7 @@ class Plan:
                 L.up_e, L.down_e = (expert_mats(getattr(mix.experts, p)) for p in ("up_proj", "down_proj"))
             else:
                 L.w_in, L.w_out = mat(mix.up_proj), mat(mix.down_proj)
-        self.tiles = {"off": 0, "auto": 1, "on": 2}[gemv.tile_rule()]  # NVFP4 rows on AMX tiles (read at load)
+        self.tiles = gemv.tile_from()  # NVFP4 rows on AMX tiles from this many decode rows (0: never; read at load)
         self.model = fused.Model(bf16=int(self.dtype == torch.bfloat16),
                             res_f32=int(cfg.residual_in_fp32 and self.dtype != torch.float32),
                             packed_tiles=self.tiles,
