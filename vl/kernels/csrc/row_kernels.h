@@ -822,6 +822,19 @@ static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uin
                                         : v);
 }
 
+// One 32-input block: the A tile (register A: 2 for even blocks, 3 for odd) times the B tile of each group of 16
+// activation rows into that group's C tile. GCC's tile intrinsics paste the tile number into their assembly text,
+// so it must be a literal: a macro, not a template.
+#define VL_NVFP4_AMX_MULTIPLY(A, at, xk, G)                                 \
+  do {                                                                      \
+    _tile_loadd(A, at, 64);                                                 \
+    _tile_loadd(4, xk, 64);                                                 \
+    _tile_dpbf16ps(0, A, 4);                                                \
+    if ((G) > 1) { _tile_loadd(5, (xk) + 512, 64); _tile_dpbf16ps(1, A, 5); }  \
+    if ((G) > 2) { _tile_loadd(4, (xk) + 1024, 64); _tile_dpbf16ps(6, A, 4); } \
+    if ((G) > 3) { _tile_loadd(5, (xk) + 1536, 64); _tile_dpbf16ps(7, A, 5); } \
+  } while (0)
+
 // y[m * N + o] for m < M <= 64, o in [r0, r1); xv: nvfp4_amx_pack of the M rows; tab16: per block scale s, 64 bytes
 // at 32 s: its 16 bf16 weights, then zeros. Tiles: C 0, 1, 6, 7 (rows 0-15, 16-31, 32-47, 48-63), A 2-3 (even and
 // odd 32-input blocks), B 4-5 (groups in turn).
@@ -848,21 +861,8 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
   const size_t wstride = K / 2;
   auto multiply = [&](int kb, const uint16_t* at) __attribute__((always_inline)) {
     const uint16_t* xk = xv + (size_t)kb * G * 512;
-    if (kb & 1) {
-      _tile_loadd(3, at, 64);
-      _tile_loadd(4, xk, 64);
-      _tile_dpbf16ps(0, 3, 4);
-      if (G > 1) { _tile_loadd(5, xk + 512, 64); _tile_dpbf16ps(1, 3, 5); }
-      if (G > 2) { _tile_loadd(4, xk + 1024, 64); _tile_dpbf16ps(6, 3, 4); }
-      if (G > 3) { _tile_loadd(5, xk + 1536, 64); _tile_dpbf16ps(7, 3, 5); }
-    } else {
-      _tile_loadd(2, at, 64);
-      _tile_loadd(4, xk, 64);
-      _tile_dpbf16ps(0, 2, 4);
-      if (G > 1) { _tile_loadd(5, xk + 512, 64); _tile_dpbf16ps(1, 2, 5); }
-      if (G > 2) { _tile_loadd(4, xk + 1024, 64); _tile_dpbf16ps(6, 2, 4); }
-      if (G > 3) { _tile_loadd(5, xk + 1536, 64); _tile_dpbf16ps(7, 2, 5); }
-    }
+    if (kb & 1) VL_NVFP4_AMX_MULTIPLY(3, at, xk, G);
+    else VL_NVFP4_AMX_MULTIPLY(2, at, xk, G);
   };
   for (int o = r0; o < r1; o += 16) {
     const int rows = r1 - o < 16 ? r1 - o : 16;
