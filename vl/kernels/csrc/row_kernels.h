@@ -1172,6 +1172,38 @@ static void nvfp4_expand(const uint8_t* w, const uint8_t* bs, float gs, int K, i
   for (int sc = 0; sc < 256; ++sc)
     for (int c = 0; c < 16; ++c) tab[sc * 16 + c] = E2M1[c] * (FP8_LUT[sc] * gs);
   const int nb = K / 16;
+#ifdef VL_AVX512
+  if (out_bf16) {  // per two blocks: one table lookup of 32 bf16 weights (natural order), one store
+    // per scale 64 bytes: the 16 weights as bf16 (torch's rounding, NaN as 0x7FC0), then zeros
+    uint16_t* tab16 = (uint16_t*)std::aligned_alloc(64, 256 * 64);
+    for (int sc = 0; sc < 256; ++sc)
+      for (int c = 0; c < 32; ++c) tab16[sc * 32 + c] = c < 16 ? bf16_bits(tab[sc * 16 + c]) : 0;
+    parallel_for(r1 - r0, nthreads, [&](int i) {
+      const int o = r0 + i;
+      const uint8_t* wr = w + (size_t)o * (K / 2);
+      const uint8_t* sr = bs + (size_t)o * nb;
+      uint16_t* y = (uint16_t*)out + (size_t)i * K;
+      const __m512i nibbles = _mm512_set1_epi32(0x000F000F);
+      int b = 0;
+      for (; b + 2 <= nb; b += 2) {
+        // byte j of the 16 -> dword j holding element 2 j (its low nibble) in its low word and 2 j + 1 in its high
+        const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wr + b * 8)));
+        const __m512i idx = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), nibbles, 0xA8);  // (d | d << 12) & m
+        const __m512i v = _mm512_permutexvar_epi16(idx, _mm512_load_si512(tab16 + (size_t)sr[b] * 32));
+        _mm512_storeu_si512(y + b * 16, _mm512_mask_permutexvar_epi16(
+                                            v, (__mmask32)0xFFFF0000u, idx, _mm512_load_si512(tab16 + (size_t)sr[b + 1] * 32)));
+      }
+      if (b < nb) {  // a last lone block
+        const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wr + b * 8)));
+        const __m256i idx = _mm256_ternarylogic_epi32(d, _mm256_slli_epi32(d, 12), _mm256_set1_epi32(0x000F000F), 0xA8);
+        _mm256_storeu_si256((__m256i*)(y + b * 16),
+                            _mm256_permutexvar_epi16(idx, _mm256_load_si256((const __m256i*)(tab16 + (size_t)sr[b] * 32))));
+      }
+    });
+    std::free(tab16);
+    return;
+  }
+#endif
   parallel_for(r1 - r0, nthreads, [&](int i) {
     const int o = r0 + i;
     const uint8_t* wr = w + (size_t)o * (K / 2);
