@@ -46,6 +46,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -296,9 +297,10 @@ def main() -> int:
     args = p.parse_args()
     default_tokens, extra_body = WORKLOADS[args.workload]
     args.max_tokens = args.max_tokens or default_tokens
+    built = None  # the model --build writes (the 12B geometry's 8 layers: 3.3 GB), removed when the run ends
     if args.build:
-        args.model = str(build_lm(args.build, Path(tempfile.mkdtemp(prefix="vl-bench-lm-")) / args.build,
-                                  args.layers, args.format))
+        built = Path(tempfile.mkdtemp(prefix="vl-bench-lm-"))
+        args.model = str(build_lm(args.build, built / args.build, args.layers, args.format))
     if args.workload == "text":
         qs = text_questions(args.requests, args.prompt_tokens, args.model)
     else:
@@ -344,6 +346,8 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(30)
+        if built is not None:
+            shutil.rmtree(built, ignore_errors=True)
 
     def summary(runs):
         wall = sum(r["wall_s"] for r in runs)
