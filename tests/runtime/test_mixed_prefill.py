@@ -269,3 +269,38 @@ def test_a_long_request_joins_a_running_batch_through_the_engine_next_to_a_bad_o
         assert prompt > 8 * 4 and results[1].stats.stages_s["prefill"] > 0
         # the first request went on decoding while the joiner's chunks ran: it ended first or had many tokens
         assert len(results[0].token_ids) == 24
+
+
+def test_nvfp4_rows_on_tiles_join_ride_and_leave_with_the_tokens_of_their_single_runs(tmp_path, monkeypatch):
+    """A bf16 model with NVFP4 Linears and `VL_NVFP4_TILES=on` (every NVFP4 product on AMX tiles, whatever the row
+    count): six rows joining and leaving (steps of 1 to 6 rows) and a long prompt riding in as chunks each get the
+    tokens of their single run, and a second batch after the first gives them again."""
+    from vl.kernels import gemv
+    from vl.quant.linear import swap_quantized_linears
+    from vl.quant.nvfp4 import quantize_nvfp4
+    from vl.runtime.cpu import decode as cpu_decode
+
+    k = gemv.kernel()
+    if k is None or not (k.packed_tiles and k.bf16_dot) or cpu_decode.library() is None:
+        pytest.skip("no AMX tiles for NVFP4 rows here (or no fused step): the loop's batches are tested elsewhere")
+    monkeypatch.setenv("VL_NVFP4_TILES", "on")
+    path, _ = save_hf_nemotron(tmp_path, "hybrid", seed=4)
+    lm = vl.load_pretrained(path, dtype=torch.bfloat16)
+    sd = {}
+    for name, mod in lm.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            p, bs, gs = quantize_nvfp4(mod.weight.float())
+            sd.update({f"{name}.weight": p, f"{name}.weight_scale": bs, f"{name}.weight_scale_2": gs})
+    swap_quantized_linears(lm, sd, "weight-only", compute_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    prompts = {key: torch.randint(3, 128, (n,), generator=g) for key, n in
+               zip("abcdef", (6, 9, 5, 7, 8, 4))}
+    long = torch.randint(3, 128, (40,), generator=g)
+    budgets = dict(zip("abcdef", (12, 9, 14, 6, 10, 8)))
+    joins = {0: [(key, prompts[key], budgets[key]) for key in "abc"], 1: [("d", prompts["d"], budgets["d"])],
+             2: [(key, prompts[key], budgets[key]) for key in "ef"], 3: [("long", long, 5)]}
+    want = {key: single(lm, prompts[key], budgets[key]) for key in prompts} | {"long": single(lm, long, 5)}
+    for _ in range(2):
+        got, per_step = run(DecodeBatch(lm, mix_chunk=8), joins)
+        assert got == want
+        assert max(map(len, per_step)) == 6 and min(map(len, per_step)) == 1
