@@ -361,3 +361,29 @@ def test_resident_bytes_count_each_tensors_own_range_and_shared_views_once():
     m.register_buffer("tied", store[:1000].view(10, 100))  # the same bytes as `a`
     m.register_buffer("col", store[2000:3000].view(100, 10)[:, 0])  # strided: spans 991 floats
     assert resident_weight_bytes(m) == (1000 + 500 + 991) * 4
+
+
+def test_a_packed_layers_row_blocks_share_one_padded_copy_of_the_rows(monkeypatch):
+    """A packed layer wider than one row block (prefill) multiplies the same rows by every block of its expanded
+    weight: on the CPU they are padded to the GEMM's rounded row count once for all blocks, not once per block (for
+    1831 rows of 20480 inputs each copy cost about half a block's product), and the output is the first rows of the
+    padded products, bit for bit."""
+    import vl.quant.linear as ql
+    from vl.kernels import gemm
+
+    src = nn.Sequential(nn.Linear(128, 384, bias=True))
+    sd, _ = export_quantized(src, "FP8", {"0": 1.0}, exclude_lm_head=False)
+    q = nn.Sequential(nn.Linear(128, 384, bias=True))
+    swap_quantized_linears(q, sd, "weight-only", compute_dtype=torch.bfloat16)
+    monkeypatch.setattr(ql, "DEQUANT_BLOCK_ELEMS", 128 * 128)  # 3 row blocks
+    x = torch.randn(37, 128).bfloat16()  # 37 rows: past the packed kernel's 16, rounded to 48 for the GEMM
+    copies, real = [], gemm._padded
+    monkeypatch.setattr(gemm, "_padded", lambda x2, rows, target: copies.append((rows, target)) or real(x2, rows, target))
+    with torch.no_grad():
+        got = q(x)
+    assert [c for c in copies if c[0] != c[1]] == [(37, gemm.rounded_rows(37))]
+    w = q[0].dequantized_rows(0, 384, torch.bfloat16)
+    padded = torch.cat([x, x.new_zeros(gemm.rounded_rows(37) - 37, 128)])
+    want = torch.cat([gemm.linear(padded, w[r0:r1], q[0].bias[r0:r1].bfloat16())
+                      for r0, r1 in ((0, 128), (128, 256), (256, 384))], dim=1)[:37]
+    assert torch.equal(got, want)

@@ -212,12 +212,13 @@ class QuantizedLinear(nn.Module, abc.ABC):
         if len(blocks) == 1:
             return gemm.linear(x, self._dequantized_block(0, self.out_features, x.dtype), b)
         # large layers (prefill): one row block of the weight at a time into its slice of the output, so the
-        # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16)
-        y = x.new_empty(*x.shape[:-1], self.out_features)
+        # transient is one block, not the whole layer in the compute dtype (a 12B MLP is 210 MB in bf16); the rows
+        # padded to the GEMM's rounded count once for all blocks, not once per block
+        xp = gemm.padded_rows(x.reshape(rows, self.in_features))
+        y = x.new_empty(xp.shape[0], self.out_features)
         for r0, r1 in blocks:
-            y[..., r0:r1] = gemm.linear(x, self._dequantized_block(r0, r1, x.dtype),
-                                            b[r0:r1] if b is not None else None)
-        return y
+            y[:, r0:r1] = gemm.linear(xp, self._dequantized_block(r0, r1, x.dtype), b[r0:r1] if b is not None else None)
+        return y[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def forward(self, x):  # (..., in) -> (..., out)
         if self.mode == "weight-only":
