@@ -1039,8 +1039,9 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
   // per group: its 256 x 16 weight values (float32, or bf16 for the table loop) and its activations in the order
   // its loop reads them, in one 64-byte aligned slot of `per` bytes
   const int nkb = (K + 31) / 32;  // the tiles' B tiles: per 32 inputs, 1 KiB per 16 rows (the last filled up)
-  // rows per tile pass: every 16 weight rows read a pass's B tiles whole, so they should stay in L2 (~1.5 MiB); a
-  // row's sums are the same in any pass (5120 -> 20480 inputs, 64 rows, one thread: 32 ms in one pass, 25 in two)
+  // rows per tile pass: every 16 weight rows read a pass's B tiles whole, so they are kept to about L2 (~1.5 MiB);
+  // a row's sums are the same in any pass (5120 -> 20480 inputs, 64 rows, one thread: 31.2 ms in one pass, 29.6 in
+  // two, within the runs' spread)
   const int slab = nkb * 4 <= 1536 ? 64 : nkb * 2 <= 1536 ? 32 : 16;
   const size_t xbytes = std::max((size_t)M * K * sizeof(float), (size_t)nkb * ((M + 15) / 16) * 1024);
   const size_t per = 256 * 16 * sizeof(float) + ((xbytes + 63) & ~(size_t)63);
