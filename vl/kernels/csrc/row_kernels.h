@@ -23,6 +23,7 @@
 // C++ path (table lookups) that any CPU runs.
 #pragma once
 #include <algorithm>
+#include <initializer_list>
 #include <cstdint>
 #include <vector>
 #include <cstdlib>
@@ -629,6 +630,18 @@ struct AmxConfig {  // the LDTILECFG operand: palette 1, then bytes per row and 
   uint8_t rows[16];
 };
 
+// Loads the tile configuration of one kernel: tiles 0.. of 16 rows each, colsb[t] bytes per row.
+static inline void amx_configure(std::initializer_list<int> colsb) {
+  AmxConfig cfg{};
+  cfg.palette = 1;
+  int t = 0;
+  for (int c : colsb) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t++] = (uint16_t)c;
+  }
+  _tile_loadconfig(&cfg);
+}
+
 // One C tile's outputs to y: c holds 16 weight rows (o..o+15) x `rows` activation rows (m0..m0+rows-1), row n at
 // c + n * rows. y wants each activation row's 16 outputs side by side: written one scalar at a time, 16 rows x M
 // lands on M lines N floats apart, which share one L1 set when N is a power of two, and the conflict misses made a
@@ -660,13 +673,7 @@ static void dense_bf16_amx(const uint16_t* xv, const uint16_t* xb, int K, const 
   const int nkb = K / 32, k32 = nkb * 32;
   int o = r0;
   if (nkb > 0 && r1 - r0 >= 16) {
-    AmxConfig cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 5; ++t) {
-      cfg.rows[t] = 16;
-      cfg.colsb[t] = (t == 2 || t == 3) ? 64 : M * 4;
-    }
-    _tile_loadconfig(&cfg);
+    amx_configure({M * 4, M * 4, 64, 64, M * 4});
     alignas(64) float out[2][16 * M];
     for (; o + 16 <= r1; o += 32) {
       const bool two = o + 32 <= r1;
@@ -710,13 +717,7 @@ static void dense_bf16_amx32(const uint16_t* xv, const uint16_t* xb, int K, cons
   const int nkb = K / 32, k32 = nkb * 32;
   int o = r0;
   if (nkb > 0 && r1 - r0 >= 16) {
-    AmxConfig cfg{};
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) {
-      cfg.rows[t] = 16;
-      cfg.colsb[t] = (t == 2 || t == 3) ? 64 : (t == 5 || t == 6 || t == 7) ? H * 4 : 64;
-    }
-    _tile_loadconfig(&cfg);
+    amx_configure({64, 64, 64, 64, 64, H * 4, H * 4, H * 4});
     alignas(64) float lo[2][16 * 16], hi[2][16 * H];
     for (; o + 16 <= r1; o += 32) {
       const bool two = o + 32 <= r1;
@@ -841,13 +842,7 @@ static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uin
 static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, const uint8_t* bs, const uint16_t* tab16,
                            int N, float* y, int r0, int r1) {
   const int G = (M + 15) / 16, nb = K / 16, nkb = (K + 31) / 32, npair = nb / 2;
-  AmxConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  amx_configure({64, 64, 64, 64, 64, 64, 64, 64});
   uint16_t shv[32];
   for (int p = 0; p < 32; ++p) shv[p] = (uint16_t)(4 * (p / 8));
   __m512i sh = _mm512_loadu_si512(shv);
