@@ -1037,7 +1037,9 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
   // rows per tile pass: every 16 weight rows read a pass's B tiles whole, so they are kept to about L2 (~1.5 MiB);
   // a row's sums are the same in any pass (5120 -> 20480 inputs, 64 rows, one thread: 31.2 ms in one pass, 29.6 in
   // two, within the runs' spread)
+#ifdef VL_AMX
   const int slab = nkb * 4 <= 1536 ? 64 : nkb * 2 <= 1536 ? 32 : 16;
+#endif
   const size_t xbytes = std::max((size_t)M * K * sizeof(float), (size_t)nkb * ((M + 15) / 16) * 1024);
   const size_t per = 256 * 16 * sizeof(float) + ((xbytes + 63) & ~(size_t)63);
   char* buf = (char*)std::aligned_alloc(64, per * G);
