@@ -105,7 +105,8 @@ SWITCHES = (
            "mapped from the checkpoint and in memory only while an encoder runs; auto = release on Linux when the "
            "checkpoint's files hold more than 60% of the machine's RAM, else keep", ("auto", "keep", "release")),
     Switch("VL_HEAP_KEEP", "flag", "on",
-           "freed heap blocks up to 32 MiB stay in the process for reuse between trims (glibc, Linux)"),
+           "freed heap blocks of any size stay in the process for reuse between trims (glibc, Linux; other threads "
+           "than the main one: up to 64 MiB)"),
     Switch("VL_GPU_LIBS_PAGEOUT", "flag", "on",
            "without a CUDA device, the pages of the CUDA libraries that `import torch` mapped go back at load "
            "(Linux)"),

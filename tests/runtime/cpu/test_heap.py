@@ -33,25 +33,63 @@ _PROBE = textwrap.dedent("""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = Info
     kept = heap.keep_freed_memory()
-    t = torch.ones(4 << 20)  # 16 MiB, pages written
+    t = torch.ones(MIB << 18)  # MIB MiB, pages written
     mapped = libc.mallinfo2().hblkhd
     del t
     print(kept, mapped >> 20, libc.mallinfo2().fordblks >> 20)
 """)
 
 
+# A block past glibc's largest mmap threshold (32 MiB) allocated on another thread (a server's or the app's worker)
+# that still fits a secondary arena's heap (64 MiB): from that arena, and kept there when freed.
+_THREADED = textwrap.dedent("""
+    import ctypes, threading, torch
+    from vl.runtime.cpu import heap
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Info
+    kept = heap.keep_freed_memory()
+    out = []
+    def work():
+        for _ in range(2):
+            t = torch.ones(12 << 20)  # 48 MiB
+            out.append((float(t[-1]), libc.mallinfo2().hblkhd >> 20))
+            del t
+        out.append(libc.mallinfo2().fordblks >> 20)
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    print(kept, out[0][0] + out[1][0], max(out[0][1], out[1][1]), out[2])
+""")
+
+
+
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                     reason="mallopt / mallinfo2 are glibc's; other C libraries are left as they are")
 @pytest.mark.parametrize("env, kept", [("1", True), ("0", False)])
-def test_a_freed_16_mib_block_stays_in_the_heap_only_when_kept(env, kept):
+@pytest.mark.parametrize("mib", [16, 256])
+def test_a_freed_block_stays_in_the_heap_only_when_kept(env, kept, mib):
     """In a fresh process (the setting is process-wide): with the default glibc maps a 16 MiB block on its own
-    and unmaps it when freed (its pages would fault again next time); kept, it comes from the heap and its 16 MiB
-    stay there, free, for the next allocation. `VL_HEAP_KEEP=0` leaves glibc's defaults."""
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "VL_HEAP_KEEP": env}, check=True).stdout.split()
+    and unmaps it when freed (its pages would fault again next time); kept, it comes from the heap and its MiB
+    stay there, free, for the next allocation, also past glibc's largest mmap threshold (32 MiB; a 12B layer's
+    temporaries at a page's tokens). `VL_HEAP_KEEP=0` leaves glibc's defaults."""
+    out = subprocess.run([sys.executable, "-c", _PROBE.replace("MIB", str(mib))], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "VL_HEAP_KEEP": env}, check=True).stdout.split()
     was_kept, mapped_mib, free_mib = out[0] == "True", int(out[1]), int(out[2])
     assert was_kept is kept
     if kept:
-        assert mapped_mib < 16 and free_mib >= 16
+        assert mapped_mib < mib and free_mib >= mib
     else:
-        assert mapped_mib >= 16 and free_mib < 16
+        assert mapped_mib >= mib and free_mib < mib
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="mallopt / mallinfo2 are glibc's; other C libraries are left as they are")
+def test_a_thread_keeps_a_freed_48_mib_block_in_its_arena():
+    out = subprocess.run([sys.executable, "-c", _THREADED], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "VL_HEAP_KEEP": "1"}, check=True).stdout.split()
+    kept, ones, mapped_mib, free_mib = out[0] == "True", float(out[1]), int(out[2]), int(out[3])
+    assert kept and ones == 2.0  # both allocations succeeded and hold what was written
+    assert mapped_mib < 48 and free_mib >= 48

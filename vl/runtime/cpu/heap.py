@@ -21,13 +21,17 @@ outputs, the SSD scan's fp32 blocks: 4-33 MB each for the 180m config at 2k toke
 back to the OS as soon as they are freed (blocks above its dynamic mmap threshold are mapped and unmapped per
 allocation; the top of the heap is trimmed once more than twice that threshold is free), so each new temporary
 starts on fresh pages, each a page fault that the kernel must also zero; how many depends on what the process
-allocated before (glibc's threshold is history). It sets glibc's mmap threshold to its maximum (32 MiB) and its
-automatic trim threshold to 1 GiB, so freed temporaries stay in the heap for the next layer: a 2048-token prefill
-of the 180m config in the process `vl bench` builds then takes under 5200 faults instead of 180-390 thousand
-(~2.3 us each on an AMD EPYC VM, 3-15% of the prefill; `scripts/research/prefill_page_faults.py`,
+allocated before (glibc's threshold is history). It turns glibc's mmap off for the process's allocations (no block
+is mapped on its own; the threshold alone tops out at 32 MiB, while a 12B layer's temporaries at a page's 3k
+tokens are 30-280 MB) and sets the automatic trim threshold to 1 GiB, so freed temporaries stay in the heap for
+the next layer: a 2048-token prefill of the 180m config in the process `vl bench` builds then takes under 5200
+faults instead of 180-390 thousand (~2.3 us each on an AMD EPYC VM, 3-15% of the prefill), and a 3367-token prefill
+of the 12B widths' first 8 layers 0.9 instead of 3.8 million, 18% faster (`scripts/research/prefill_page_faults.py`,
 docs/benchmarks.md "Prefill temporaries"). This is what PyTorch's CPU performance-tuning guide gets from jemalloc
-or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. `trim_heap()` still
-releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
+or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. A block too large
+for a thread's own arena comes from the main one (glibc retries there when a secondary arena cannot grow).
+`trim_heap()` still releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's
+defaults alone.
 """
 
 from __future__ import annotations
@@ -42,8 +46,7 @@ from vl.kernels import switches
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc <malloc.h>)
-MMAP_THRESHOLD = 32 << 20  # glibc's upper bound for it on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (glibc <malloc.h>)
 TRIM_THRESHOLD = 1 << 30
 
 
@@ -93,9 +96,9 @@ def keep_freed_memory() -> bool:
     fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
     if fn is None:
         return False
-    ok = bool(fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    log.info("heap: freed blocks up to %d MiB stay in the heap for reuse (%s)", MMAP_THRESHOLD >> 20,
-             "set" if ok else "refused by the C library")
+    ok = bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    log.info("heap: freed blocks of any size stay in the heap for reuse (%s)", "set" if ok else
+             "refused by the C library")
     return ok
 
 
