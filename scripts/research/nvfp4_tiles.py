@@ -1,8 +1,9 @@
-"""NVFP4 products of bf16 rows: the float32 loop (four rows per pass) against AMX tiles (64 rows per pass), by row
-count, on one thread, the weights in L2 (one 3072 x 1024 layer) and streamed from memory (20 such layers, 31 MB),
-and at the 12B widths (5120 -> 20480, 20480 -> 5120), where prompt-sized row counts also time what the layer did
-before for more than 16 rows: the weights expanded to bf16 2048 rows at a time, then a GEMM. Best of `--reps` calls
-of each; prints ms and G weights/s.
+"""NVFP4 products of bf16 rows: the float32 loop (four rows per pass) against AMX tiles (all rows in one call, and
+past 64 rows also in calls of 64), by row count, on one thread, the weights in L2 (one 3072 x 1024 layer) and
+streamed from memory (20 such layers, 31 MB), and at the 12B widths (5120 -> 20480, 20480 -> 5120, up to 2048
+rows), where prompt-sized row counts also time what a layer does past `gemv.TILE_MAX_ROWS` rows: the weights
+expanded to bf16 2048 rows at a time, then a GEMM. Best of `--reps` calls of each (2 past 256 rows); prints ms,
+G weights/s and TFLOP/s.
 
     PYTHONPATH=. .venv/bin/python scripts/research/nvfp4_tiles.py [--reps 20]
 """
@@ -32,19 +33,26 @@ def main() -> None:
                                  ("12B up, 20480 x 5120", 20480, 5120, 1), ("12B down, 5120 x 20480", 5120, 20480, 1)]:
         ws = [quantize_nvfp4(torch.randn(n, kin) * 0.05) for _ in range(layers)]
         wide = layers == 1 and n * kin > 1 << 24
-        for rows in (1, 2, 4, 8, 16, 32) + ((64, 128, 256) if wide else ()):
+        for rows in (1, 2, 4, 8, 16, 32) + ((64, 128, 256, 512, 1024, 2048) if wide else ()):
             x = torch.randn(rows, kin).bfloat16()
             y = torch.empty(rows, n)
             best = {}
-            for tiles, step in ((0, gemv.KERNEL_ROWS), (1, gemv.TILE_ROWS)):
+            for tiles, step in ((0, gemv.KERNEL_ROWS), (1, rows), (2, gemv.TILE_ROWS)):
+                if (tiles == 0 and rows > 256) or (tiles == 2 and rows <= gemv.TILE_ROWS):
+                    continue
                 def once():
                     for w, bs, gs in ws:
                         for r in range(0, rows, step):
                             k.lib.vl_nvfp4_gemv(x[r].data_ptr(), min(step, rows - r), kin, w.data_ptr(),
-                                                bs.data_ptr(), float(gs), n, 1, 1, tiles, y[r].data_ptr(), 1)
-                best[tiles] = timed(once, args.reps)
-            line = (f"{name:28s} {rows:3d} rows: loop {best[0] * 1e3:7.2f} ms, tiles {best[1] * 1e3:7.2f} ms "
-                    f"({n * kin * layers / 1e9 / best[1]:5.1f} G w/s), loop / tiles {best[0] / best[1]:5.2f}")
+                                                bs.data_ptr(), float(gs), n, 1, 1, min(tiles, 1),
+                                                y[r].data_ptr(), 1)
+                best[tiles] = timed(once, args.reps if rows <= 256 else 2)
+            line = f"{name:28s} {rows:4d} rows: tiles {best[1] * 1e3:7.2f} ms ({n * kin * layers / 1e9 / best[1]:5.1f} G w/s"
+            line += f", {2 * rows * n * kin * layers / 1e12 / best[1]:4.2f} TFLOP/s)"
+            if 0 in best:
+                line += f", loop {best[0] * 1e3:7.2f} ms, loop / tiles {best[0] / best[1]:5.2f}"
+            if 2 in best:
+                line += f", tiles {gemv.TILE_ROWS} rows per call {best[2] * 1e3:7.2f} ms"
             if wide and rows >= 16:
                 w, bs, gs = ws[0]
 
@@ -52,7 +60,7 @@ def main() -> None:
                     for r0 in range(0, n, 2048):
                         r1 = min(n, r0 + 2048)
                         y[:, r0:r1] = gemm.linear(x, k.nvfp4_expand(w, bs, float(gs), r0, r1, torch.bfloat16), None)
-                line += f", expand + GEMM {timed(expand, 3) * 1e3:7.2f} ms"
+                line += f", expand + GEMM {timed(expand, 3 if rows <= 256 else 2) * 1e3:7.2f} ms"
             print(line, flush=True)
 
 
