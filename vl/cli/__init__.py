@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     target, _ = COMMANDS[argv[0]]
     module, func = target.split(":")
     from vl.errors import VLError
+    from vl.runtime.cpu import heap
+
+    heap.share_one_arena()  # before any thread of the command allocates: one malloc arena (vl/runtime/cpu/heap.py)
 
     try:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -40,8 +40,8 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-# A block past glibc's largest mmap threshold (32 MiB) allocated on another thread (a server's or the app's worker)
-# that still fits a secondary arena's heap (64 MiB): from that arena, and kept there when freed.
+# A block of a 12B layer's size allocated on another thread (a server's or the app's worker): past what a thread's
+# own arena could hold (64 MiB), it comes from the one arena the setting leaves, and stays there when freed.
 _THREADED = textwrap.dedent("""
     import ctypes, threading, torch
     from vl.runtime.cpu import heap
@@ -54,7 +54,7 @@ _THREADED = textwrap.dedent("""
     out = []
     def work():
         for _ in range(2):
-            t = torch.ones(12 << 20)  # 48 MiB
+            t = torch.ones(64 << 20)  # 256 MiB
             out.append((float(t[-1]), libc.mallinfo2().hblkhd >> 20))
             del t
         out.append(libc.mallinfo2().fordblks >> 20)
@@ -63,6 +63,7 @@ _THREADED = textwrap.dedent("""
     th.join()
     print(kept, out[0][0] + out[1][0], max(out[0][1], out[1][1]), out[2])
 """)
+
 
 
 
@@ -87,9 +88,23 @@ def test_a_freed_block_stays_in_the_heap_only_when_kept(env, kept, mib):
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                     reason="mallopt / mallinfo2 are glibc's; other C libraries are left as they are")
-def test_a_thread_keeps_a_freed_48_mib_block_in_its_arena():
+def test_a_thread_keeps_a_freed_256_mib_block_in_the_one_arena():
     out = subprocess.run([sys.executable, "-c", _THREADED], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "VL_HEAP_KEEP": "1"}, check=True).stdout.split()
     kept, ones, mapped_mib, free_mib = out[0] == "True", float(out[1]), int(out[2]), int(out[3])
     assert kept and ones == 2.0  # both allocations succeeded and hold what was written
-    assert mapped_mib < 48 and free_mib >= 48
+    assert mapped_mib < 256 and free_mib >= 256
+
+
+def test_the_vl_command_shares_one_arena_before_its_command_runs(monkeypatch):
+    """`vl COMMAND` sets the one arena before the command's module is imported or run, so every thread the command
+    starts (a server's worker, the app's handlers) allocates from it."""
+    import vl.cli as cli
+
+    order = []
+    monkeypatch.setattr(heap, "share_one_arena", lambda: order.append("arena") or True)
+    monkeypatch.setitem(cli.COMMANDS, "probe", ("operator:truth", "a probe"))
+    real = cli.importlib.import_module
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: order.append(name) or real(name))
+    assert cli.main(["probe"]) == 0
+    assert order[:2] == ["arena", "operator"]

@@ -28,10 +28,17 @@ the next layer: a 2048-token prefill of the 180m config in the process `vl bench
 faults instead of 180-390 thousand (~2.3 us each on an AMD EPYC VM, 3-15% of the prefill), and a 3367-token prefill
 of the 12B widths' first 8 layers 0.9 instead of 3.8 million, 18% faster (`scripts/research/prefill_page_faults.py`,
 docs/benchmarks.md "Prefill temporaries"). This is what PyTorch's CPU performance-tuning guide gets from jemalloc
-or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. A block too large
-for a thread's own arena comes from the main one (glibc retries there when a secondary arena cannot grow).
-`trim_heap()` still releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's
-defaults alone.
+or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. `trim_heap()` still
+releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
+
+`share_one_arena()`. Off the main thread (`vl serve`'s engine worker, the app's handlers) glibc gives each thread
+an arena of its own, whose heaps cannot grow past 64 MiB: a larger block is mapped there whatever `M_MMAP_MAX` says
+and unmapped when freed, so a page's prefill on such a thread took 1.0-1.4 million faults and ~15% more time than on
+the main thread. With at most one arena (`M_ARENA_MAX` 1) a thread that allocates for the first time takes the main
+arena, which grows without that limit: the same prefill on its own thread then runs as on the main one
+(`scripts/research/prefill_heap_12b.py --thread`). It applies to threads that have not allocated yet, so the `vl`
+command sets it before its command runs; threads of the process that already hold an arena keep it. Python's own
+small objects do not go through malloc, so the one arena's lock is taken by few calls.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from vl.kernels import switches
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (glibc <malloc.h>)
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt parameters (glibc <malloc.h>)
 TRIM_THRESHOLD = 1 << 30
 
 
@@ -96,10 +103,21 @@ def keep_freed_memory() -> bool:
     fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
     if fn is None:
         return False
-    ok = bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    ok = bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and share_one_arena()
     log.info("heap: freed blocks of any size stay in the heap for reuse (%s)", "set" if ok else
              "refused by the C library")
     return ok
+
+
+@functools.cache
+def share_one_arena() -> bool:
+    """Every thread that allocates for the first time from now on takes the main malloc arena instead of one of its
+    own (module docstring, "one arena"); once per process, as early as the process allows (the `vl` command calls
+    it before its command runs; a load calls it too). -> True when set."""
+    if not linux_switch("VL_HEAP_KEEP"):
+        return False
+    fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
+    return bool(fn and fn(M_ARENA_MAX, 1))
 
 
 def trim_heap() -> bool | None:
