@@ -24,25 +24,9 @@ def test_every_load_trims_the_heap_then_keeps_freed_memory(monkeypatch, tmp_path
     assert calls == ["trim", "keep"]
 
 
-_PROBE = textwrap.dedent("""
-    import ctypes, torch
-    from vl.runtime.cpu import heap
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = Info
-    kept = heap.keep_freed_memory()
-    t = torch.ones(MIB << 18)  # MIB MiB, pages written
-    mapped = libc.mallinfo2().hblkhd
-    del t
-    print(kept, mapped >> 20, libc.mallinfo2().fordblks >> 20)
-""")
-
-
-# A block of a 12B layer's size allocated on another thread (a server's or the app's worker): past what a thread's
-# own arena could hold (64 MiB), it comes from the one arena the setting leaves, and stays there when freed.
-_THREADED = textwrap.dedent("""
+# A fresh process's heap as glibc reports it (`mallinfo2`: hblkhd = bytes in mapped blocks, fordblks = free bytes
+# kept in the heap), after `keep_freed_memory()`.
+_SETUP = textwrap.dedent("""
     import ctypes, threading, torch
     from vl.runtime.cpu import heap
     class Info(ctypes.Structure):
@@ -51,6 +35,18 @@ _THREADED = textwrap.dedent("""
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = Info
     kept = heap.keep_freed_memory()
+""")
+
+_PROBE = _SETUP + textwrap.dedent("""
+    t = torch.ones(MIB << 18)  # MIB MiB, pages written
+    mapped = libc.mallinfo2().hblkhd
+    del t
+    print(kept, mapped >> 20, libc.mallinfo2().fordblks >> 20)
+""")
+
+# A block of a 12B layer's size allocated on another thread (a server's or the app's worker): past what a thread's
+# own arena could hold (64 MiB), it comes from the one arena the setting leaves, and stays there when freed.
+_THREADED = _SETUP + textwrap.dedent("""
     out = []
     def work():
         for _ in range(2):
@@ -63,8 +59,6 @@ _THREADED = textwrap.dedent("""
     th.join()
     print(kept, out[0][0] + out[1][0], max(out[0][1], out[1][1]), out[2])
 """)
-
-
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
