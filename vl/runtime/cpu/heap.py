@@ -2,8 +2,9 @@
 `malloc_trim`), keep it between trims so that a CPU prefill reuses it (glibc's thresholds).
 
 `trim_heap()`. Gradio runs each step of a handler's generator on a pool thread, so a request's tensors, tiles and
-preview pictures are allocated in several per-thread arenas, and glibc gives a non-main arena's memory back only
-from the arena's top: free space pinned below a live chunk stays resident, request after request. Measured inside
+preview pictures were allocated in several per-thread arenas (before `share_one_arena()` below), and glibc gives a
+non-main arena's memory back only from the arena's top; in any arena, free space pinned below a live chunk stays
+resident, request after request. Measured inside
 `vl app` over a 5-minute soak (`mallinfo2()`, `tracemalloc`): Python objects grew by 5 MB and the heap in use by
 26 MB, while the free chunks malloc kept grew from 10 MB to 120 MB and RSS followed them (+180 MB).
 `malloc_trim(0)` walks every arena and releases each whole free page (`MADV_DONTNEED`); the next request gets the
