@@ -23,12 +23,13 @@ back to the OS as soon as they are freed (blocks above its dynamic mmap threshol
 allocation; the top of the heap is trimmed once more than twice that threshold is free), so each new temporary
 starts on fresh pages, each a page fault that the kernel must also zero; how many depends on what the process
 allocated before (glibc's threshold is history). It turns glibc's mmap off for the process's allocations (no block
-is mapped on its own; the threshold alone tops out at 32 MiB, while a 12B layer's temporaries at a page's 3k
-tokens are 30-280 MB) and sets the automatic trim threshold to 1 GiB, so freed temporaries stay in the heap for
+is mapped on its own; the threshold alone tops out at 32 MiB, while a 12B layer's temporaries at a page's 3367
+tokens are 34-276 MB) and sets the automatic trim threshold to 1 GiB, so freed temporaries stay in the heap for
 the next layer: a 2048-token prefill of the 180m config in the process `vl bench` builds then takes under 5200
-faults instead of 180-390 thousand (~2.3 us each on an AMD EPYC VM, 3-15% of the prefill), and a 3367-token prefill
-of the 12B widths' first 8 layers 0.9 instead of 3.8 million, 18% faster (`scripts/research/prefill_page_faults.py`,
-docs/benchmarks.md "Prefill temporaries"). This is what PyTorch's CPU performance-tuning guide gets from jemalloc
+faults instead of 180-390 thousand (~2.3 us each on an AMD EPYC VM, 3-15% of the prefill;
+`scripts/research/prefill_page_faults.py`), and a 3367-token prefill of the 12B widths' first 8 layers 0-34 thousand
+instead of 0.8-1.1 million, 10-15% faster (`scripts/research/prefill_heap_12b.py`; docs/benchmarks.md "Prefill
+temporaries"). This is what PyTorch's CPU performance-tuning guide gets from jemalloc
 or TCMalloc ("reusing memory as much as possible"), without swapping the process's allocator. `trim_heap()` still
 releases it all, after a load and after each app request. `VL_HEAP_KEEP=0` leaves glibc's defaults alone.
 
@@ -96,15 +97,20 @@ def linux_switch(var: str) -> bool:
     return platform.system() == "Linux" and switches.on(var)
 
 
+def _mallopt(*settings: tuple[int, int]) -> bool | None:
+    """glibc `mallopt(param, value)` for each setting. -> True when every one was set, False when the C library
+    refused one, None where nothing was tried (`VL_HEAP_KEEP` off, not Linux, no `mallopt`)."""
+    fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int)) if linux_switch("VL_HEAP_KEEP") else None
+    return None if fn is None else all([bool(fn(param, value)) for param, value in settings])
+
+
 @functools.cache
 def keep_freed_memory() -> bool:
     """Keep freed heap memory in the process for reuse (module docstring); once per process. -> True when set."""
-    if not linux_switch("VL_HEAP_KEEP"):
+    ok = _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    if ok is None:
         return False
-    fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
-    if fn is None:
-        return False
-    ok = bool(fn(M_MMAP_MAX, 0)) and bool(fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and share_one_arena()
+    ok = ok and share_one_arena()
     log.info("heap: freed blocks of any size stay in the heap for reuse (%s)", "set" if ok else
              "refused by the C library")
     return ok
@@ -113,12 +119,9 @@ def keep_freed_memory() -> bool:
 @functools.cache
 def share_one_arena() -> bool:
     """Every thread that allocates for the first time from now on takes the main malloc arena instead of one of its
-    own (module docstring, "one arena"); once per process, as early as the process allows (the `vl` command calls
-    it before its command runs; a load calls it too). -> True when set."""
-    if not linux_switch("VL_HEAP_KEEP"):
-        return False
-    fn = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
-    return bool(fn and fn(M_ARENA_MAX, 1))
+    own (module docstring, `share_one_arena()`); once per process, as early as the process allows (the `vl` command
+    calls it before its command runs; a load calls it too). -> True when set."""
+    return bool(_mallopt((M_ARENA_MAX, 1)))
 
 
 def trim_heap() -> bool | None:
