@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -166,8 +167,21 @@ def make_data_main(argv: Sequence[str], make_data=None) -> int:
         return 2
     print(json.dumps(written, indent=2))
     for name, path in written.items():
-        print(f"next: vl eval --task {name} --data {path} --out runs/{name}", file=sys.stderr)
+        print(f"next: {_next_command(name, path, args.model)}", file=sys.stderr)
     return 0
+
+
+def _next_command(task: str, path: str, model: str | None) -> str:
+    """The `vl eval` line that runs a set make-data wrote: on the model it was drawn for (its tile size), and for a
+    set the demo model cannot answer (audio), on a model that hears, said so."""
+    from eval.tasks import get_task
+
+    run = f"--task {task} --data {shlex.quote(path)} --out runs/{task}"
+    if model:
+        return f"vl eval --model {shlex.quote(model)} {run}"
+    if get_task(task).media_kind == "audio":
+        return f"vl eval --model OMNI {run}   # OMNI: a model that hears (Nemotron 3 Nano Omni); the demo does not"
+    return f"vl eval {run}"
 
 
 def _tile_size(model: str | None) -> int:

@@ -1,10 +1,11 @@
 """Time and page faults of a page-sized prefill at the 12B widths: the first 8 layers of the 12B geometry in NVFP4
-(written once into DIR, as `scripts/bench_server.py --build nano-12b-v2-vl --layers 8` writes them), loaded as a
-user's load does, one prompt of `--tokens` tokens prefilled `--runs` times, on the main thread or on a thread of
-its own (`--thread`: where `vl serve` and the app run a request). The heap setting is process-wide, so compare
-separate runs of this script, alternated (docs/benchmarks.md, "Prefill temporaries").
+or FP8 (`--format`; written once into DIR, as `scripts/bench_server.py --build nano-12b-v2-vl --layers 8` writes
+them), loaded as a user's load does, one prompt of `--tokens` tokens prefilled `--runs` times, on the main thread
+or on a thread of its own (`--thread`: where `vl serve` and the app run a request). The heap setting is
+process-wide, so compare separate runs of this script, alternated (docs/benchmarks.md, "Prefill temporaries").
 
     PYTHONPATH=. .venv/bin/python scripts/research/prefill_heap_12b.py DIR [--tokens 3367] [--threads 2] [--thread]
+                                                                          [--format fp8]
     VL_HEAP_KEEP=0 PYTHONPATH=. .venv/bin/python scripts/research/prefill_heap_12b.py DIR   # glibc's defaults
 """
 
@@ -28,6 +29,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=3367)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4", help="of a DIR written here")
     p.add_argument("--thread", action="store_true", help="prefill on a thread of its own, not the main thread")
     a = p.parse_args()
     import vl
@@ -36,7 +38,7 @@ def main() -> None:
     from vl.runtime.cache import HybridCache
 
     if not (a.dir / "config.json").exists():
-        build_lm("nano-12b-v2-vl", a.dir, 8, "nvfp4")
+        build_lm("nano-12b-v2-vl", a.dir, 8, a.format)
     torch.set_num_threads(a.threads)
     lm = vl.load_pretrained(str(a.dir))
     cfg = lm.config

@@ -50,9 +50,18 @@ def test_missing_data_names_make_data_which_writes_what_eval_reads(tmp_path):
 
     assert {Image.open(p).size for p in media if p.suffix == ".png"} == {(tile, tile)}  # the model's tile
     assert all(p.is_file() and p.stat().st_size > 0 for p in media)
+    hints = {line.split(" --task ")[1].split()[0]: line for line in made.stderr.splitlines()
+             if line.startswith("next: ")}
+    assert hints["synthetic_docs"] == (f"next: vl eval --task synthetic_docs --data {paths['synthetic_docs']} "
+                                       "--out runs/synthetic_docs")
+    audio = hints["synthetic_audio"]  # the demo model does not hear: the line names a model that does
+    assert audio.startswith("next: vl eval --model OMNI --task synthetic_audio") and "Nano Omni" in audio
     first = {p.name: p.read_bytes() for p in media}
-    assert vl("eval", "make-data", "--out", str(data), "--per-family", "1").returncode == 0
+    again = vl("eval", "make-data", "--out", str(data), "--per-family", "1", "--model", str(DEMO))
+    assert again.returncode == 0, again.stderr
     assert {p.name: p.read_bytes() for p in media} == first  # the same set again, byte for byte
+    hints = [line for line in again.stderr.splitlines() if line.startswith("next: ")]
+    assert len(hints) == 3 and all(h.startswith(f"next: vl eval --model {DEMO} --task ") for h in hints)
 
     run = vl("eval", "--task", "synthetic_docs", "--data", paths["synthetic_docs"], "--out", str(tmp_path / "run"),
              "--limit", "3", "--isolation", "inline", "--no-progress")
