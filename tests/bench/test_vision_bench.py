@@ -20,7 +20,7 @@ def test_tower_flops_counts_every_product_and_attention():
 def test_tiny_run_reports_every_row_and_agrees_with_transformers():
     r = vision.run(torch.bfloat16, threads=1, rounds=1, page_tiles=2, micro_batch=1, tower="vit_tiny_patch16_224",
                    tile=64, proj_hidden=64, llm_dim=32)
-    assert set(r["rows"]) == {"ours", "ours_plain", "transformers"}
+    assert set(r["rows"]) == {"ours", "ours_packed", "ours_plain", "transformers"}
     for row in r["rows"].values():
         assert row["median_s"] > 0 and row["ratio_vs_transformers"] > 0 and 0 < row["pct_of_gemm_peak"]
     assert r["rows"]["transformers"]["ratio_vs_transformers"] == 1.0
@@ -28,10 +28,11 @@ def test_tiny_run_reports_every_row_and_agrees_with_transformers():
     scale = r["output_scale"]
     assert r["max_abs_diff"]["ours_plain_vs_transformers"] <= 0.02 * scale  # the same maths, the same bf16 steps
     assert r["max_abs_diff"]["ours_vs_transformers"] <= 0.05 * scale
-    assert set(r["max_abs_diff_vs_fp32"]) == {"ours", "ours_plain", "transformers"}
+    assert r["max_abs_diff"]["ours_vs_ours_packed"] == 0.0  # packing keeps the weights' values
+    assert set(r["max_abs_diff_vs_fp32"]) == {"ours", "ours_packed", "ours_plain", "transformers"}
     assert set(r["page"]) == {"micro_batch_1", "micro_batch_2"}
     text = vision.format_result(r)
-    assert "| ours |" in text and "GEMM peak" in text and r["fused_path"] in text
+    assert "| ours |" in text and "GEMM peak" in text and r["fused_path"] in text and r["attention"] in text
 
 
 def test_fp32_run_keeps_the_modules_and_transformers_bits():

@@ -9,7 +9,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from vl.kernels import decode_step, gemv, loader, ssd_scan
+from vl.kernels import attention, decode_step, gemv, loader, ssd_scan
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("vl", "ui", "eval", "data_recipes", "token_reduction")
@@ -32,11 +32,11 @@ def test_no_source_includes_a_source_and_every_include_is_a_csrc_header():
 
 
 def test_each_wrapper_builds_its_own_csrc_source_which_exports_vl_isa():
-    for module in (gemv, ssd_scan, decode_step):
+    for module in (gemv, ssd_scan, decode_step, attention):
         assert module.SOURCE.parent == loader.CSRC and module.SOURCE.is_file(), module.__name__
         assert re.search(r"^int vl_isa\(\)", module.SOURCE.read_text(), re.M), module.SOURCE.name
     sources = {p.name for p in loader.CSRC.glob("*.cpp")}
-    assert sources == {m.SOURCE.name for m in (gemv, ssd_scan, decode_step)}
+    assert sources == {m.SOURCE.name for m in (gemv, ssd_scan, decode_step, attention)}
 
 
 def test_the_sources_are_package_data():

@@ -219,10 +219,10 @@ def test_bad_geometry_is_config_error():
         RadioEncoder(30, 1, 4, 64, patch_size=16, cpe_max_size=64, num_prefix_tokens=1)
 
 
-# --- the fused CPU block path (oneDNN products with bias / GELU / residual post-ops, packed weights) ---------------
+# --- the fused CPU block path (oneDNN products with bias / GELU / residual post-ops, AMX attention) ----------------
 
 def _skip_unless_fused(enc, x):
-    enc.fused_cpu = True  # opt-in
+    assert enc.fused_cpu  # the default
     with torch.inference_mode():
         reason = radio.fused_cpu_off(enc, x)
     if reason is not None:
@@ -235,9 +235,9 @@ def count_fused(monkeypatch):
     calls = []
     real = radio.fused_block
 
-    def counting(block, x):
+    def counting(block, x, packed=False):
         calls.append(x.shape)
-        return real(block, x)
+        return real(block, x, packed)
 
     monkeypatch.setattr(radio, "fused_block", counting)
     return calls
@@ -295,7 +295,6 @@ def test_bf16_default_is_the_fused_path_within_bf16_noise(count_fused, hw):
 
 def test_fused_path_off_reasons_and_the_modules_run(count_fused):
     enc32 = tiny_encoder()
-    enc32.fused_cpu = True  # opt-in, so that the reason given is the dtype's
     enc = copy.deepcopy(enc32).to(torch.bfloat16)
     pixels = torch.randn(1, 3, 32, 32)
     _skip_unless_fused(enc, pixels.bfloat16())
@@ -305,7 +304,7 @@ def test_fused_path_off_reasons_and_the_modules_run(count_fused):
         assert "float32" in radio.fused_cpu_off(enc32, pixels)  # fp32 keeps the modules (and transformers' bits)
         enc32.forward_features(pixels)
         enc.fused_cpu = False
-        assert "opt-in" in radio.fused_cpu_off(enc, x)
+        assert "fused_cpu = False" in radio.fused_cpu_off(enc, x)
         enc.forward_features(pixels)
         enc.fused_cpu = True
         enc.blocks[1].attn.fused_attn = False
@@ -320,11 +319,13 @@ def test_fused_path_off_reasons_and_the_modules_run(count_fused):
     assert out.requires_grad and len(count_fused) == DEPTH
 
 
-def test_packed_weights_follow_replaced_and_changed_weights():
-    """A call, an error, weights loaded in place, a parameter replaced: each call answers for the weights it sees."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "per_call"])
+def test_fused_weights_follow_replaced_and_changed_weights(packed):
+    """A call, an error, weights loaded in place, a parameter replaced: each call answers for the weights it sees,
+    with the packed weights kept (opt-in `pack_weights`) as with the weights reordered per call (the default)."""
     enc = tiny_encoder().to(torch.bfloat16)
+    enc.pack_weights = packed
     other = copy.deepcopy(enc)
-    other.fused_cpu = True  # opt-in: the reference takes the same path
     with torch.no_grad():
         for p in other.parameters():
             p.mul_(-0.5)
@@ -368,3 +369,40 @@ def test_forward_patches_and_tiles_take_the_same_fused_path(count_fused):
         patches = enc.forward_patches(image_to_patches(pixels, PATCH)[0], (3, 5))
     assert len(count_fused) == 2 * DEPTH
     torch.testing.assert_close(patches, tiles, atol=0, rtol=0)
+
+
+def test_packed_and_per_call_weights_give_the_same_bits():
+    """`pack_weights` only keeps oneDNN's reordered copy: the products, and so the tower's output, are the same."""
+    enc = tiny_encoder().to(torch.bfloat16)
+    pixels = torch.randn(2, 3, 32, 40)
+    _skip_unless_fused(enc, pixels.bfloat16())
+    with torch.inference_mode():
+        per_call = enc.forward_features(pixels)
+        enc.pack_weights = True
+        torch.testing.assert_close(enc.forward_features(pixels), per_call, atol=0, rtol=0)
+
+
+def test_the_fused_path_runs_the_tile_attention_where_the_cpu_has_it(monkeypatch):
+    """Each fused block's attention goes to vl/kernels/attention.py; where it answers (AMX) its output is used, and
+    the tower stays within bf16 noise of timm's modules either way (the kernel's own twin test:
+    tests/kernels/test_attention_cpu.py)."""
+    from vl.kernels import attention
+
+    enc32 = tiny_encoder()
+    pixels = torch.randn(2, 3, 32, 32)
+    _skip_unless_fused(copy.deepcopy(enc32).to(torch.bfloat16), pixels.bfloat16())
+    answered = []
+    real = attention.attention
+
+    def spy(q, k, v, scale=None):
+        out = real(q, k, v, scale)
+        answered.append(out is not None)
+        return out
+
+    monkeypatch.setattr(attention, "attention", spy)
+    fused_max, fused_mean = _bf16_errors(enc32, pixels, fused=True)
+    plain_max, plain_mean = _bf16_errors(enc32, pixels, fused=False)
+    assert len(answered) == DEPTH and len(set(answered)) == 1
+    assert answered[0] == (attention.library() is not None)  # the kernel ran exactly where it is available
+    assert fused_max <= 1.5 * plain_max and fused_mean <= 1.25 * plain_mean, (fused_max, plain_max, fused_mean,
+                                                                                plain_mean)

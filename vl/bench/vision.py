@@ -3,7 +3,9 @@
 Random weights at the released widths (RADIO ViT-H/16: 1280 wide, 32 blocks, 16 heads, MLP 5120; CPE table 128 x 128;
 K prefix rows; the Nano V2 VL projector: pixel shuffle 2x2, RMSNorm, 5120 -> 20480 -> 5120), one dtype and one thread
 count per process. Timed in one rotation of interleaved rounds (each round starts one entry later):
-- `ours`: `RadioEncoder.forward_features` (the fused CPU block path where it applies, `fused_cpu_off`) + projector;
+- `ours`: `RadioEncoder.forward_features` as it runs by default (the fused CPU block path where it applies,
+  `fused_cpu_off`, with the attention on AMX tiles where the CPU has them: `attention`) + projector;
+- `ours_packed`: the same with `pack_weights = True` (the weights kept packed for oneDNN: a second copy);
 - `ours_plain`: the same module with `fused_cpu = False` (timm's modules), + projector;
 - `transformers`: transformers' `RadioModel` (sdpa attention) carrying the same weights, + the same projector;
 - `gemm_<k>x<n>`: a bf16 / fp32 product of one of the tower's shapes (M = the tower's rows, weights packed for
@@ -24,6 +26,7 @@ import torch
 
 from vl.bench.timing import PeakRSS, cpu_isa
 from vl.modeling.projector import VisionProjector
+from vl.kernels import attention
 from vl.modeling.radio import RadioEncoder, fused_cpu_off, packed_weight, vit_dims
 
 TOWER = "vit_huge_patch16_224"
@@ -154,34 +157,35 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
     res = {"tower": tower, "dims": list(dims), "prefix_rows": PREFIX, "tile": tile, "dtype": str(dtype).split(".")[-1],
            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_isa(),
            "build_s": round(time.perf_counter() - t0, 1)}
-    ours.fused_cpu = True  # the opt-in fused block path is what `ours` times; `ours_plain` is the default path
     with torch.inference_mode():
         res["fused_path"] = fused_cpu_off(ours, check.to(dtype)) or "on"
-    log(f"built in {res['build_s']} s; fused path: {res['fused_path']}")
+    res["attention"] = attention.status()
+    log(f"built in {res['build_s']} s; fused path: {res['fused_path']}; attention: {res['attention']}")
+
+    def variant(name):  # -> (B, N, D) tower of `ours` as the entry `name` runs it (the flags restored after)
+        fused, packed = {"ours": (True, False), "ours_packed": (True, True), "ours_plain": (False, False)}[name]
+
+        def tower(x):
+            ours.fused_cpu, ours.pack_weights = fused, packed
+            try:
+                return ours.forward_features(x)
+            finally:
+                ours.fused_cpu, ours.pack_weights = True, False
+        return tower
 
     def ours_fn(x):
         return proj(ours.forward_features(x), grid)
-
-    def plain_fn(x):
-        ours.fused_cpu = False
-        try:
-            return proj(ours.forward_features(x), grid)
-        finally:
-            ours.fused_cpu = True
 
     def theirs_fn(x):
         return proj(theirs(x.to(dtype)).features, grid)
 
     with torch.inference_mode():
         x = check
-        outs = {"ours": ours.forward_features(x)}
-        ours.fused_cpu = False
-        outs["ours_plain"] = ours.forward_features(x)
-        ours.fused_cpu = True
+        outs = {name: variant(name)(x) for name in ("ours", "ours_packed", "ours_plain")}
         outs["transformers"] = theirs(x.to(dtype)).features
         scale = outs["transformers"].float().abs().max().item()
         res["max_abs_diff"] = {f"{a}_vs_{b}": (outs[a].float() - outs[b].float()).abs().max().item()
-                               for a, b in (("ours", "ours_plain"), ("ours", "transformers"),
+                               for a, b in (("ours", "ours_packed"), ("ours", "ours_plain"), ("ours", "transformers"),
                                             ("ours_plain", "transformers"))}
         res["output_scale"] = scale
         if ref32 is not None:
@@ -197,7 +201,8 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
 
         rows = (tile // PATCH) ** 2 + PREFIX
         gemms = gemm_fns(dims, rows, dtype)
-        fns = {"ours": lambda: ours_fn(x), "ours_plain": lambda: plain_fn(x), "transformers": lambda: theirs_fn(x)}
+        fns = {name: (lambda f=variant(name): proj(f(x), grid)) for name in ("ours", "ours_packed", "ours_plain")}
+        fns["transformers"] = lambda: theirs_fn(x)
         fns.update({k: f for k, (f, _) in gemms.items()})
         times = _rotation(fns, rounds)
         flops = tower_flops(dims, 1, tile, PREFIX, proj_hidden, llm_dim)
@@ -207,7 +212,7 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
         res["tower_tflop_per_tile"] = round(flops / 1e12, 4)
         theirs_med = statistics.median(w for w, _ in times["transformers"])
         res["rows"] = {}
-        for k in ("ours", "ours_plain", "transformers"):
+        for k in ("ours", "ours_packed", "ours_plain", "transformers"):
             wall = [w for w, _ in times[k]]
             med, best = statistics.median(wall), min(wall)
             res["rows"][k] = {"median_s": round(med, 3), "best_s": round(best, 3),
@@ -237,7 +242,7 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
 
 def format_result(r: dict) -> str:
     lines = [f"RADIO {r['tower']} {r['tile']} px + projector, {r['dtype']}, {r['threads']} threads; fused path: "
-             f"{r['fused_path']}; {r['tower_tflop_per_tile']} TFLOP per tile; GEMM peak {r['gemm_peak_tflops']} "
+             f"{r['fused_path']}; attention: {r['attention']}; {r['tower_tflop_per_tile']} TFLOP per tile; GEMM peak {r['gemm_peak_tflops']} "
              f"TFLOP/s ({r['cpu']})",
              "| entry | median s/tile | best | CPU s | vs transformers | TFLOP/s | % of GEMM peak |",
              "|---|---|---|---|---|---|---|"]

@@ -20,12 +20,13 @@ and native-resolution images arriving as already-flattened patches with their gr
 transformers' RADIO also carries LayerScale (`layer_scale{1,2}.lambda1`, 1.0 in C-RADIO); `layer_scale=True`
 builds timm's `LayerScale` (`ls1.gamma`, `ls2.gamma`) for checkpoints that store it.
 
-Opt-in (`encoder.fused_cpu = True`): in bf16 on a CPU with native bf16 GEMM, inference runs each block through
-`fused_block` (oneDNN products with bias, GELU and the residual add as post-ops, weights packed once per weight and
-cached beside the module): the same maths as timm's modules, one bf16 rounding fewer per fused step. It is off by
-default: its packed weights are a second copy of the tower's matrices (1.26 GB for ViT-H), and its 2-thread speed
-is not settled (docs/benchmarks.md, "vision tower"). `fused_cpu_off` names why it does not apply (off, fp32,
-autograd, other devices).
+In bf16 on a CPU with native bf16 GEMM, inference runs each block through `fused_block` (`encoder.fused_cpu`, on by
+default): oneDNN products with bias, GELU and the residual add as post-ops, and the attention on AMX tiles where the
+CPU has them (vl/kernels/attention.py, else torch's SDPA): the same maths as timm's modules, one bf16 rounding fewer
+per fused step. oneDNN reorders each weight into its blocked layout per call; `encoder.pack_weights = True` keeps
+the reordered weights instead (a second copy of the tower's matrices, 1.26 GB for ViT-H, for 2-7% of the tower's
+time: docs/benchmarks.md, "The vision tower on the CPU"). `fused_cpu_off` names why the path does not apply (off,
+fp32, autograd, other devices); there timm's modules run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from timm.models.vision_transformer import Attention, Block, Mlp
 from torch import nn
 
 from vl.errors import ConfigError, InputError
+from vl.kernels import attention
 from vl.kernels.gemm import native_16bit
 
 log = logging.getLogger(__name__)
@@ -236,7 +238,8 @@ class RadioEncoder(nn.Module):
         )
         for block in self.blocks:
             block.attn.fused_attn = True  # SDPA whatever TIMM_FUSED_ATTN says; tests may flip it
-        self.fused_cpu = False  # True: the oneDNN block path on CPUs where it applies (`fused_cpu_off`); opt-in
+        self.fused_cpu = True  # the oneDNN block path on CPUs where it applies (`fused_cpu_off`); False: timm's
+        self.pack_weights = False  # True: fused_block keeps each weight packed for oneDNN (a second copy)
 
     @classmethod
     def from_timm_name(cls, name: str, **kwargs) -> "RadioEncoder":
@@ -269,7 +272,7 @@ class RadioEncoder(nn.Module):
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
         if fused_cpu_off(self, x) is None:
             for block in self.blocks:
-                x = fused_block(block, x)  # (B, K+N, D)
+                x = fused_block(block, x, self.pack_weights)  # (B, K+N, D)
         else:
             for block in self.blocks:
                 x = block(x)  # (B, K+N, D)
@@ -294,17 +297,18 @@ class RadioEncoder(nn.Module):
 # --- the CPU block path ---------------------------------------------------------------------------------------------
 # timm's Block in bf16 on the CPU spends a tenth of a ViT-H tile outside its products and their attention
 # (docs/benchmarks.md, "The vision tower on the CPU"): `F.linear` with a bias first copies the broadcast bias into
-# the output (addmm), oneDNN reorders every weight into its blocked layout on every call, and GELU and both residual
-# adds are passes of their own. `fused_block` runs the same block through `torch.ops.mkldnn._linear_pointwise` with
-# weights packed once: bias, GELU (erf, the exact one) and the residual add become post-ops of the product, applied
-# to its fp32 accumulator before the one rounding of the output (one bf16 rounding fewer per fused step). It serves
-# bf16 only: in fp32 it measured no faster than the modules (MKL), which keep transformers' bits.
+# the output (addmm), and GELU and both residual adds are passes of their own; and torch's CPU attention runs at a
+# third of the products' rate. `fused_block` runs the same block through `torch.ops.mkldnn._linear_pointwise`: bias,
+# GELU (erf, the exact one) and the residual add become post-ops of the product, applied to its fp32 accumulator
+# before the one rounding of the output (one bf16 rounding fewer per fused step), and the attention through
+# vl/kernels/attention.py where the CPU has AMX. It serves bf16 only: in fp32 it measured no faster than the modules
+# (MKL), which keep transformers' bits.
 
 
 def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
     """Why `encoder`'s blocks run timm's modules for `x` rather than `fused_block` (None: the fused path runs)."""
     if not encoder.fused_cpu:
-        return "off (opt-in: encoder.fused_cpu = True)"
+        return "off (encoder.fused_cpu = False)"
     if x.device.type != "cpu":
         return f"input on {x.device.type}"
     if x.dtype != torch.bfloat16:
@@ -351,26 +355,35 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
     return hit[2]
 
 
-def _residual(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear, scale: nn.Module) -> torch.Tensor:
+def _weight(linear: nn.Linear, packed: bool) -> torch.Tensor:
+    return packed_weight(linear) if packed else linear.weight
+
+
+def _residual(x: torch.Tensor, h: torch.Tensor, linear: nn.Linear, scale: nn.Module, packed: bool) -> torch.Tensor:
     """x + scale(linear(h)): the add is the product's post-op unless a LayerScale sits between them."""
+    w = _weight(linear, packed)
     if isinstance(scale, nn.Identity):
-        return torch.ops.mkldnn._linear_pointwise.binary(h, x, packed_weight(linear), linear.bias, "add")
-    return x + scale(torch.ops.mkldnn._linear_pointwise(h, packed_weight(linear), linear.bias, "none", [], ""))
+        return torch.ops.mkldnn._linear_pointwise.binary(h, x, w, linear.bias, "add")
+    return x + scale(torch.ops.mkldnn._linear_pointwise(h, w, linear.bias, "none", [], ""))
 
 
-def fused_block(block: Block, x: torch.Tensor) -> torch.Tensor:
+def fused_block(block: Block, x: torch.Tensor, packed: bool = False) -> torch.Tensor:
     """timm `Block.forward` (pre-norm attention + MLP, exact GELU, optional LayerScale) on oneDNN's fused products:
-    (B, L, D) -> (B, L, D), bf16 or fp32. Inference on the CPU only; `fused_cpu_off` says when the encoder uses it."""
+    (B, L, D) -> (B, L, D), bf16 or fp32. Inference on the CPU only; `fused_cpu_off` says when the encoder uses it.
+    `packed`: the weights in oneDNN's layout, packed once and cached (`packed_weight`), instead of per call."""
     b, length, d = x.shape
     attn, mlp = block.attn, block.mlp
     h = F.layer_norm(x, (d,), block.norm1.weight, block.norm1.bias, block.norm1.eps)
-    qkv = torch.ops.mkldnn._linear_pointwise(h, packed_weight(attn.qkv), attn.qkv.bias, "none", [], "")
-    q, k, v = qkv.view(b, length, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, hd)
-    o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, length, d)  # (B, L, D)
-    x = _residual(x, o, attn.proj, block.ls1)
+    qkv = torch.ops.mkldnn._linear_pointwise(h, _weight(attn.qkv, packed), attn.qkv.bias, "none", [], "")
+    qkv = qkv.view(b, length, 3, attn.num_heads, attn.head_dim)  # (B, L, 3, H, hd)
+    o = attention.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn.scale)  # (B, L, H, hd) or None
+    if o is None:  # no AMX here, or fp32: torch's
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, hd)
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+    x = _residual(x, o.reshape(b, length, d), attn.proj, block.ls1, packed)
     h = F.layer_norm(x, (d,), block.norm2.weight, block.norm2.bias, block.norm2.eps)
-    h = torch.ops.mkldnn._linear_pointwise(h, packed_weight(mlp.fc1), mlp.fc1.bias, "gelu", [], "none")  # (B, L, F)
-    return _residual(x, h, mlp.fc2, block.ls2)
+    h = torch.ops.mkldnn._linear_pointwise(h, _weight(mlp.fc1, packed), mlp.fc1.bias, "gelu", [], "none")  # (B, L, F)
+    return _residual(x, h, mlp.fc2, block.ls2, packed)
 
 
 def encode_tiles(encoder: RadioEncoder, tiles: torch.Tensor, micro_batch: int = 16) -> torch.Tensor:

@@ -592,8 +592,7 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
 #if defined(VL_AVX512) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
     defined(__linux__)
 #define VL_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"  // amx_ready, amx_configure
 // Dense bf16 rows on AMX tiles (CPUs with AMX-BF16; built with -march=native there). The loops above issue one
 // VDPBF16PS per 32 weights per activation row, so beyond one row they are bound by arithmetic, not memory: on the
 // Intel Xeon runner a matrix of 4 rows cost 1.2-1.6x one row and of 8 rows 1.5-2.4x. TDPBF16PS multiplies a tile of
@@ -605,11 +604,7 @@ static void dense_bf16_rows(const float* x, const uint16_t* xb, int K, const uin
 // inputs past the last whole block one by one: the same sums whatever the number of rows, their place, or the
 // thread count. Rows past the last whole 16 (N % 16) take the VDPBF16PS loop, also independent of the rows. The
 // process asks Linux once for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM); where it is refused the VDPBF16PS
-// loops run everywhere.
-static bool amx_ready() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return ok;
-}
+// loops run everywhere (amx_ready, amx_tiles.h).
 
 // xb (M, K) bf16 -> xv: per block of 32 inputs, 16 rows (input pairs) of M (even, odd) pairs: the B tile's layout.
 static void amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
@@ -622,24 +617,6 @@ static void amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
         dst[2 * m + 1] = xb[(size_t)m * K + kb * 32 + 2 * kk + 1];
       }
     }
-}
-
-struct AmxConfig {  // the LDTILECFG operand: palette 1, then bytes per row and rows of tiles 0-15
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Loads the tile configuration of one kernel: tiles 0.. of 16 rows each, colsb[t] bytes per row.
-static inline void amx_configure(std::initializer_list<int> colsb) {
-  AmxConfig cfg{};
-  cfg.palette = 1;
-  int t = 0;
-  for (int c : colsb) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t++] = (uint16_t)c;
-  }
-  _tile_loadconfig(&cfg);
 }
 
 // One C tile's outputs to y: c holds 16 weight rows (o..o+15) x `rows` activation rows (m0..m0+rows-1), row n at

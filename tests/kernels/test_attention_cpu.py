@@ -1,0 +1,111 @@
+"""The vision towers' attention on AMX tiles (vl/kernels/attention.py, csrc/attention.cpp) against its twin, torch's
+`scaled_dot_product_attention` on the same bf16 tensors, both measured against the float32 attention of those
+tensors: odd lengths and channel counts (padded keys and channels), rows of one chunk of keys and of several (the
+online maximum), batches, the strided q / k / v views of one qkv projection, scales, both thread counts giving the same bits, repeated and interleaved calls. Also: where it does
+not apply it says so (None) and the switch turns it off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vl.kernels import attention
+
+
+@pytest.fixture
+def lib():
+    got = attention.library()
+    if got is None:
+        pytest.skip(f"the tile attention does not run here: {attention.status()}")
+    return got
+
+
+def qkv_views(b, length, h, d, seed=0, scale=1.0):
+    """q, k, v as the tower passes them: one (B, L, 3, H, D) projection output, split without a copy."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(b, length, 3, h, d, generator=g) * scale).bfloat16()
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+
+def sdpa(q, k, v, scale=None):  # (B, L, H, D) views -> (B, L, H, D)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          scale=scale).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shape", [(1, 1032, 16, 80), (2, 37, 3, 64), (1, 5, 2, 128), (3, 17, 1, 2), (1, 33, 2, 96),
+                                   (1, 64, 2, 80), (1, 1, 1, 16), (2, 100, 4, 6), (1, 200, 2, 130),
+                                   # past 2048 keys: chunks of keys with the online maximum; past 512 queries:
+                                   # several query super-blocks over one packed K and V
+                                   (1, 2049, 2, 16), (1, 2100, 1, 80), (1, 4200, 2, 80)])
+def test_equals_torch_within_bf16_rounding(lib, shape):
+    q, k, v = qkv_views(*shape, seed=sum(shape), scale=2.0)
+    got = attention.attention(q, k, v)
+    assert got is not None and got.shape == q.shape and got.dtype == torch.bfloat16 and got.is_contiguous()
+    want = sdpa(q.float(), k.float(), v.float())
+    theirs = sdpa(q, k, v).float()
+    ours_err, theirs_err = (got.float() - want).abs(), (theirs - want).abs()
+    # both round the probabilities and the output to bf16; ours may not be further from the float32 answer
+    assert ours_err.max() <= 1.25 * theirs_err.max() + 1e-3, (ours_err.max(), theirs_err.max())
+    assert ours_err.mean() <= 1.1 * theirs_err.mean() + 1e-5, (ours_err.mean(), theirs_err.mean())
+    assert ours_err.max() <= 0.02 * want.abs().max()
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 3.0])
+def test_scales_and_peaked_rows(lib, scale):
+    """A scale other than 1/sqrt(D), and rows whose softmax is nearly one-hot (large scores)."""
+    q, k, v = qkv_views(2, 70, 2, 32, seed=3, scale=3.0)
+    got = attention.attention(q, k, v, scale=scale).float()
+    want = sdpa(q.float(), k.float(), v.float(), scale=scale)
+    theirs = sdpa(q, k, v, scale=scale).float()
+    assert (got - want).abs().max() <= 1.25 * (theirs - want).abs().max() + 1e-3
+
+
+def test_same_bits_at_any_thread_count_and_call_order(lib):
+    """Each head is one thread's work: the bits do not depend on the thread count, on repeating the call, or on
+    another shape's call between two calls."""
+    q, k, v = qkv_views(2, 300, 4, 80, seed=5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = attention.attention(q, k, v)
+        torch.set_num_threads(2)
+        two = attention.attention(q, k, v)
+        attention.attention(*qkv_views(1, 9, 3, 64, seed=6))
+        again = attention.attention(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one, again)
+
+
+def test_batch_rows_and_heads_are_independent(lib):
+    """A batch gives each row what that row alone gives (no state shared between heads or rows)."""
+    q, k, v = qkv_views(3, 45, 2, 48, seed=7)
+    whole = attention.attention(q, k, v)
+    for i in range(3):
+        assert torch.equal(attention.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1])[0], whole[i])
+
+
+def test_where_it_does_not_apply_it_answers_none(lib, monkeypatch):
+    q, k, v = qkv_views(1, 20, 2, 16, seed=8)
+    assert attention.attention(q.float(), k.float(), v.float()) is None  # float32: torch's
+    assert attention.attention(q[..., :15], k[..., :15], v[..., :15]) is None  # odd channel count
+    assert attention.attention(q, k[:, :10], v[:, :10]) is None  # keys of another length (cross-attention)
+    assert attention.attention(q.transpose(2, 3)[..., :2, :], k.transpose(2, 3)[..., :2, :],
+                               v.transpose(2, 3)[..., :2, :]) is None  # channels not contiguous
+    qg = q.detach().clone().requires_grad_(True)
+    assert attention.attention(qg, k, v) is None  # a graph is being recorded
+    monkeypatch.setenv("VL_ATTENTION_KERNEL", "off")
+    attention._load.cache_clear()
+    try:
+        assert attention.library() is None and "VL_ATTENTION_KERNEL=off" in attention.status()
+        assert attention.attention(q, k, v) is None
+    finally:
+        monkeypatch.delenv("VL_ATTENTION_KERNEL")
+        attention._load.cache_clear()
+    assert attention.attention(q, k, v) is not None
+
+
+def test_status_names_the_path():
+    line = attention.status()
+    assert line.startswith("C++ AMX attention") or line.startswith("torch's sdpa (")

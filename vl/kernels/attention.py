@@ -1,0 +1,83 @@
+"""Self-attention of the vision towers in bf16 on AMX tiles (`csrc/attention.cpp`); its twin is torch's
+`scaled_dot_product_attention` on the same tensors.
+
+torch's CPU flash attention ran a ViT-H block's attention (1032 tokens, 16 heads of 80 channels) at ~0.3 TFLOP/s,
+bounded by its softmax passes rather than its products: a quarter of the tower's time (docs/benchmarks.md, "The
+vision tower on the CPU"). The C++ kernel computes each block of 16 queries' whole row of scores on tiles, the
+softmax in float32 over the row, and P V on tiles (docs/vision_attention.md). Numbers: torch's within bf16 rounding
+of the probabilities and outputs (tests/kernels/test_attention_cpu.py).
+
+`attention(q, k, v)` runs it where it applies (CPU bf16 tensors, no autograd being recorded, a CPU with AMX-BF16
+and the tile state granted) and returns None elsewhere, for the caller to run torch's. `VL_ATTENTION_KERNEL` = auto
+(default) | off; portable builds no tile path, so it means torch's too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+
+from vl.kernels import loader
+
+log = logging.getLogger(__name__)
+
+SOURCE = loader.CSRC / "attention.cpp"
+_i, _l, _p, _f = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
+FUNCTIONS = {"vl_attention_tiles": ([], _i),
+             "vl_attention": ([_i] * 4 + [_p, _l, _l, _l] * 3 + [_f, _p, _i], _i)}
+
+
+@functools.cache
+def _load(mode: str) -> tuple[loader.Library | None, str]:
+    lib, why = loader.load(SOURCE, mode, "VL_ATTENTION_KERNEL", "the C++ attention",
+                           functools.partial(loader.Library, functions=FUNCTIONS))
+    if lib is not None and not lib.lib.vl_attention_tiles():
+        return None, "no AMX-BF16 tiles here (CPU or kernel permission)"
+    return lib, why
+
+
+def library() -> loader.Library | None:
+    lib, why = _load(loader.mode("VL_ATTENTION_KERNEL"))
+    if lib is None:
+        _say_once(why)
+    return lib
+
+
+@functools.cache
+def _say_once(why: str) -> None:
+    log.info("vl.kernels: the vision towers' attention runs torch's scaled_dot_product_attention (%s)", why)
+
+
+def status() -> str:
+    """One line for logs and benches: which attention the CPU towers use here."""
+    lib, why = _load(loader.mode("VL_ATTENTION_KERNEL"))
+    return f"C++ AMX attention ({lib.path.name})" if lib is not None else f"torch's sdpa ({why})"
+
+
+def applies(*xs: torch.Tensor) -> bool:
+    """CPU bf16 tensors with contiguous channels and no autograd graph being recorded."""
+    return (all(x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.ndim == 4 and x.stride(3) == 1
+                for x in xs)
+            and not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
+            and not torch.compiler.is_compiling())
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor | None:
+    """softmax(scale q k^T) v per batch row and head, unmasked: q, k, v (B, L, H, D) bf16 views (channels
+    contiguous, any other strides) -> (B, L, H, D) contiguous bf16; None where the kernel does not apply here."""
+    if not applies(q, k, v) or q.shape != k.shape or k.shape != v.shape or q.shape[3] % 2 or 0 in q.shape:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    b, length, h, d = q.shape
+    out = torch.empty(b, length, h, d, dtype=torch.bfloat16)
+    scale = d**-0.5 if scale is None else float(scale)
+    args = [b, length, h, d]
+    for x in (q, k, v):
+        args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
+    rc = lib.lib.vl_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
+    return out if rc == 0 else None
