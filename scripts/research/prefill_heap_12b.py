@@ -5,7 +5,7 @@ or on a thread of its own (`--thread`: where `vl serve` and the app run a reques
 process-wide, so compare separate runs of this script, alternated (docs/benchmarks.md, "Prefill temporaries").
 
     PYTHONPATH=. .venv/bin/python scripts/research/prefill_heap_12b.py DIR [--tokens 3367] [--threads 2] [--thread]
-                                                                          [--format fp8]
+                                                                          [--format fp8] [--chunk 2048]
     VL_HEAP_KEEP=0 PYTHONPATH=. .venv/bin/python scripts/research/prefill_heap_12b.py DIR   # glibc's defaults
 """
 
@@ -30,6 +30,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--format", choices=("nvfp4", "fp8"), default="nvfp4", help="of a DIR written here")
+    p.add_argument("--chunk", type=int, default=0, help="prefill in calls of this many tokens, as the engine does "
+                   "(vl/runtime/decode_batch.py; 2048 on the CPU); 0: one call")
     p.add_argument("--thread", action="store_true", help="prefill on a thread of its own, not the main thread")
     a = p.parse_args()
     import vl
@@ -43,15 +45,19 @@ def main() -> None:
     lm = vl.load_pretrained(str(a.dir))
     cfg = lm.config
     ids = torch.randint(3, cfg.vocab_size, (1, a.tokens), generator=torch.Generator().manual_seed(0))
-    print(f"VL_HEAP_KEEP={switches.get('VL_HEAP_KEEP')}, {a.tokens} tokens, {a.threads} threads, "
-          f"{'own thread' if a.thread else 'main thread'}", flush=True)
+    print(f"VL_HEAP_KEEP={switches.get('VL_HEAP_KEEP')}, {a.tokens} tokens (calls of {a.chunk or a.tokens}), "
+          f"{a.threads} threads, {'own thread' if a.thread else 'main thread'}", flush=True)
 
     def run():
         with torch.no_grad():
             lm(ids[:, :256], cache=HybridCache(cfg, 1, a.tokens + 8, dtype=torch.bfloat16), logits_to_keep=1)
             for _ in range(a.runs):
                 f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-                lm(ids, cache=HybridCache(cfg, 1, a.tokens + 8, dtype=torch.bfloat16), logits_to_keep=1)
+                cache = HybridCache(cfg, 1, a.tokens + 8, dtype=torch.bfloat16)
+                step = a.chunk or a.tokens
+                for start in range(0, a.tokens, step):
+                    last = start + step >= a.tokens
+                    lm(ids[:, start:start + step], cache=cache, logits_to_keep=1, cache_only=not last)
                 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
                 print(f"prefill: {time.perf_counter() - t0:.2f} s, {faults} minor faults", flush=True)
 
