@@ -406,3 +406,29 @@ def test_the_fused_path_runs_the_tile_attention_where_the_cpu_has_it(monkeypatch
     assert answered[0] == (attention.library() is not None)  # the kernel ran exactly where it is available
     assert fused_max <= 1.5 * plain_max and fused_mean <= 1.25 * plain_mean, (fused_max, plain_max, fused_mean,
                                                                                 plain_mean)
+
+
+def test_hooks_on_a_block_run_on_the_fused_path_and_hooks_on_its_layers_send_it_to_the_modules(count_fused):
+    """The fused path calls none of a block's layers: a block's own forward hooks run around it (as `block(x)` runs
+    them, a replaced output included), and a hook on one of its layers sends the tower to timm's modules, which
+    call it."""
+    enc = tiny_encoder().to(torch.bfloat16)
+    pixels = torch.randn(1, 3, 32, 32)
+    _skip_unless_fused(enc, pixels.bfloat16())
+    x = pixels.bfloat16()
+    calls = []
+    with torch.inference_mode():
+        want = enc.forward_features(pixels)
+        pre = enc.blocks[0].register_forward_pre_hook(lambda m, args: calls.append("pre"))
+        post = enc.blocks[0].register_forward_hook(lambda m, args, out: calls.append("post") or out * 0)
+        assert radio.fused_cpu_off(enc, x) is None
+        zeroed = enc.forward_features(pixels)  # block 0's output replaced by zeros: the later blocks see them
+        assert calls == ["pre", "post"] and len(count_fused) == 2 * DEPTH
+        assert not torch.equal(zeroed, want)
+        pre.remove(), post.remove()
+        layer = enc.blocks[1].mlp.fc2.register_forward_hook(lambda m, args, out: calls.append("fc2"))
+        assert "hooks on a block's layers" in radio.fused_cpu_off(enc, x)
+        enc.forward_features(pixels)
+        assert calls[-1] == "fc2" and len(count_fused) == 2 * DEPTH  # the modules ran, and the layer's hook
+        layer.remove()
+        torch.testing.assert_close(enc.forward_features(pixels), want, atol=0, rtol=0)

@@ -298,3 +298,52 @@ def test_release_mode_decodes_through_the_fused_step(omni_dir, monkeypatch):
     finally:
         probe.remove()
     assert again.token_ids == want.token_ids and calls == []  # a caller's own hook: the modules run every step
+
+
+@linux
+def test_bf16_tower_blocks_on_the_fused_path_map_their_weights_only_while_they_run(tmp_path, monkeypatch):
+    """In bf16 the RADIO tower runs its blocks through the fused CPU path, which calls none of a block's layers: the
+    block is hooked whole, so each block's weights are in the process while it runs and none are after, request
+    after request, and the answers are the keep mode's (the two paths used together, vl/modeling/radio.py)."""
+    from safetensors.torch import load_file, save_file
+
+    from vl.kernels.gemm import native_16bit
+    from vl.modeling import radio
+
+    d = make_tiny_vl_dir(tmp_path / "vl")
+    for f in d.glob("*.safetensors"):  # stored in bf16, so that release mode maps the weights (no cast at load)
+        save_file({k: v.bfloat16() if v.is_floating_point() and "input_conditioner" not in k else v
+                   for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
+    cfg = (d / "config.json").read_text()
+    (d / "config.json").write_text(cfg.replace('"torch_dtype": "float32"', '"torch_dtype": "bfloat16"'))
+    monkeypatch.setenv("VL_ENCODER_PAGES", "keep")
+    keep = vl.Engine.from_pretrained(d, dtype=torch.bfloat16)
+    monkeypatch.setenv("VL_ENCODER_PAGES", "release")
+    monkeypatch.setattr(checkpoint_load, "MAPPED_MIN_BYTES", 0)
+    release = vl.Engine.from_pretrained(d, dtype=torch.bfloat16)
+    tower = release.model.vision
+    block = tower.blocks[-1]
+    weights = mapped_weights(release.model, encoder_pages.VISION)
+    assert block.mlp.fc1.weight.dtype == torch.bfloat16 and any(w is block.mlp.fc1.weight for w in weights)
+    assert not block.mlp.fc1._forward_hooks  # the block carries the hooks, not its layers
+    fused, seen = [], []
+    real = radio.fused_block
+    monkeypatch.setattr(radio, "fused_block", lambda b, x, packed=False: fused.append(1) or real(b, x, packed))
+    first = tower.blocks[0].mlp.fc1.weight
+    block.register_forward_hook(lambda m, a, out: seen.append((resident_pages(m.mlp.fc1.weight),
+                                                                resident_pages(first))), prepend=True)
+    pages = len(range(block.mlp.fc1.weight.data_ptr() // encoder_pages.PAGE,
+                      (block.mlp.fc1.weight.data_ptr() + block.mlp.fc1.weight.nbytes - 1) // encoder_pages.PAGE + 1))
+    on_fused_path = radio._onednn() and native_16bit(torch.bfloat16)  # where the CPU has the fused path
+    for i in range(2):
+        image = Image.fromarray(np.random.default_rng(20 + i).integers(0, 255, (80, 120, 3), dtype=np.uint8))
+        msgs = user({"type": "image", "image": image}, text="What is the total?")
+        want = keep.chat(msgs, max_new_tokens=6, ignore_eos=True)
+        got = release.chat(msgs, max_new_tokens=6, ignore_eos=True)
+        assert got.token_ids == want.token_ids
+        # the last block's weight mapped in while it ran, the first block's dropped after it ran (one block's
+        # weights at a time, not the whole tower's) ...
+        assert seen and set(seen) == {(pages, 0)}
+        assert sum(resident_pages(w) for w in weights) == 0  # ... and nothing left after the request
+        assert bool(fused) == on_fused_path  # the fused path ran where this CPU has it (else timm's modules)
+        seen.clear()

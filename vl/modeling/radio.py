@@ -271,8 +271,8 @@ class RadioEncoder(nn.Module):
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
         if fused_cpu_off(self, x) is None:
-            for block in self.blocks:
-                x = fused_block(block, x, self.pack_weights)  # (B, K+N, D)
+            for block in self.blocks:  # each block's own forward hooks run around it, as `block(x)` runs them
+                x = _hooked(block, x, lambda h, b=block: fused_block(b, h, self.pack_weights))  # (B, K+N, D)
         else:
             for block in self.blocks:
                 x = block(x)  # (B, K+N, D)
@@ -321,13 +321,45 @@ def fused_cpu_off(encoder: "RadioEncoder", x: torch.Tensor) -> str | None:
         return "torch was built without oneDNN"
     if not native_16bit(torch.bfloat16):
         return "no native bf16 GEMM on this CPU (AVX512-BF16 / AMX)"
+    if _global_hooks():
+        return "global module hooks are registered (the fused path calls no module of a block)"
     for block in encoder.blocks:
         linears = (block.attn.qkv, block.attn.proj, block.mlp.fc1, block.mlp.fc2)
         if not block.attn.fused_attn:
             return "timm's unfused attention was asked for"
+        if block._forward_pre_hooks_with_kwargs or block._forward_hooks_with_kwargs or any(
+                m._forward_pre_hooks or m._forward_hooks for m in block.modules() if m is not block):
+            return "forward hooks on a block's layers (the fused path runs a block whole: hook the block)"
         if any(type(m) is not nn.Linear or m.weight.dtype != x.dtype or m.weight.device.type != "cpu" for m in linears):
             return "a block's linear layers are not plain CPU nn.Linear of the input's dtype"
     return None
+
+
+def runs_whole(module: nn.Module) -> bool:
+    """Whether the fused path runs `module` as one unit, calling none of its layers (a timm `Block`): hooks meant to
+    run around its work (vl/runtime/cpu/encoder_pages.py) go on it, not on its layers."""
+    return isinstance(module, Block)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as m
+
+    return bool(m._global_forward_pre_hooks or m._global_forward_hooks)
+
+
+def _hooked(block: nn.Module, x: torch.Tensor, run) -> torch.Tensor:
+    """`run(x)` in place of `block(x)`, with the block's own forward pre-hooks and hooks around it in the order
+    `Module.__call__` runs them (`fused_cpu_off` sends blocks with keyword-argument hooks to the modules)."""
+    for hook in block._forward_pre_hooks.values():
+        res = hook(block, (x,))
+        if res is not None:
+            x = res[0] if isinstance(res, tuple) else res
+    out = run(x)
+    for hook in block._forward_hooks.values():
+        res = hook(block, (x,), out)
+        if res is not None:
+            out = res
+    return out
 
 
 @functools.cache

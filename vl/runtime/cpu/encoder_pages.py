@@ -4,13 +4,15 @@ A vision or audio request runs each encoder once (RADIO and its projector; Omni'
 the LLM prefills and decodes for seconds to minutes without them. Nemotron 3 Nano Omni's NVFP4 LLM holds 16.9 GiB of
 a 23 GiB machine, and its two towers add 2.7 GiB of BF16 weights that no decode step reads. In `release` mode the
 loader leaves the encoders' weights as views of a private map of the checkpoint file (vl/checkpoint/files.py
-`_map_tensor`), and `install` hooks every encoder module that holds such weights:
+`_map_tensor`), and `install` hooks every encoder module that holds such weights (a RADIO block whole, with its
+layers' weights: the tower's fused CPU path runs a block without calling its layers, vl/modeling/radio.py
+`runs_whole`):
 - before its forward, `madvise(MADV_POPULATE_READ)` maps its weights' pages in, one call per tensor (from the page
   cache when the file's pages are there, else from disk), instead of a page fault per few KiB inside the matmul;
 - after its forward, `madvise(MADV_DONTNEED)` drops them from the process again. The file's pages stay in the page
   cache, which the kernel may reclaim under pressure (the next use then reads them from disk).
-So an encoder holds one module's weights at a time (at most a projector's 5120 x 20480 BF16 matrix, 0.2 GiB) beside
-the LLM, and none during prefill and decode. A tower run in micro-batches maps each block's weights once per
+So an encoder holds one module's weights at a time (at most a projector's 5120 x 20480 BF16 matrix, 0.2 GiB; a RADIO
+block's 0.04 GiB) beside the LLM, and none during prefill and decode. A tower run in micro-batches maps each block's weights once per
 micro-batch. When a request's encoders are done (`in_memory` around them) every mapped page of theirs is dropped
 once more (weights read without their module's forward: a fault maps them, nothing else drops them) and
 `malloc_trim` gives back the encoders' freed activations, which the prefill's heap setting would otherwise keep
@@ -39,6 +41,7 @@ import torch
 from torch import nn
 
 from vl.kernels import switches
+from vl.modeling.radio import runs_whole
 from vl.runtime.cpu.decode import skipped_by_decode_step
 from vl.runtime.cpu.heap import madvise_libc, trim_heap
 
@@ -124,14 +127,28 @@ def _advise(module: nn.Module, advice: int, spans=None) -> None:
         libc.madvise(start, n, advice)
 
 
-def _own(module: nn.Module, spans) -> list[tuple[str, int, int]]:
-    """(name, data_ptr, nbytes) of the file-backed tensors `module` holds itself (not its children's)."""
+def _own(module: nn.Module, spans, whole: bool = False) -> list[tuple[str, int, int]]:
+    """(name, data_ptr, nbytes) of the file-backed tensors `module` holds itself (not its children's), or with
+    `whole` those of its whole subtree (names as paths below it)."""
     out = []
-    for name, t in [*module._parameters.items(), *module._buffers.items()]:
+    tensors = ([*module.named_parameters(), *module.named_buffers()] if whole
+               else [*module._parameters.items(), *module._buffers.items()])
+    for name, t in tensors:
         if t is not None and file_backed(t, spans):
             st = t.untyped_storage()
             out.append((name, st.data_ptr(), st.nbytes()))
     return out
+
+
+def _tensor(module: nn.Module, path: str) -> torch.Tensor | None:
+    """The parameter or buffer at `path` below `module` (None where there is none now)."""
+    owner_path, _, name = path.rpartition(".")
+    try:
+        owner = module.get_submodule(owner_path) if owner_path else module
+    except AttributeError:
+        return None
+    t = owner._parameters.get(name)
+    return owner._buffers.get(name) if t is None else t
 
 
 def _hooks(own: list[tuple[str, int, int]]):
@@ -139,8 +156,7 @@ def _hooks(own: list[tuple[str, int, int]]):
 
     def advise(module, advice):
         for name, ptr, n in own:
-            t = module._parameters.get(name)
-            t = module._buffers.get(name) if t is None else t
+            t = _tensor(module, name)
             if t is None or t.untyped_storage().data_ptr() != ptr or t.untyped_storage().nbytes() != n:
                 continue  # replaced since install (moved, cast): not the file map any more, never dropped
             start = ptr // PAGE * PAGE
@@ -167,8 +183,14 @@ def install(model: nn.Module) -> int:
         part = getattr(model, name, None)
         if not isinstance(part, nn.Module):
             continue
+        inside = set()  # the layers of a module hooked whole
         for module in part.modules():
-            own = _own(module, spans)
+            if id(module) in inside:
+                continue
+            whole = runs_whole(module)  # a RADIO block: its fused path calls none of its layers
+            if whole:
+                inside.update(id(m) for m in module.modules() if m is not module)
+            own = _own(module, spans, whole)
             if own:
                 pre, post = _hooks(own)
                 module.register_forward_pre_hook(pre)
