@@ -161,6 +161,11 @@ def test_micro_batching_does_not_change_results(saved):
     big = model.encode_tiles(tiles)
     model.micro_batch = 2
     assert torch.allclose(big, model.encode_tiles(tiles), atol=1e-5)
+    model.micro_batch = None  # the default: 4 tiles per tower call on a CPU
+    sizes = []
+    real = model.vision.forward_features
+    model.vision.forward_features = lambda x: sizes.append(x.shape[0]) or real(x)
+    assert torch.allclose(big, model.encode_tiles(tiles), atol=1e-5) and sizes == [4, 1]
 
 
 @torch.no_grad()

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import Attention, Block, Mlp
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from vl.errors import ConfigError, InputError
 from vl.kernels import attention
@@ -342,9 +343,7 @@ def runs_whole(module: nn.Module) -> bool:
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module as m
-
-    return bool(m._global_forward_pre_hooks or m._global_forward_hooks)
+    return bool(nn_module._global_forward_pre_hooks or nn_module._global_forward_hooks)
 
 
 def _hooked(block: nn.Module, x: torch.Tensor, run) -> torch.Tensor:
