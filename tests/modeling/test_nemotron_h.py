@@ -69,6 +69,25 @@ def test_cached_decode_equals_full_forward(pair):
 
 
 @torch.no_grad()
+def test_a_bf16_ssm_cache_decodes_close_to_the_float32_one(pair):
+    """`mamba_ssm_cache_dtype: bfloat16` (a config value transformers takes): the recurrent states are kept in bf16
+    and a step's read-out is computed in float32; decode runs and stays near the float32-state logits."""
+    import dataclasses
+
+    _, ours = pair
+    if "M" not in ours.config.pattern:
+        pytest.skip("no Mamba layer in this variant")
+    x = torch.randint(0, 128, (2, 9))
+    want = torch.cat([ours(x[:, i:i + 1], cache=cache).logits for cache in [HybridCache(ours.config, 2, 9)]
+                      for i in range(9)], 1)
+    cache = HybridCache(dataclasses.replace(ours.config, mamba_ssm_cache_dtype="bfloat16"), 2, 9)
+    got = torch.cat([ours(x[:, :5], cache=cache).logits[:, -1:]] + [ours(x[:, i:i + 1], cache=cache).logits
+                                                                     for i in range(5, 9)], 1)
+    assert cache.layers[ours.config.pattern.index("M")].ssm.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want[:, 4:], atol=0.05 * want.abs().max().item(), rtol=0)
+
+
+@torch.no_grad()
 def test_chunked_prefill_equals_one_shot(pair):
     _, ours = pair
     x = torch.randint(0, 128, (1, 45))

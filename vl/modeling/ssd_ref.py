@@ -90,9 +90,9 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None):
 def ssd_step(state, x, dt, A, B, C):
     """One recurrence step, updating `state` in place.
 
-    state (b, h, p, n) fp32, x (b, h, p), dt (b, h), A (h,), B and C (b, g, n). Returns y (b, h, p) fp32
-    (without the D skip): S <- exp(dt·A)·S + dt·x⊗B ; y = S·C. Heads are viewed as (groups, heads per group)
-    so B and C broadcast without being copied to every head.
+    state (b, h, p, n) fp32 (or the config's `mamba_ssm_cache_dtype`), x (b, h, p), dt (b, h), A (h,), B and C
+    (b, g, n). Returns y (b, h, p) fp32 (without the D skip): S <- exp(dt·A)·S + dt·x⊗B ; y = S·C. Heads are viewed
+    as (groups, heads per group) so B and C broadcast without being copied to every head.
     """
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
@@ -100,7 +100,7 @@ def ssd_step(state, x, dt, A, B, C):
     s = state.view(b, g, h // g, p, n)
     s.mul_(torch.exp(dt * A.float()).view(b, g, h // g, 1, 1))
     s.add_((x.float() * dt[..., None]).view(b, g, h // g, p, 1) * B.float().view(b, g, 1, 1, n))
-    return (s @ C.float().view(b, g, 1, n, 1)).view(b, h, p)
+    return (s.float() @ C.float().view(b, g, 1, n, 1)).view(b, h, p)  # a bf16 / fp16 state read out in fp32
 
 
 def ssd_sequential(x, dt, A, B, C, initial_state=None):
