@@ -70,10 +70,11 @@ class NemotronVL(nn.Module):
         self.projector = VisionProjector(dim, cfg.projector_hidden_size, cfg.lm.hidden_size, cfg.downsample_ratio,
                                          cfg.ps_version, eps=cfg.lm.layer_norm_epsilon)
         self.language_model = NemotronHForCausalLM(cfg.lm)
-        # tiles per vision-tower call (None: 4 on a CPU, 16 elsewhere): bounds the tower's activation memory; on a
-        # CPU 4 were also the fastest (a 13-tile page of the 12B tower, 2 threads: 1.00 s per tile against 1.11 in
-        # calls of 8 and 1.20 in one call: docs/benchmarks.md). In bf16 the tiles' values may differ in their last
-        # bits by batch size (the products' blocking); in fp32 they agree to 1e-5.
+        # tiles per vision-tower call (None: 4 in bf16 on a CPU, else 16): bounds the tower's activation memory. In
+        # bf16 on a CPU 4 were also the fastest (a 13-tile page of the 12B tower, 2 threads: 1.00 s per tile against
+        # 1.11 in calls of 8 and 1.20 in one call: docs/benchmarks.md), and there a tile's last bits depend on its
+        # call's size anyway (oneDNN's blocking); in fp32 (MKL) calls of up to 16 tiles give each tile the same bits
+        # whatever else is in the call (tests/runtime/test_vision_batch.py), which a 1-tile call would not.
         self.micro_batch: int | None = None
 
     @property
@@ -88,7 +89,9 @@ class NemotronVL(nn.Module):
             raise InputError(f"pixel_values: expected (num_tiles, 3, {s}, {s}) tiles, found "
                              f"{tuple(pixel_values.shape)}")
         grid = (self.config.grid, self.config.grid)
-        mb = self.micro_batch or (4 if pixel_values.device.type == "cpu" else 16)
+        tower_dtype = self.vision.patch_generator.embedder.weight.dtype
+        bf16_cpu = pixel_values.device.type == "cpu" and tower_dtype == torch.bfloat16
+        mb = self.micro_batch or (4 if bf16_cpu else 16)
         outs = []
         for start in range(0, pixel_values.shape[0], mb):
             feats = self.vision.forward_features(pixel_values[start:start + mb])
