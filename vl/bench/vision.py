@@ -162,15 +162,17 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
     res["attention"] = attention.status()
     log(f"built in {res['build_s']} s; fused path: {res['fused_path']}; attention: {res['attention']}")
 
-    def variant(name):  # -> (B, N, D) tower of `ours` as the entry `name` runs it (the flags restored after)
-        fused, packed = {"ours": (True, False), "ours_packed": (True, True), "ours_plain": (False, False)}[name]
+    def variant(name):  # -> (B, N, D) tower of `ours` as the entry `name` runs it (its flags as they were after)
+        flags = {"ours": (ours.fused_cpu, ours.pack_weights), "ours_packed": (True, True),
+                 "ours_plain": (False, False)}[name]
 
         def tower(x):
-            ours.fused_cpu, ours.pack_weights = fused, packed
+            before = ours.fused_cpu, ours.pack_weights
+            ours.fused_cpu, ours.pack_weights = flags
             try:
                 return ours.forward_features(x)
             finally:
-                ours.fused_cpu, ours.pack_weights = True, False
+                ours.fused_cpu, ours.pack_weights = before
         return tower
 
     def ours_fn(x):
