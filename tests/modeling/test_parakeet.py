@@ -132,6 +132,43 @@ def test_query_blocks_equal_transformers_and_bound_the_attention_memory(block, m
     assert max(rows) == block and sum(rows) == 10 * cfg.num_hidden_layers  # every query once, `block` at a time
 
 
+def _attend_by_gather(self, qu, qv, k_t, v, r_t, mask, i0: int) -> torch.Tensor:
+    """The relative-position term as an explicit gather of each (query, key) pair's position row: the twin of the
+    strided view `_attend` takes, written the plain way."""
+    b, h, n, d = qu.shape
+    t = k_t.shape[-1]
+    scale = d**-0.5
+    first = (t - 1) - (i0 + n - 1)  # the same product as `_attend`'s (its window of positions), then a gather
+    by_position = qv @ r_t[:, :, first:first + n + t - 1]  # (B, H, n, n + T - 1)
+    i = torch.arange(i0, i0 + n)
+    rows = (t - 1) - i[:, None] + torch.arange(t)[None, :] - first  # query i, key j: position (T - 1) - (i - j)
+    position = by_position.gather(-1, rows.expand(b, h, n, t)).mul_(scale)
+    scores = (qu @ k_t).mul_(scale).add_(position)
+    if mask is not None:
+        pair = mask[:, None, i0:i0 + n, None] & mask[:, None, None, :]
+        scores.masked_fill_(~pair, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [3, 64])
+def test_the_strided_relative_shift_equals_a_gather_bit_for_bit(block, dtype, monkeypatch):
+    """The block's position scores are a strided view of its window's products (no index tensor, no copy): the
+    same numbers, bit for bit, as gathering each pair's position row, in fp32 and bf16, padded or not."""
+    cfg = VARIANTS["omni"]
+    enc = ours_from(transformers_twin(cfg), cfg).to(dtype)
+    monkeypatch.setattr(parakeet, "QUERY_BLOCK", block)
+    x, mask = padded_batch(cfg, [77, 50, 9, 64])
+    for m in (mask, None):
+        with torch.no_grad():
+            fast, _ = enc(x.to(dtype), m)
+            monkeypatch.setattr(parakeet.RelPositionAttention, "_attend", _attend_by_gather)
+            plain, _ = enc(x.to(dtype), m)
+            monkeypatch.undo()
+            monkeypatch.setattr(parakeet, "QUERY_BLOCK", block)
+        assert torch.equal(fast, plain)
+
+
 def test_a_clip_in_a_padded_batch_equals_the_clip_alone():
     cfg = VARIANTS["omni"]
     enc = ours_from(transformers_twin(cfg), cfg)

@@ -202,30 +202,34 @@ class RelPositionAttention(nn.Module):
         h, d = self.num_heads, self.head_dim
         q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, h, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, h, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, h, d).transpose(1, 2).contiguous()
         r = self.relative_k_proj(positions).view(-1, h, d).transpose(0, 1)  # (H, 2T-1, d): rows r = T-1 .. -(T-1)
         qu, qv = q + self.bias_u[:, None], q + self.bias_v[:, None]
-        out = torch.cat([self._attend(qu[:, :, i0:i0 + QUERY_BLOCK], qv[:, :, i0:i0 + QUERY_BLOCK], k, v, r, mask, i0)
+        # the keys and positions transposed once for every query block's products (not copied again per block)
+        k_t, r_t = k.transpose(-1, -2).contiguous(), r.transpose(-1, -2).contiguous()  # (B, H, d, T), (H, d, 2T-1)
+        out = torch.cat([self._attend(qu[:, :, i0:i0 + QUERY_BLOCK], qv[:, :, i0:i0 + QUERY_BLOCK], k_t, v, r_t, mask,
+                                      i0)
                          for i0 in range(0, t, QUERY_BLOCK)], dim=2)  # (B, H, T, d)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
 
-    def _attend(self, qu, qv, k, v, r, mask, i0: int) -> torch.Tensor:
-        """Queries i0 .. i0+n-1 (content-biased `qu`, position-biased `qv`: (B, H, n, d)) against every key: (B, H,
-        n, d). Key j seen from query i is at distance i - j, row (T - 1) - (i - j) of `r`; the rows these queries
-        need are a window of n + T - 1, so a block costs O(n T) memory, not O(T^2)."""
+    def _attend(self, qu, qv, k_t, v, r_t, mask, i0: int) -> torch.Tensor:
+        """Queries i0 .. i0+n-1 (content-biased `qu`, position-biased `qv`: (B, H, n, d)) against every key (`k_t`:
+        (B, H, d, T)): (B, H, n, d). Key j seen from query i is at distance i - j, position (T - 1) - (i - j) of `r_t`
+        (H, d, 2T - 1); the positions these queries need are a window of n + T - 1, so a block costs O(n T) memory,
+        not O(T^2)."""
         b, h, n, d = qu.shape
-        t = k.shape[2]
+        t = k_t.shape[-1]
         scale = d**-0.5
-        first = (t - 1) - (i0 + n - 1)  # the window's first row: the last query's farthest-right key
-        window = r[:, first:first + n + t - 1]  # (H, n + T - 1, d)
-        content = qu @ k.transpose(-1, -2)  # (B, H, n, T)
-        by_distance = qv @ window.transpose(-1, -2)  # (B, H, n, n + T - 1)
-        i = torch.arange(i0, i0 + n, device=qu.device)
-        rows = (t - 1) - i[:, None] + torch.arange(t, device=qu.device)[None, :] - first  # (n, T)
-        position = by_distance.gather(-1, rows.expand(b, h, n, t))
-        del by_distance
-        scores = content.mul_(scale).add_(position.mul_(scale))  # content * scale + position * scale, in place
-        del position
+        first = (t - 1) - (i0 + n - 1)  # the window's first position: the last query's farthest-right key
+        content = qu @ k_t  # (B, H, n, T)
+        by_distance = (qv @ r_t[:, :, first:first + n + t - 1]).mul_(scale).contiguous()  # (B, H, n, L = n + T - 1)
+        # query i0 + i, key j: window row (n - 1 - i) + j. In the contiguous (n, L) block that is offset
+        # (n - 1) + i (L - 1) + j: a strided view (Transformer-XL's "relative shift"), no gather, no index tensor
+        width = by_distance.shape[-1]
+        position = by_distance.as_strided((b, h, n, t), (h * n * width, n * width, width - 1, 1),
+                                          by_distance.storage_offset() + n - 1)
+        scores = content.mul_(scale).add_(position)  # content * scale + position * scale, in place
+        del position, by_distance
         if mask is not None:
             # the dtype's lowest value, not -inf: a padded query row then attends uniformly instead of giving NaN,
             # exactly as transformers does (its outputs at padded positions are never used)
