@@ -109,3 +109,88 @@ def test_where_it_does_not_apply_it_answers_none(lib, monkeypatch):
 def test_status_names_the_path():
     line = attention.status()
     assert line.startswith("C++ AMX attention") or line.startswith("torch's sdpa (")
+
+
+# --- relative positions (Parakeet, Omni's audio encoder) ---------------------------------------------------------
+
+def rel_inputs(b, length, h, d, seed=0, scale=1.0):
+    """qu, qv, k, v (B, L, H, D) as strided views of one projection-like tensor, and r (2L - 1, H, D) as a view with
+    a row stride wider than its heads' channels (the kernel takes any strides with contiguous channels)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(b, length, 4, h, d, generator=g) * scale).bfloat16()
+    r = (torch.randn(2 * length - 1, h, d + 2, generator=g) * scale).bfloat16()[..., :d]
+    return x[:, :, 0], x[:, :, 1], x[:, :, 2], x[:, :, 3], r
+
+
+def rel_reference(qu, qv, k, v, r, scale=None, rounded=False):
+    """The plain maths: query i and key j take r row (L - 1) - (i - j). `rounded`: the module's torch path in bf16
+    (each term and their sum rounded to bf16 before the float32 softmax, as transformers does); else float32."""
+    b, length, h, d = qu.shape
+    scale = d**-0.5 if scale is None else scale
+    dt = torch.bfloat16 if rounded else torch.float32
+    qu, qv, k, v, r = (t.to(dt) for t in (qu, qv, k, v, r))
+    content = torch.einsum("blhd,bmhd->bhlm", qu, k) * scale
+    i = torch.arange(length)
+    rows = (length - 1) - i[:, None] + i[None, :]
+    position = torch.einsum("blhd,phd->bhlp", qv, r).gather(-1, rows.expand(b, h, length, length)) * scale
+    weights = torch.softmax((content + position).float(), dim=-1).to(dt)
+    return torch.einsum("bhlm,bmhd->blhd", weights, v).float()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 16), (1, 5, 2, 16), (2, 37, 3, 64), (1, 100, 8, 128), (1, 33, 1, 6),
+                                   (2, 70, 2, 130),
+                                   # past 2048 keys: chunks of keys (online maximum) and a window per chunk; past
+                                   # 512 queries: several query super-blocks
+                                   (1, 2049, 2, 16), (1, 2100, 2, 128)])
+def test_relative_equals_the_module_within_bf16_rounding(lib, shape):
+    inputs = rel_inputs(*shape, seed=sum(shape), scale=1.5)
+    got = attention.relative_attention(*inputs)
+    assert got is not None and got.shape == inputs[0].shape and got.dtype == torch.bfloat16 and got.is_contiguous()
+    want = rel_reference(*inputs)
+    theirs = rel_reference(*inputs, rounded=True)
+    ours_err, theirs_err = (got.float() - want).abs(), (theirs - want).abs()
+    # the module's path rounds the scores to bf16 too; ours keeps them float32: never further from the float32 answer
+    assert ours_err.max() <= 1.25 * theirs_err.max() + 1e-3, (ours_err.max(), theirs_err.max())
+    assert ours_err.mean() <= 1.1 * theirs_err.mean() + 1e-5, (ours_err.mean(), theirs_err.mean())
+    assert ours_err.max() <= 0.02 * want.abs().max()
+
+
+def test_relative_positions_are_read_at_their_distance(lib):
+    """A position table that is zero except one distance: every query then favours the key at that distance (the
+    kernel reads r at row (L - 1) - (i - j), not a neighbour, in every block and chunk)."""
+    length, h, d = 2100, 1, 32
+    qu = torch.zeros(1, length, h, d, dtype=torch.bfloat16)
+    qv = torch.ones(1, length, h, d, dtype=torch.bfloat16)
+    k = torch.zeros_like(qu)
+    v = torch.arange(length, dtype=torch.float32).view(1, length, 1, 1).expand(1, length, h, d).bfloat16()
+    r = torch.zeros(2 * length - 1, h, d, dtype=torch.bfloat16)
+    r[(length - 1) - 3] = 4.0  # distance i - j = 3: key i - 3
+    got = attention.relative_attention(qu, qv, k, v, r)[0, :, 0, 0].float()
+    want = rel_reference(qu, qv, k, v, r)[0, :, 0, 0]
+    assert (got - want).abs().max() <= 2.0  # bf16 of values up to 2100: a step of 8 above 1024
+    assert (got[3:] - (torch.arange(3, length) - 3)).abs().max() <= 8.0  # the key 3 back takes nearly all weight
+
+
+def test_relative_same_bits_at_any_thread_count_and_rows_alone(lib):
+    inputs = rel_inputs(2, 300, 4, 64, seed=9)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = attention.relative_attention(*inputs)
+        torch.set_num_threads(2)
+        two = attention.relative_attention(*inputs)
+        attention.relative_attention(*rel_inputs(1, 9, 3, 64, seed=10))
+        again = attention.relative_attention(*inputs)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one, again)
+    qu, qv, k, v, r = inputs
+    assert torch.equal(attention.relative_attention(qu[1:], qv[1:], k[1:], v[1:], r)[0], one[1])
+
+
+def test_relative_where_it_does_not_apply_it_answers_none(lib):
+    qu, qv, k, v, r = rel_inputs(1, 20, 2, 16, seed=11)
+    assert attention.relative_attention(qu.float(), qv.float(), k.float(), v.float(), r.float()) is None
+    assert attention.relative_attention(qu, qv, k, v, r[1:]) is None  # not 2L - 1 positions
+    assert attention.relative_attention(qu[..., :15], qv[..., :15], k[..., :15], v[..., :15], r[..., :15]) is None
+    assert attention.relative_attention(qu, qv, k[:, :10], v[:, :10], r) is None

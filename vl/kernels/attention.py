@@ -1,11 +1,15 @@
-"""Self-attention of the vision towers in bf16 on AMX tiles (`csrc/attention.cpp`); its twin is torch's
+"""Attention in bf16 on AMX tiles (`csrc/attention.cpp`): the vision towers' self-attention, whose twin is torch's
 `scaled_dot_product_attention` on the same tensors.
 
 torch's CPU flash attention ran a ViT-H block's attention (1032 tokens, 16 heads of 80 channels) at ~0.3 TFLOP/s,
 bounded by its softmax passes rather than its products: a quarter of the tower's time (docs/benchmarks.md, "The
 vision tower on the CPU"). The C++ kernel computes each block of 16 queries' whole row of scores on tiles, the
-softmax in float32 over the row, and P V on tiles (docs/vision_attention.md). Numbers: torch's within bf16 rounding
+softmax in float32 over the row, and P V on tiles (docs/attention_cpu.md). Numbers: torch's within bf16 rounding
 of the probabilities and outputs (tests/kernels/test_attention_cpu.py).
+
+`relative_attention(qu, qv, k, v, r)` is the same kernel with Transformer-XL's relative-position term, as Omni's
+audio encoder (Parakeet) computes it: the term's product is one more tile product per block of queries, added to
+the scores in place, where the module's torch path materialises it per block of 1024 queries (docs/audio.md).
 
 `attention(q, k, v)` runs it where it applies (CPU bf16 tensors, no autograd being recorded, a CPU with AMX-BF16
 and the tile state granted) and returns None elsewhere, for the caller to run torch's. `VL_ATTENTION_KERNEL` = auto
@@ -27,7 +31,8 @@ log = logging.getLogger(__name__)
 SOURCE = loader.CSRC / "attention.cpp"
 _i, _l, _p, _f = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
 FUNCTIONS = {"vl_attention_tiles": ([], _i),
-             "vl_attention": ([_i] * 4 + [_p, _l, _l, _l] * 3 + [_f, _p, _i], _i)}
+             "vl_attention": ([_i] * 4 + [_p, _l, _l, _l] * 3 + [_f, _p, _i], _i),
+             "vl_rel_attention": ([_i] * 4 + [_p, _l, _l, _l] * 4 + [_p, _l, _l, _f, _p, _i], _i)}
 
 
 @functools.cache
@@ -80,4 +85,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
     for x in (q, k, v):
         args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
     rc = lib.lib.vl_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def relative_attention(qu: torch.Tensor, qv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor,
+                       scale: float | None = None) -> torch.Tensor | None:
+    """softmax(scale (qu k^T + qv r_shift^T)) v per batch row and head, unmasked, with query i and key j taking row
+    (L - 1) - (i - j) of `r`: qu, qv, k, v (B, L, H, D) and r (2L - 1, H, D) bf16 views (channels contiguous) ->
+    (B, L, H, D) contiguous bf16; None where the kernel does not apply here."""
+    shape = q_shape = qu.shape
+    if (not applies(qu, qv, k, v, r[None]) or qv.shape != shape or k.shape != shape or v.shape != shape
+            or q_shape[3] % 2 or 0 in q_shape or r.shape != (2 * shape[1] - 1, shape[2], shape[3])):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    b, length, h, d = shape
+    out = torch.empty(b, length, h, d, dtype=torch.bfloat16)
+    scale = d**-0.5 if scale is None else float(scale)
+    args = [b, length, h, d]
+    for x in (qu, qv, k, v):
+        args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
+    args += [r.data_ptr(), r.stride(0), r.stride(1)]
+    rc = lib.lib.vl_rel_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
     return out if rc == 0 else None

@@ -81,9 +81,10 @@ SWITCHES = (
            "the CPU prefill's SSD scan: auto = the C++ scan where it builds with AVX512, else the torch reference; "
            "portable = the plain C++ loops on any CPU; off = the torch reference", _MODES),
     Switch("VL_ATTENTION_KERNEL", "mode", "auto",
-           "the vision towers' self-attention in bf16 on the CPU: auto = the C++ kernel on AMX tiles where the CPU "
-           "has AMX-BF16, else torch's scaled_dot_product_attention; portable (a build without tiles) and off = "
-           "torch's everywhere", _MODES),
+           "the vision towers' self-attention and the audio encoder's relative-position attention in bf16 on the "
+           "CPU: auto = the C++ kernel on AMX tiles where the CPU has AMX-BF16, else torch's "
+           "(scaled_dot_product_attention; the audio encoder's own torch path); portable (a build without tiles) "
+           "and off = torch's everywhere", _MODES),
     Switch("VL_QUANT_KERNEL", "mode", "auto",
            "the few-row GEMV library (weight-only FP8 / NVFP4 decode, the dense decode GEMV pass, and so the "
            "fused step on packed weights): auto = the native build (AVX512 intrinsics where the CPU has them, "

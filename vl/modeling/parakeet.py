@@ -14,6 +14,10 @@ audio tower of Nemotron 3 Nano Omni (its `audio_config`):
    relative distance r in [-(T-1), T-1]. The convolution module is pointwise -> GLU -> depthwise (padded frames
    zeroed first) -> batch norm (inference statistics) -> activation -> pointwise.
 
+In bf16 on a CPU with AMX an unmasked attention (one clip, or clips of one length) runs as one kernel
+(vl/kernels/attention.py `relative_attention`: the position term a tile product per block, float32 scores); the torch
+path below (padded batches, fp32, elsewhere) rounds each term and their sum to bf16 as transformers does.
+
 Parameter names equal transformers' `ParakeetEncoder` state-dict keys, so a checkpoint adapter is a prefix
 strip. Plain maths, no I/O; the mel features come from vl/processing/audio_features.py.
 """
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vl.config.parakeet import ParakeetConfig
+from vl.kernels import attention as tile_attention
 
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "relu": F.relu, "gelu": F.gelu}
 _LN_EPS = 1e-5  # nn.LayerNorm's and nn.BatchNorm1d's defaults, as transformers builds them
@@ -200,13 +205,18 @@ class RelPositionAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)  # (B, H, T, d)
-        k = self.k_proj(x).view(b, t, h, d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, h, d).transpose(1, 2).contiguous()
-        r = self.relative_k_proj(positions).view(-1, h, d).transpose(0, 1)  # (H, 2T-1, d): rows r = T-1 .. -(T-1)
-        qu, qv = q + self.bias_u[:, None], q + self.bias_v[:, None]
+        q = self.q_proj(x).view(b, t, h, d)  # (B, T, H, d)
+        k = self.k_proj(x).view(b, t, h, d)
+        v = self.v_proj(x).view(b, t, h, d)
+        r = self.relative_k_proj(positions).view(-1, h, d)  # (2T-1, H, d): rows r = T-1 .. -(T-1)
+        qu, qv = q + self.bias_u, q + self.bias_v
+        if mask is None:
+            out = tile_attention.relative_attention(qu, qv, k, v, r)
+            if out is not None:
+                return self.o_proj(out.view(b, t, h * d))
+        qu, qv, v = qu.transpose(1, 2), qv.transpose(1, 2), v.transpose(1, 2).contiguous()  # (B, H, T, d)
         # the keys and positions transposed once for every query block's products (not copied again per block)
-        k_t, r_t = k.transpose(-1, -2).contiguous(), r.transpose(-1, -2).contiguous()  # (B, H, d, T), (H, d, 2T-1)
+        k_t, r_t = k.permute(0, 2, 3, 1).contiguous(), r.permute(1, 2, 0).contiguous()  # (B, H, d, T), (H, d, 2T-1)
         out = torch.cat([self._attend(qu[:, :, i0:i0 + QUERY_BLOCK], qv[:, :, i0:i0 + QUERY_BLOCK], k_t, v, r_t, mask,
                                       i0)
                          for i0 in range(0, t, QUERY_BLOCK)], dim=2)  # (B, H, T, d)

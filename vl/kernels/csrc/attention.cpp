@@ -18,6 +18,14 @@
 // the threads; each packs its head's K and V once into the tiles' pair layouts (zero-padded to 32 channels and 32
 // keys: exact, zero terms add nothing; the padded keys' probabilities are set to 0).
 //
+// Relative positions (vl_rel_attention): Transformer-XL's attention as Parakeet (Omni's audio encoder) computes it,
+// score(i, j) = scale (qu_i . k_j + qv_i . r_{(L - 1) - (i - j)}) over the 2L - 1 rows of r. Per block of 32 queries
+// and chunk of keys the position term is one more tile product, qv against the window of r rows the block's
+// (query, key) pairs reach (the chunk's keys + 31 + the alignment to 16 rows), added to S along shifted rows (row a
+// of the block reads its window from column 31 - a): the term is never materialised beyond one block's rows. The
+// twin is the module's torch path (vl/modeling/parakeet.py `RelPositionAttention._attend`), which rounds each term
+// and their sum to bf16 before a float32 softmax; here both stay float32 until the probabilities.
+//
 // Built at first use by vl/kernels/attention.py through the compile cache of vl/kernels/loader.py (g++ -O3
 // -march=native -fopenmp). Without AMX the library says so (vl_attention_tiles() = 0) and the caller runs torch's.
 #include <algorithm>
@@ -135,9 +143,20 @@ inline __m512 exp_nonpositive(__m512 t /* already x * log2(e) */) {
 constexpr int QS = 512, KC = 512, ONE_CHUNK_MAX = 2048;
 
 struct Scratch {
-  std::vector<uint16_t> kp, vp, qp, p;
-  std::vector<float> s, o, part, m, l, alpha;
+  std::vector<uint16_t> kp, vp, qp, p, qvp, rraw, rp;
+  std::vector<float> s, o, part, m, l, alpha, pf;
 };
+
+// Relative positions for one head: qv (L, D) and r (2L - 1, D) with their row strides; r is copied between RPAD
+// zero rows on each side so that every window the blocks reach (including padded queries and keys) lies inside it.
+struct Rel {
+  const uint16_t* qv;
+  long qvsl;
+  const uint16_t* r;
+  long rsl;
+};
+constexpr int RPAD = 64;
+inline int rel_rows(int L) { return (2 * L - 1 + 2 * RPAD + 64 + 15) / 16 * 16; }
 
 // Online softmax of `rows` score rows (row stride kc, nk keys of which the first nv valid) against the rows' running maxima m
 // and sums l: P (bf16, unnormalised, padded keys 0) and alpha = exp(scale (m_old - m_new)), the factor the rows'
@@ -170,9 +189,19 @@ inline void softmax_rows(const float* s, int rows, int kc, int nk, int nv, float
 
 // One head: q, k, v (L, D) with row strides (elements); out rows `osl` apart.
 void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16_t* v, long vsl, uint16_t* out,
-          long osl, const Dims& d, float scale, Scratch& w) {
+          long osl, const Dims& d, float scale, Scratch& w, const Rel* rel = nullptr) {
   pack_k(k, ksl, d, w.kp.data());
   pack_v(v, vsl, d, w.vp.data());
+  const int pw = (d.Lk <= ONE_CHUNK_MAX ? d.Lk : KC) + 48;  // the position window's width at most (see below)
+  if (rel) {  // r between zero rows, then packed like K (its rows are the "keys" of the position product)
+    Dims dr = d;
+    dr.L = rel_rows(d.L);
+    dr.nkb = dr.L / 16;
+    std::fill(w.rraw.begin(), w.rraw.end(), (uint16_t)0);
+    for (int p = 0; p < 2 * d.L - 1; ++p)
+      std::memcpy(w.rraw.data() + (size_t)(RPAD + p) * d.D, rel->r + (size_t)p * rel->rsl, 2 * d.D);
+    pack_k(w.rraw.data(), d.D, dr, w.rp.data());
+  }
   const int kc = d.Lk <= ONE_CHUNK_MAX ? d.Lk : KC;  // keys per chunk (a multiple of 32)
   const int ow = d.ndb * 16;                         // o's row width
   const float c = scale * 1.4426950408889634f;      // exp(scale (x - m)) = 2^(c x - c m)
@@ -183,6 +212,11 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
     uint16_t* qp = w.qp.data();  // (nqb * 16, Dp) zero-padded
     std::memset(qp, 0, sizeof(uint16_t) * nqb * 16 * d.Dp);
     for (int r = 0; r < nrows; ++r) std::memcpy(qp + (size_t)r * d.Dp, q + (size_t)(qs0 + r) * qsl, 2 * d.D);
+    if (rel) {
+      std::memset(w.qvp.data(), 0, sizeof(uint16_t) * nqb * 16 * d.Dp);
+      for (int r = 0; r < nrows; ++r)
+        std::memcpy(w.qvp.data() + (size_t)r * d.Dp, rel->qv + (size_t)(qs0 + r) * rel->qvsl, 2 * d.D);
+    }
     std::fill(w.o.begin(), w.o.begin() + (size_t)nqb * 16 * ow, 0.f);
     std::fill(w.m.begin(), w.m.end(), -INFINITY);
     std::fill(w.l.begin(), w.l.end(), 0.f);
@@ -202,6 +236,33 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
             dot22(nq, nj);
           }
           store_c(nq, nj, s + kb * 16, kc);
+        }
+        if (rel) {
+          // query i0 + a (a < 32) and key k0 + c reach r row (L - 1) - (i0 + a) + k0 + c = base + (31 - a) + c: the
+          // product of the block's qv with r rows [st, st + W) (st = base aligned down to 16, off = base - st) holds
+          // it at column off + 31 - a + c
+          const long base = (long)(d.L - 1) - (qs0 + qb * 16 + 31) + k0 + RPAD, st = base & ~15L;
+          const int off = (int)(base - st), width = (off + 31 + nk + 15) / 16 * 16;
+          const uint16_t* qva = w.qvp.data() + (size_t)qb * 16 * d.Dp;
+          float* pf = w.pf.data();
+          for (int jb = 0; jb < width / 16; jb += 2) {
+            const int nj = std::min(2, width / 16 - jb);
+            zero_c();
+            for (int ds = 0; ds < d.nds; ++ds) {
+              _tile_loadd(4, qva + ds * 32, d.Dp * 2);
+              if (nq > 1) _tile_loadd(5, qva + 16 * d.Dp + ds * 32, d.Dp * 2);
+              _tile_loadd(6, w.rp.data() + ((size_t)(st / 16 + jb) * d.nds + ds) * 512, 64);
+              if (nj > 1) _tile_loadd(7, w.rp.data() + ((size_t)(st / 16 + jb + 1) * d.nds + ds) * 512, 64);
+              dot22(nq, nj);
+            }
+            store_c(nq, nj, pf + jb * 16, pw);
+          }
+          for (int a = 0; a < 16 * nq; ++a) {
+            float* sr = s + (size_t)a * kc;
+            const float* pr = pf + (size_t)a * pw + off + 31 - a;
+            for (int c0 = 0; c0 < nk; c0 += 16)
+              _mm512_storeu_ps(sr + c0, _mm512_add_ps(_mm512_loadu_ps(sr + c0), _mm512_loadu_ps(pr + c0)));
+          }
         }
         const int r0 = qb * 16;
         softmax_rows(s, 16 * nq, kc, nk, nv, c, p, w.m.data() + r0, w.l.data() + r0, w.alpha.data() + r0);
@@ -239,32 +300,10 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
 }
 #endif
 
-}  // namespace
-
-extern "C" {
-
-int vl_isa() {  // 2 = an AVX512 build, 0 = portable; the tile path is vl_attention_tiles()
-#if defined(__AVX512F__) && !defined(VL_PORTABLE)
-  return 2;
-#else
-  return 0;
-#endif
-}
-
-// 1 where this process can run vl_attention (a build with AMX and the tile state granted), else 0
-int vl_attention_tiles() {
-#ifdef VL_AMX
-  return amx_ready() ? 1 : 0;
-#else
-  return 0;
-#endif
-}
-
-// out (B, L, H, D) = softmax(scale * q k^T) v per (batch, head); strides in elements as (batch, position, head), the
-// channel stride 1; D even. Returns 0, or 1 where the tiles are unavailable or D is odd (nothing written).
-int vl_attention(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long qsh, const uint16_t* k,
-                 long ksb, long ksl, long ksh, const uint16_t* v, long vsb, long vsl, long vsh, float scale,
-                 uint16_t* out, int threads) {
+// Both entry points: heads over the threads, each with its own scratch; qv and r (relative positions) optional.
+int run(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long qsh, const uint16_t* k, long ksb,
+        long ksl, long ksh, const uint16_t* v, long vsb, long vsl, long vsh, const uint16_t* qv, long vqsb, long vqsl,
+        long vqsh, const uint16_t* r, long rsp, long rsh, float scale, uint16_t* out, int threads) {
 #ifdef VL_AMX
   if (!amx_ready() || L < 1 || D < 2 || D % 2) return 1;
   Dims d{};
@@ -292,21 +331,71 @@ int vl_attention(int B, int L, int H, int D, const uint16_t* q, long qsb, long q
     w.s.resize((size_t)32 * kc);
     w.p.resize((size_t)32 * kc);
     w.part.resize((size_t)32 * ow);
+    if (r) {
+      w.qvp.resize((size_t)qs * d.Dp);
+      w.rraw.resize((size_t)rel_rows(L) * D);
+      w.rp.resize((size_t)512 * (rel_rows(L) / 16) * d.nds);
+      w.pf.resize((size_t)32 * (kc + 48));
+    }
     amx_configure({64, 64, 64, 64, 64, 64, 64, 64});
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < heads; ++bh) {
       const int b = bh / H, h = bh % H;
+      const Rel rel{r ? qv + b * vqsb + h * vqsh : nullptr, vqsl, r ? r + h * rsh : nullptr, rsp};
       head(q + b * qsb + h * qsh, qsl, k + b * ksb + h * ksh, ksl, v + b * vsb + h * vsh, vsl,
-           out + ((size_t)b * L * H + h) * D, (long)H * D, d, scale, w);
+           out + ((size_t)b * L * H + h) * D, (long)H * D, d, scale, w, r ? &rel : nullptr);
     }
     _tile_release();
   }
   return 0;
 #else
   (void)B, (void)L, (void)H, (void)D, (void)q, (void)qsb, (void)qsl, (void)qsh, (void)k, (void)ksb, (void)ksl;
-  (void)ksh, (void)v, (void)vsb, (void)vsl, (void)vsh, (void)scale, (void)out, (void)threads;
+  (void)ksh, (void)v, (void)vsb, (void)vsl, (void)vsh, (void)qv, (void)vqsb, (void)vqsl, (void)vqsh, (void)r;
+  (void)rsp, (void)rsh, (void)scale, (void)out, (void)threads;
   return 1;
 #endif
+}
+
+}  // namespace
+
+extern "C" {
+
+int vl_isa() {  // 2 = an AVX512 build, 0 = portable; the tile path is vl_attention_tiles()
+#if defined(__AVX512F__) && !defined(VL_PORTABLE)
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+// 1 where this process can run vl_attention (a build with AMX and the tile state granted), else 0
+int vl_attention_tiles() {
+#ifdef VL_AMX
+  return amx_ready() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// out (B, L, H, D) = softmax(scale * q k^T) v per (batch, head); strides in elements as (batch, position, head), the
+// channel stride 1; D even. Returns 0, or 1 where the tiles are unavailable or D is odd (nothing written).
+int vl_attention(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long qsh, const uint16_t* k,
+                 long ksb, long ksl, long ksh, const uint16_t* v, long vsb, long vsl, long vsh, float scale,
+                 uint16_t* out, int threads) {
+  return run(B, L, H, D, q, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, nullptr, 0, 0, 0, nullptr, 0, 0, scale,
+             out, threads);
+}
+
+// Transformer-XL relative positions (Parakeet): out (B, L, H, D) = softmax(scale (qu k^T + shift(qv r^T))) v, where
+// query i and key j take r row (L - 1) - (i - j); r (2L - 1, H, D) is shared by the batch rows (strides: row, head).
+// Unmasked. Returns as vl_attention.
+int vl_rel_attention(int B, int L, int H, int D, const uint16_t* qu, long qsb, long qsl, long qsh, const uint16_t* qv,
+                     long vqsb, long vqsl, long vqsh, const uint16_t* k, long ksb, long ksl, long ksh,
+                     const uint16_t* v, long vsb, long vsl, long vsh, const uint16_t* r, long rsp, long rsh,
+                     float scale, uint16_t* out, int threads) {
+  if (qv == nullptr || r == nullptr) return 1;
+  return run(B, L, H, D, qu, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, qv, vqsb, vqsl, vqsh, r, rsp, rsh,
+             scale, out, threads);
 }
 
 }  // extern "C"
