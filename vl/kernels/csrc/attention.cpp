@@ -120,6 +120,25 @@ inline void store_c(int nq, int nj, float* dst, long ld) {
   }
 }
 
+// C (16 nq, 16 nb) = A B^T for the 16 nq packed query rows at `a` (row stride d.Dp) and the nb blocks of 16 rows
+// packed as pack_k packs them (blocks b0 .. b0 + nb - 1 of `packed`), two by two blocks per step, stored at dst (row
+// stride ld floats): the scores Q K^T of a chunk, and the position product with r's window
+inline void rows_by_blocks(const uint16_t* a, int nq, const uint16_t* packed, int b0, int nb, const Dims& d,
+                           float* dst, long ld) {
+  for (int kb = 0; kb < nb; kb += 2) {
+    const int nj = std::min(2, nb - kb);
+    zero_c();
+    for (int ds = 0; ds < d.nds; ++ds) {
+      _tile_loadd(4, a + ds * 32, d.Dp * 2);
+      if (nq > 1) _tile_loadd(5, a + 16 * d.Dp + ds * 32, d.Dp * 2);
+      _tile_loadd(6, packed + ((size_t)(b0 + kb) * d.nds + ds) * 512, 64);
+      if (nj > 1) _tile_loadd(7, packed + ((size_t)(b0 + kb + 1) * d.nds + ds) * 512, 64);
+      dot22(nq, nj);
+    }
+    store_c(nq, nj, dst + kb * 16, ld);
+  }
+}
+
 // exp(x) for x <= 0 as 2^(x log2 e): the power of two by VSCALEFPS, 2^f on [-1/2, 1/2] by its degree-6 Taylor
 // polynomial (relative error ~1e-7 there: float32's rounding), without vl_exp16's range clamps (the
 // arguments are finite and at most 0; far below 0 the result goes to 0 through subnormals as expf's does).
@@ -225,18 +244,7 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
       for (int qb = 0; qb < nqb; qb += 2) {
         const int nq = std::min(2, nqb - qb);
         const uint16_t* qa = qp + (size_t)qb * 16 * d.Dp;
-        for (int kb = 0; kb < nk / 16; kb += 2) {  // S (16 nq, nk) = Q K^T
-          const int nj = std::min(2, nk / 16 - kb);
-          zero_c();
-          for (int ds = 0; ds < d.nds; ++ds) {
-            _tile_loadd(4, qa + ds * 32, d.Dp * 2);
-            if (nq > 1) _tile_loadd(5, qa + 16 * d.Dp + ds * 32, d.Dp * 2);
-            _tile_loadd(6, w.kp.data() + ((size_t)(k0 / 16 + kb) * d.nds + ds) * 512, 64);
-            if (nj > 1) _tile_loadd(7, w.kp.data() + ((size_t)(k0 / 16 + kb + 1) * d.nds + ds) * 512, 64);
-            dot22(nq, nj);
-          }
-          store_c(nq, nj, s + kb * 16, kc);
-        }
+        rows_by_blocks(qa, nq, w.kp.data(), k0 / 16, nk / 16, d, s, kc);  // S (16 nq, nk) = Q K^T
         if (rel) {
           // query i0 + a (a < 32) and key k0 + c reach r row (L - 1) - (i0 + a) + k0 + c = base + (31 - a) + c: the
           // product of the block's qv with r rows [st, st + W) (st = base aligned down to 16, off = base - st) holds
@@ -245,18 +253,7 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
           const int off = (int)(base - st), width = (off + 31 + nk + 15) / 16 * 16;
           const uint16_t* qva = w.qvp.data() + (size_t)qb * 16 * d.Dp;
           float* pf = w.pf.data();
-          for (int jb = 0; jb < width / 16; jb += 2) {
-            const int nj = std::min(2, width / 16 - jb);
-            zero_c();
-            for (int ds = 0; ds < d.nds; ++ds) {
-              _tile_loadd(4, qva + ds * 32, d.Dp * 2);
-              if (nq > 1) _tile_loadd(5, qva + 16 * d.Dp + ds * 32, d.Dp * 2);
-              _tile_loadd(6, w.rp.data() + ((size_t)(st / 16 + jb) * d.nds + ds) * 512, 64);
-              if (nj > 1) _tile_loadd(7, w.rp.data() + ((size_t)(st / 16 + jb + 1) * d.nds + ds) * 512, 64);
-              dot22(nq, nj);
-            }
-            store_c(nq, nj, pf + jb * 16, pw);
-          }
+          rows_by_blocks(qva, nq, w.rp.data(), (int)(st / 16), width / 16, d, pf, pw);
           for (int a = 0; a < 16 * nq; ++a) {
             float* sr = s + (size_t)a * kc;
             const float* pr = pf + (size_t)a * pw + off + 31 - a;
