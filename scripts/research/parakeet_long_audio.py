@@ -1,6 +1,7 @@
 """Omni's Parakeet encoder on one long clip: the released widths (hidden 1024, 24 layers, 8 heads), random BF16
 weights with the CPU matmul passes, as `vl bench --media` builds its towers (vl/bench/media.py `_random_part`), fed
-random mel features of each length asked; seconds per clip. `--rev REV` times the attention of the module at that git
+random mel features of each length asked with the mask the Omni's processor gives (1 + L // 160 frames, the last one
+left out, so the clip's last position is padding); seconds per clip. `--rev REV` times the attention of the module at that git
 revision instead (its `RelPositionAttention.forward` and `_attend`), for a before / after in one sitting;
 `--profile` prints torch's operator profile of each clip.
 
@@ -50,13 +51,15 @@ def main() -> None:
     _random_part(encoder, torch.bfloat16, 3)
     for seconds in (int(s) for s in args.seconds.split(",")):
         features = torch.randn(1, seconds * 100 + 1, cfg.num_mel_bins, dtype=torch.bfloat16)  # 10 ms hop
+        mask = torch.ones(features.shape[:2], dtype=torch.bool)
+        mask[:, -1] = False
         with torch.inference_mode():
             t0 = time.perf_counter()
             if args.profile:
                 with torch.profiler.profile(record_shapes=True) as prof:
-                    hidden, _ = encoder(features)
+                    hidden, _ = encoder(features, mask)
             else:
-                hidden, _ = encoder(features)
+                hidden, _ = encoder(features, mask)
             took = time.perf_counter() - t0
         print(f"{args.rev or 'working tree'}: {seconds} s of audio -> {hidden.shape[1]} tokens: {took:.1f} s "
               f"({args.threads} threads)", flush=True)

@@ -122,9 +122,10 @@ def rel_inputs(b, length, h, d, seed=0, scale=1.0):
     return x[:, :, 0], x[:, :, 1], x[:, :, 2], x[:, :, 3], r
 
 
-def rel_reference(qu, qv, k, v, r, scale=None, rounded=False):
+def rel_reference(qu, qv, k, v, r, scale=None, rounded=False, keys=None):
     """The plain maths: query i and key j take r row (L - 1) - (i - j). `rounded`: the module's torch path in bf16
-    (each term and their sum rounded to bf16 before the float32 softmax, as transformers does); else float32."""
+    (each term and their sum rounded to bf16 before the float32 softmax, as transformers does); else float32.
+    `keys`: per batch row, the keys every query attends to (the rest masked out)."""
     b, length, h, d = qu.shape
     scale = d**-0.5 if scale is None else scale
     dt = torch.bfloat16 if rounded else torch.float32
@@ -133,7 +134,11 @@ def rel_reference(qu, qv, k, v, r, scale=None, rounded=False):
     i = torch.arange(length)
     rows = (length - 1) - i[:, None] + i[None, :]
     position = torch.einsum("blhd,phd->bhlp", qv, r).gather(-1, rows.expand(b, h, length, length)) * scale
-    weights = torch.softmax((content + position).float(), dim=-1).to(dt)
+    scores = (content + position).float()
+    if keys is not None:
+        valid = i[None, :] < torch.tensor(keys)[:, None]  # (B, L) keys
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(dt)
     return torch.einsum("bhlm,bmhd->blhd", weights, v).float()
 
 
@@ -194,3 +199,21 @@ def test_relative_where_it_does_not_apply_it_answers_none(lib):
     assert attention.relative_attention(qu, qv, k, v, r[1:]) is None  # not 2L - 1 positions
     assert attention.relative_attention(qu[..., :15], qv[..., :15], k[..., :15], v[..., :15], r[..., :15]) is None
     assert attention.relative_attention(qu, qv, k[:, :10], v[:, :10], r) is None
+
+
+@pytest.mark.parametrize("shape,keys", [((3, 70, 2, 64), [70, 1, 33]), ((2, 2100, 1, 128), [2100, 1500]),
+                                        ((1, 600, 2, 32), [599])])
+def test_relative_keys_per_row_mask_the_rest(lib, shape, keys):
+    """Each batch row's queries attend to its first keys[b] keys only (a clip's real positions), in one chunk of keys
+    and past it; the kernel ignores what the masked keys hold."""
+    qu, qv, k, v, r = rel_inputs(*shape, seed=12)
+    got = attention.relative_attention(qu, qv, k, v, r, keys=keys)
+    want = rel_reference(qu, qv, k, v, r, keys=keys)
+    theirs = rel_reference(qu, qv, k, v, r, keys=keys, rounded=True)
+    assert (got.float() - want).abs().max() <= 1.25 * (theirs - want).abs().max() + 1e-3
+    k2, v2 = k.clone(), v.clone()
+    for i, n in enumerate(keys):
+        k2[i, n:], v2[i, n:] = 7.0, -5.0
+    assert torch.equal(attention.relative_attention(qu, qv, k2, v2, r, keys=keys), got)
+    assert attention.relative_attention(qu, qv, k, v, r, keys=[0] + keys[1:]) is None  # a row with no key
+    assert attention.relative_attention(qu, qv, k, v, r, keys=keys[:-1] + [shape[1] + 1]) is None

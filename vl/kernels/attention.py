@@ -32,7 +32,7 @@ SOURCE = loader.CSRC / "attention.cpp"
 _i, _l, _p, _f = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
 FUNCTIONS = {"vl_attention_tiles": ([], _i),
              "vl_attention": ([_i] * 4 + [_p, _l, _l, _l] * 3 + [_f, _p, _i], _i),
-             "vl_rel_attention": ([_i] * 4 + [_p, _l, _l, _l] * 4 + [_p, _l, _l, _f, _p, _i], _i)}
+             "vl_rel_attention": ([_i] * 4 + [_p, _l, _l, _l] * 4 + [_p, _l, _l, _p, _f, _p, _i], _i)}
 
 
 @functools.cache
@@ -89,13 +89,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 
 def relative_attention(qu: torch.Tensor, qv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor,
-                       scale: float | None = None) -> torch.Tensor | None:
-    """softmax(scale (qu k^T + qv r_shift^T)) v per batch row and head, unmasked, with query i and key j taking row
+                       scale: float | None = None, keys: list[int] | None = None) -> torch.Tensor | None:
+    """softmax(scale (qu k^T + qv r_shift^T)) v per batch row and head, with query i and key j taking row
     (L - 1) - (i - j) of `r`: qu, qv, k, v (B, L, H, D) and r (2L - 1, H, D) bf16 views (channels contiguous) ->
-    (B, L, H, D) contiguous bf16; None where the kernel does not apply here."""
-    shape = q_shape = qu.shape
+    (B, L, H, D) contiguous bf16; None where the kernel does not apply here. `keys`: per batch row, the keys
+    [0, keys[b]) every query of the row attends to (1 .. L; None: all), the rest of the row masked out."""
+    shape = qu.shape
     if (not applies(qu, qv, k, v, r[None]) or qv.shape != shape or k.shape != shape or v.shape != shape
-            or q_shape[3] % 2 or 0 in q_shape or r.shape != (2 * shape[1] - 1, shape[2], shape[3])):
+            or shape[3] % 2 or 0 in shape or r.shape != (2 * shape[1] - 1, shape[2], shape[3])
+            or (keys is not None and (len(keys) != shape[0] or not all(1 <= n <= shape[1] for n in keys)))):
         return None
     lib = library()
     if lib is None:
@@ -106,6 +108,7 @@ def relative_attention(qu: torch.Tensor, qv: torch.Tensor, k: torch.Tensor, v: t
     args = [b, length, h, d]
     for x in (qu, qv, k, v):
         args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
-    args += [r.data_ptr(), r.stride(0), r.stride(1)]
+    counts = None if keys is None else (ctypes.c_int * b)(*(int(n) for n in keys))
+    args += [r.data_ptr(), r.stride(0), r.stride(1), counts]
     rc = lib.lib.vl_rel_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
     return out if rc == 0 else None

@@ -14,9 +14,9 @@ audio tower of Nemotron 3 Nano Omni (its `audio_config`):
    relative distance r in [-(T-1), T-1]. The convolution module is pointwise -> GLU -> depthwise (padded frames
    zeroed first) -> batch norm (inference statistics) -> activation -> pointwise.
 
-In bf16 on a CPU with AMX an unmasked attention (one clip, or clips of one length) runs as one kernel
-(vl/kernels/attention.py `relative_attention`: the position term a tile product per block, float32 scores); the torch
-path below (padded batches, fp32, elsewhere) rounds each term and their sum to bf16 as transformers does.
+In bf16 on a CPU with AMX the attention runs as one kernel (vl/kernels/attention.py `relative_attention`: the position
+term a tile product per block, float32 scores, each clip's keys up to its length); the torch path below (fp32,
+elsewhere) rounds each term and their sum to bf16 as transformers does.
 
 Parameter names equal transformers' `ParakeetEncoder` state-dict keys, so a checkpoint adapter is a prefix
 strip. Plain maths, no I/O; the mel features come from vl/processing/audio_features.py.
@@ -210,9 +210,14 @@ class RelPositionAttention(nn.Module):
         v = self.v_proj(x).view(b, t, h, d)
         r = self.relative_k_proj(positions).view(-1, h, d)  # (2T-1, H, d): rows r = T-1 .. -(T-1)
         qu, qv = q + self.bias_u, q + self.bias_v
-        if mask is None:
-            out = tile_attention.relative_attention(qu, qv, k, v, r)
+        keys = None if mask is None else mask.sum(-1)
+        if mask is None or torch.equal(mask, time_mask(keys, t)):  # every key, or each row's first keys[b]
+            out = tile_attention.relative_attention(qu, qv, k, v, r, keys=None if keys is None else keys.tolist())
             if out is not None:
+                for i, n in enumerate([] if keys is None else keys.tolist()):
+                    # a padded query: every pair masked, so it attends to all keys uniformly, as the torch path does
+                    # (the Omni keeps one such position per clip: docs/audio.md, "How many audio tokens")
+                    out[i, n:] = v[i].float().mean(0).to(out.dtype)
                 return self.o_proj(out.view(b, t, h * d))
         qu, qv, v = qu.transpose(1, 2), qv.transpose(1, 2), v.transpose(1, 2).contiguous()  # (B, H, T, d)
         # the keys and positions transposed once for every query block's products (not copied again per block)

@@ -207,8 +207,9 @@ inline void softmax_rows(const float* s, int rows, int kc, int nk, int nv, float
 }
 
 // One head: q, k, v (L, D) with row strides (elements); out rows `osl` apart.
+// keys: the keys [0, keys) every query attends to (the rest of the row masked out; d.L when unmasked)
 void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16_t* v, long vsl, uint16_t* out,
-          long osl, const Dims& d, float scale, Scratch& w, const Rel* rel = nullptr) {
+          long osl, const Dims& d, float scale, Scratch& w, int keys, const Rel* rel = nullptr) {
   pack_k(k, ksl, d, w.kp.data());
   pack_v(v, vsl, d, w.vp.data());
   const int pw = (d.Lk <= ONE_CHUNK_MAX ? d.Lk : KC) + 48;  // the position window's width at most (see below)
@@ -239,8 +240,9 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
     std::fill(w.o.begin(), w.o.begin() + (size_t)nqb * 16 * ow, 0.f);
     std::fill(w.m.begin(), w.m.end(), -INFINITY);
     std::fill(w.l.begin(), w.l.end(), 0.f);
-    for (int k0 = 0; k0 < d.Lk; k0 += kc) {
-      const int nk = std::min(kc, d.Lk - k0), nv = std::min(nk, d.L - k0);  // keys in the chunk, valid ones
+    const int lk = (keys + 31) / 32 * 32;  // the chunks that hold a valid key
+    for (int k0 = 0; k0 < lk; k0 += kc) {
+      const int nk = std::min(kc, lk - k0), nv = std::min(nk, keys - k0);  // keys in the chunk, valid ones
       for (int qb = 0; qb < nqb; qb += 2) {
         const int nq = std::min(2, nqb - qb);
         const uint16_t* qa = qp + (size_t)qb * 16 * d.Dp;
@@ -300,9 +302,11 @@ void head(const uint16_t* q, long qsl, const uint16_t* k, long ksl, const uint16
 // Both entry points: heads over the threads, each with its own scratch; qv and r (relative positions) optional.
 int run(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long qsh, const uint16_t* k, long ksb,
         long ksl, long ksh, const uint16_t* v, long vsb, long vsl, long vsh, const uint16_t* qv, long vqsb, long vqsl,
-        long vqsh, const uint16_t* r, long rsp, long rsh, float scale, uint16_t* out, int threads) {
+        long vqsh, const uint16_t* r, long rsp, long rsh, const int* keys, float scale, uint16_t* out, int threads) {
 #ifdef VL_AMX
   if (!amx_ready() || L < 1 || D < 2 || D % 2) return 1;
+  for (int b = 0; keys && b < B; ++b)
+    if (keys[b] < 1 || keys[b] > L) return 1;
   Dims d{};
   d.L = L;
   d.D = D;
@@ -340,7 +344,7 @@ int run(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long 
       const int b = bh / H, h = bh % H;
       const Rel rel{r ? qv + b * vqsb + h * vqsh : nullptr, vqsl, r ? r + h * rsh : nullptr, rsp};
       head(q + b * qsb + h * qsh, qsl, k + b * ksb + h * ksh, ksl, v + b * vsb + h * vsh, vsl,
-           out + ((size_t)b * L * H + h) * D, (long)H * D, d, scale, w, r ? &rel : nullptr);
+           out + ((size_t)b * L * H + h) * D, (long)H * D, d, scale, w, keys ? keys[b] : L, r ? &rel : nullptr);
     }
     _tile_release();
   }
@@ -348,7 +352,7 @@ int run(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long 
 #else
   (void)B, (void)L, (void)H, (void)D, (void)q, (void)qsb, (void)qsl, (void)qsh, (void)k, (void)ksb, (void)ksl;
   (void)ksh, (void)v, (void)vsb, (void)vsl, (void)vsh, (void)qv, (void)vqsb, (void)vqsl, (void)vqsh, (void)r;
-  (void)rsp, (void)rsh, (void)scale, (void)out, (void)threads;
+  (void)rsp, (void)rsh, (void)keys, (void)scale, (void)out, (void)threads;
   return 1;
 #endif
 }
@@ -379,19 +383,20 @@ int vl_attention_tiles() {
 int vl_attention(int B, int L, int H, int D, const uint16_t* q, long qsb, long qsl, long qsh, const uint16_t* k,
                  long ksb, long ksl, long ksh, const uint16_t* v, long vsb, long vsl, long vsh, float scale,
                  uint16_t* out, int threads) {
-  return run(B, L, H, D, q, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, nullptr, 0, 0, 0, nullptr, 0, 0, scale,
-             out, threads);
+  return run(B, L, H, D, q, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, nullptr, 0, 0, 0, nullptr, 0, 0, nullptr,
+             scale, out, threads);
 }
 
 // Transformer-XL relative positions (Parakeet): out (B, L, H, D) = softmax(scale (qu k^T + shift(qv r^T))) v, where
 // query i and key j take r row (L - 1) - (i - j); r (2L - 1, H, D) is shared by the batch rows (strides: row, head).
-// Unmasked. Returns as vl_attention.
+// keys: per batch row, the keys [0, keys[b]) that every query of the row attends to (1 .. L), or null for all.
+// Returns as vl_attention (1 also for a keys[b] out of range).
 int vl_rel_attention(int B, int L, int H, int D, const uint16_t* qu, long qsb, long qsl, long qsh, const uint16_t* qv,
                      long vqsb, long vqsl, long vqsh, const uint16_t* k, long ksb, long ksl, long ksh,
                      const uint16_t* v, long vsb, long vsl, long vsh, const uint16_t* r, long rsp, long rsh,
-                     float scale, uint16_t* out, int threads) {
+                     const int* keys, float scale, uint16_t* out, int threads) {
   if (qv == nullptr || r == nullptr) return 1;
-  return run(B, L, H, D, qu, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, qv, vqsb, vqsl, vqsh, r, rsp, rsh,
+  return run(B, L, H, D, qu, qsb, qsl, qsh, k, ksb, ksl, ksh, v, vsb, vsl, vsh, qv, vqsb, vqsl, vqsh, r, rsp, rsh, keys,
              scale, out, threads);
 }
 
