@@ -247,7 +247,7 @@ class RelPositionAttention(nn.Module):
         del position, by_distance
         if mask is not None:
             # the dtype's lowest value, not -inf: a padded query row then attends uniformly instead of giving NaN,
-            # exactly as transformers does (its outputs at padded positions are never used)
+            # exactly as transformers does (the Omni keeps one padded position per clip: docs/audio.md)
             pair = mask[:, None, i0:i0 + n, None] & mask[:, None, None, :]  # (B, 1, n, T)
             scores.masked_fill_(~pair, torch.finfo(scores.dtype).min)
         weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
