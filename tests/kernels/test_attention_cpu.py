@@ -217,3 +217,20 @@ def test_relative_keys_per_row_mask_the_rest(lib, shape, keys):
     assert torch.equal(attention.relative_attention(qu, qv, k2, v2, r, keys=keys), got)
     assert attention.relative_attention(qu, qv, k, v, r, keys=[0] + keys[1:]) is None  # a row with no key
     assert attention.relative_attention(qu, qv, k, v, r, keys=keys[:-1] + [shape[1] + 1]) is None
+
+
+@pytest.mark.parametrize("length,keys", [(300, 170), (2100, 1500), (4200, 2500)])
+def test_relative_a_clip_in_a_padded_batch_equals_the_clip_alone(lib, length, keys):
+    """A clip of `keys` positions in a batch padded to `length` gives its real positions the bits it gets alone: the
+    same distances read the same rows of the position table (the alone call's table is the middle 2 keys - 1 rows of
+    the batch's), and past 2048 positions both go in chunks of 512 keys."""
+    qu, qv, k, v, r = rel_inputs(2, length, 2, 64, seed=13)
+    batch = attention.relative_attention(qu, qv, k, v, r, keys=[length, keys])
+    lo = (length - 1) - (keys - 1)  # the row of distance keys - 1 in the batch's table
+    alone = attention.relative_attention(qu[1:, :keys], qv[1:, :keys], k[1:, :keys], v[1:, :keys],
+                                         r[lo:lo + 2 * keys - 1])
+    if (length > 2048) != (keys > 2048):
+        # chunks of 512 in the batch, the whole row alone: the same sums in another order
+        assert (alone[0].float() - batch[1, :keys].float()).abs().max() <= 0.02
+    else:
+        assert torch.equal(alone[0], batch[1, :keys])
