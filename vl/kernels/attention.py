@@ -70,22 +70,28 @@ def applies(*xs: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
+def _run(name: str, tensors, extra: tuple, scale: float | None) -> torch.Tensor | None:
+    """Call the library's `name` on (B, L, H, D) `tensors` (pointer and batch / position / head strides each), then
+    `extra`, the scale (default 1/sqrt(D)), the output and the thread count -> the output, or None."""
+    lib = library()
+    if lib is None:
+        return None
+    b, length, h, d = tensors[0].shape
+    out = torch.empty(b, length, h, d, dtype=torch.bfloat16)
+    args = [b, length, h, d]
+    for x in tensors:
+        args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
+    scale = d**-0.5 if scale is None else float(scale)
+    rc = getattr(lib.lib, name)(*args, *extra, scale, out.data_ptr(), torch.get_num_threads())
+    return out if rc == 0 else None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor | None:
     """softmax(scale q k^T) v per batch row and head, unmasked: q, k, v (B, L, H, D) bf16 views (channels
     contiguous, any other strides) -> (B, L, H, D) contiguous bf16; None where the kernel does not apply here."""
     if not applies(q, k, v) or q.shape != k.shape or k.shape != v.shape or q.shape[3] % 2 or 0 in q.shape:
         return None
-    lib = library()
-    if lib is None:
-        return None
-    b, length, h, d = q.shape
-    out = torch.empty(b, length, h, d, dtype=torch.bfloat16)
-    scale = d**-0.5 if scale is None else float(scale)
-    args = [b, length, h, d]
-    for x in (q, k, v):
-        args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
-    rc = lib.lib.vl_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
-    return out if rc == 0 else None
+    return _run("vl_attention", (q, k, v), (), scale)
 
 
 def relative_attention(qu: torch.Tensor, qv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor,
@@ -99,16 +105,5 @@ def relative_attention(qu: torch.Tensor, qv: torch.Tensor, k: torch.Tensor, v: t
             or shape[3] % 2 or 0 in shape or r.shape != (2 * shape[1] - 1, shape[2], shape[3])
             or (keys is not None and (len(keys) != shape[0] or not all(1 <= n <= shape[1] for n in keys)))):
         return None
-    lib = library()
-    if lib is None:
-        return None
-    b, length, h, d = shape
-    out = torch.empty(b, length, h, d, dtype=torch.bfloat16)
-    scale = d**-0.5 if scale is None else float(scale)
-    args = [b, length, h, d]
-    for x in (qu, qv, k, v):
-        args += [x.data_ptr(), x.stride(0), x.stride(1), x.stride(2)]
-    counts = None if keys is None else (ctypes.c_int * b)(*(int(n) for n in keys))
-    args += [r.data_ptr(), r.stride(0), r.stride(1), counts]
-    rc = lib.lib.vl_rel_attention(*args, scale, out.data_ptr(), torch.get_num_threads())
-    return out if rc == 0 else None
+    counts = None if keys is None else (ctypes.c_int * shape[0])(*(int(n) for n in keys))
+    return _run("vl_rel_attention", (qu, qv, k, v), (r.data_ptr(), r.stride(0), r.stride(1), counts), scale)
