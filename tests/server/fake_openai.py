@@ -69,8 +69,10 @@ def stall(body: bytes = b""):
 
 
 def reply_then_leave(text: str = "42"):
-    """A well-formed answer, after which the server goes away (its address refuses connections)."""
+    """A well-formed answer, after which the server goes away (its address refuses connections). It stops listening
+    before it answers, so that no request sent after the answer can still be accepted."""
     def behave(conn, fake):
+        fake.stop_listening()
         reply(text)(conn, fake)
         threading.Thread(target=fake.close, daemon=True).start()
     return behave
@@ -143,14 +145,18 @@ class FakeOpenAI:
             except (OSError, ConnectionError, ValueError):
                 pass  # the client hung up: nothing to answer
 
-    def close(self) -> None:
-        """Stop listening: new connections are refused, stalled replies end."""
+    def stop_listening(self) -> None:
+        """New connections are refused from here on; connections already accepted go on."""
         self.stopping.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.sock.close()
+
+    def close(self) -> None:
+        """Stop listening: new connections are refused, stalled replies end."""
+        self.stop_listening()
         self._accept.join(5)
         for t in self._threads:
             t.join(5)
