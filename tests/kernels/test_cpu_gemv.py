@@ -398,26 +398,28 @@ def _tiled(kernels):
     return k
 
 
-@pytest.mark.parametrize("shape", [(37, 208), (130, 48), (64, 1024), (19, 96), (16, 16), (5, 2048)])
+@pytest.mark.parametrize("shape", [(37, 208), (130, 48), (64, 1024), (19, 96), (16, 16), (5, 2048), (20, 12352)])
 def test_nvfp4_rows_on_tiles_equal_the_reference_with_the_same_bits_in_every_row_count(kernels, shape):
-    """NVFP4 on AMX tiles (row_kernels.h nvfp4_rows_amx): every row count from 1 to 70 (a B tile per 16 rows, a
-    second pass past 64) gives each row the bits of that row alone on tiles, and the reference's sums within float32
-    noise; odd block counts (K = 208, 48, 16) and weight rows past the last whole 16 (N = 37, 130, 19, 5) included,
-    with a subnormal block scale, on 1 and 2 threads. The tiles sum in another order than the float32 loop, so on
-    the widest layer the two differ somewhere: the call took the tiles."""
+    """NVFP4 on AMX tiles (row_kernels.h nvfp4_rows_amx; past one slab of rows nvfp4_rows_amx_many, which rebuilds
+    the weights once per call and multiplies in K-blocks): row counts from 1 to 200 (a B tile per 16 rows, a second
+    slab past 64, a last slab of 8 rows at 200) give each row the bits of that row alone on tiles, and the
+    reference's sums within float32 noise; odd block counts (K = 208, 48, 16), weight rows past the last whole 16
+    (N = 37, 130, 19, 5, 20) and 32-row slabs (K = 12352) included, with a subnormal block scale, on 1 and 2 threads.
+    The tiles sum in another order than the float32 loop, so on the widest layer the two differ somewhere: the call
+    took the tiles."""
     k = _tiled(kernels)
     n, kin = shape
     packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
     bs.view(torch.uint8)[0, 0] = 0x01  # the smallest E4M3 subnormal block scale
-    x = torch.randn(70, kin).bfloat16()
+    x = torch.randn(200, kin).bfloat16()
     ref = gemv_ref.nvfp4_gemv_ref(x, packed, bs, gs, True)
     old = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            alone = torch.cat([_nvfp4_raw(k, x[i:i + 1], packed, bs, gs, 1) for i in range(70)])
+            alone = torch.cat([_nvfp4_raw(k, x[i:i + 1], packed, bs, gs, 1) for i in range(200)])
             _close(alone, ref)
-            for m in (2, 3, 16, 17, 33, 48, 63, 64, 65, 70):
+            for m in (2, 3, 16, 17, 33, 48, 63, 64, 65, 70, 129, 200):
                 assert torch.equal(_nvfp4_raw(k, x[:m], packed, bs, gs, 1), alone[:m]), (m, threads)
     finally:
         torch.set_num_threads(old)
@@ -440,7 +442,7 @@ def test_the_tile_rule_picks_the_path_by_row_count_alone(kernels, monkeypatch, r
     for m in counts:
         tiled = rule == "on" or (rule == "auto" and m >= gemv.TILE_FROM_ROWS)
         assert torch.equal(call(x[:m], True), _nvfp4_raw(k, x[:m], packed, bs, gs, int(tiled))), m
-    prompt = torch.randn(100, 2048).bfloat16()  # a short prompt's rows: tiles too (auto, on), 32 per call
+    prompt = torch.randn(100, 2048).bfloat16()  # a short prompt's rows: tiles too (auto, on), in one call
     want = _nvfp4_raw(k, prompt, packed, bs, gs, int(rule != "off"))
     assert torch.equal(call(prompt, True), want)
     _close(want, gemv_ref.nvfp4_gemv_ref(prompt, packed, bs, gs, True))

@@ -33,7 +33,6 @@ SOURCE = loader.CSRC / "quant_gemv.cpp"
 MAX_ROWS = 16  # up to this many activation rows use the kernel (decode, small batches); more rows: dequantize + GEMM
 TILE_MAX_ROWS = 512  # the same for NVFP4 rows on AMX tiles (docs/quant_cpu_kernels.md, "NVFP4 rows on AMX tiles")
 KERNEL_ROWS = 4  # rows per kernel call (register budget); more rows are sent in groups
-TILE_ROWS = 64  # rows per NVFP4 call on AMX tiles (four B tiles of 16)
 SCALE_KIND = {"tensor": 0, "channel": 1, "block": 2}
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
@@ -152,7 +151,8 @@ class Kernel(loader.Library):
         """The row loop shared by the packed formats: activations as the kernel takes them (bf16 when it rounds
         weights to bf16 and has a bf16 dot product, else float32), KERNEL_ROWS rows per kernel call. `tensors`:
         what the bound pointers point into, kept alive by the returned call. tiles_from > 0 (NVFP4 on AMX): calls
-        of at least that many bf16 rows take tiles, TILE_ROWS rows per call."""
+        of at least that many bf16 rows take tiles, all rows in one call (the kernel rebuilds each weight once per call:
+        row_kernels.h nvfp4_rows_amx_many)."""
         bf16_dot = self.bf16_dot
 
         def run(x: torch.Tensor, round_bf16: bool, _keep=tensors) -> torch.Tensor:
@@ -162,7 +162,7 @@ class Kernel(loader.Library):
             y = torch.empty(m, n, dtype=torch.float32)
             threads = torch.get_num_threads()
             tiles = int(x_bf16 and 0 < tiles_from <= m)
-            step = TILE_ROWS if tiles else KERNEL_ROWS
+            step = m if tiles else KERNEL_ROWS  # tiles: one call, which rebuilds each weight once for all rows
             for r in range(0, m, step):
                 call(x[r].data_ptr(), min(step, m - r), k, int(x_bf16), int(round_bf16), y[r].data_ptr(), threads,
                      tiles)

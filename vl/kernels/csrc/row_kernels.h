@@ -761,20 +761,51 @@ static inline int nvfp4_amx_col(int p) { return 4 * (p % 8) + p / 8; }  // eleme
 // xb (M, K) bf16 -> xv: per 32 inputs, per group of 16 rows (the last filled up with zero rows), one B tile: 16
 // pair-rows of 16 (even, odd) pairs in the A tile's lane order (1 KiB). M <= 64. Row by row: its 32 inputs of a
 // block permuted into lane order, each pair scattered to its pair-row (row m is pair m % 16 of every pair-row).
+// A block's 16 rows (r[m]: row m's 16 pairs, as dwords) -> its B tile (row j: pair j of rows 0..15): a 16 x 16
+// transpose of dwords, written one 64-byte tile row at a time (a scatter per row wrote 4 bytes into each of 16 lines:
+// ~30% of a 512-row product's time at Omni's expert widths went to packing).
+static inline void amx_b_tile(__m512i r[16], uint16_t* tile) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {  // pairs of rows: per 128-bit lane, columns 0-1 and 2-3 interleaved
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4 i + c], lane L: rows 4 i .. 4 i + 3 at column 4 L + c
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4 L + c, lane q = u[4 q + c] lane L: a 4 x 4 transpose of 128-bit lanes
+    const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+    _mm512_storeu_si512((__m512i*)(tile + (size_t)c * 32), _mm512_shuffle_i32x4(v0, v2, 0x88));
+    _mm512_storeu_si512((__m512i*)(tile + (size_t)(4 + c) * 32), _mm512_shuffle_i32x4(v0, v2, 0xDD));
+    _mm512_storeu_si512((__m512i*)(tile + (size_t)(8 + c) * 32), _mm512_shuffle_i32x4(v1, v3, 0x88));
+    _mm512_storeu_si512((__m512i*)(tile + (size_t)(12 + c) * 32), _mm512_shuffle_i32x4(v1, v3, 0xDD));
+  }
+}
+
 static void nvfp4_amx_pack(const uint16_t* xb, int M, int K, uint16_t* xv) {
   const int nkb = (K + 31) / 32, full = K / 32, G = (M + 15) / 16;
-  if (M % 16 || full < nkb) std::memset(xv, 0, (size_t)nkb * G * 1024);  // the padding rows, a last block's zero half
+  if (full < nkb) std::memset(xv, 0, (size_t)nkb * G * 1024);  // a last block's zero half
   uint16_t colv[32];
   for (int p = 0; p < 32; ++p) colv[p] = (uint16_t)nvfp4_amx_col(p);
   const __m512i perm = _mm512_loadu_si512(colv);
-  const __m512i where = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(16));
+  for (int g = 0; g < G; ++g) {  // 16 rows (the last group filled up with zero rows) per B tile
+    const int rows = M - 16 * g < 16 ? M - 16 * g : 16;
+    for (int kb = 0; kb < full; ++kb) {
+      __m512i r[16];
+      for (int m = 0; m < 16; ++m)
+        r[m] = m < rows ? _mm512_permutexvar_epi16(perm, _mm512_loadu_si512(xb + (size_t)(16 * g + m) * K + kb * 32))
+                        : _mm512_setzero_si512();
+      amx_b_tile(r, xv + ((size_t)kb * G + g) * 512);
+    }
+  }
   for (int m = 0; m < M; ++m) {
     const uint16_t* xr = xb + (size_t)m * K;
     uint16_t* base = xv + (size_t)(m / 16) * 512 + 2 * (m % 16);
-    for (int kb = 0; kb < full; ++kb)
-      _mm512_i32scatter_epi32(base + (size_t)kb * G * 512, where,
-                              _mm512_permutexvar_epi16(perm, _mm512_loadu_si512(xr + kb * 32)), 4);
     for (int p = 0; full < nkb && p < 32; ++p) {  // a last block of 16 inputs
       const int c = full * 32 + colv[p];
       if (c < K) base[(size_t)full * G * 512 + (p / 2) * 32 + p % 2] = xr[c];
@@ -888,6 +919,94 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
       _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, _mm512_i32gather_ps(column, c[m / 16] + m % 16, 4));
   }
   _tile_release();
+}
+
+// Many rows (prompts: more than one slab of activation rows in a call). nvfp4_rows_amx rebuilds the A tiles for
+// every slab and multiplies each by B tiles read from L2 (a slab's B tiles are ~0.3-1.5 MiB), one 1 KiB B load per
+// tile product: the products ran at about half the tiles' rate. Here the range's A tiles are rebuilt once per call
+// into a per-thread panel (L2), and the products run in K-blocks of KB 32-input blocks: per K-block, every stripe
+// of 16 weight rows in turn takes its C tiles from a small buffer (L1), multiplies the K-block's B tiles (L1 after
+// the first stripe) and puts them back. A C tile's sums go through memory between K-blocks unchanged (float32
+// stored and loaded exactly), in the same order, so every output has the bits nvfp4_rows_amx gives it.
+// xv: nvfp4_amx_pack of all M rows, slab by slab; panel: (r1 - r0 + 15) / 16 stripes of nkb KiB; r1 - r0 <= 64.
+static void nvfp4_rows_amx_many(const uint16_t* xv, int M, int slab, int K, const uint8_t* w, const uint8_t* bs,
+                                const uint16_t* tab16, int N, float* y, int r0, int r1, uint16_t* panel) {
+  constexpr int KB = 4;
+  const int nb = K / 16, nkb = (K + 31) / 32, npair = nb / 2, S = (r1 - r0 + 15) / 16;
+  const size_t wstride = K / 2;
+  uint16_t shv[32];
+  for (int p = 0; p < 32; ++p) shv[p] = (uint16_t)(4 * (p / 8));
+  __m512i sh = _mm512_loadu_si512(shv);
+  __asm__("" : "+v"(sh));
+  for (int st = 0; st < S; ++st) {  // the panel: each stripe's A tiles, the rows past the range zero
+    const int o = r0 + 16 * st, rows = r1 - o < 16 ? r1 - o : 16;
+    const uint8_t* w0 = w + (size_t)o * wstride;
+    const uint8_t* s0 = bs + (size_t)o * nb;
+    uint16_t* kept = panel + (size_t)st * nkb * 512;
+    if (rows < 16) std::memset(kept, 0, (size_t)nkb * 1024);
+    for (int kb = 0; kb < nkb; ++kb)
+      for (int r = 0; r < rows; ++r) {
+        if (kb < npair)
+          nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, kept + kb * 512 + r * 32);
+        else
+          nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, kept + kb * 512 + r * 32);
+      }
+  }
+  amx_configure({64, 64, 64, 64, 64, 64, 64, 64});
+  alignas(64) float c[4][4][16 * 16];  // stripe, group of 16 activation rows: the C tiles between K-blocks
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(16));
+  for (int m0 = 0; m0 < M; m0 += slab) {
+    const int mm = M - m0 < slab ? M - m0 : slab, G = (mm + 15) / 16;
+    const uint16_t* xs = xv + (size_t)m0 * nkb * 32;
+    for (int kb0 = 0; kb0 < nkb; kb0 += KB) {
+      const int kb1 = kb0 + KB < nkb ? kb0 + KB : nkb;
+      for (int st = 0; st < S; ++st) {
+        if (kb0 == 0) {
+          _tile_zero(0);
+          if (G > 1) _tile_zero(1);
+          if (G > 2) _tile_zero(6);
+          if (G > 3) _tile_zero(7);
+        } else {
+          _tile_loadd(0, c[st][0], 64);
+          if (G > 1) _tile_loadd(1, c[st][1], 64);
+          if (G > 2) _tile_loadd(6, c[st][2], 64);
+          if (G > 3) _tile_loadd(7, c[st][3], 64);
+        }
+        const uint16_t* ap = panel + (size_t)st * nkb * 512;
+        for (int kb = kb0; kb < kb1; ++kb) {
+          const uint16_t* xk = xs + (size_t)kb * G * 512;
+          if (kb & 1) VL_NVFP4_AMX_MULTIPLY(3, ap + (size_t)kb * 512, xk, G);
+          else VL_NVFP4_AMX_MULTIPLY(2, ap + (size_t)kb * 512, xk, G);
+        }
+        _tile_stored(0, c[st][0], 64);
+        if (G > 1) _tile_stored(1, c[st][1], 64);
+        if (G > 2) _tile_stored(6, c[st][2], 64);
+        if (G > 3) _tile_stored(7, c[st][3], 64);
+      }
+    }
+    for (int st = 0; st < S; ++st) {
+      const int o = r0 + 16 * st, rows = r1 - o < 16 ? r1 - o : 16;
+      const __mmask16 keep = (__mmask16)((1u << rows) - 1);
+      for (int m = 0; m < mm; ++m)  // C tile m / 16 holds weight row n, activation row m at n * 16 + m % 16
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + m) * N + o, keep,
+                              _mm512_i32gather_ps(column, c[st][m / 16] + m % 16, 4));
+    }
+  }
+  _tile_release();
+}
+
+// A thread's panel for nvfp4_rows_amx_many (elems uint16), kept and grown per thread so that a call does not map
+// fresh pages per range; null where it cannot be had.
+static uint16_t* amx_panel(size_t elems) {
+  static thread_local uint16_t* buf = nullptr;
+  static thread_local size_t held = 0;
+  if (held < elems) {
+    std::free(buf);
+    buf = (uint16_t*)std::aligned_alloc(64, (elems * 2 + 63) & ~(size_t)63);
+    held = buf ? elems : 0;
+  }
+  return buf;
 }
 #endif
 
@@ -1049,9 +1168,11 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
         _mm256_store_si256((__m256i*)(tab16 + sc * 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
         _mm256_store_si256((__m256i*)(tab16 + sc * 32 + 16), _mm256_setzero_si256());
       }
-      for (int m0 = 0; m0 < M; m0 += slab)
+      parallel_for((M + slab - 1) / slab, M > slab ? nthreads : 1, [&](int i) {
+        const int m0 = i * slab;
         nvfp4_amx_pack((const uint16_t*)x[g] + (size_t)m0 * K, std::min(slab, M - m0), K,
                        (uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32);
+      });
       continue;
     }
 #endif
@@ -1077,6 +1198,12 @@ static void nvfp4_gemv_group(int G, const void* const* x, int M, int K, const ui
     const float* tab = (const float*)(buf + per * g);
 #ifdef VL_AMX
     if (loop[g] == 3) {
+      uint16_t* panel = M > slab ? amx_panel((size_t)(r1 - r0 + 15) / 16 * nkb * 512) : nullptr;
+      if (panel) {
+        nvfp4_rows_amx_many((const uint16_t*)(tab + 256 * 16), M, slab, K, w[g], bs[g], (const uint16_t*)tab, N, yg,
+                            r0, r1, panel);
+        return;
+      }
       for (int m0 = 0; m0 < M; m0 += slab)
         nvfp4_rows_amx((const uint16_t*)(tab + 256 * 16) + (size_t)m0 * nkb * 32, std::min(slab, M - m0), K, w[g],
                        bs[g], (const uint16_t*)tab, N, yg + (size_t)m0 * N, r0, r1);
