@@ -69,6 +69,11 @@ def _expert(w, e: int, x):
     return w[e](x) if isinstance(w, nn.ModuleList) else gemm.linear(x, w[e])
 
 
+def expert_count(w) -> int:
+    """How many routed experts a fused (E, out, in) tensor or a list of per-expert modules holds."""
+    return len(w) if isinstance(w, nn.ModuleList) else w.shape[0]
+
+
 def _experts(w, ids: list[int], x):
     """Routed experts ids' projections: x (1, in) for every one of them, or (k, in) with row i for expert ids[i]
     -> (k, out). A list of per-expert modules that can (vl/quant/experts.py `ExpertList.project`) runs them in one
@@ -110,10 +115,19 @@ class MoE(nn.Module):
             y = _experts(down, ids, self.act(_experts(up, ids, h)))  # (k, d): row i from expert ids[i]
             for i, (_, w) in enumerate(order):
                 out[0] += y[i].float() * w
-        else:
-            for e in experts.unique().tolist():
-                token, slot = torch.where(experts == e)
-                y = _expert(down, e, self.act(_expert(up, e, h[token])))
-                out.index_add_(0, token, y.float() * weights[token, slot, None])
+        else:  # the (token, slot) pairs sorted by expert once: each expert's tokens are one slice of the order
+            k = experts.shape[1]
+            chosen = experts.reshape(-1)
+            order = torch.argsort(chosen, stable=True)  # within an expert, tokens in increasing order
+            token = order // k
+            slot_weight = weights.reshape(-1)[order]
+            start = 0
+            for e, n in enumerate(torch.bincount(chosen, minlength=expert_count(up)).tolist()):
+                if n:
+                    s = slice(start, start + n)
+                    y = _expert(down, e, self.act(_expert(up, e, h.index_select(0, token[s]))))
+                    # experts in increasing order, as a token's k terms are added (the decode branch's order)
+                    out.index_add_(0, token[s], y.float() * slot_weight[s, None])
+                    start += n
         out = self.fc2_latent_proj(out.to(x.dtype))
         return out.view(shape) + self.shared_experts(x)
