@@ -127,7 +127,7 @@ class MoE(nn.Module):
                     s = slice(start, start + n)
                     y = _expert(down, e, self.act(_expert(up, e, h.index_select(0, token[s]))))
                     # experts in increasing order, as a token's k terms are added (the decode branch's order)
-                    out.index_add_(0, token[s], y.float() * slot_weight[s, None])
+                    out.index_add_(0, token[s], y.float().mul_(slot_weight[s, None]))
                     start += n
         out = self.fc2_latent_proj(out.to(x.dtype))
         return out.view(shape) + self.shared_experts(x)

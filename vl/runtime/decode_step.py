@@ -64,7 +64,7 @@ def default_prefill_chunk(device, config=None) -> int:
     with `E` layers) takes 4096: a chunk gives each routed expert about tokens x k / E rows (96 at 2048 for
     Omni's 128 experts, 6 per token), and each expert's packed weights are rebuilt once per call whatever its row
     count, so twice the rows per call cost Omni's MoE layer ~20% less per token (189 -> 151 us at 2 threads) for
-    ~0.3 GB more of temporaries (docs/omni_cpu.md, "Prefill")."""
+    ~0.3 GB more of temporaries (docs/quant_cpu_kernels.md, "A MoE's prompt")."""
     if torch.device(device).type == "cuda":
         return 16384
     return 4096 if "E" in getattr(config, "pattern", "") else 2048
