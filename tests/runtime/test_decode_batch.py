@@ -189,24 +189,26 @@ def test_a_forced_token_is_what_the_row_is_fed_next(lm, decode):
     assert got["b"] == single(lm, b, 8, decode)
 
 
-@pytest.mark.parametrize("variant,chunk", [("hybrid", 2048), ("moe", 4096)])
-def test_a_long_prompt_is_prefilled_in_the_default_chunks_and_equals_one_call(tmp_path, variant, chunk):
-    """On the CPU a prompt goes through the model in calls of 2048 tokens, 4096 for a mixture of experts (each
-    expert's packed weights are rebuilt once per call: vl/runtime/decode_step.py `default_prefill_chunk`), and the
-    chunked prefill's first token and cache equal one call over the whole prompt."""
+@pytest.mark.parametrize("variant,rows,chunk", [("hybrid", 1, 2048), ("moe", 1, 4096), ("moe", 2, 2048)])
+def test_a_long_prompt_is_prefilled_in_the_default_chunks_and_equals_one_call(tmp_path, variant, rows, chunk):
+    """On the CPU a prompt goes through the model in calls of 2048 positions, 4096 for a lone prompt of a mixture of
+    experts (each expert's packed weights are rebuilt once per call: vl/runtime/decode_step.py
+    `default_prefill_chunk`; batched prompts keep 2048), and the chunked prefill's first token equals one call over
+    the whole prompt."""
     path, _ = save_hf_nemotron(tmp_path, variant)
     lm = vl.load_pretrained(path)
     calls = []
     hook = lm.register_forward_pre_hook(lambda m, a, kw: calls.append((kw.get("input_ids") if kw.get(
         "input_ids") is not None else a[0]).shape[1]), with_kwargs=True)
-    ids = torch.randint(3, 128, (1, 4100), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 128, (rows, 4100), generator=torch.Generator().manual_seed(0))
+    keys = [f"r{i}" for i in range(rows)]
     batch = DecodeBatch(lm)
-    batch.join(["a"], [1], input_ids=ids)
-    first = batch.step()["a"]
+    batch.join(keys, [1] * rows, input_ids=ids)
+    first = batch.step()
     hook.remove()
     want = [chunk] * (4100 // chunk) + [4100 % chunk]
     assert calls[:len(want)] == want
     with torch.no_grad():
-        cache = HybridCache(lm.config, 1, 4101, dtype=torch.float32)
-        whole = lm(input_ids=ids, cache=cache, logits_to_keep=1).logits[0, -1]
-    assert first == int(whole.argmax())
+        cache = HybridCache(lm.config, rows, 4101, dtype=torch.float32)
+        whole = lm(input_ids=ids, cache=cache, logits_to_keep=1).logits[:, -1]
+    assert [first[k] for k in keys] == whole.argmax(-1).tolist()

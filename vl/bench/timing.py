@@ -92,7 +92,7 @@ def _sync():
 def our_prefill(model, ids):
     w = model.backbone.embeddings.weight
     cache = HybridCache(model.config, 1, ids.shape[1] + 1, dtype=w.dtype, device=w.device)
-    chunk = default_prefill_chunk(w.device, model.config)
+    chunk = default_prefill_chunk(w.device, model.config, ids.shape[0])
     for s in range(0, ids.shape[1], chunk):  # as vl/runtime/decode_batch.py: logits for the last chunk only
         model(ids[:, s:s + chunk], cache=cache, logits_to_keep=1, cache_only=s + chunk < ids.shape[1])
 

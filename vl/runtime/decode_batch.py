@@ -194,7 +194,7 @@ class DecodeBatch:
         """Run `tokens` more positions of a group's prompt, in calls of at most `prefill_chunk`; when the prompt is
         done, `job.logits` holds each row's last logits and `prefill_s` the seconds it took."""
         x = job.input_ids if job.inputs_embeds is None else job.inputs_embeds
-        chunk = self.prefill_chunk or default_prefill_chunk(x.device, self.lm.config)
+        chunk = self.prefill_chunk or default_prefill_chunk(x.device, self.lm.config, x.shape[0])
         end = min(job.length, job.done + tokens)
         t0 = time.perf_counter()
         for start in range(job.done, end, chunk):

@@ -58,16 +58,17 @@ def _on_cpu(lm) -> bool:
     return w is not None and w.device.type == "cpu"
 
 
-def default_prefill_chunk(device, config=None) -> int:
-    """Tokens per prefill call: bounded activations on the CPU; on a GPU, long chunks keep the flash kernels
-    busy (a chunk after the first attends through an explicit mask). A mixture of experts on the CPU (`config`
-    with `E` layers) takes 4096: a chunk gives each routed expert about tokens x k / E rows (96 at 2048 for
-    Omni's 128 experts, 6 per token), and each expert's packed weights are rebuilt once per call whatever its row
-    count, so twice the rows per call cost Omni's MoE layer ~20% less per token (189 -> 151 us at 2 threads) for
-    ~0.3 GB more of temporaries (docs/quant_cpu_kernels.md, "A MoE's prompt")."""
+def default_prefill_chunk(device, config=None, rows: int = 1) -> int:
+    """Positions per prefill call (of each of `rows` batch rows): bounded activations on the CPU; on a GPU, long
+    chunks keep the flash kernels busy (a chunk after the first attends through an explicit mask). A lone prompt of
+    a mixture of experts on the CPU (`config` with `E` layers) takes 4096: a call gives each routed expert about
+    tokens x k / E rows (96 at 2048 for Omni's 128 experts, 6 per token), and each expert's packed weights are
+    rebuilt once per call whatever its row count, so twice the rows per call cost Omni's MoE layer ~20% less per
+    token (189 -> 151 us at 2 threads) for more temporaries (docs/quant_cpu_kernels.md, "A MoE's prompt"). Batched
+    prompts already give the experts that many rows, and their temporaries grow with the rows: they keep 2048."""
     if torch.device(device).type == "cuda":
         return 16384
-    return 4096 if "E" in getattr(config, "pattern", "") else 2048
+    return 4096 if rows == 1 and "E" in getattr(config, "pattern", "") else 2048
 
 
 def default_mix_chunk(device) -> int:
