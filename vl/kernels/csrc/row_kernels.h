@@ -831,6 +831,28 @@ static inline void nvfp4_amx_row(const uint8_t* wr, const uint8_t* sr, const uin
                                         : v);
 }
 
+// Block kb of `rows` weight rows (w0 / s0: the first row's packed codes and block scales) into the A tile at `at`:
+// two 16-input blocks per tile, or a lone last one (kb == npair) beside zeros.
+static inline void nvfp4_amx_block(const uint8_t* w0, const uint8_t* s0, size_t wstride, int nb, int rows, int kb,
+                                   int npair, const uint16_t* tab16, __m512i sh, uint16_t* at) {
+  for (int r = 0; r < rows; ++r) {
+    if (kb < npair)
+      nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
+    else
+      nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
+  }
+}
+
+// Stored C tiles (c[g]: 16 weight rows x activation rows 16 g .. 16 g + 15, weight row n / activation row m at
+// n * 16 + m % 16) -> y[m * N + o .. o + rows) for m < M.
+static inline void nvfp4_amx_out(const float (*c)[256], int M, int rows, float* y, int N, int o) {
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(16));
+  const __mmask16 keep = (__mmask16)((1u << rows) - 1);
+  for (int m = 0; m < M; ++m)
+    _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, _mm512_i32gather_ps(column, c[m / 16] + m % 16, 4));
+}
+
 // One 32-input block: the A tile (register A: 2 for even blocks, 3 for odd) times the B tile of each group of 16
 // activation rows into that group's C tile. GCC's tile intrinsics paste the tile number into their assembly text,
 // so it must be a literal: a macro, not a template.
@@ -859,8 +881,6 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
   // 64 rows 18.3 -> 14.4 ms, one row 9.5 -> 7.7 ms against rebuilding kb just before multiplying it)
   alignas(64) uint16_t a[4][16 * 32];
   alignas(64) float c[4][16 * 16];
-  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(16));
   const size_t wstride = K / 2;
   auto multiply = [&](int kb, const uint16_t* at) __attribute__((always_inline)) {
     const uint16_t* xk = xv + (size_t)kb * G * 512;
@@ -892,8 +912,7 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
       }
       if (npair < nkb) {  // an odd number of blocks: the last one alone, with zeros beside it
         uint16_t* at = a[npair % AHEAD2];
-        for (int r = 0; r < 16; ++r)
-          nvfp4_amx_row<false>(w0 + r * wstride + npair * 16, s0 + (size_t)r * nb + 2 * npair, tab16, sh, at + r * 32);
+        nvfp4_amx_block(w0, s0, wstride, nb, 16, npair, npair, tab16, sh, at);
         multiply(npair, at);
       }
     } else {  // the range's last rows: the A tile's first `rows` rows, the rest zeros
@@ -901,12 +920,7 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
       constexpr int AHEAD2 = 2;
       for (int kb = 0; kb < nkb; ++kb) {
         uint16_t* at = a[kb % AHEAD2];
-        for (int r = 0; r < rows; ++r) {
-          if (kb < npair)
-            nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
-          else
-            nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, at + r * 32);
-        }
+        nvfp4_amx_block(w0, s0, wstride, nb, rows, kb, npair, tab16, sh, at);
         multiply(kb, at);
       }
     }
@@ -914,9 +928,7 @@ static void nvfp4_rows_amx(const uint16_t* xv, int M, int K, const uint8_t* w, c
     if (G > 1) _tile_stored(1, c[1], 64);
     if (G > 2) _tile_stored(6, c[2], 64);
     if (G > 3) _tile_stored(7, c[3], 64);
-    const __mmask16 keep = (__mmask16)((1u << rows) - 1);
-    for (int m = 0; m < M; ++m)  // C tile m / 16 holds weight row n, activation row m at n * 16 + m % 16
-      _mm512_mask_storeu_ps(y + (size_t)m * N + o, keep, _mm512_i32gather_ps(column, c[m / 16] + m % 16, 4));
+    nvfp4_amx_out(c, M, rows, y, N, o);
   }
   _tile_release();
 }
@@ -945,18 +957,10 @@ static void nvfp4_rows_amx_many(const uint16_t* xv, int M, int slab, int K, cons
     const uint8_t* s0 = bs + (size_t)o * nb;
     uint16_t* kept = panel + (size_t)st * nkb * 512;
     if (rows < 16) std::memset(kept, 0, (size_t)nkb * 1024);
-    for (int kb = 0; kb < nkb; ++kb)
-      for (int r = 0; r < rows; ++r) {
-        if (kb < npair)
-          nvfp4_amx_row<true>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, kept + kb * 512 + r * 32);
-        else
-          nvfp4_amx_row<false>(w0 + r * wstride + kb * 16, s0 + (size_t)r * nb + 2 * kb, tab16, sh, kept + kb * 512 + r * 32);
-      }
+    for (int kb = 0; kb < nkb; ++kb) nvfp4_amx_block(w0, s0, wstride, nb, rows, kb, npair, tab16, sh, kept + kb * 512);
   }
   amx_configure({64, 64, 64, 64, 64, 64, 64, 64});
   alignas(64) float c[4][4][16 * 16];  // stripe, group of 16 activation rows: the C tiles between K-blocks
-  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(16));
   for (int m0 = 0; m0 < M; m0 += slab) {
     const int mm = M - m0 < slab ? M - m0 : slab, G = (mm + 15) / 16;
     const uint16_t* xs = xv + (size_t)m0 * nkb * 32;
@@ -987,11 +991,8 @@ static void nvfp4_rows_amx_many(const uint16_t* xv, int M, int slab, int K, cons
       }
     }
     for (int st = 0; st < S; ++st) {
-      const int o = r0 + 16 * st, rows = r1 - o < 16 ? r1 - o : 16;
-      const __mmask16 keep = (__mmask16)((1u << rows) - 1);
-      for (int m = 0; m < mm; ++m)  // C tile m / 16 holds weight row n, activation row m at n * 16 + m % 16
-        _mm512_mask_storeu_ps(y + (size_t)(m0 + m) * N + o, keep,
-                              _mm512_i32gather_ps(column, c[st][m / 16] + m % 16, 4));
+      const int o = r0 + 16 * st;
+      nvfp4_amx_out(c[st], mm, r1 - o < 16 ? r1 - o : 16, y + (size_t)m0 * N, N, o);
     }
   }
   _tile_release();
