@@ -4,7 +4,7 @@ projection (10304 x 2688) and the 12B MLP's up projection (20480 x 5120). For ea
 as a quantized Linear makes it (`gemv.Kernel.nvfp4_layer`, tiles) and the expansion into bf16 (`nvfp4_expand`) plus
 `torch.mm`, best of `--reps`, ms; the heap keeps freed memory as a loaded model's does (vl/runtime/cpu/heap.py).
 
-    PYTHONPATH=. .venv/bin/python scripts/research/nvfp4_prompt_rows.py [--threads 1,2] [--reps 5]
+    PYTHONPATH=. .venv/bin/python scripts/research/nvfp4_prompt_rows.py [--threads 1,2] [--reps 5] [--rows 64,512]
 
 `--rev REV` times the kernel of an earlier commit in the same sitting (its vl/ checked out into a temporary
 worktree, run in a subprocess), so the two columns come from one machine state.
@@ -35,7 +35,7 @@ def best(f, reps: int) -> float:
     return min(times)
 
 
-def measure(threads: list[int], reps: int) -> None:
+def measure(threads: list[int], reps: int, rows=ROWS) -> None:
     import torch
 
     from vl.kernels import gemv
@@ -54,7 +54,7 @@ def measure(threads: list[int], reps: int) -> None:
             packed, bs, gs = quantize_nvfp4(torch.randn(n, kin) * 0.05)
             layer = k.nvfp4_layer(packed, bs, float(gs))
             cells = []
-            for m in ROWS:
+            for m in rows:
                 x = torch.randn(m, kin).bfloat16()
                 tiles = best(lambda: layer(x, True), reps)
                 gemm = best(lambda: torch.mm(x, k.nvfp4_expand(packed, bs, float(gs), 0, n, torch.bfloat16).t()), reps)
@@ -66,6 +66,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", default="1,2")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts (comma-separated)")
     p.add_argument("--rev", help="also time this commit's kernel (a temporary worktree)")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -76,12 +77,12 @@ def main() -> None:
                            capture_output=True)
             try:
                 print(f"== {args.rev}")
-                subprocess.run([sys.executable, __file__, "--threads", args.threads, "--reps", str(args.reps)],
+                subprocess.run([sys.executable, __file__, "--threads", args.threads, "--reps", str(args.reps), "--rows", args.rows],
                                env={**os.environ, "PYTHONPATH": tmp}, check=True)
             finally:
                 subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", tmp], check=True)
         print("== this checkout")
-    measure(threads, args.reps)
+    measure(threads, args.reps, [int(r) for r in args.rows.split(",")])
 
 
 if __name__ == "__main__":

@@ -79,6 +79,10 @@ def test_parse_page_range():
     for bad in ["0", "11", "3-1", "a-b", "1-", "1,,2"]:
         with pytest.raises(InputError):
             parse_page_range(bad, 10)
+    with pytest.raises(InputError, match=r"outside 1\.\.1 \(or reversed\); the document has 1 page\.$"):
+        parse_page_range("1-3", 1)  # the README's range on a one-page file: said in words a user can act on
+    with pytest.raises(InputError, match=r"the document has 2 pages\.$"):
+        parse_page_range("1-3", 2)
 
 
 # --- P1-P6 -----------------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ def parse_page_range(spec: str | None, num_pages: int) -> list[int]:
             raise InputError(f"page range must look like '1-3,7', found {spec!r}") from None
         if not 1 <= first <= last <= num_pages:
             raise InputError(
-                f"page range {part!r} is outside 1..{num_pages} (or reversed); the document has {num_pages} pages."
+                f"page range {part!r} is outside 1..{num_pages} (or reversed); the document has {num_pages} "
+                f"page{'' if num_pages == 1 else 's'}."
             )
         chosen.update(range(first - 1, last))
     return sorted(chosen)
