@@ -142,8 +142,8 @@ def make_data_main(argv: Sequence[str], make_data=None) -> int:
     p.add_argument("--tasks", default=",".join(made), help=f"comma-separated, of {', '.join(made)} (default: all)")
     p.add_argument("--per-family", type=int, default=100, help="items per family (default 100, the demo model "
                    "card's set; 8 document, 5 video and 2 audio families)")
-    p.add_argument("--model", default=None, help="checkpoint whose tile size (config.json force_image_size) pages "
-                   "and frames are drawn at (default: the shipped demo model)")
+    p.add_argument("--model", default=None, help="checkpoint whose tile size (config.json force_image_size; for "
+                   "Omni the side of its video frame) pages and frames are drawn at (default: the shipped demo model)")
     p.add_argument("--tile-size", type=int, default=None, help="draw at this many pixels instead of the model's")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -185,14 +185,23 @@ def _next_command(task: str, path: str, model: str | None) -> str:
 
 
 def _tile_size(model: str | None) -> int:
-    from vl.directory import default_model, read_config
+    """The side in pixels the sets are drawn at: a Nano V2 VL checkpoint's tile (`force_image_size`); for Nemotron 3
+    Nano Omni, which sees images at their own resolution, the square frame its video path aims at (patch size x
+    sqrt(video_target_num_patches): 512 px for the released model)."""
+    from vl.directory import checkpoint_kind, default_model, read_config
     from vl.errors import CheckpointError
 
     model = model or default_model()
-    tile = read_config(Path(model)).get("force_image_size")
-    if not isinstance(tile, int):
-        raise CheckpointError(f"{model}: config.json has no force_image_size (a text-only model?); pass --tile-size")
-    return tile
+    raw = read_config(Path(model))
+    tile = raw.get("force_image_size")
+    if isinstance(tile, int):
+        return tile
+    if checkpoint_kind(raw, Path(model)) == "nemotron_h_omni":
+        from vl.processing.omni_processor import omni_processing_from_hf, read_processing_files
+
+        video = omni_processing_from_hf(*read_processing_files(model)).video
+        return video.patch_size * max(1, round(video.video_target_num_patches ** 0.5))
+    raise CheckpointError(f"{model}: config.json has no force_image_size (a text-only model?); pass --tile-size")
 
 
 def main(argv: Sequence[str] | None = None, make_data=None) -> int:

@@ -80,3 +80,45 @@ def test_make_data_refuses_what_it_cannot_make(tmp_path):
     bare = vl("make-data", "--out", str(tmp_path / "d"), module="eval")  # python -m eval: no generator to run
     assert bare.returncode == 2 and "vl eval make-data" in bare.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_make_data_for_omni_draws_its_video_frame_and_its_audio_set_answers_the_same_locally_and_remotely(tmp_path):
+    """An Omni checkpoint has no force_image_size (it sees images at their own resolution; `make-data --model OMNI`
+    used to stop there): the sets are drawn at the square frame its video path aims at, and the audio set runs
+    under `vl eval` on the model and against `vl serve` of it, with the same answers and audio tokens."""
+    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "server"))
+    from helpers import free_port, start_serve, stop, wait_health
+    from PIL import Image
+    from tiny_models import make_tiny_omni_dir
+
+    omni = Path(make_tiny_omni_dir(tmp_path / "omni")[0])
+    data = tmp_path / "data"
+    made = vl("eval", "make-data", "--out", str(data), "--per-family", "1", "--model", str(omni))
+    assert made.returncode == 0, made.stderr
+    video = json.loads((omni / "processor_config.json").read_text())["video_processor"]
+    frame = video["patch_size"] * int(video["video_target_num_patches"] ** 0.5)
+    docs = rows(data / "document_test.jsonl")
+    pictures = [data / part[part["type"]] for r in docs for part in r["content"] if part["type"] == "image"]
+    assert pictures and {Image.open(p).size for p in pictures} == {(frame, frame)}
+    assert all(line.startswith(f"next: vl eval --model {omni} ") for line in made.stderr.splitlines()
+               if line.startswith("next: "))
+
+    audio = str(data / "audio_test.jsonl")
+    local = vl("eval", "--model", str(omni), "--task", "synthetic_audio", "--data", audio, "--out",
+               str(tmp_path / "local"), "--no-progress")
+    assert local.returncode == 0, local.stderr[-2000:]
+    port = free_port()
+    proc = start_serve(port, "--model", str(omni))
+    try:
+        wait_health(f"http://127.0.0.1:{port}", proc)
+        remote = vl("eval", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--task",
+                    "synthetic_audio", "--data", audio, "--out", str(tmp_path / "remote"), "--no-progress")
+    finally:
+        stop(proc)
+    assert remote.returncode == 0, remote.stderr[-2000:]
+    here, there = ({r["id"]: r for r in rows(tmp_path / run / "predictions.jsonl")} for run in ("local", "remote"))
+    assert here.keys() == there.keys() and len(here) == 2
+    for key, r in here.items():
+        assert r["status"] == there[key]["status"] == "ok" and r["prediction"] == there[key]["prediction"]
+        assert r["tokens"]["audio"] == there[key]["tokens"]["audio"] > 0
