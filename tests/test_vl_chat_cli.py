@@ -486,3 +486,25 @@ def test_too_many_audio_files_and_a_missing_one_are_refused_first(omni_media, tm
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "too_many_items"
     assert main(["--audio", str(tmp_path / "gone.wav"), "--prompt", "x", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "file_not_found"
+
+
+@needs_demo
+def test_a_folder_of_checkpoints_as_the_model_names_its_checkpoints(tmp_path):
+    """`--model FOLDER` where FOLDER holds checkpoints (as `vl app --model FOLDER` takes it): the error names the
+    ones that would load and how to pass one, skipping a sub-folder whose config.json is broken; the suggestion
+    then answers."""
+    import shutil
+
+    folder = tmp_path / "models"
+    shutil.copytree(DEMO, folder / "demo")
+    (folder / "aa_broken").mkdir()
+    (folder / "aa_broken" / "config.json").write_text('{"model_type": ')
+    (folder / "notes").mkdir()
+    wrong = _vl("chat", "--model", str(folder), "--prompt", "Hi.")
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert f"{folder}: no config.json; it is a folder of checkpoints (demo): pass one of them, e.g. --model " \
+           f"{folder / 'demo'}" in wrong.stderr and f"vl app --model {folder}" in wrong.stderr, wrong.stderr
+    plain = _vl("chat", "--model", str(folder / "notes"), "--prompt", "Hi.")  # no checkpoints inside: no hint
+    assert plain.returncode == 2 and plain.stderr.strip().endswith(f"{folder / 'notes'}: no config.json")
+    right = _vl("chat", "--model", str(folder / "demo"), "--prompt", "Hi.")
+    assert right.returncode == 0 and right.stdout.strip(), right.stderr

@@ -72,8 +72,27 @@ def fetch_instructions(repo_id: str) -> str:
 def read_config(directory: Path) -> dict:
     f = Path(directory) / "config.json"
     if not f.exists():
-        raise CheckpointError(f"{directory}: no config.json")
+        raise CheckpointError(f"{directory}: no config.json" + _folder_hint(Path(directory)))
     return _json_object(f)
+
+
+def _folder_hint(directory: Path) -> str:
+    """For a folder of checkpoints passed where one checkpoint is expected: which sub-folders are checkpoints."""
+    subs = []
+    try:
+        for sub in sorted((p for p in directory.iterdir() if p.is_dir() and (p / "config.json").is_file()),
+                          key=lambda p: p.name):
+            try:
+                checkpoint_kind(_json_object(sub / "config.json"), sub)
+                subs.append(sub.name)
+            except (CheckpointError, ConfigError, UnsafeCheckpointError):
+                continue
+    except OSError:
+        return ""
+    if not subs:
+        return ""
+    return (f"; it is a folder of checkpoints ({', '.join(subs[:8])}{', ...' if len(subs) > 8 else ''}): pass one "
+            f"of them, e.g. --model {directory / subs[0]} (`vl app --model {directory}` offers them all in a picker)")
 
 
 def _json_object(f: Path) -> dict:
