@@ -210,7 +210,9 @@ TRIM_TOKENS = 64  # a prefill chunk, not a decode step (the modules' decode woul
 def _trim_after_prefill_layer(module, args, output):
     """After an LLM layer of a prefill chunk: glibc keeps the layer's freed temporaries (a MoE layer's per-expert
     products of varying sizes leave holes), and over a 52-layer chunk of the Omni LLM they held 1.9 GiB more than the
-    weights; trimmed after each layer 1.0 GiB, for 6% more prefill time (docs/benchmarks.md, Omni end to end)."""
+    weights; trimmed after each layer 1.0 GiB. Each layer then faults its temporaries in again: 20-25% of the
+    prefill in 4096-token calls. Trimming once per chunk instead keeps that time but peaks ~0.45 GiB higher, more
+    than the Omni 16k request's margin to 21 GB (docs/benchmarks.md, Omni end to end)."""
     h = args[0] if args else None
     if isinstance(h, torch.Tensor) and h.dim() == 3 and h.shape[1] >= TRIM_TOKENS:
         trim_heap()
