@@ -186,8 +186,8 @@ def _next_command(task: str, path: str, model: str | None) -> str:
 
 def _tile_size(model: str | None) -> int:
     """The side in pixels the sets are drawn at: a Nano V2 VL checkpoint's tile (`force_image_size`); for Nemotron 3
-    Nano Omni, which sees images at their own resolution, the square frame its video path aims at (patch size x
-    sqrt(video_target_num_patches): 512 px for the released model)."""
+    Nano Omni, which sees images at their own resolution, the tile its video path resizes a square frame to
+    (`frame_grid`: 512 px for the released model)."""
     from vl.directory import checkpoint_kind, default_model, read_config
     from vl.errors import CheckpointError
 
@@ -198,9 +198,10 @@ def _tile_size(model: str | None) -> int:
         return tile
     if checkpoint_kind(raw, Path(model)) == "nemotron_h_omni":
         from vl.processing.omni_processor import omni_processing_from_hf, read_processing_files
+        from vl.processing.omni_video import frame_grid
 
         video = omni_processing_from_hf(*read_processing_files(model)).video
-        return video.patch_size * max(1, round(video.video_target_num_patches ** 0.5))
+        return video.patch_size * frame_grid(1, 1, video)[0]  # the tile a square frame is resized to
     raise CheckpointError(f"{model}: config.json has no force_image_size (a text-only model?); pass --tile-size")
 
 

@@ -78,15 +78,8 @@ def read_config(directory: Path) -> dict:
 
 def _folder_hint(directory: Path) -> str:
     """For a folder of checkpoints passed where one checkpoint is expected: which sub-folders are checkpoints."""
-    subs = []
     try:
-        for sub in sorted((p for p in directory.iterdir() if p.is_dir() and (p / "config.json").is_file()),
-                          key=lambda p: p.name):
-            try:
-                checkpoint_kind(_json_object(sub / "config.json"), sub)
-                subs.append(sub.name)
-            except (CheckpointError, ConfigError, UnsafeCheckpointError):
-                continue
+        subs = [sub.name for sub, _ in _sub_checkpoints(directory)[0]]
     except OSError:
         return ""
     if not subs:
@@ -143,6 +136,16 @@ def checkpoint_choices(path) -> tuple[list[tuple[Path, str]], list[tuple[Path, s
     root = resolve_dir(path)
     if (root / "config.json").is_file():
         return [(root, checkpoint_kind(read_config(root), root))], []
+    found, skipped = _sub_checkpoints(root)
+    if not found:
+        raise CheckpointError(f"{root}: no config.json here, and no sub-folder with a supported checkpoint's "
+                              f"config.json (a folder of checkpoints); pass a checkpoint directory"
+                              + (f" (skipped: {'; '.join(why for _, why in skipped)})" if skipped else ""))
+    return found, skipped
+
+
+def _sub_checkpoints(root: Path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """The sub-folders of `root` holding a config.json, in name order: ([(dir, kind)], [(dir, why it is skipped)])."""
     found, skipped = [], []
     for sub in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name):
         if not (sub / "config.json").is_file():
@@ -151,8 +154,4 @@ def checkpoint_choices(path) -> tuple[list[tuple[Path, str]], list[tuple[Path, s
             found.append((sub, checkpoint_kind(read_config(sub), sub)))
         except (CheckpointError, ConfigError, UnsafeCheckpointError) as exc:
             skipped.append((sub, str(exc)))
-    if not found:
-        raise CheckpointError(f"{root}: no config.json here, and no sub-folder with a supported checkpoint's "
-                              f"config.json (a folder of checkpoints); pass a checkpoint directory"
-                              + (f" (skipped: {'; '.join(why for _, why in skipped)})" if skipped else ""))
     return found, skipped
