@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from vl.bench import vision
+from vl.bench import llama_cpp_mtmd, vision
 
 
 def main() -> None:
@@ -29,11 +29,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median and best are reported)")
     ap.add_argument("--page-tiles", type=int, default=13, help="tiles of the page section; 0 skips it")
     ap.add_argument("--micro-batch", type=int, default=4, help="the page's micro-batch next to the whole page")
+    ap.add_argument("--llama-cpp", metavar="DIR", help="a llama.cpp tree with libmtmd built: also time its encoder on "
+                    "the same weights (vl/bench/llama_cpp_mtmd.py)")
+    ap.add_argument("--llama-cpp-mmproj", default="f16", help="--llama-cpp: mmproj GGUF types, comma list of "
+                    + ", ".join(llama_cpp_mtmd.OUTTYPES))
+    ap.add_argument("--work-dir", help="--llama-cpp: where its files go (default: a temporary folder)")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    mtmd = llama_cpp_mtmd.Mtmd(args.llama_cpp) if args.llama_cpp else None
+    types = tuple(t for t in args.llama_cpp_mmproj.split(",") if t)
     res = vision.run(dtype, threads=args.threads, rounds=args.rounds, page_tiles=args.page_tiles,
-                     micro_batch=args.micro_batch, log=lambda m: print(m, file=sys.stderr, flush=True))
+                     micro_batch=args.micro_batch, llama_cpp=mtmd, llama_cpp_types=types, work_dir=args.work_dir,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
     print(vision.format_result(res))
     print(json.dumps(res))
     if args.json:

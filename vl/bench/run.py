@@ -40,6 +40,7 @@ import torch
 
 from vl.bench import geometry as bench_geometry
 from vl.bench import quant as quant_bench
+from vl.bench import llama_cpp_mtmd
 from vl.bench import vision as vision_bench
 from vl.bench.llama_cpp import QUANT_KINDS, QUANTIZED, LlamaCpp
 from vl.bench.quant import quantized_copy
@@ -442,8 +443,11 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "each stage timed (vl/bench/media.py); a comma list of: nano-12b-v2-vl: page, page-pruned, video; "
                    "nano-omni-30b-a3b: video-speech, video-speech-16k (default: all of the geometry's)")
     p.add_argument("--vision-tower", default=None, choices=("bf16", "fp32"), help="instead of the tables: the "
-                   "released-size RADIO tower + projector on one tile (vl/bench/vision.py), ours (the opt-in fused "
-                   "block path and the default modules) against transformers' RadioModel, --repeats rounds")
+                   "released-size RADIO tower + projector on one tile (vl/bench/vision.py), ours (the default fused "
+                   "block path, packed weights, timm's modules) against transformers' RadioModel, --repeats rounds; "
+                   "with --llama-cpp DIR also llama.cpp's encoder (libmtmd) on the same weights")
+    p.add_argument("--llama-cpp-mmproj", default="f16", help="--vision-tower --llama-cpp: the mmproj GGUF types "
+                   "timed, comma list of " + ", ".join(llama_cpp_mtmd.OUTTYPES) + " (its converter's default: f16)")
     p.add_argument("--json", default=None, help="also write the rows as JSON to this file ('-' = stdout)")
     a = p.parse_args(argv)
     if a.work_dir is not None:  # a folder the user named: made, as for any output path
@@ -466,9 +470,21 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
     if decode_threads is not None and min(decode_threads) < 1:
         p.error(f"--decode-threads: thread counts must be at least 1, found {a.decode_threads!r}")
     if a.vision_tower:
+        types = tuple(t for t in a.llama_cpp_mmproj.split(",") if t)
+        if any(t not in llama_cpp_mtmd.OUTTYPES for t in types) or not types:
+            p.error(f"--llama-cpp-mmproj: expected a comma list of {', '.join(llama_cpp_mtmd.OUTTYPES)}, found "
+                    f"{a.llama_cpp_mmproj!r}")
+        try:
+            mtmd = llama_cpp_mtmd.Mtmd(a.llama_cpp, a.llama_cpp_python) if a.llama_cpp else None
+        except FileNotFoundError as e:
+            p.error(f"--llama-cpp: {e}")
         r = vision_bench.run(torch.bfloat16 if a.vision_tower == "bf16" else torch.float32, threads=a.threads,
-                             rounds=a.repeats)
+                             rounds=a.repeats, llama_cpp=mtmd, llama_cpp_types=types, work_dir=a.work_dir,
+                             log=lambda m: print(m, file=sys.stderr, flush=True))
         print(vision_bench.format_result(r))
+        if a.json:
+            text = json.dumps(r, indent=2)
+            print(text) if a.json == "-" else Path(a.json).write_text(text)
         return 0
     if a.geometry:
         if a.geometry not in bench_geometry.GEOMETRIES:

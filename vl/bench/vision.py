@@ -10,6 +10,10 @@ count per process. Timed in one rotation of interleaved rounds (each round start
 - `transformers`: transformers' `RadioModel` (sdpa attention) carrying the same weights, + the same projector;
 - `gemm_<k>x<n>`: a bf16 / fp32 product of one of the tower's shapes (M = the tower's rows, weights packed for
   oneDNN as the fused path packs them): the best of these is the machine's matmul peak of this run.
+- with `llama_cpp` (`vl bench --vision-tower DTYPE --llama-cpp DIR`): llama.cpp's encoder (libmtmd) on the same
+  weights, written as a checkpoint and converted by its own converter to each mmproj GGUF type asked for, timed in a
+  process of its own per type after the rotation (vl/bench/llama_cpp_mtmd.py), its embeddings of the check image
+  compared with ours, transformers' and the fp32 tower's.
 Reported per entry: median and best seconds per tile (wall clock; CPU seconds beside them), the ratio of
 transformers' median to ours, the tower's achieved TFLOP/s (its products and attention, counted from the shapes)
 and that as a fraction of the GEMM peak. Then one page (`page_tiles` tiles, default 13) encoded as one batch and in
@@ -20,14 +24,20 @@ with the fp32 tower on one tile (bf16 runs) and check that tiles batched togethe
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
+from vl.bench import llama_cpp_mtmd
 from vl.bench.timing import PeakRSS, cpu_isa
+from vl.config import RADIO_DEFAULT_NORM as NORM
 from vl.modeling.projector import VisionProjector
 from vl.kernels import attention
-from vl.modeling.radio import RadioEncoder, fused_cpu_off, packed_weight, vit_dims
+from vl.modeling.radio import RadioEncoder, cropped_pos_embed, fused_cpu_off, packed_weight, vit_dims
 
 TOWER = "vit_huge_patch16_224"
 PATCH, CPE_MAX, PREFIX, TILE = 16, 2048, 8, 512
@@ -86,19 +96,38 @@ def transformers_twin(enc: RadioEncoder, depth: int, heads: int, mlp_dim: int, a
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> None:
-    """N(0, 0.02) matrices, norms near 1, small biases: a healthy random tower (no init in fp32 of 0.7B weights)."""
+    """N(0, 0.02) matrices, norms near 1, small biases: a healthy random tower (no init in fp32 of 0.7B weights).
+    The position table is smooth, as a trained one is: an 8 x 8 random grid resized bicubically to the table's, so
+    that resampling it (the model's align_corners=False, llama.cpp's converter's True) changes it by a fraction of
+    its scale, not by the whole of it as an i.i.d. random table would."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            if name.endswith("weight") and p.dim() == 1:
+            if name.endswith("pos_embed"):
+                side = int(round(p.shape[1] ** 0.5))
+                coarse = torch.randn(1, p.shape[2], 8, 8, generator=g) * 0.02
+                fine = F.interpolate(coarse, size=(side, side), mode="bicubic", align_corners=False)
+                p.copy_(fine.flatten(2).transpose(1, 2))
+            elif name.endswith("weight") and p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.02 if p.dim() > 1 else 0.01))
 
 
+def check_image(tile: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+    """A random RGB image of `tile` x `tile` bytes and the (1, 3, tile, tile) float32 tile the model sees: bytes / 255,
+    normalised with RADIO's default mean and std (what llama.cpp's preprocessing makes of the same bytes)."""
+    rgb = np.random.default_rng(seed).integers(0, 256, (tile, tile, 3), dtype=np.uint8)
+    mean = torch.tensor(NORM["norm_mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(NORM["norm_std"]).view(1, 3, 1, 1)
+    return rgb, (torch.from_numpy(rgb).permute(2, 0, 1)[None].float() / 255 - mean) / std
+
+
 def build(dtype: torch.dtype, tower: str = TOWER, tile: int = TILE, proj_hidden: int = PROJ_HIDDEN,
           llm_dim: int = LLM_DIM, seed: int = 0, want_fp32_check: bool = False):
-    """(ours, projector, transformers' twin, fp32 output of ours on the check tile or None, check tile)."""
+    """(ours, projector, transformers' twin, fp32 outputs of ours on the check tile or None, check image). The fp32
+    outputs (made for a `dtype` other than float32 when asked) are the tower's features and the projector's
+    embeddings; the check image is `check_image`'s pair (bytes, normalised tile)."""
     dims = vit_dims(tower)
     with torch.device("meta"):
         ours = RadioEncoder(*dims, patch_size=PATCH, cpe_max_size=CPE_MAX, num_prefix_tokens=PREFIX)
@@ -106,11 +135,12 @@ def build(dtype: torch.dtype, tower: str = TOWER, tile: int = TILE, proj_hidden:
     ours, proj = ours.to_empty(device="cpu").eval(), proj.to_empty(device="cpu").eval()
     _randomize(ours, seed)
     _randomize(proj, seed + 1)
-    check = torch.randn(1, 3, tile, tile, generator=torch.Generator().manual_seed(seed + 2))
+    check = check_image(tile, seed + 2)
     ref32 = None
     if want_fp32_check and dtype != torch.float32:
         with torch.inference_mode():
-            ref32 = ours.forward_features(check)
+            feats = ours.forward_features(check[1])
+            ref32 = feats, proj(feats, (tile // PATCH, tile // PATCH))
     ours, proj = ours.to(dtype), proj.to(dtype)
     return ours, proj, transformers_twin(ours, dims[1], dims[2], dims[3]), ref32, check
 
@@ -145,9 +175,11 @@ def gemm_fns(dims, rows: int, dtype: torch.dtype) -> dict:
 
 def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds: int = 5, page_tiles: int = 13,
         micro_batch: int = 4, tower: str = TOWER, tile: int = TILE, proj_hidden: int = PROJ_HIDDEN,
-        llm_dim: int = LLM_DIM, log=lambda m: None) -> dict:
+        llm_dim: int = LLM_DIM, llama_cpp=None, llama_cpp_types=("f16",), work_dir=None, log=lambda m: None) -> dict:
     """The measurement described in the module docstring; returns one JSON-able dict. `tower`, `tile`, `proj_hidden`
-    and `llm_dim` default to the released sizes (tests pass small ones)."""
+    and `llm_dim` default to the released sizes (tests pass small ones). `llama_cpp`: a `vl.bench.llama_cpp_mtmd.Mtmd`
+    (a llama.cpp tree with libmtmd) whose encoder is timed on the same weights in each of `llama_cpp_types` (its
+    converter's mmproj GGUF types), its files written under `work_dir` (default: a temporary folder)."""
     if threads:
         torch.set_num_threads(threads)
     dims = vit_dims(tower)
@@ -158,7 +190,7 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_isa(),
            "build_s": round(time.perf_counter() - t0, 1)}
     with torch.inference_mode():
-        res["fused_path"] = fused_cpu_off(ours, check.to(dtype)) or "on"
+        res["fused_path"] = fused_cpu_off(ours, check[1].to(dtype)) or "on"
     res["attention"] = attention.status()
     log(f"built in {res['build_s']} s; fused path: {res['fused_path']}; attention: {res['attention']}")
 
@@ -182,7 +214,7 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
         return proj(theirs(x.to(dtype)).features, grid)
 
     with torch.inference_mode():
-        x = check
+        x = check[1]
         outs = {name: variant(name)(x) for name in ("ours", "ours_packed", "ours_plain")}
         outs["transformers"] = theirs(x.to(dtype)).features
         scale = outs["transformers"].float().abs().max().item()
@@ -191,8 +223,11 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
                                             ("ours_plain", "transformers"))}
         res["output_scale"] = scale
         if ref32 is not None:
-            res["max_abs_diff_vs_fp32"] = {k: (v.float() - ref32).abs().max().item() for k, v in outs.items()}
-            res["mean_abs_diff_vs_fp32"] = {k: (v.float() - ref32).abs().mean().item() for k, v in outs.items()}
+            res["max_abs_diff_vs_fp32"] = {k: (v.float() - ref32[0]).abs().max().item() for k, v in outs.items()}
+            res["mean_abs_diff_vs_fp32"] = {k: (v.float() - ref32[0]).abs().mean().item() for k, v in outs.items()}
+        if llama_cpp is not None:  # the embeddings llama.cpp is compared with: ours, transformers', fp32
+            embeddings = {k: proj(outs[k], grid)[0].float() for k in ("ours", "transformers")}
+            embeddings["fp32"] = ref32[1][0] if ref32 is not None else embeddings["ours"]
         del outs
         pair = torch.randn(2, 3, tile, tile, generator=torch.Generator().manual_seed(3))
         together = ours.forward_features(pair)
@@ -225,6 +260,10 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
                               "rounds_s": [round(w, 3) for w in wall]}
         log(f"rows: { {k: v['median_s'] for k, v in res['rows'].items()} }; gemm peak {res['gemm_peak_tflops']} TF/s")
         del gemms
+        if llama_cpp is not None:
+            res["llama_cpp"] = llama_cpp_rows(llama_cpp, ours, proj, check[0], embeddings, tower=tower,
+                                              types=llama_cpp_types, threads=torch.get_num_threads(), rounds=rounds,
+                                              rows=res["rows"], flops=flops, work_dir=work_dir, log=log)
 
         if page_tiles < 1:
             return res
@@ -242,6 +281,51 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
     return res
 
 
+def llama_cpp_rows(mtmd, ours, proj, rgb: np.ndarray, embeddings: dict, *, tower: str, types, threads: int,
+                   rounds: int, rows: dict, flops: float, work_dir=None, log=lambda m: None) -> dict:
+    """llama.cpp's encoder on `ours` and `proj` (written as a checkpoint, converted to each GGUF type in `types`):
+    per type, `rounds` timed calls in one process after a warm-up (one process per type: its own load), ratios of
+    our and transformers' medians to its median, and its embeddings of `rgb` against ours, transformers' and the
+    fp32 tower's (`embeddings`, (tokens, width) each). Also how far llama.cpp's 32 x 32 position table (resampled
+    once by its converter with align_corners=True) is from the one the model resamples (align_corners=False)."""
+    pos = ours.patch_generator.pos_embed.float()
+    side = rgb.shape[0] // PATCH
+    g = int(round(pos.shape[1] ** 0.5))
+    table = F.interpolate(pos.reshape(1, g, g, -1).permute(0, 3, 1, 2), size=(side, side),
+                                            mode="bilinear", align_corners=True).flatten(2).transpose(1, 2)
+    ref = cropped_pos_embed(pos, (side, side)).float()
+    out = {"pos_table_max_abs_diff": (table - ref).abs().max().item(),
+           "pos_table_mean_abs_diff": (table - ref).abs().mean().item(),
+           "pos_table_scale": ref.abs().max().item(), "embedding_scale": embeddings["fp32"].abs().max().item(),
+           "types": {}}
+    width = embeddings["fp32"].shape[-1]
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        hf = llama_cpp_mtmd.write_checkpoint(ours, proj, work / "hf", timm_name=tower, tile=rgb.shape[0], **NORM)
+        tool = mtmd.build_tool(work)
+        log(f"llama.cpp: checkpoint written and mtmd_encode built in {time.perf_counter() - t0:.0f} s")
+        for kind in types:
+            gguf = mtmd.convert(hf, kind, work / f"mmproj-{kind}.gguf")
+            secs, emb = mtmd.encode(tool, gguf, rgb, threads=threads, repeats=rounds, width=width, work=work)
+            emb = torch.from_numpy(emb)
+            med = statistics.median(secs)
+            row = {"median_s": round(med, 3), "best_s": round(min(secs), 3), "rounds_s": [round(x, 3) for x in secs],
+                   "gguf_MiB": round(gguf.stat().st_size / 2**20), "tflops_median": round(flops / med / 1e12, 3),
+                   "ours_vs_it": round(med / rows["ours"]["median_s"], 3),
+                   "transformers_vs_it": round(med / rows["transformers"]["median_s"], 3), "tokens": emb.shape[0]}
+            if emb.shape == embeddings["fp32"].shape:
+                row["max_abs_diff"] = {k: (emb - v).abs().max().item() for k, v in embeddings.items()}
+                row["mean_abs_diff"] = {k: (emb - v).abs().mean().item() for k, v in embeddings.items()}
+            out["types"][kind] = row
+            log(f"llama.cpp {kind}: {row}")
+            gguf.unlink()
+    for k in ("ours", "transformers"):
+        out[f"{k}_vs_fp32_mean_abs_diff"] = (embeddings[k] - embeddings["fp32"]).abs().mean().item()
+        out[f"{k}_vs_fp32_max_abs_diff"] = (embeddings[k] - embeddings["fp32"]).abs().max().item()
+    return out
+
+
 def format_result(r: dict) -> str:
     lines = [f"RADIO {r['tower']} {r['tile']} px + projector, {r['dtype']}, {r['threads']} threads; fused path: "
              f"{r['fused_path']}; attention: {r['attention']}; {r['tower_tflop_per_tile']} TFLOP per tile; GEMM peak {r['gemm_peak_tflops']} "
@@ -257,4 +341,21 @@ def format_result(r: dict) -> str:
                  f"{r['batched_equals_alone_max_abs_diff']}")
     if "max_abs_diff_vs_fp32" in r:
         lines.append(f"vs the fp32 tower: max {r['max_abs_diff_vs_fp32']}, mean {r['mean_abs_diff_vs_fp32']}")
+    if "llama_cpp" in r:
+        lc = r["llama_cpp"]
+        lines += ["llama.cpp's encoder (libmtmd) on the same weights, one process per GGUF type, after a warm-up call:",
+                  "| GGUF | median s/tile | best | TFLOP/s | ours is | transformers is | embeddings: mean abs diff vs "
+                  "fp32 / ours / transformers |", "|---|---|---|---|---|---|---|"]
+        for kind, v in lc["types"].items():
+            diff = v.get("mean_abs_diff")
+            diffs = " / ".join(f"{diff[k]:.4g}" for k in ("fp32", "ours", "transformers")) if diff else \
+                f"not compared ({v['tokens']} tokens)"
+            lines.append(f"| {kind} ({v['gguf_MiB']} MiB) | {v['median_s']} | {v['best_s']} | {v['tflops_median']} | "
+                         f"{v['ours_vs_it']}x faster | {v['transformers_vs_it']}x faster | {diffs} |")
+        lines.append(f"embedding scale {lc['embedding_scale']:.3g}; ours vs fp32: mean abs diff "
+                     f"{lc['ours_vs_fp32_mean_abs_diff']:.4g}, transformers "
+                     f"{lc['transformers_vs_fp32_mean_abs_diff']:.4g}; "
+                     f"llama.cpp's 32 x 32 position table (align_corners=True) vs the model's: max abs diff "
+                     f"{lc['pos_table_max_abs_diff']:.3g}, mean {lc['pos_table_mean_abs_diff']:.3g} (table scale "
+                     f"{lc['pos_table_scale']:.3g})")
     return "\n".join(lines)
