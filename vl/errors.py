@@ -5,10 +5,36 @@ that says what was expected, what was found and what to do. `InputError`s are th
 (HTTP 4xx); everything else is ours (5xx).
 """
 
+import contextlib
+
 
 class VLError(Exception):
     code = "error"
     http_status = 500
+
+
+@contextlib.contextmanager
+def naming(what: str | None):
+    """Prefix the message of a `VLError` raised inside with `what: ` (the flag and file of a command, or which item of
+    a request: "audio 2 of 3"), so that a request of several items says which one failed; type and code stay."""
+    try:
+        yield
+    except VLError as exc:
+        if what:
+            exc.args = (f"{what}: {exc}",)
+        raise
+
+
+def item_names(kinds: list[str]) -> list[str | None]:
+    """For each item of a request, by kind ("image", "video", "audio"), its name for `naming`: "video 2 of 3" when
+    the request holds more than one of that kind, else None (a lone item needs no name)."""
+    totals = {k: kinds.count(k) for k in kinds}
+    seen: dict[str, int] = {}
+    names = []
+    for k in kinds:
+        seen[k] = seen.get(k, 0) + 1
+        names.append(f"{k} {seen[k]} of {totals[k]}" if totals[k] > 1 else None)
+    return names
 
 
 # --- configuration and checkpoints -------------------------------------------------------------

@@ -424,3 +424,19 @@ def test_preprocessor_config_reader():
     with pytest.raises(ConfigError, match="win_length"):
         MelConfig(win_length=1024)
 
+
+
+def test_an_empty_recording_is_too_short_not_corrupt(tmp_path):
+    """A WAV whose data chunk holds no samples (a recording stopped at once) is refused as too short, with the code
+    the feature extractor gives a clip of a few samples; a header that declares samples it lacks stays corrupt
+    (test above)."""
+    import wave
+
+    path = tmp_path / "empty.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(SAMPLE_RATE)
+        w.writeframes(b"")
+    for isolate in (False, True):
+        with pytest.raises(AudioTooShortError, match="holds no sound") as refused:
+            load_audio(str(path), isolate=isolate)
+        assert refused.value.code == "audio_too_short"

@@ -8,7 +8,7 @@ from PIL import Image
 import vl
 from data_recipes.synthetic.export import write_mp4, write_pdf
 from tiny_models import make_tiny_vl_dir
-from vl.errors import GenerationOptionError, RemoteMediaError, TooManyItemsError
+from vl.errors import CorruptMediaError, GenerationOptionError, RemoteMediaError, TooManyItemsError
 from vl.processing.chat import PromptFormatError
 from vl.processing.limits import MediaLimits
 
@@ -109,3 +109,33 @@ def test_a_media_part_s_options_are_checked_by_the_options_record(proc, tmp_path
     with pytest.raises(GenerationOptionError, match=match) as err:
         proc(user(part, {"type": "text", "text": "hi"}))
     assert "message 0 (user) item 0" in str(err.value)
+
+
+def test_a_bad_item_among_several_is_named_by_kind_and_place_and_a_lone_one_is_not(proc, tmp_path):
+    good = tmp_path / "good.png"
+    Image.new("RGB", (64, 64), "red").save(good)
+    truncated = tmp_path / "cut.png"
+    truncated.write_bytes(good.read_bytes()[:60])
+    clip = str(write_mp4([Image.new("RGB", (32, 32), "blue")] * 4, 4.0, tmp_path / "c.mp4"))
+    image = lambda p: {"type": "image", "image": str(p)}  # noqa: E731
+    with pytest.raises(CorruptMediaError) as named:
+        proc(user(image(good), {"type": "video", "video": clip}, image(truncated), {"type": "text", "text": "hi"}))
+    assert str(named.value).startswith("image 2 of 2: ") and named.value.code == "corrupt_media"
+    with pytest.raises(CorruptMediaError) as alone:
+        proc(user(image(truncated), {"type": "text", "text": "hi"}))
+    assert not str(alone.value).startswith("image ")
+    out = proc(user(image(good), {"type": "video", "video": clip}, image(good), {"type": "text", "text": "hi"}))
+    assert [m.kind for m in out.media] == ["image", "video", "image"]
+
+
+def test_item_names_count_each_kind_apart():
+    from vl.errors import InputError, item_names, naming
+
+    assert item_names(["image", "video", "image", "audio"]) == ["image 1 of 2", None, "image 2 of 2", None]
+    with pytest.raises(InputError, match="^video 2 of 3: bad$") as e:
+        with naming("video 2 of 3"):
+            raise InputError("bad")
+    assert e.value.code == "bad_input"
+    with pytest.raises(ValueError, match="^plain$"):  # not ours: left as it is
+        with naming("video 1 of 2"):
+            raise ValueError("plain")

@@ -169,6 +169,20 @@ def test_bad_audio_is_a_typed_400_and_the_next_request_works(omni, served):
     assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "too_many_items"
 
 
+def test_an_empty_recording_among_good_ones_is_named_and_the_next_request_works(omni, served):
+    """Two clips in one request, the second a WAV with no samples: a typed 400 that says which clip (the request's
+    second audio), not "corrupt"; the same clips without it answer as the engine does."""
+    good = wav_bytes(330.0)
+    empty = wav_bytes(330.0, seconds=0.0)
+    r = post(served, [input_audio(good), input_audio(empty), {"type": "text", "text": QUESTION}])
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "audio_too_short" and error["message"].startswith("audio 2 of 2: "), error
+    want = local(omni, user({"type": "audio", "audio": good}, {"type": "audio", "audio": good}))
+    ok = post(served, [input_audio(good), input_audio(good), {"type": "text", "text": QUESTION}])
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == want.answer
+
+
 def test_one_bad_audio_in_a_concurrent_batch_fails_alone(omni, served):
     clips = {f: wav_bytes(f, 0.8) for f in (220.0, 350.0, 500.0, 700.0)}
     singles = {f: local(omni, user({"type": "audio", "audio": d})).answer for f, d in clips.items()}

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, TooManyItemsError, VLError
+from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, TooManyItemsError, naming
 from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
 from vl.processing.limits import DEFAULT_LIMITS
 
@@ -151,11 +151,8 @@ def check_media_files(args, options: RequestOptions) -> None:
     seconds; damage inside compressed pixel data still shows only when the processor decodes."""
 
     def named(flag, f, check):
-        try:
+        with naming(f"{flag} {f}"):
             check()
-        except VLError as exc:
-            exc.args = (f"{flag} {f}: {exc}",)
-            raise
 
     if args.image:
         from vl.processing.images import sniff_image

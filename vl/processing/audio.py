@@ -32,6 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from vl.errors import (
+    AudioTooShortError,
     CorruptMediaError,
     DecoderCrashedError,
     DecoderResourceError,
@@ -412,6 +413,9 @@ def decode_audio_file(path: str, limits: MediaLimits) -> dict:
     except _av_errors() as e:
         raise CorruptMediaError(f"cannot decode the audio ({_why(e)}); re-encode it.") from None
     if timeline.first is None or not len(waveform):
+        if not partial and not meta.duration_s:  # it declares no length and ends cleanly: empty, not broken
+            raise AudioTooShortError("the audio holds no sound: its stream ends before its first sample (0 s); "
+                                     "send a clip with sound.")
         raise CorruptMediaError("none of the audio could be decoded; the file (or its sound track) is corrupt.")
     first = float(timeline.first)
     start = first - meta.video_start_s if meta.video_start_s is not None else 0.0

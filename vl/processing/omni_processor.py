@@ -23,7 +23,7 @@ import torch
 from vl.config.parakeet import ParakeetConfig
 from vl.config.omni import OmniConfig
 from vl.config_policy import Check, KeyReader
-from vl.errors import ConfigError, ContextLengthError, InputError, MediaTooLargeError, NoAudioError
+from vl.errors import ConfigError, ContextLengthError, InputError, MediaTooLargeError, NoAudioError, item_names, naming
 from vl.modeling.parakeet import subsampled_length
 from vl.processing import audio, chat
 from vl.processing.audio_features import MelConfig, log_mel_features, mel_config_from_preprocessor
@@ -322,6 +322,7 @@ class OmniProcessor:
                                    isolate=self.isolate)
         by_item = dict(zip(map(id, images), decoded))
         runs, infos, videos, clips = [], [], [], []
+        names = item_names([m.kind for m in media])
         for k, item in enumerate(media):
             opts = item.options  # the part's own options, checked by their ranges (chat.PART_OPTIONS)
             if item.kind == "image":
@@ -330,10 +331,12 @@ class OmniProcessor:
                 infos.append(OmniMediaInfo("image", img.num_tokens, img.grid, img.image_size))
             elif item.kind == "video":
                 work.report(f"decoding the video (up to {opts.get('max_frames', max_frames)} frames)", k, len(media))
-                vid = load_omni_video(self._check_source(item.source), cfg.video, target_fps=opts.get("fps", fps),
-                                      max_frames=opts.get("max_frames", max_frames), backend=self.video_backend,
-                                      timestamp_convention=self.timestamp_convention, limits=self.limits,
-                                      isolate=self.isolate)
+                with naming(names[k]):
+                    vid = load_omni_video(self._check_source(item.source), cfg.video,
+                                          target_fps=opts.get("fps", fps),
+                                          max_frames=opts.get("max_frames", max_frames),
+                                          backend=self.video_backend, timestamp_convention=self.timestamp_convention,
+                                          limits=self.limits, isolate=self.isolate)
                 videos.append(vid)
                 runs.append(self._video_run(vid))
                 infos.append(self._video_info(vid))
@@ -354,7 +357,8 @@ class OmniProcessor:
                     notes.append(f"video decoded with PyAV instead of {self.video_backend}: {frames.backend_note}")
             else:
                 work.report("decoding audio", k, len(media))
-                wave = self._load_audio(self._check_source(item.source))
+                with naming(names[k]):
+                    wave = self._load_audio(self._check_source(item.source))
                 n = cfg.audio_tokens(len(wave))
                 clips.append(wave)
                 runs.append(chat.audio_placeholder(n, self.tokens))

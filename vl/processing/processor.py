@@ -21,7 +21,8 @@ import torch
 from token_reduction import BlankTileSkipper, TokenLayout
 from vl.config import VLConfig
 from vl.options import spec
-from vl.errors import ConfigError, ContextLengthError, CorruptMediaError, InputError, RemoteMediaError
+from vl.errors import (ConfigError, ContextLengthError, CorruptMediaError, InputError, RemoteMediaError, item_names,
+                       naming)
 from vl.modeling.vlm import MediaSpan
 from vl.processing import chat
 from vl.processing.documents import (
@@ -258,6 +259,7 @@ class Processor:
         rendered: dict = {}
         tiles, spans, infos, runs = [], [], [], []
         work = Work.current()
+        names = item_names([item.kind if item.document is None else "page" for item in prompt.media])
         for k, (item, cap) in enumerate(zip(prompt.media, caps)):
             opts = item.options  # the part's own options, checked by their ranges (vl/processing/chat.py PART_OPTIONS)
             if item.kind == "image":
@@ -265,10 +267,12 @@ class Processor:
                 if isinstance(item.source, PdfPage):
                     img = self._page_tiles(item.source, page_caps, rendered)
                 else:
-                    img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean,
-                                           norm_std=cfg.norm_std, tile_size=cfg.force_image_size,
-                                           max_num_tiles=opts.get("max_num_tiles", cap),
-                                           use_thumbnail=cfg.use_thumbnail, limits=self.limits, isolate=self.isolate)
+                    with naming(names[k]):
+                        img = preprocess_image(self._check_source(item.source), norm_mean=cfg.norm_mean,
+                                               norm_std=cfg.norm_std, tile_size=cfg.force_image_size,
+                                               max_num_tiles=opts.get("max_num_tiles", cap),
+                                               use_thumbnail=cfg.use_thumbnail, limits=self.limits,
+                                               isolate=self.isolate)
                 pixels, skipped = img.pixel_values, []
                 if skip_blank_tiles and img.num_tiles > 1:
                     pixels, note, skipped = self._skip_blank(pixels, img.has_thumbnail)
@@ -282,8 +286,9 @@ class Processor:
                 runs.append(chat.image_placeholder(n, cfg.tokens_per_tile, self.tokens))
             else:
                 work.report(f"decoding the video (up to {opts.get('max_frames', max_frames)} frames)", 0, 0)
-                vid = self._load_video(self._check_source(item.source), opts.get("fps", fps),
-                                       opts.get("max_frames", max_frames), notes)
+                with naming(names[k]):
+                    vid = self._load_video(self._check_source(item.source), opts.get("fps", fps),
+                                           opts.get("max_frames", max_frames), notes)
                 n = vid.pixel_values.shape[0]  # "video frames decoded" i/n was reported frame by frame (video.py)
                 tiles.append(vid.pixel_values)
                 spans.append(MediaSpan("video", n))
