@@ -22,7 +22,7 @@ from transformers.video_utils import VideoMetadata
 
 from data_recipes.synthetic.export import write_mp4
 from data_recipes.tokenizer import build_tokenizer
-from vl.errors import ConfigError, MediaTooLargeError, NoAudioError, RemoteMediaError, TooManyItemsError
+from vl.errors import ConfigError, MediaError, MediaTooLargeError, NoAudioError, RemoteMediaError, TooManyItemsError
 from vl.processing import chat
 from vl.processing.chat import OMNI_TOKENS, PromptFormatError
 from vl.processing.limits import MediaLimits
@@ -380,3 +380,18 @@ def test_load_processor_reads_an_omni_directory(tokenizer, tmp_path):
     out = ref(images=[image], text=ours.prompt.text, return_tensors="pt")
     assert ours.input_ids.tolist() == out["input_ids"].tolist()
     torch.testing.assert_close(ours.pixel_values, out["pixel_values"], **TOL)
+
+
+def test_a_bad_image_among_several_is_named(tmp_path):
+    cfg = OmniImageConfig(norm_mean=MEAN, norm_std=STD, min_num_patches=16, max_num_patches=64)
+    good = tmp_path / "good.png"
+    Image.fromarray(rng_pixels(1, 40, 30, 3)).save(good)
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(good.read_bytes()[:80])
+    with pytest.raises(MediaError, match="^image 3 of 3: ") as named:
+        load_omni_images([str(good), str(good), str(cut)], cfg)
+    assert named.value.code == "corrupt_media"
+    with pytest.raises(MediaError) as alone:
+        load_omni_images([str(cut)], cfg)
+    assert not str(alone.value).startswith("image ")
+    assert len(load_omni_images([str(good), str(good)], cfg)) == 2

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vl.errors import ConfigError, MediaError
+from vl.errors import ConfigError, MediaError, item_names, naming
 from vl.processing.images import load_image
 from vl.processing.limits import DEFAULT_LIMITS, MediaLimits
 
@@ -188,6 +188,10 @@ def load_omni_images(sources: Sequence, config: OmniImageConfig, *, limits: Medi
                      isolate: bool = False) -> list[OmniImage]:
     """Untrusted images (bytes, local paths, file objects or PIL images) of one call -> `OmniImage`s. Every cap of
     images.py holds before a pixel is decoded; `isolate=True` decodes in a sandbox worker. The resize to the patch
-    grid runs here, on the decoded picture (the grid depends on the call's other images)."""
-    decoded: list[Image.Image] = [load_image(s, limits, isolate=isolate) for s in sources]
+    grid runs here, on the decoded picture (the grid depends on the call's other images). Of several images, the one
+    that fails is named in the error ("image 2 of 3: ...")."""
+    decoded: list[Image.Image] = []
+    for s, name in zip(sources, item_names(["image"] * len(sources))):
+        with naming(name):
+            decoded.append(load_image(s, limits, isolate=isolate))
     return preprocess_omni_images(decoded, config)
