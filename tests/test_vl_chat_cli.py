@@ -508,3 +508,21 @@ def test_a_folder_of_checkpoints_as_the_model_names_its_checkpoints(tmp_path):
     assert plain.returncode == 2 and plain.stderr.strip().endswith(f"{folder / 'notes'}: no config.json")
     right = _vl("chat", "--model", str(folder / "demo"), "--prompt", "Hi.")
     assert right.returncode == 0 and right.stdout.strip(), right.stderr
+
+
+def test_an_empty_recording_found_by_the_request_is_named_by_its_flag_and_file(omni_media, capsys, tmp_path):
+    """A WAV with no samples passes the header check and is refused when the request decodes it: the error names
+    the flag and file as the checks before the load do, alone and as the second of two; the good clip then answers."""
+    import wave
+
+    empty = tmp_path / "empty.wav"
+    with wave.open(str(empty), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes(b"")
+    for flags in (["--audio", str(empty)], ["--audio", omni_media["wav"], "--audio", str(empty)]):
+        rc, doc, err = _omni_in_process(omni_media, capsys, *flags)
+        assert rc == 2 and doc["error"]["code"] == "audio_too_short", doc
+        assert doc["error"]["message"].startswith(f"--audio {empty}: the audio holds no sound"), doc
+        assert f"error [audio_too_short]: --audio {empty}: " in err
+    rc, doc, _ = _omni_in_process(omni_media, capsys, "--audio", omni_media["wav"], "--audio", omni_media["wav"])
+    assert rc == 0 and doc["stats"]["audio_tokens"] > 0

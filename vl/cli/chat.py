@@ -30,6 +30,7 @@ from vl.cli.flags import (
     check_media_files,
     check_media_flags,
     media_content,
+    name_the_file,
     options_from_args,
 )
 from vl.config.omni import omni_config_from_hf
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         check_media_files(args, options)
         return _run(args, options, model, err)
     except VLError as exc:
+        name_the_file(args, exc)
         if args.json:
             print(json.dumps({"error": {"code": exc.code, "message": str(exc)}}))
         print(f"error [{exc.code}]: {exc}", file=err)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
-from vl.errors import GenerationOptionError, InputError, MediaNotFoundError, TooManyItemsError, naming
+from vl.errors import GenerationOptionError, InputError, MediaError, MediaNotFoundError, TooManyItemsError, naming
 from vl.options import GENERATION, PROCESSOR, REDUCTION, RequestOptions, names, spec, specs
 from vl.processing.limits import DEFAULT_LIMITS
 
@@ -176,6 +177,28 @@ def check_media_files(args, options: RequestOptions) -> None:
 
         for f in args.audio:
             named("--audio", f, lambda: probe_audio(f, DEFAULT_LIMITS))
+
+
+_ITEM = re.compile(r"(image|video|audio) (\d+) of \d+: ")  # how the processor names one item of several
+
+
+def name_the_file(args, exc: Exception) -> None:
+    """A media error raised by the request (after the checks above passed: damage inside the data, an empty
+    recording) renamed after the flag and file it came from, as those checks name theirs ("--audio b.wav: ..."):
+    the processor names an item of several by kind and place ("audio 2 of 2: ..."), a lone item not at all."""
+    if not isinstance(exc, MediaError):
+        return
+    files = {"image": list(args.image), "video": [args.video] if args.video else [], "audio": list(args.audio)}
+    text = str(exc)
+    item = _ITEM.match(text)
+    if item:
+        kind, i = item.group(1), int(item.group(2))
+        if i <= len(files[kind]):
+            exc.args = (f"--{kind} {files[kind][i - 1]}: {text[item.end():]}",)
+        return
+    named = [(k, f) for k, fs in files.items() for f in fs] + ([("pdf", args.pdf)] if args.pdf else [])
+    if len(named) == 1 and not text.startswith("--"):
+        exc.args = (f"--{named[0][0]} {named[0][1]}: {text}",)
 
 
 def check_generation_flags(args) -> None:
