@@ -8,8 +8,8 @@ directory into an "mmproj" GGUF. The bench writes its own random tower in that l
 GGUF type asked for, and times the encoder through libmtmd's C API with a small program of ours (`TOOL_SOURCE`,
 written next to the GGUFs and compiled against DIR's build at run time, as vl/bench/llama_cpp.py writes its
 converter shim; the package's own native code is only vl/kernels/csrc): the image as RGB bytes, mtmd's own
-preprocessing (a 512 x 512 image is copied, not resized) and `mtmd_encode_chunk`, no text model. The program writes the embeddings it produced, so the bench also
-says how far they are from ours and from transformers'.
+preprocessing (a 512 x 512 image is copied, not resized) and `mtmd_encode_chunk`, no text model. The program
+writes the embeddings it produced, so the bench also says how far they are from ours and from transformers'.
 
 What llama.cpp's conversion and graph change in the maths (docs/bench_llama_cpp.md, "The vision tower"): the
 converter resamples the 128 x 128 position table to 32 x 32 once, bilinearly with `align_corners=True` (RADIO,
