@@ -88,6 +88,12 @@ def test_the_sound_of_a_video_is_optional_and_its_faults_never_cost_the_frames(o
         r = engine.chat(user({"type": "video", "video": media[name]}), max_new_tokens=3, max_frames=4)
         assert r.stats.audio_tokens == 0 and r.stats.vision_tokens_after > 0 and r.finish_reason in ("length", "stop")
         assert any(n.startswith("answered from the frames only") and why in n for n in r.stats.notes), r.stats.notes
+        assert not any("sent beside it" in n for n in r.stats.notes)
+    beside = engine.chat(user({"type": "video", "video": media["silent"]}, {"type": "audio", "audio": media["speech"]}),
+                         max_new_tokens=3, max_frames=4)  # a silent video with a clip of its own: the clip is heard
+    assert beside.stats.audio_tokens > 0
+    assert any(n.startswith("answered from the frames only: the video has no audio track (the audio sent beside it "
+                            "was heard)") for n in beside.stats.notes), beside.stats.notes
 
 
 def test_a_video_whose_sound_starts_late_is_led_by_silence(omni, tmp_path):

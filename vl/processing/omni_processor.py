@@ -342,9 +342,10 @@ class OmniProcessor:
                 infos.append(self._video_info(vid))
                 if hear:
                     wave, note = self._video_sound(item.source)
-                    if note:
+                    if note:  # without its sound the video is seen only; audio sent beside it is still heard
+                        heard_beside = " (the audio sent beside it was heard)" if counts["audio"] else ""
                         notes.append(f"the video's sound: {note}" if wave is not None
-                                     else f"answered from the frames only: {note}")
+                                     else f"answered from the frames only: {note}{heard_beside}")
                     if wave is not None:
                         n = cfg.audio_tokens(len(wave))
                         clips.append(wave)
