@@ -16,11 +16,13 @@ class VLError(Exception):
 @contextlib.contextmanager
 def naming(what: str | None):
     """Prefix the message of a `VLError` raised inside with `what: ` (the flag and file of a command, or which item of
-    a request: "audio 2 of 3"), so that a request of several items says which one failed; type and code stay."""
+    a request: "audio 2 of 3"), so that a request of several items says which one failed; type and code stay. The
+    name and the message before it are kept as `exc.named` and `exc.unnamed` (a front end may rename the item)."""
     try:
         yield
     except VLError as exc:
         if what:
+            exc.named, exc.unnamed = what, str(exc)
             exc.args = (f"{what}: {exc}",)
         raise
 

@@ -124,10 +124,11 @@ def check_image(tile: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
 
 
 def build(dtype: torch.dtype, tower: str = TOWER, tile: int = TILE, proj_hidden: int = PROJ_HIDDEN,
-          llm_dim: int = LLM_DIM, seed: int = 0, want_fp32_check: bool = False):
+          llm_dim: int = LLM_DIM, seed: int = 0, want_fp32_check: bool = False, want_fp32_embeddings: bool = False):
     """(ours, projector, transformers' twin, fp32 outputs of ours on the check tile or None, check image). The fp32
-    outputs (made for a `dtype` other than float32 when asked) are the tower's features and the projector's
-    embeddings; the check image is `check_image`'s pair (bytes, normalised tile)."""
+    outputs (made for a `dtype` other than float32 when asked) are the tower's features and, with
+    `want_fp32_embeddings`, the projector's embeddings (else None); the check image is `check_image`'s pair
+    (bytes, normalised tile)."""
     dims = vit_dims(tower)
     with torch.device("meta"):
         ours = RadioEncoder(*dims, patch_size=PATCH, cpe_max_size=CPE_MAX, num_prefix_tokens=PREFIX)
@@ -140,7 +141,7 @@ def build(dtype: torch.dtype, tower: str = TOWER, tile: int = TILE, proj_hidden:
     if want_fp32_check and dtype != torch.float32:
         with torch.inference_mode():
             feats = ours.forward_features(check[1])
-            ref32 = feats, proj(feats, (tile // PATCH, tile // PATCH))
+            ref32 = feats, proj(feats, (tile // PATCH, tile // PATCH)) if want_fp32_embeddings else None
     ours, proj = ours.to(dtype), proj.to(dtype)
     return ours, proj, transformers_twin(ours, dims[1], dims[2], dims[3]), ref32, check
 
@@ -184,7 +185,8 @@ def run(dtype: torch.dtype = torch.bfloat16, threads: int | None = None, rounds:
         torch.set_num_threads(threads)
     dims = vit_dims(tower)
     t0 = time.perf_counter()
-    ours, proj, theirs, ref32, check = build(dtype, tower, tile, proj_hidden, llm_dim, want_fp32_check=True)
+    ours, proj, theirs, ref32, check = build(dtype, tower, tile, proj_hidden, llm_dim, want_fp32_check=True,
+                                             want_fp32_embeddings=llama_cpp is not None)
     grid = (tile // PATCH, tile // PATCH)
     res = {"tower": tower, "dims": list(dims), "prefix_rows": PREFIX, "tile": tile, "dtype": str(dtype).split(".")[-1],
            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": cpu_isa(),
@@ -290,10 +292,8 @@ def llama_cpp_rows(mtmd, ours, proj, rgb: np.ndarray, embeddings: dict, *, tower
     once by its converter with align_corners=True) is from the one the model resamples (align_corners=False)."""
     pos = ours.patch_generator.pos_embed.float()
     side = rgb.shape[0] // PATCH
-    g = int(round(pos.shape[1] ** 0.5))
-    table = F.interpolate(pos.reshape(1, g, g, -1).permute(0, 3, 1, 2), size=(side, side),
-                                            mode="bilinear", align_corners=True).flatten(2).transpose(1, 2)
-    ref = cropped_pos_embed(pos, (side, side)).float()
+    table = cropped_pos_embed(pos, (side, side), align_corners=True)
+    ref = cropped_pos_embed(pos, (side, side))
     out = {"pos_table_max_abs_diff": (table - ref).abs().max().item(),
            "pos_table_mean_abs_diff": (table - ref).abs().mean().item(),
            "pos_table_scale": ref.abs().max().item(), "embedding_scale": embeddings["fp32"].abs().max().item(),

@@ -179,7 +179,7 @@ def check_media_files(args, options: RequestOptions) -> None:
             named("--audio", f, lambda: probe_audio(f, DEFAULT_LIMITS))
 
 
-_ITEM = re.compile(r"(image|video|audio) (\d+) of \d+: ")  # how the processor names one item of several
+_ITEM = re.compile(r"(image|video|audio) (\d+) of \d+")  # how the processor names one item of several
 
 
 def name_the_file(args, exc: Exception) -> None:
@@ -189,16 +189,15 @@ def name_the_file(args, exc: Exception) -> None:
     if not isinstance(exc, MediaError):
         return
     files = {"image": list(args.image), "video": [args.video] if args.video else [], "audio": list(args.audio)}
-    text = str(exc)
-    item = _ITEM.match(text)
+    item = _ITEM.fullmatch(getattr(exc, "named", ""))
     if item:
         kind, i = item.group(1), int(item.group(2))
         if i <= len(files[kind]):
-            exc.args = (f"--{kind} {files[kind][i - 1]}: {text[item.end():]}",)
+            exc.args = (f"--{kind} {files[kind][i - 1]}: {exc.unnamed}",)
         return
     named = [(k, f) for k, fs in files.items() for f in fs] + ([("pdf", args.pdf)] if args.pdf else [])
-    if len(named) == 1 and not text.startswith("--"):
-        exc.args = (f"--{named[0][0]} {named[0][1]}: {text}",)
+    if len(named) == 1 and not hasattr(exc, "named"):  # not yet named: the checks before the load name theirs
+        exc.args = (f"--{named[0][0]} {named[0][1]}: {exc}",)
 
 
 def check_generation_flags(args) -> None:

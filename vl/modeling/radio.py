@@ -122,12 +122,13 @@ def image_to_patches(pixels: torch.Tensor, patch_size: int) -> torch.Tensor:
     return x.permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * p * p)  # (B, h*w, C*p*p)
 
 
-def cropped_pos_embed(pos_embed: torch.Tensor, grid_hw: tuple[int, int]) -> torch.Tensor:
+def cropped_pos_embed(pos_embed: torch.Tensor, grid_hw: tuple[int, int], align_corners: bool = False) -> torch.Tensor:
     """RADIO's inference-time CPE: (1, G*G, D) table -> (1, h*w, D) for an h x w patch grid.
 
     Resize the G x G grid to the square max(h, w) (bilinear, align_corners=False as in RADIO since
     cb07f55, Megatron training and vLLM; the llama.cpp bake and the C-RADIOv2-H remote code use True and
-    diverge), crop the top-left h x w, resize to (h, w) if that still differs. Computed in fp32.
+    diverge: `align_corners=True` gives theirs, for the benchmark that measures the difference), crop the
+    top-left h x w, resize to (h, w) if that still differs. Computed in fp32.
     """
     _, n, d = pos_embed.shape
     g = int(round(n**0.5))
@@ -136,10 +137,10 @@ def cropped_pos_embed(pos_embed: torch.Tensor, grid_hw: tuple[int, int]) -> torc
     h, w = grid_hw
     grid = pos_embed.reshape(1, g, g, d).permute(0, 3, 1, 2).float()  # (1, D, G, G)
     side = max(h, w)
-    grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=False)
+    grid = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=align_corners)
     grid = grid[:, :, :h, :w]  # (1, D, h, w) top-left window
     if grid.shape[-2:] != (h, w):
-        grid = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False)
+        grid = F.interpolate(grid, size=(h, w), mode="bilinear", align_corners=align_corners)
     return grid.flatten(2).transpose(1, 2).to(pos_embed.dtype)  # (1, h*w, D)
 
 
