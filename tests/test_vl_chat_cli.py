@@ -18,7 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "vl" / "demo"
@@ -199,7 +201,6 @@ def test_loading_is_said_before_the_model_modules_are_imported(example):
 
 
 def _jpeg_cut_in_half() -> bytes:
-    from PIL import Image
 
     buf = io.BytesIO()
     Image.new("RGB", (64, 48), (200, 30, 30)).save(buf, "JPEG")
@@ -207,7 +208,6 @@ def _jpeg_cut_in_half() -> bytes:
 
 
 def _png() -> bytes:
-    from PIL import Image
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, "PNG")
@@ -347,7 +347,6 @@ def test_stats_refuse_an_undeclared_attribute_and_keep_in_process_fields_out_of_
 
 def test_files_the_model_reads_pass_the_check(example, clip, tmp_path):
     """The early check is the processor's own (vl.processing): what the model reads passes it, a TIFF scan too."""
-    from PIL import Image
 
     from vl.cli.chat import parse_args
     from vl.cli.flags import check_media_files, options_from_args
@@ -389,7 +388,6 @@ def test_the_pruning_note_reaches_json_and_stderr_as_it_is(example):
 def _write_wav(path, wave_f32, rate=16000):
     import wave
 
-    import numpy as np
 
     with wave.open(str(path), "wb") as f:
         f.setnchannels(1)
@@ -410,8 +408,9 @@ def omni_media(tmp_path_factory):
     model, _ = make_tiny_omni_dir(d / "omni")
     broken = d / "broken.wav"
     broken.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(d / "page.png")
     return {"model": str(model), "wav": _write_wav(d / "tone.wav", tone(16000, 1.5, 440.0, 0.2)),
-            "video": str(write_video(d / "clip.mp4", seconds=2.0)), "broken": str(broken)}
+            "video": str(write_video(d / "clip.mp4", seconds=2.0)), "broken": str(broken), "image": str(d / "page.png")}
 
 
 OMNI_QUESTION = ["--prompt", "What is heard?", "--max-new-tokens", "4", "--ignore-eos"]
@@ -460,6 +459,40 @@ def test_a_videos_sound_is_heard_unless_no_audio(omni_media, capsys):
     _, same, _ = _omni_in_process(omni_media, capsys, "--video", omni_media["video"], "--max-frames", "4",
                                   "--with-audio", "off")  # the generated spelling means the same
     assert same["stats"]["prompt_tokens"] == off["stats"]["prompt_tokens"] and same["answer"] == off["answer"]
+
+
+def test_a_released_omni_directory_answers_as_its_transformers_layout_does(omni_media, tmp_path):
+    """The hub's Omni directories are written for their remote code (config.json names
+    `NemotronH_Nano_Omni_Reasoning_V3`, with auto_map and the older key names; no feature-extractor file): `vl chat`
+    loads one without running or offering to run that code (stdin stays open, as at a terminal, where transformers
+    would ask), a bad clip first is refused by its flag, then an image and audio question answers twice as the
+    transformers-layout copy of the same weights does."""
+    import vl
+    from tiny_models import make_released_omni_dir
+
+    released = make_released_omni_dir(omni_media["model"], tmp_path / "released")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    def chat(*flags):
+        with subprocess.Popen([sys.executable, "-m", "vl.cli", "chat", "--model", str(released), *flags,
+                               *OMNI_QUESTION, "--json"], cwd=REPO, env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            out, err = proc.communicate(timeout=120)  # stdin is never written nor closed before the answer
+        assert "custom code" not in err and "trust_remote_code" not in err, err
+        return proc.returncode, json.loads(out), err
+
+    rc, doc, _ = chat("--audio", omni_media["broken"])
+    assert rc == 2 and doc["error"]["code"] == "corrupt_media", doc
+    engine = vl.Engine.from_pretrained(omni_media["model"])
+    want = engine.chat([{"role": "user", "content": [{"type": "image", "image": omni_media["image"]},
+                                                     {"type": "audio", "audio": omni_media["wav"]},
+                                                     {"type": "text", "text": "What is heard?"}]}],
+                       max_new_tokens=4, ignore_eos=True)
+    for _ in range(2):
+        rc, doc, err = chat("--image", omni_media["image"], "--audio", omni_media["wav"])
+        assert rc == 0 and doc["answer"] == want.answer, err
+        assert doc["stats"]["audio_tokens"] == want.stats.audio_tokens > 0
+        assert doc["stats"]["prompt_tokens"] == want.stats.prompt_tokens
 
 
 @pytest.mark.parametrize("model", ["demo", "omni_without_audio"])

@@ -125,3 +125,60 @@ def make_tiny_omni_dir(path, seed=0, audio: bool = True, context: int = 4096, **
                        tokenizer=tok, feature_extractor=ParakeetFeatureExtractor(feature_size=TINY_AUDIO["num_mel_bins"]))
     ref.save_pretrained(path)
     return path, model
+
+
+def make_released_omni_dir(src, dst):
+    """A copy of a `make_tiny_omni_dir` directory in the shape the hub's Nemotron 3 Nano Omni directories have
+    (written for their remote code, which vLLM and SGLang read): config.json names the remote class
+    (`NemotronH_Nano_Omni_Reasoning_V3` as model_type and architecture, with `auto_map`), keeps the older key
+    names (`llm_config` in the 4.x Nemotron-H spelling, `sound_config` with `model_type: parakeet` and no
+    `attention_bias` / `scale_input`, `img_context_token_id`, ...), and a RADIO `vision_config` with the remote
+    config's `args`, version and processor keys; `preprocessor_config.json` is the remote processor's (norm_mean /
+    norm_std, patch budget, `auto_map`); there is no transformers-5 `processor_config.json`, so no feature-extractor
+    file (the mel bins come from the audio config). The weights and tokenizer are the source's. Returns dst."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from vl.config import lm_config_from_hf, lm_config_to_hf
+
+    src, dst = Path(src), Path(dst)
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    image = json.loads((dst / "processor_config.json").read_text())["image_processor"]
+    (dst / "processor_config.json").unlink()
+    text = dict(lm_config_to_hf(lm_config_from_hf(cfg["text_config"])),
+                num_nextn_predict_layers=cfg["text_config"]["num_nextn_predict_layers"])
+    skip = ("model_type", "attention_bias", "scale_input", "dropout", "dropout_positions", "activation_dropout",
+            "attention_dropout", "layerdrop", "initializer_range", "max_position_embeddings", "num_key_value_heads")
+    sound = {**{k: v for k, v in cfg["audio_config"].items() if k not in skip}, "model_type": "parakeet",
+             "sampling_rate": 16000}
+    vision = {**{k: v for k, v in cfg["vision_config"].items() if k != "model_type"},
+              "architectures": ["RADIOModel"], "auto_map": {"AutoModel": "hf_model.RADIOModel"},
+              "args": {"model": "vit_huge_patch16_224", "register_multiple": 8, "teachers": [{}]},
+              "preferred_resolution": [512, 512], "version": "c-radio_v4-h", "separate_video_embedder": True,
+              "min_num_patches": image["min_num_patches"], "max_num_patches": image["max_num_patches"],
+              "video_target_num_patches": 1024, "video_maintain_aspect_ratio": True}
+    remote = "NemotronH_Nano_Omni_Reasoning_V3"
+    released = {
+        "architectures": [remote], "model_type": remote, "torch_dtype": "float32",
+        "auto_map": {"AutoConfig": f"configuration.{remote}_Config", "AutoModel": f"modeling.{remote}",
+                     "AutoModelForCausalLM": f"modeling.{remote}"},
+        "img_context_token_id": cfg["image_token_id"], "video_context_token_id": cfg["video_token_id"],
+        "sound_context_token_id": cfg["audio_token_id"], "downsample_ratio": cfg["downsample_ratio"],
+        "projector_hidden_size": cfg["projector_hidden_size"], "vit_hidden_size": cfg["vision_hidden_size"],
+        "video_pruning_rate": cfg.get("video_pruning_rate", 0.0), "video_temporal_patch_size": 2,
+        "force_image_size": 512, "patch_size": 16, "ps_version": "v2", "template": "nemotron-h-omni",
+        "image_tag_type": "internvl", "img_context_token": "<image>", "video_context_token": "<video>",
+        "sound_context_token": "<so_embedding>", "norm_mean": image["image_mean"], "norm_std": image["image_std"],
+        "use_thumbnail": True, "max_sequence_length": text["max_position_embeddings"],
+        "vision_config": vision, "sound_config": sound, "llm_config": text}
+    (dst / "config.json").write_text(json.dumps(released, indent=1))
+    preprocessor = {"processor_class": f"{remote}Processor",
+                    "auto_map": {"AutoProcessor": f"processing.{remote}Processor"},
+                    "image_processor_type": f"{remote}ImageProcessor", "patch_size": 16, "downsample_ratio": 0.5,
+                    "norm_mean": image["image_mean"], "norm_std": image["image_std"],
+                    "min_num_patches": image["min_num_patches"], "max_num_patches": image["max_num_patches"],
+                    "max_model_len": image["max_model_len"]}
+    (dst / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1))
+    return dst

@@ -98,22 +98,30 @@ def _json_object(f: Path) -> dict:
     return value
 
 
+# The names config.json carries for each kind: transformers' own, and those the released directories' remote code
+# writes (Nemotron 3 Nano Omni's hub directories say `NemotronH_Nano_Omni_Reasoning_V3` for both model_type and
+# architecture, the class names of their configuration.py / modeling.py, as vLLM and SGLang register them;
+# transformers' native classes say `nemotron_h_omni` / `NemotronH_Omni_Reasoning_V3`). Read as the same layout.
+KIND_NAMES = {
+    "nemotron_h": (("nemotron_h",), ("NemotronHForCausalLM",)),
+    "nano_vl_v2": (("NemotronH_Nano_VL_V2",), ("NemotronH_Nano_VL_V2",)),
+    "nemotron_h_omni": (("nemotron_h_omni", "NemotronH_Nano_Omni_Reasoning_V3"),
+                        ("NemotronH_Omni_Reasoning_V3", "NemotronH_Nano_Omni_Reasoning_V3")),
+}
+
+
 def checkpoint_kind(raw: dict, directory: Path) -> str:
     model_type = raw.get("model_type")
     archs = raw.get("architectures") or []
-    if model_type == "nemotron_h" or "NemotronHForCausalLM" in archs:
-        kind = "nemotron_h"
-    elif model_type == "NemotronH_Nano_VL_V2" or "NemotronH_Nano_VL_V2" in archs:
-        kind = "nano_vl_v2"
-    elif model_type == "nemotron_h_omni" or "NemotronH_Omni_Reasoning_V3" in archs:
-        kind = "nemotron_h_omni"
-    else:
+    kind = next((k for k, (types, classes) in KIND_NAMES.items()
+                 if model_type in types or any(a in classes for a in archs)), None)
+    if kind is None:
         if raw.get("auto_map"):
             raise UnsafeCheckpointError(
                 f"{directory}: model_type={model_type!r} / architectures={archs} is not a supported architecture and "
                 f"would need its remote code (auto_map {raw['auto_map']}); remote code is never executed")
         raise ConfigError(f"{directory}: unsupported model_type={model_type!r} (architectures {archs}); supported: "
-                          f"nemotron_h, NemotronH_Nano_VL_V2, nemotron_h_omni")
+                          f"{', '.join(t for types, _ in KIND_NAMES.values() for t in types)}")
     if raw.get("auto_map"):
         log.info("%s: ignoring auto_map (remote code is never executed); loading %s natively", directory, kind)
     return kind

@@ -4,6 +4,7 @@ included), dispatch on config.json fields, the strict plan (every error names it
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,18 +17,21 @@ from vl.checkpoint.files import CheckpointFiles, save_tensors
 from vl.checkpoint.load import load_model
 from vl.checkpoint.omni import export_state_dict
 from vl.config.omni import omni_config_from_hf
+from vl.directory import checkpoint_kind
 from vl.errors import CheckpointError, ConfigError
 from vl.quant.export import collect_input_amax, exclude_patterns, make_hf_quant_config, quantize_state_dict
 from vl.quant.export import write_hf_quant_config
 from vl.quant.linear import dequantize_linear_weight
 
-RELEASED = {  # the shape of a released config.json: older key names, RADIO's remote vision_config
-    "architectures": ["NemotronH_Omni_Reasoning_V3"], "model_type": "nemotron_h_omni", "torch_dtype": "bfloat16",
+RELEASED = {  # the shape of a released config.json: the remote class's name, older key names, RADIO's remote config
+    "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"], "model_type": "NemotronH_Nano_Omni_Reasoning_V3",
+    "auto_map": {"AutoConfig": "configuration.NemotronH_Nano_Omni_Reasoning_V3_Config"}, "torch_dtype": "bfloat16",
     "llm_config": {**TINY_TEXT, "hybrid_override_pattern": "M*E", "architectures": ["NemotronHForCausalLM"]},
     "vision_config": {"architectures": ["RADIOModel"], "auto_map": {"AutoModel": "hf_model.RADIOModel"},
                       "args": {"model": "vit_huge_patch16_224", "teachers": [{}]}, "max_resolution": 2048,
                       "preferred_resolution": [512, 512], "patch_size": 16, "video_temporal_patch_size": 2,
-                      "version": "radio_v2.5-h"},
+                      "version": "c-radio_v4-h", "separate_video_embedder": True, "min_num_patches": 1024,
+                      "max_num_patches": 13312, "video_target_num_patches": 1024, "video_maintain_aspect_ratio": True},
     "sound_config": {"model_type": "parakeet", "hidden_size": 1024, "num_mel_bins": 128,
                      "projection_hidden_size": 4096, "projection_bias": False, "sampling_rate": 16000},
     "vit_hidden_size": 1280, "projector_hidden_size": 20480, "downsample_ratio": 0.5, "ps_version": "v2",
@@ -42,6 +46,8 @@ def transformers_config(raw):
     from transformers.models.nemotron_h_omni.configuration_nemotron_h_omni import NemotronH_Omni_Reasoning_V3_Config
 
     raw = json.loads(json.dumps(raw))
+    for key in ("model_type", "auto_map"):  # the remote class's name: transformers' own class is built directly
+        raw.pop(key, None)
     # transformers 5.24 keeps the released `model_type: parakeet` and then fails on it (its __post_init__ pops it
     # from a copy it does not use); the rest of its reading is what ours must equal
     raw.get("sound_config", {}).pop("model_type", None)
@@ -71,8 +77,11 @@ def test_released_config_reads_as_transformers_reads_it():
     assert ours.lm.pattern == theirs.text_config.hybrid_override_pattern == "M*E"
     assert ours.vision_final_norm == (theirs.text_config.num_nextn_predict_layers > 0) is True
     text = "\n".join(notes)  # accepted keys are named, not dropped
-    for key in ("args", "max_resolution", "template", "norm_mean", "sampling_rate", "preferred_resolution"):
+    for key in ("args", "max_resolution", "template", "norm_mean", "sampling_rate", "preferred_resolution",
+                "min_num_patches", "video_target_num_patches", "separate_video_embedder"):
         assert key in text, key
+    assert "unknown" not in text  # every key of the released config has its reason
+    assert checkpoint_kind(RELEASED, Path("x")) == "nemotron_h_omni"
 
 
 @pytest.mark.parametrize("field,legacy,new_value,legacy_value,want", [
@@ -97,6 +106,7 @@ def test_older_key_names_follow_transformers_precedence(field, legacy, new_value
     ({"ps_version": "v1"}, "ps_version='v1' would lay out"),
     ({"vision_hidden_size": 48}, "vision_hidden_size=48 but vision_config.hidden_size=32"),
     ({"audio_config": {"hidden_size": 32}}, "projection_hidden_size is missing"),
+    ({"vision_config": {**TINY_VISION, "separate_video_embedder": False}}, "separate_video_embedder=False would"),
 ])
 def test_keys_that_change_the_maths_are_refused(change, match):
     raw = {"text_config": dict(TINY_TEXT), "vision_config": dict(TINY_VISION), "vision_hidden_size": 32, **change}
@@ -169,6 +179,9 @@ def test_dispatch_reads_config_fields_never_the_folder_name(saved, tmp_path):
     assert type(vl.load_pretrained(d)).__name__ == "NemotronOmni"
     cfg = json.loads((d / "config.json").read_text())
     del cfg["model_type"]  # `architectures` alone dispatches too
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert type(vl.load_pretrained(d)).__name__ == "NemotronOmni"
+    cfg["architectures"] = ["NemotronH_Nano_Omni_Reasoning_V3"]  # the released directories' remote class
     (d / "config.json").write_text(json.dumps(cfg))
     assert type(vl.load_pretrained(d)).__name__ == "NemotronOmni"
     cfg["architectures"] = ["SomethingElse"]

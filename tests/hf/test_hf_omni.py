@@ -66,6 +66,24 @@ def test_an_audio_message_answers_as_the_engine_does(pipe, engine):
     assert new_text(pipe, msgs) == want.text  # again: the encoder cache changes nothing
 
 
+def test_a_released_directory_loads_under_transformers_own_config_class(omni_dir, engine, tmp_path):
+    """The hub's Omni directories name their remote class (`NemotronH_Nano_Omni_Reasoning_V3`), which transformers'
+    AutoConfig does not know and would offer to run: the wrapper reads the file with transformers' own config class
+    instead (the older key names mapped as it maps them), and the pipeline answers as the engine does."""
+    from tiny_models import make_released_omni_dir
+    from vl.hf import NemotronNanoVLV2ForImageTextToText, NemotronNanoVLV2Processor
+
+    released = make_released_omni_dir(omni_dir, tmp_path / "released")
+    model = NemotronNanoVLV2ForImageTextToText.from_pretrained(released)
+    assert type(model.config).__name__ == "NemotronH_Omni_Reasoning_V3_Config"
+    assert model.config.audio_config.num_mel_bins == engine.model.config.audio.num_mel_bins
+    assert model.config.audio_token_id == engine.model.config.tokens.audio_token_id  # from sound_context_token_id
+    released_pipe = pipeline("image-text-to-text", model=model,
+                             processor=NemotronNanoVLV2Processor.from_pretrained(released))
+    msgs = user({"type": "audio", "audio": tone(16000, 1.5, 440.0, 0.2)})
+    assert new_text(released_pipe, msgs) == engine.chat(msgs, max_new_tokens=NEW).text
+
+
 def test_use_audio_in_video_is_taken_by_the_pipeline(pipe, engine, clip):
     msgs = user({"type": "video", "video": clip}, text="What happens?")
     template = pipe.processor.apply_chat_template

@@ -187,6 +187,9 @@ def test_tower_refuses_pixels_it_cannot_take(pair):
         ours.encode_videos(torch.randn(1, 2, 3, 64, 64))  # frames not packed into tubelets
     with pytest.raises(InputError, match="multiples of the pixel-shuffle factor"):
         ours.encode_images(torch.randn(15, 768), torch.tensor([[3, 5]]))
+    bins = ours.config.audio.num_mel_bins  # another width would be reshaped into other frames, silently
+    with pytest.raises(InputError, match=f"expected \\(clips, frames, {bins}\\) mel features"):
+        ours.encode_audio(torch.randn(1, 80, 5 * bins))
 
 
 @torch.no_grad()

@@ -58,12 +58,12 @@ def tokenizer():
     return tok
 
 
-def ref_processor(tokenizer, image_kwargs=None, video_kwargs=None):
+def ref_processor(tokenizer, image_kwargs=None, video_kwargs=None, mel_bins=80):
     return RefProcessor(image_processor=RefImageProcessor(image_mean=list(MEAN), image_std=list(STD),
                                                           **(image_kwargs or {})),
                         video_processor=RefVideoProcessor(norm_mean=list(MEAN), norm_std=list(STD),
                                                           **(video_kwargs or {})),
-                        tokenizer=tokenizer, feature_extractor=ParakeetFeatureExtractor())
+                        tokenizer=tokenizer, feature_extractor=ParakeetFeatureExtractor(feature_size=mel_bins))
 
 
 # --- images ----------------------------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ def test_load_processor_reads_an_omni_directory(tokenizer, tmp_path):
     model.config.image_token_id, model.config.audio_token_id = ids["image_token_id"], ids["audio_token_id"]
     model.config.save_pretrained(tmp_path)
     image_kwargs = dict(min_num_patches=16, max_num_patches=64, max_model_len=200)
-    ref = ref_processor(tokenizer, image_kwargs=image_kwargs)
+    ref = ref_processor(tokenizer, image_kwargs=image_kwargs, mel_bins=model.config.audio_config.num_mel_bins)
     ref.save_pretrained(tmp_path)
     proc = vl.load_processor(tmp_path)
     assert isinstance(proc, OmniProcessor)
@@ -395,3 +395,26 @@ def test_a_bad_image_among_several_is_named(tmp_path):
         load_omni_images([str(cut)], cfg)
     assert not str(alone.value).startswith("image ")
     assert len(load_omni_images([str(good), str(good)], cfg)) == 2
+
+
+def test_the_mel_bins_follow_the_audio_encoder_where_no_feature_extractor_file_says():
+    """A released directory has no feature-extractor file (its remote code, and vLLM, build the extractor from the
+    audio config): the mel bins are the encoder's num_mel_bins, not the extractor's default 80. A file that
+    disagrees with the encoder is refused, as transformers' feature extractor would feed it the wrong width."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from omni_adapter import TINY_TEXT, TINY_VISION
+
+    from vl.config.omni import omni_config_from_hf
+
+    model = omni_config_from_hf({"text_config": dict(TINY_TEXT), "vision_config": dict(TINY_VISION),
+                                 "vision_hidden_size": 32, "sound_config": {"hidden_size": 32, "num_mel_bins": 128,
+                                                                            "projection_hidden_size": 64}})
+    pre = {"norm_mean": list(MEAN), "norm_std": list(STD)}
+    assert omni_processing_from_hf(pre, model=model).mel.feature_size == 128
+    assert omni_processing_from_hf(pre).mel.feature_size == 80  # no model to ask: the extractor's default
+    assert omni_processing_from_hf(pre, feature_extractor={"feature_size": 128}, model=model).mel.feature_size == 128
+    with pytest.raises(ConfigError, match="num_mel_bins is 128 but the feature extractor's feature_size is 80"):
+        omni_processing_from_hf(pre, feature_extractor={"feature_size": 80}, model=model)

@@ -178,6 +178,10 @@ OMNI_CHECKS = {
 _VISION_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio", "patch_size",
                   "max_img_size", "num_cls_tokens", "num_registers", "video_temporal_patch_size", "layer_norm_eps",
                   "norm_mean", "norm_std")
+# keys the released (remote-code) vision_config repeats from the processors: how pixels are cut, not the tower
+_PROCESSOR_ONLY = ("sizes the patch grid the processors cut (preprocessor_config.json / "
+                   "video_preprocessor_config.json, whose defaults are the released values, as transformers reads "
+                   "them); not the tower's maths")
 OMNI_VISION_IGNORED = {
     "auto_map": "remote code is never executed", "_name_or_path": "metadata", "use_cache": "runtime choice",
     "initializer_range": "initialisation only", "drop_path_rate": "training only",
@@ -194,8 +198,12 @@ OMNI_VISION_IGNORED = {
     "adaptor_configs": "RADIO teacher adaptor heads (unused by the VLM; tensors ignored)",
     "feature_normalizer_config": "RADIO feature normaliser (unused by the VLM; tensors ignored)",
     "inter_feature_normalizer_config": "RADIO feature normaliser (unused by the VLM; tensors ignored)",
+    "min_num_patches": _PROCESSOR_ONLY, "max_num_patches": _PROCESSOR_ONLY,
+    "video_target_num_patches": _PROCESSOR_ONLY, "video_maintain_aspect_ratio": _PROCESSOR_ONLY,
 }
 OMNI_VISION_CHECKS = {
+    "separate_video_embedder": Check((True, None), "send video tubelets through the image patch embedder (the "
+                                     "released towers have their own video embedder)"),
     "hidden_act": Check(("gelu", None), "change the ViT MLP activation (RADIO uses exact GELU)"),
     "use_swiglu_ffn": Check((False, None), "replace the ViT MLP by a SwiGLU feed-forward"),
     "qkv_bias": Check((True, None), "drop the q/k/v biases of the ViT attention"),

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
+from transformers import NemotronH_Omni_Reasoning_V3_Config
 from transformers.generation import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_utils import PreTrainedModel
@@ -66,6 +66,21 @@ UNSUPPORTED_INPUTS = ("inputs_embeds", "logits_processor", "stopping_criteria", 
 MODEL_OPTIONS = ("dtype", "torch_dtype", "device_map", "video_pruning_rate")
 REFUSED_OPTIONS = ("max_memory", "scan_nan", "quant_mode")  # vl.load_pretrained options the engine does not take
 _CONFIG_METADATA = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
+
+
+def _transformers_omni_config(directory: Path) -> NemotronH_Omni_Reasoning_V3_Config:
+    """transformers' own config object for an Omni directory, built from its config.json by the class itself (the
+    model is ours; this object only carries the settings): a released directory names its remote-code class
+    (`model_type: NemotronH_Nano_Omni_Reasoning_V3`), which AutoConfig does not know and would offer to run, and its
+    `sound_config` says `model_type: parakeet`, which transformers 5.24's class keeps and then fails on.
+    `get_config_dict` reads the file as transformers does (its `{"__float__": "Infinity"}` values decoded)."""
+    raw, _ = NemotronH_Omni_Reasoning_V3_Config.get_config_dict(str(directory))
+    for key in ("model_type", "auto_map"):
+        raw.pop(key, None)
+    for key in ("sound_config", "audio_config"):
+        if isinstance(raw.get(key), dict) and raw[key].get("model_type") == "parakeet":
+            raw[key].pop("model_type")
+    return NemotronH_Omni_Reasoning_V3_Config(**raw)
 
 
 class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
@@ -124,7 +139,7 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
                                   "reach our loader); edit its config.json")
             # transformers' own config class reads it (its nested text / vision / audio configs included); the model
             # is still built by our loader from config.json (docs/transformers.md, "Nemotron 3 Nano Omni")
-            config = AutoConfig.from_pretrained(str(directory))
+            config = _transformers_omni_config(directory)
         elif config is None:
             config = NemotronNanoVLV2Config.from_pretrained(str(directory))
         else:

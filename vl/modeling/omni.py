@@ -139,6 +139,10 @@ class NemotronOmni(nn.Module):
         if self.audio_encoder is None:
             raise InputError("input_features: this checkpoint has no audio branch (its config.json has no "
                              "audio_config); send images, videos or text only")
+        bins = self.config.audio.num_mel_bins
+        if input_features.dim() != 3 or input_features.shape[-1] != bins:
+            raise InputError(f"input_features: expected (clips, frames, {bins}) mel features (this audio encoder's "
+                             f"num_mel_bins), got {tuple(input_features.shape)}")
         dtype = self.audio_projector.linear1.weight.dtype  # the branch's compute dtype, as the reference casts
         hidden, _ = self.audio_encoder(input_features.to(dtype), input_features_mask)  # (B, T', D)
         embeds = self.audio_projector(hidden)  # (B, T', d_llm)

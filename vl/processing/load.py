@@ -23,10 +23,10 @@ def load_processor(path, **kwargs):
     kind = checkpoint_kind(raw, directory)
     if kind == "nemotron_h":
         cfg = lm_config_from_hf(raw, where=where)
-        return TextProcessor(AutoTokenizer.from_pretrained(str(directory)), cfg, **kwargs)
+        return TextProcessor(AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False), cfg, **kwargs)
     if kind == "nemotron_h_omni":
         return OmniProcessor.from_pretrained(directory, model=omni_config_from_hf(raw, where=where), **kwargs)
     # the same normalisation resolution as the loader, which also checks the weights' own buffers against it
     cfg = vl_config_from_hf(with_normalisation(raw, read_preprocessor(directory)), where=where)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     return Processor(tokenizer, cfg, **kwargs)

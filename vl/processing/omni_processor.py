@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,7 @@ IMAGE_IGNORED = {
     "crop_size": _NOT_READ, "do_center_crop": _NOT_READ, "do_pad": _NOT_READ, "default_to_square": _NOT_READ,
     "data_format": _NOT_READ, "input_data_format": _NOT_READ, "device": "runs on the CPU",
     "return_tensors": "always tensors", "disable_grouping": "batching only",
+    "auto_map": "remote code is never executed",
 }
 VIDEO_IGNORED = {
     **IMAGE_IGNORED, "video_processor_type": "class name", "image_mean": "the video processor reads norm_mean",
@@ -158,6 +160,13 @@ def omni_processing_from_hf(preprocessor: Mapping | None, video: Mapping | None 
         _same(model.video_temporal_patch_size, video_config.temporal_patch_size, "the model's "
               "video_temporal_patch_size", "the processor's video_temporal_patch_dim")
         encoder = model.audio or encoder
+        if model.audio is not None and feature_extractor is None:
+            # a released directory has no feature-extractor file: its remote code (and vLLM) build the extractor from
+            # the audio config, whose num_mel_bins sets the bins (the extractor's other defaults are the released ones)
+            mel = dataclasses.replace(mel, feature_size=model.audio.num_mel_bins)
+        elif model.audio is not None:
+            _same(model.audio.num_mel_bins, mel.feature_size, "the audio encoder's num_mel_bins",
+                  "the feature extractor's feature_size")
     if "audio_subsampling_factor" in ptaken:
         _same(encoder.subsampling_factor, ptaken.pop("audio_subsampling_factor"),
               "the audio encoder's subsampling_factor", "the processor's audio_subsampling_factor")
@@ -272,10 +281,13 @@ class OmniProcessor:
     @classmethod
     def from_pretrained(cls, directory, tokenizer=None, *, model: OmniConfig | None = None, **kwargs):
         """From a checkpoint directory's small files (tokenizer and processor configs); no weights are opened."""
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedConfig
 
         config = omni_processing_from_hf(*read_processing_files(directory), model=model)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(directory))
+        # never the directory's remote code, and a blank model config: a released directory's model_type is its
+        # remote class's name, unknown to transformers, while its tokenizer_config.json names the tokenizer's class
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False,
+                                                               config=PreTrainedConfig())
         ids = {} if model is None else {"image_token_id": model.tokens.image_token_id,
                                         "audio_token_id": model.tokens.audio_token_id,
                                         "has_audio": model.audio is not None}

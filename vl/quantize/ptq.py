@@ -147,7 +147,7 @@ def calibration_inputs(model_dir: Path, model: nn.Module, prompts: list[str] | N
     if texts is None:  # text-only: the source's samples as plain text
         texts = source.texts(n, seed)
     try:
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     except (OSError, ValueError) as e:
         if prompts is not None:
             raise CheckpointError(f"{model_dir}: --calib-prompts needs the checkpoint's tokenizer, which could not "
