@@ -40,3 +40,29 @@ STRING_ONLY_TEMPLATE = r"""
   {%- if ns.last is defined -%}{{- ns.last -}}{%- endif -%}
 {%- endif -%}
 """
+
+# A ChatML template in the style of the Nemotron 3 family (Nano 30B-A3B, Nano Omni), written for these tests from the
+# behaviour of the published ones (docs/format.md §8.2): the reasoning mode is the `enable_thinking` variable
+# (default on), never a toggle in the messages; the system turn is always written, empty when absent; a past
+# assistant turn without reasoning gets an empty `<think></think>`; the generation prompt opens `<think>\n` or writes
+# `<think></think>`. Content is taken as a string.
+NEMOTRON3_TEMPLATE = r"""
+{%- set enable_thinking = enable_thinking if enable_thinking is defined else True -%}
+{%- if messages[0]['role'] == 'system' -%}
+  {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
+{%- else -%}
+  {%- set system_text = '' -%}{%- set rest = messages -%}
+{%- endif -%}
+{{- '<|im_start|>system\n' + system_text + '<|im_end|>\n' -}}
+{%- for message in rest -%}
+  {%- if message['role'] == 'assistant' -%}
+    {%- set text = message['content'] if '</think>' in message['content'] else '<think></think>' + message['content'] -%}
+    {{- '<|im_start|>assistant\n' + text.strip() + '<|im_end|>\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|im_start|>assistant\n' + ('<think>\n' if enable_thinking else '<think></think>') -}}
+{%- endif -%}
+"""

@@ -217,7 +217,7 @@ def test_render_prompt_without_template_uses_python():
 def test_render_prompt_foreign_template_mode_and_media_order():
     messages = [{"role": "user", "content": [VID, IMG, text("Both? /no_think")]}]
     out = render_prompt(messages, _TemplateTokenizer(MEDIA_FIRST))
-    assert out.text == "SYS:|user:<image><video>Both? |A:<think></think>"
+    assert out.text == "SYS:|user:<image><video>Both?|A:<think></think>"  # the toggle and the space before it go
     assert [m.kind for m in out.media] == ["image", "video"]  # placeholder order, not message order
     assert (out.thinking, out.prompt_opened_think) == (False, False)
     on = render_prompt(messages, _TemplateTokenizer(MEDIA_FIRST), thinking=True)

@@ -295,7 +295,10 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
                   tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
     """Renders through the tokenizer's own `chat_template` when it has one, else through `render_messages`.
     We resolve the reasoning mode here (`thinking`, else the messages' toggle, else `DEFAULT_THINKING`: the one
-    default of every front end) and hand it to any template as a toggle in the system message.
+    default of every front end) and hand it to any template as the `enable_thinking` variable, which the Nemotron 3
+    templates (Nano 30B-A3B, Omni: ChatML turns) read and which decides their generation prompt; a template that
+    ignores it (`template_reads_switch`: the Nano V2 card templates read `/think` / `/no_think` in the messages)
+    gets the toggle appended to the system message instead.
     Toggles are removed from user messages first; templates strip them anyway, so the text is unchanged.
     A foreign template therefore cannot choose a mode other than the one we report. Media messages reach the
     template as typed content lists when it renders them (`template_takes_lists`), else as strings with the
@@ -316,12 +319,14 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
         else:  # a string, media flattened to their placeholders: what a string-only template can take
             plain.append({"role": turn.role, "content": PART_SEPARATOR.join(
                 p["text"] if p["type"] == "text" else placeholder[p["type"]] for p in parts)})
-    plain[0]["content"] += "\n" + (TOGGLE_ON if mode else TOGGLE_OFF)  # system: text only, so a string
+    if not template_reads_switch(tokenizer):
+        plain[0]["content"] += "\n" + (TOGGLE_ON if mode else TOGGLE_OFF)  # system: text only, so a string
     prefill = add_generation_prompt and turns[-1].role == "assistant"
     if prefill and not plain[-1]["content"].strip():  # nothing to continue: a plain generation prompt
         plain, prefill = plain[:-1], False
     text = tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=prefill,
-                                         add_generation_prompt=add_generation_prompt and not prefill)
+                                         add_generation_prompt=add_generation_prompt and not prefill,
+                                         enable_thinking=mode)
     kind_of = {v: k for k, v in placeholder.items() if v is not None}
     found = [kind_of[p] for p in _placeholder_re(tokens).findall(text)]
     queues = {k: [m for t in turns for m in t.media if m.kind == k] for k in ("image", "video", "audio")}
@@ -335,6 +340,25 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
 
 
 _TAKES_LISTS: dict[tuple, bool] = {}
+_READS_SWITCH: dict[str, bool] = {}
+
+
+def template_reads_switch(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat_template takes the reasoning mode as the `enable_thinking` variable (the
+    Nemotron 3 templates: `<think>\\n` or `<think></think>` after the assistant header, by that variable alone).
+    Probed once per template by rendering one user turn both ways: a template whose text does not change ignores
+    the variable (the Nano V2 card templates, which read the toggles in the messages)."""
+    template = tokenizer.chat_template
+    key = template if isinstance(template, str) else repr(template)
+    if key not in _READS_SWITCH:
+        probe = [{"role": "system", "content": ""}, {"role": "user", "content": "vl-probe"}]
+        try:
+            on, off = (tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True,
+                                                     enable_thinking=flag) for flag in (True, False))
+            _READS_SWITCH[key] = on != off
+        except Exception:  # noqa: BLE001 - a template that fails on the probe is told the mode by the toggles
+            _READS_SWITCH[key] = False
+    return _READS_SWITCH[key]
 
 
 def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS) -> bool:
@@ -357,7 +381,9 @@ def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS) -
 
 
 def _drop_toggles(text: str) -> str:  # to a fixed point: one pass can form a new toggle ("/no_/thinkthink")
-    return text if (cleaner := remove_toggles(text)) == text else _drop_toggles(cleaner)
+    """The text without its toggles, and without the spaces a toggle at either end leaves (a template that writes
+    content as it is, as the Nemotron 3 ones do, would keep "Hi " for "Hi /think")."""
+    return text if (cleaner := remove_toggles(text)) == text else _drop_toggles(cleaner).strip()
 
 
 def _placeholder_re(tokens: MediaTokens) -> re.Pattern:
