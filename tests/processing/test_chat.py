@@ -224,10 +224,34 @@ def test_render_prompt_foreign_template_mode_and_media_order():
     assert on.text.endswith("|A:<think>\n") and on.thinking and on.prompt_opened_think
 
 
+def test_a_template_that_takes_lists_of_images_but_not_audio_gets_strings_for_audio():
+    """Typed lists go to a template only for the media kinds it was seen to render: this one writes an image part
+    and drops an audio part, so a request with audio hands it strings (placeholders in place) and loses nothing,
+    while an image-only request still goes as a list."""
+    from vl.processing.chat import OMNI_TOKENS, template_takes_lists
+
+    images_only = MEDIA_FIRST  # renders image and video parts of a list, nothing else
+    tok = _TemplateTokenizer(images_only)
+    assert template_takes_lists(tok, OMNI_TOKENS, ("image",))
+    assert not template_takes_lists(tok, OMNI_TOKENS, ("audio", "image"))
+    clip = {"type": "audio", "audio": "talk.wav"}
+    out = render_prompt([{"role": "user", "content": [IMG, clip, text("What is said?")]}], tok, tokens=OMNI_TOKENS)
+    assert out.text == f"SYS:|user:<image>\n{OMNI_TOKENS.audio_context}\nWhat is said?|A:<think></think>"
+    assert [m.kind for m in out.media] == ["image", "audio"]
+    listed = render_prompt([{"role": "user", "content": [text("Both?"), IMG]}], tok, tokens=OMNI_TOKENS)
+    assert listed.text == "SYS:|user:<image>Both?|A:<think></think>"  # the list path: media first
+
+
 def test_render_prompt_rejects_template_that_drops_media():
+    """A template that drops video parts from a list is handed strings, where the placeholder survives; one that
+    also strips it from strings loses the video, which is refused rather than answered without it."""
     drops_video = MEDIA_FIRST.replace("{{- '<video>' -}}", "")
+    kept = render_prompt([{"role": "user", "content": [VID, text("x")]}], _TemplateTokenizer(drops_video))
+    assert kept.text == "SYS:|user:<video>\nx|A:<think></think>" and [m.kind for m in kept.media] == ["video"]
+    strips = drops_video.replace("m['content'] -}}", "m['content'].replace('<video>', '') -}}")
+    assert strips != drops_video
     with pytest.raises(ConfigError, match="placeholders"):
-        render_prompt([{"role": "user", "content": [VID, text("x")]}], _TemplateTokenizer(drops_video))
+        render_prompt([{"role": "user", "content": [VID, text("x")]}], _TemplateTokenizer(strips))
 
 
 # --- placeholder expansion ------------------------------------------------------------------------------

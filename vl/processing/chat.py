@@ -308,7 +308,8 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
                                pdf_pages=pdf_pages, tokens=tokens, thinking_default=DEFAULT_THINKING)
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
     mode = resolve_thinking(turns, thinking, DEFAULT_THINKING)
-    lists = any(t.media for t in turns) and template_takes_lists(tokenizer, tokens)
+    kinds = tuple(sorted({m.kind for t in turns for m in t.media}))
+    lists = bool(kinds) and template_takes_lists(tokenizer, tokens, kinds)
     placeholder = {"image": tokens.img_context, "video": tokens.video_context, "audio": tokens.audio_context}
     plain = [] if turns[0].role == "system" else [{"role": "system", "content": ""}]
     for turn in turns:
@@ -361,20 +362,24 @@ def template_reads_switch(tokenizer: Any) -> bool:
     return _READS_SWITCH[key]
 
 
-def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS) -> bool:
+def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS,
+                         kinds: tuple[str, ...] = ("image",)) -> bool:
     """Whether the tokenizer's chat_template renders typed content lists (`[{"type": "image"}, {"type": "text",
-    ...}]`) into our placeholder text. Probed once per template: a string-only template (the published Nemotron
-    Nano 9B v2 one calls `.replace` on the content) raises or prints the list's repr; then media messages are
-    handed to it as strings with the placeholders already in place, which is the same text."""
+    ...}]`) into our placeholder text, for every media kind in `kinds` (a template may know images and not audio).
+    Probed once per template and set of kinds: a string-only template (the published Nemotron Nano 9B v2 one calls
+    `.replace` on the content) raises or prints the list's repr; then media messages are handed to it as strings
+    with the placeholders already in place, which is the same text."""
     template = tokenizer.chat_template
-    key = (template if isinstance(template, str) else repr(template), tokens.img_context)
+    placeholder = {"image": tokens.img_context, "video": tokens.video_context, "audio": tokens.audio_context}
+    key = (template if isinstance(template, str) else repr(template), *(placeholder[k] for k in kinds), *kinds)
     if key not in _TAKES_LISTS:
         probe = [{"role": "system", "content": ""},
-                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "vl-probe"}]}]
+                 {"role": "user", "content": [*({"type": k} for k in kinds), {"type": "text", "text": "vl-probe"}]}]
         try:
             text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
-            _TAKES_LISTS[key] = (isinstance(text, str) and text.count(tokens.img_context) == 1
-                                 and "vl-probe" in text and "type" not in text)  # no repr of the parts
+            _TAKES_LISTS[key] = (isinstance(text, str) and "vl-probe" in text and "type" not in text  # no repr
+                                 and all(placeholder[k] is not None and text.count(placeholder[k]) == 1
+                                         for k in kinds))
         except Exception:  # noqa: BLE001 - any template failure on a list means "takes strings only"
             _TAKES_LISTS[key] = False
     return _TAKES_LISTS[key]
