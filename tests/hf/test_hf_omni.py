@@ -1,7 +1,8 @@
 """The transformers pipeline on a Nemotron 3 Nano Omni directory (a tiny random one, tests/tiny_models.py).
 
 transformers has its own `nemotron_h_omni` classes, so `pipeline("image-text-to-text", model=DIR)` keeps giving
-those after `import vl` (as text-only `nemotron_h` keeps transformers' own). Ours run when our model and processor
+those after `import vl` (as text-only `nemotron_h` keeps transformers' own); a hub directory, which names its remote
+code's class instead, gets ours. Ours run when our model and processor
 are handed to `pipeline()`; then audio parts and `use_audio_in_video` work, and the greedy text equals
 `vl.Engine.chat` loaded on its own from the same directory (docs/transformers.md, "Nemotron 3 Nano Omni").
 """
@@ -67,21 +68,29 @@ def test_an_audio_message_answers_as_the_engine_does(pipe, engine):
 
 
 def test_a_released_directory_loads_under_transformers_own_config_class(omni_dir, engine, tmp_path):
-    """The hub's Omni directories name their remote class (`NemotronH_Nano_Omni_Reasoning_V3`), which transformers'
-    AutoConfig does not know and would offer to run: the wrapper reads the file with transformers' own config class
-    instead (the older key names mapped as it maps them), and the pipeline answers as the engine does."""
+    """The hub's Omni directories name their remote class (`NemotronH_Nano_Omni_Reasoning_V3`) as model_type and
+    their remote processor as processor_class, which transformers alone would only load by running that code:
+    after `import vl`, `pipeline(model=DIR)` reaches our classes (registered under those names), the model's config
+    being transformers' own class read from the file (the older key names mapped as it maps them), and answers as
+    the engine does, twice; our objects handed in explicitly do the same. The model sees no remote code."""
     from tiny_models import make_released_omni_dir
     from vl.hf import NemotronNanoVLV2ForImageTextToText, NemotronNanoVLV2Processor
 
     released = make_released_omni_dir(omni_dir, tmp_path / "released")
+    msgs = user({"type": "audio", "audio": tone(16000, 1.5, 440.0, 0.2)})
+    want = engine.chat(msgs, max_new_tokens=NEW).text
+    auto = pipeline("image-text-to-text", model=str(released))
+    assert type(auto).__name__ == "NemotronNanoVLV2Pipeline"
+    assert type(auto.processor).__name__ == "NemotronH_Nano_Omni_Reasoning_V3Processor"
+    assert type(auto.model.config).__name__ == "NemotronH_Omni_Reasoning_V3_Config"
+    assert new_text(auto, msgs) == new_text(auto, msgs) == want
     model = NemotronNanoVLV2ForImageTextToText.from_pretrained(released)
     assert type(model.config).__name__ == "NemotronH_Omni_Reasoning_V3_Config"
     assert model.config.audio_config.num_mel_bins == engine.model.config.audio.num_mel_bins
     assert model.config.audio_token_id == engine.model.config.tokens.audio_token_id  # from sound_context_token_id
     released_pipe = pipeline("image-text-to-text", model=model,
                              processor=NemotronNanoVLV2Processor.from_pretrained(released))
-    msgs = user({"type": "audio", "audio": tone(16000, 1.5, 440.0, 0.2)})
-    assert new_text(released_pipe, msgs) == engine.chat(msgs, max_new_tokens=NEW).text
+    assert new_text(released_pipe, msgs) == want
 
 
 def test_use_audio_in_video_is_taken_by_the_pipeline(pipe, engine, clip):

@@ -1,5 +1,6 @@
 """transformers integration: `AutoConfig`, `AutoModelForImageTextToText`, `AutoProcessor` and
-`pipeline("image-text-to-text")` for `NemotronH_Nano_VL_V2` directories, with no `trust_remote_code`.
+`pipeline("image-text-to-text")` for `NemotronH_Nano_VL_V2` directories and the Nemotron 3 Nano Omni hub directories
+(`NemotronH_Nano_Omni_Reasoning_V3`, their remote code's name), with no `trust_remote_code`.
 
 Registration follows transformers' own recipe for out-of-tree models (docs "Custom models": `AutoConfig.register`,
 `AutoModelFor*.register`, `AutoProcessor.register`). It must cost nothing at `import vl`: importing any transformers
@@ -53,24 +54,30 @@ _done: set[str] = set()
 
 
 # --- the registrations (one per hooked module) ------------------------------------------------------------------------
-def _register_config(module) -> None:
-    from vl.hf.config import NemotronNanoVLV2Config
+def _config_classes():
+    from vl.hf.config import NemotronNanoVLV2Config, NemotronOmniHubConfig
 
-    module.AutoConfig.register(MODEL_TYPE, NemotronNanoVLV2Config, exist_ok=True)
+    return NemotronNanoVLV2Config, NemotronOmniHubConfig
+
+
+def _register_config(module) -> None:
+    for config_class in _config_classes():
+        module.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
 
 
 def _register_processor(module) -> None:
-    from vl.hf.config import NemotronNanoVLV2Config
-    from vl.hf.processor import NemotronNanoVLV2Processor
+    from vl.hf.processor import NemotronNanoVLV2Processor, NemotronOmniHubProcessor
 
-    module.AutoProcessor.register(NemotronNanoVLV2Config, NemotronNanoVLV2Processor, exist_ok=True)
+    for config_class, processor in zip(_config_classes(), (NemotronNanoVLV2Processor, NemotronOmniHubProcessor)):
+        module.AutoProcessor.register(config_class, processor, exist_ok=True)
 
 
 def _register_model(module) -> None:
-    from vl.hf.config import NemotronNanoVLV2Config
-
-    cls = _real_model_class(register=False) if _model_module_ready() else _ModelStandIn
-    module.AutoModelForImageTextToText.register(NemotronNanoVLV2Config, cls, exist_ok=True)
+    if _model_module_ready():
+        _real_model_class()
+        return
+    for config_class in _config_classes():
+        module.AutoModelForImageTextToText.register(config_class, _ModelStandIn, exist_ok=True)
 
 
 def _on_modeling_utils(_module) -> None:
@@ -88,15 +95,14 @@ def _model_module_ready() -> bool:
 
 
 def _real_model_class(register: bool = True):
-    """The real model class; registered in place of the stand-in when transformers' model registry is loaded."""
-    from vl.hf.model import NemotronNanoVLV2ForImageTextToText
+    """The real model class; registered in place of the stand-in when transformers' model registry is loaded
+    (with its subclass for the Omni hub config: transformers pairs each model class with one config class)."""
+    from vl.hf.model import NemotronNanoVLV2ForImageTextToText, NemotronOmniHubForImageTextToText
 
     auto = sys.modules.get("transformers.models.auto.modeling_auto")
     if register and auto is not None and hasattr(auto, "AutoModelForImageTextToText"):
-        from vl.hf.config import NemotronNanoVLV2Config
-
-        auto.AutoModelForImageTextToText.register(NemotronNanoVLV2Config, NemotronNanoVLV2ForImageTextToText,
-                                                  exist_ok=True)
+        for cls in (NemotronNanoVLV2ForImageTextToText, NemotronOmniHubForImageTextToText):
+            auto.AutoModelForImageTextToText.register(cls.config_class, cls, exist_ok=True)
     return NemotronNanoVLV2ForImageTextToText
 
 

@@ -11,8 +11,10 @@ same stop strings, time limits and budgets, hence the same tokens as `vl.Engine.
 (`vl.checkpoint.nano_vl.save_pretrained`) plus generation_config.json.
 
 A Nemotron 3 Nano Omni directory loads too, when this class is named explicitly (transformers keeps its own
-`nemotron_h_omni` classes for the Auto route): the engine's Omni model under transformers' own config object,
-`generate` taking the processor's `omni_inputs`; `forward` and `save_pretrained` refuse it (docs/transformers.md).
+`nemotron_h_omni` classes for the Auto route) or, for a hub directory (`NemotronH_Nano_Omni_Reasoning_V3`), through
+the Auto classes as `NemotronOmniHubForImageTextToText`: the engine's Omni model under transformers' own config
+object, `generate` taking the processor's `omni_inputs`; `forward` and `save_pretrained` refuse it
+(docs/transformers.md).
 
 Conventions kept from transformers: the returned sequences are prompt + new tokens, the stop token included,
 finished rows padded with `pad_token_id`; a streamer first receives the prompt ids, then each step's tokens;
@@ -38,7 +40,7 @@ from vl.config import vl_config_from_hf
 from vl.config_policy import of_generic_class
 from vl.directory import checkpoint_kind, read_config, resolve_dir
 from vl.errors import CheckpointError, ConfigError, GenerationOptionError, InputError
-from vl.hf.config import NemotronNanoVLV2Config
+from vl.hf.config import NemotronNanoVLV2Config, NemotronOmniHubConfig
 from vl.hf.names import LOADER_KEYS, OUR_GENERATE_OPTIONS, PROCESSOR_KEYS
 from vl.modeling.omni import NemotronOmni
 from vl.modeling.vlm import MediaSpan, NemotronVL
@@ -134,9 +136,11 @@ class NemotronNanoVLV2ForImageTextToText(PreTrainedModel):
         directory = resolve_dir(pretrained_model_name_or_path)
         raw = read_config(directory)
         if checkpoint_kind(raw, directory) == "nemotron_h_omni":
-            if config is not None:
+            if config is not None and not isinstance(config, NemotronOmniHubConfig):
                 raise ConfigError("config= is not taken for a Nemotron 3 Nano Omni directory (its settings would not "
                                   "reach our loader); edit its config.json")
+            if config is not None:  # AutoConfig's reading of a hub directory (the pipeline passes it on)
+                _check_same_config(config, raw, directory)
             # transformers' own config class reads it (its nested text / vision / audio configs included); the model
             # is still built by our loader from config.json (docs/transformers.md, "Nemotron 3 Nano Omni")
             config = _transformers_omni_config(directory)
@@ -419,9 +423,17 @@ def _split_tiles(pixel_values, spans: list[list]) -> list:
     return out
 
 
+class NemotronOmniHubForImageTextToText(NemotronNanoVLV2ForImageTextToText):
+    """The same wrapper under the Omni hub directories' config class (`model_type: NemotronH_Nano_Omni_Reasoning_V3`),
+    so that `AutoModelForImageTextToText` and `pipeline(model=OMNI_HUB_DIR)` reach it: transformers pairs each
+    registered model class with one config class."""
+
+    config_class = NemotronOmniHubConfig
+
+
 def _check_same_config(config, raw: dict, directory: Path) -> None:
     """A config object handed in must describe this directory: overrides would not reach our loader."""
-    if not isinstance(config, NemotronNanoVLV2Config):
+    if not isinstance(config, NemotronNanoVLV2Config):  # NemotronOmniHubConfig included
         raise ConfigError(f"config must be a NemotronNanoVLV2Config, found {type(config).__name__}")
     for key, value in raw.items():
         if key in _CONFIG_METADATA or of_generic_class(key):  # transformers may move or drop these (5.x moves

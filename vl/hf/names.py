@@ -2,6 +2,12 @@
 registration in vl/hf/__init__.py and the classes it registers)."""
 
 MODEL_TYPE = "NemotronH_Nano_VL_V2"
+# Nemotron 3 Nano Omni's hub directories name their remote code's class as model_type (transformers' own Omni
+# classes are registered under `nemotron_h_omni`, which is left to them)
+OMNI_HUB_MODEL_TYPE = "NemotronH_Nano_Omni_Reasoning_V3"
+# ... and their preprocessor_config.json's `processor_class`, their remote processor's name: a registered class of
+# that name is what transformers' AutoProcessor resolves it to instead of offering to run the remote one
+OMNI_HUB_PROCESSOR_CLASS = "NemotronH_Nano_Omni_Reasoning_V3Processor"
 MODEL_CLASS = "NemotronNanoVLV2ForImageTextToText"
 # The processor class name written by the reference checkpoints (preprocessor_config.json `processor_class`):
 # transformers resolves that name among registered classes, so ours is found instead of the remote one.

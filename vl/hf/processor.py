@@ -39,7 +39,7 @@ from transformers.feature_extraction_utils import BatchFeature
 from transformers.processing_utils import ProcessorMixin
 
 from vl.errors import ConfigError, CorruptMediaError, InputError, MediaTooLargeError, RemoteMediaError
-from vl.hf.names import LOADER_KEYS, MODEL_KEYS, PROCESSOR_CLASS, PROCESSOR_KEYS
+from vl.hf.names import LOADER_KEYS, MODEL_KEYS, OMNI_HUB_PROCESSOR_CLASS, PROCESSOR_CLASS, PROCESSOR_KEYS
 from vl.options import REDUCTION, RequestOptions, canonical, option_aliases, spec
 from vl.processing.chat import render_prompt
 from vl.processing.load import load_processor
@@ -320,3 +320,12 @@ def _plain_conversations(images, text, videos):
         parts = [{"type": "image", "image": im} for im in imgs] + [{"type": "video", "video": v} for v in vids]
         conversations.append([{"role": "user", "content": parts + [{"type": "text", "text": t}]}])
     return conversations, not isinstance(text, str)
+
+
+class NemotronOmniHubProcessor(NemotronNanoVLV2Processor):
+    """The same processor under the name a Nemotron 3 Nano Omni hub directory's preprocessor_config.json gives
+    (`OMNI_HUB_PROCESSOR_CLASS`, its remote processor's), registered for its config class, so that AutoProcessor
+    finds this one instead of the remote code."""
+
+
+NemotronOmniHubProcessor.__name__ = NemotronOmniHubProcessor.__qualname__ = OMNI_HUB_PROCESSOR_CLASS
