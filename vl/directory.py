@@ -102,11 +102,12 @@ def _json_object(f: Path) -> dict:
 # writes (Nemotron 3 Nano Omni's hub directories say `NemotronH_Nano_Omni_Reasoning_V3` for both model_type and
 # architecture, the class names of their configuration.py / modeling.py, as vLLM and SGLang register them;
 # transformers' native classes say `nemotron_h_omni` / `NemotronH_Omni_Reasoning_V3`). Read as the same layout.
+NANO_VL_V2_CLASS = "NemotronH_Nano_VL_V2"
+OMNI_HUB_CLASS = "NemotronH_Nano_Omni_Reasoning_V3"
 KIND_NAMES = {
     "nemotron_h": (("nemotron_h",), ("NemotronHForCausalLM",)),
-    "nano_vl_v2": (("NemotronH_Nano_VL_V2",), ("NemotronH_Nano_VL_V2",)),
-    "nemotron_h_omni": (("nemotron_h_omni", "NemotronH_Nano_Omni_Reasoning_V3"),
-                        ("NemotronH_Omni_Reasoning_V3", "NemotronH_Nano_Omni_Reasoning_V3")),
+    "nano_vl_v2": ((NANO_VL_V2_CLASS,), (NANO_VL_V2_CLASS,)),
+    "nemotron_h_omni": (("nemotron_h_omni", OMNI_HUB_CLASS), ("NemotronH_Omni_Reasoning_V3", OMNI_HUB_CLASS)),
 }
 
 

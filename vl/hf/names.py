@@ -1,10 +1,10 @@
 """The names transformers knows our classes by, and the from_pretrained keywords each side takes (shared by the
 registration in vl/hf/__init__.py and the classes it registers)."""
 
-MODEL_TYPE = "NemotronH_Nano_VL_V2"
+from vl.directory import NANO_VL_V2_CLASS as MODEL_TYPE
 # Nemotron 3 Nano Omni's hub directories name their remote code's class as model_type (transformers' own Omni
 # classes are registered under `nemotron_h_omni`, which is left to them)
-OMNI_HUB_MODEL_TYPE = "NemotronH_Nano_Omni_Reasoning_V3"
+from vl.directory import OMNI_HUB_CLASS as OMNI_HUB_MODEL_TYPE
 # ... and their preprocessor_config.json's `processor_class`, their remote processor's name: a registered class of
 # that name is what transformers' AutoProcessor resolves it to instead of offering to run the remote one
 OMNI_HUB_PROCESSOR_CLASS = "NemotronH_Nano_Omni_Reasoning_V3Processor"
