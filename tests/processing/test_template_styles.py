@@ -18,6 +18,9 @@ CASES = {
         {"role": "system", "content": "Be brief. /no_think"},
         {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image", "image": IMG},
                                      {"type": "image", "image": IMG2}, {"type": "text", "text": "Which is taller?"}]}],
+    "toggles_beside_media": [  # a removed toggle trims the message's ends only, as the reference format does
+        {"role": "user", "content": [{"type": "text", "text": "Compare /no_think"}, {"type": "image", "image": IMG},
+                                     {"type": "text", "text": "Which? /think"}]}],
     "history_then_image": [
         {"role": "user", "content": "What is 2+2? /think"},
         {"role": "assistant", "content": "<think>\nAdd.\n</think>\n\n4"},

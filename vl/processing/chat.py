@@ -315,6 +315,9 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     for turn in turns:
         parts = [{"type": k, "text": p if turn.role == "assistant" else _drop_toggles(p)} if k == "text"
                  else {"type": k} for k, p in turn.parts]
+        if turn.role != "assistant" and any(p["type"] == "text" and p["text"] != t for p, (_, t) in
+                                            zip(parts, turn.parts)):
+            _trim_ends(parts)  # a removed toggle leaves no space at either end of the message
         if lists and not all(p["type"] == "text" for p in parts):
             plain.append({"role": turn.role, "content": parts})
         else:  # a string, media flattened to their placeholders: what a string-only template can take
@@ -386,9 +389,16 @@ def template_takes_lists(tokenizer: Any, tokens: MediaTokens = DEFAULT_TOKENS,
 
 
 def _drop_toggles(text: str) -> str:  # to a fixed point: one pass can form a new toggle ("/no_/thinkthink")
-    """The text without its toggles, and without the spaces a toggle at either end leaves (a template that writes
-    content as it is, as the Nemotron 3 ones do, would keep "Hi " for "Hi /think")."""
-    return text if (cleaner := remove_toggles(text)) == text else _drop_toggles(cleaner).strip()
+    return text if (cleaner := remove_toggles(text)) == text else _drop_toggles(cleaner)
+
+
+def _trim_ends(parts: list[dict]) -> None:
+    """Strip the message's two ends, as `render_messages` strips a message's text: a template that writes content
+    as it is (the Nemotron 3 ones) would otherwise keep "Hi " for "Hi /think"; spaces inside stay as there."""
+    if parts and parts[0]["type"] == "text":
+        parts[0]["text"] = parts[0]["text"].lstrip()
+    if parts and parts[-1]["type"] == "text":
+        parts[-1]["text"] = parts[-1]["text"].rstrip()
 
 
 def _placeholder_re(tokens: MediaTokens) -> re.Pattern:
