@@ -479,6 +479,7 @@ def test_a_released_omni_directory_answers_as_its_transformers_layout_does(omni_
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
             out, err = proc.communicate(timeout=120)  # stdin is never written nor closed before the answer
         assert "custom code" not in err and "trust_remote_code" not in err, err
+        assert "unknown" not in err  # every key of the hub files has its reason
         return proc.returncode, json.loads(out), err
 
     rc, doc, _ = chat("--audio", omni_media["broken"])

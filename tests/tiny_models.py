@@ -134,7 +134,7 @@ def make_released_omni_dir(src, dst):
     names (`llm_config` in the 4.x Nemotron-H spelling, `sound_config` with `model_type: parakeet` and no
     `attention_bias` / `scale_input`, `img_context_token_id`, ...), and a RADIO `vision_config` with the remote
     config's `args`, version and processor keys; `preprocessor_config.json` is the remote processor's (norm_mean /
-    norm_std, patch budget, `auto_map`); there is no transformers-5 `processor_config.json`, so no feature-extractor
+    norm_std, patch budget, `auto_map`, V2 tiling keys); there is no transformers-5 `processor_config.json`, so no feature-extractor
     file (the mel bins come from the audio config). The weights and tokenizer are the source's. Returns dst."""
     import json
     import shutil
@@ -179,6 +179,6 @@ def make_released_omni_dir(src, dst):
                     "image_processor_type": f"{remote}ImageProcessor", "patch_size": 16, "downsample_ratio": 0.5,
                     "norm_mean": image["image_mean"], "norm_std": image["image_std"],
                     "min_num_patches": image["min_num_patches"], "max_num_patches": image["max_num_patches"],
-                    "max_model_len": image["max_model_len"]}
+                    "max_model_len": image["max_model_len"], "max_num_tiles": 12, "use_thumbnail": True}
     (dst / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1))
     return dst

@@ -79,6 +79,9 @@ IMAGE_IGNORED = {
     "data_format": _NOT_READ, "input_data_format": _NOT_READ, "device": "runs on the CPU",
     "return_tensors": "always tensors", "disable_grouping": "batching only",
     "auto_map": "remote code is never executed",
+    **dict.fromkeys(("max_num_tiles", "use_thumbnail", "image_size", "dynamic_image_size"),
+                    "Nano V2 VL's 512-px tiling, which a processor written for both families may carry; Omni images "
+                    "take one native-resolution patch grid (min_num_patches .. max_num_patches)"),
 }
 VIDEO_IGNORED = {
     **IMAGE_IGNORED, "video_processor_type": "class name", "image_mean": "the video processor reads norm_mean",
