@@ -134,8 +134,9 @@ def make_released_omni_dir(src, dst):
     names (`llm_config` in the 4.x Nemotron-H spelling, `sound_config` with `model_type: parakeet` and no
     `attention_bias` / `scale_input`, `img_context_token_id`, ...), and a RADIO `vision_config` with the remote
     config's `args`, version and processor keys; `preprocessor_config.json` is the remote processor's (norm_mean /
-    norm_std, patch budget, `auto_map`, V2 tiling keys); there is no transformers-5 `processor_config.json`, so no feature-extractor
-    file (the mel bins come from the audio config). The weights and tokenizer are the source's. Returns dst."""
+    norm_std, patch budget, `auto_map`, V2 tiling keys); there is no transformers-5 `processor_config.json`, so no
+    feature-extractor file (the mel bins come from the audio config). The weights and tokenizer are the source's.
+    Returns dst."""
     import json
     import shutil
     from pathlib import Path
