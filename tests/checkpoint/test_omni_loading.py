@@ -84,6 +84,22 @@ def test_released_config_reads_as_transformers_reads_it():
     assert checkpoint_kind(RELEASED, Path("x")) == "nemotron_h_omni"
 
 
+def test_a_folder_holding_a_hub_omni_directory_offers_it(tmp_path):
+    """`vl app --model FOLDER` reads each sub-folder's config.json: a hub Omni directory (its remote class's name,
+    auto_map and all) is offered as Omni, next to a transformers-written one; an unknown remote model is skipped
+    with its reason."""
+    from vl.directory import checkpoint_choices
+
+    for name, raw in (("hub", RELEASED), ("transformers", {**RELEASED, "model_type": "nemotron_h_omni",
+                                                           "architectures": ["NemotronH_Omni_Reasoning_V3"]}),
+                      ("other", {"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(raw))
+    found, skipped = checkpoint_choices(tmp_path)
+    assert [(p.name, kind) for p, kind in found] == [("hub", "nemotron_h_omni"), ("transformers", "nemotron_h_omni")]
+    assert [p.name for p, _ in skipped] == ["other"] and "remote code is never executed" in skipped[0][1]
+
+
 @pytest.mark.parametrize("field,legacy,new_value,legacy_value,want", [
     ("vision_hidden_size", "vit_hidden_size", 1280, 1536, 1536),  # the field at its default: the older key counts
     ("vision_hidden_size", "vit_hidden_size", 1536, 1280, 1536),  # the field set: it wins
