@@ -118,6 +118,13 @@ def test_bad_audio_is_a_typed_error_and_the_next_request_and_its_neighbours_answ
     got = dict(engine.stream_batch(requests, raise_errors=False))
     assert isinstance(got[1], VLError) and got[1].code in ("corrupt_media", "unsupported_format")
     assert got[0].token_ids == got[2].token_ids == alone.token_ids
+    bad = user({"type": "audio", "audio": b"this is not audio at all" * 10})
+    with pytest.raises(UnsupportedFormatError, match="^conversation 2 of 3: expected audio") as named:
+        engine.chat_batch([good, bad, good], max_new_tokens=5)  # chat_batch raises, saying which conversation
+    assert named.value.named == "conversation 2 of 3" and not named.value.unnamed.startswith("conversation")
+    with pytest.raises(UnsupportedFormatError, match="^expected audio"):  # a lone one needs no name
+        engine.chat_batch([bad], max_new_tokens=5)
+    assert [r.token_ids for r in engine.chat_batch([good, good], max_new_tokens=5)] == [alone.token_ids] * 2
 
 
 def test_tiling_options_are_accepted_and_named(omni, media):

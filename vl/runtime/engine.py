@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vl.directory import resolve_dir
-from vl.errors import GenerationOptionError, InputError
+from vl.errors import GenerationOptionError, InputError, VLError, naming
 from vl.processing.load import load_processor
 from vl.processing.omni_processor import OmniInputs
 from vl.processing.progress import Work
@@ -166,7 +166,9 @@ class Engine:
 
     def chat_batch(self, conversations, options: RequestOptions | None = None, **kwargs) -> list[ChatResult]:
         """Several conversations at once (left-padded), with the same options; results equal running them one
-        by one. Keywords: sampling (`temperature`, ...), `stop`, `cancel`, `timeout_s`, and option keywords."""
+        by one. Keywords: sampling (`temperature`, ...), `stop`, `cancel`, `timeout_s`, and option keywords.
+        A conversation that cannot run raises its typed error, named by its place when there are several
+        ("conversation 2 of 3: ..."); `stream_batch` instead reports it and lets the others finish."""
         kwargs = dict(kwargs)
         if kwargs.pop("stream", False):
             raise GenerationOptionError("chat_batch does not stream; call chat(stream=True) per conversation, "
@@ -178,7 +180,10 @@ class Engine:
         params = SamplingParams.from_kwargs(**kwargs)
         requests = [ChatRequest(m, options, stop=list(stop), **shared) for m in conversations]
         results: list = [None] * len(requests)
-        for i, item in self.stream_batch(requests, params, raise_errors=True):
+        for i, item in self.stream_batch(requests, params, raise_errors=False):
+            if isinstance(item, VLError):
+                with naming(f"conversation {i + 1} of {len(requests)}" if len(requests) > 1 else None):
+                    raise item
             if isinstance(item, ChatResult):
                 results[i] = item
         return results
