@@ -66,10 +66,11 @@ def _register_config(module) -> None:
 
 
 def _register_processor(module) -> None:
+    from vl.hf.config import NemotronNanoVLV2Config, NemotronOmniHubConfig
     from vl.hf.processor import NemotronNanoVLV2Processor, NemotronOmniHubProcessor
 
-    for config_class, processor in zip(_config_classes(), (NemotronNanoVLV2Processor, NemotronOmniHubProcessor)):
-        module.AutoProcessor.register(config_class, processor, exist_ok=True)
+    module.AutoProcessor.register(NemotronNanoVLV2Config, NemotronNanoVLV2Processor, exist_ok=True)
+    module.AutoProcessor.register(NemotronOmniHubConfig, NemotronOmniHubProcessor, exist_ok=True)
 
 
 def _register_model(module) -> None:
