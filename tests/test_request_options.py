@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 
 import pytest
 
@@ -22,6 +23,8 @@ def other_value(s):
         return not default if default is not None else True
     if s.kind is str:
         return "1-2"
+    if s.kind is dict:
+        return {"truncate_history_thinking": False, "label": "x"}
     lo = s.lo if s.lo is not None else 0
     hi = s.hi if s.hi is not None else lo + 10
     for v in (lo + 1, (lo + hi) / 2, hi):
@@ -52,7 +55,7 @@ def test_declarations_are_whole_and_names_are_unique():
     flags = [s.flag for s in specs() if s.flag]
     assert len(flags) == len(set(flags)) and all(f.startswith("--") for f in flags)
     for s in specs():
-        assert s.acts in ACTS and s.help and s.kind in (int, float, bool, str), s
+        assert s.acts in ACTS and s.help and s.kind in (int, float, bool, str, dict), s
         assert s.check(getattr(RequestOptions(), s.name)) == getattr(RequestOptions(), s.name)  # default is valid
     assert canonical("max_tiles") == "max_num_tiles" and canonical("evs") == "video_pruning_rate"
     assert canonical("no_such_option") is None
@@ -108,6 +111,8 @@ def _chat_parser():
 def _argv(s, value):
     if s.kind is bool:
         return [s.flag] if s.nullable is False else [s.flag, "on" if value else "off"]
+    if s.kind is dict:  # NAME=VALUE, repeated; VALUE read as JSON, else as text
+        return [a for k, v in value.items() for a in (s.flag, f"{k}={json.dumps(v)}")]
     return [s.flag, str(value)]
 
 

@@ -560,3 +560,44 @@ def test_an_empty_recording_found_by_the_request_is_named_by_its_flag_and_file(o
         assert f"error [audio_too_short]: --audio {empty}: " in err
     rc, doc, _ = _omni_in_process(omni_media, capsys, "--audio", omni_media["wav"], "--audio", omni_media["wav"])
     assert rc == 0 and doc["stats"]["audio_tokens"] > 0
+
+
+# --- chat template variables: --template-var NAME=VALUE ----------------------------------------------------------
+@needs_demo
+def test_template_vars_reach_the_template_and_bad_ones_are_refused_before_loading(tmp_path, capsys):
+    """`--template-var` (the `template_kwargs` option; `chat_template_kwargs` on a server): a variable the model's
+    template reads changes the prompt, one it does not read changes nothing, and a malformed, repeated or reserved
+    one is a usage or option error (exit 2); a good question after them answers as before."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "tests" / "processing"))
+    from card_templates import NEMOTRON3_TEMPLATE
+    from vl.cli.chat import main
+
+    d = tmp_path / "model"
+    shutil.copytree(DEMO, d)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    system = "'<|im_start|>system\\n' + system_text"
+    assert system in NEMOTRON3_TEMPLATE
+    config["chat_template"] = NEMOTRON3_TEMPLATE.replace(system, system + " + (brief if brief is defined else '')")
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+
+    def ask(*flags):
+        code = main(["--model", str(d), "--prompt", "What can you read?", "--json", "--max-new-tokens", "3", *flags])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, plain = ask()
+    assert code in (0, 3) and plain["stats"]["prompt_tokens"] > 0
+    code, hinted = ask("--template-var", "brief=\" Be brief.\"")
+    assert code in (0, 3) and hinted["stats"]["prompt_tokens"] > plain["stats"]["prompt_tokens"]
+    assert ask("--template-var", "never_read=true")[1]["stats"]["prompt_tokens"] == plain["stats"]["prompt_tokens"]
+    for flags, words in ((["--template-var", "messages=1"], "set by the renderer"),
+                         (["--template-var", "brief=1", "--template-var", "brief=2"], "sets brief more than once"),
+                         (["--template-var", "brief=[1]"], "true/false, a finite number")):
+        code, out = ask(*flags)
+        assert code == 2 and out["error"]["code"] == "bad_generation_option" and words in out["error"]["message"]
+    with pytest.raises(SystemExit):  # argparse: NAME=VALUE expected
+        main(["--model", str(d), "--prompt", "x", "--template-var", "brief"])
+    capsys.readouterr()
+    again = ask("--template-var", "brief=\" Be brief.\"")[1]
+    assert (again["answer"], again["stats"]["prompt_tokens"]) == (hinted["answer"], hinted["stats"]["prompt_tokens"])

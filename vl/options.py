@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ ACTS = (PROCESSOR, REDUCTION, GENERATION)
 class Spec:
     """How one option is typed, bounded, named and exposed."""
 
-    kind: type  # int | float | bool | str
+    kind: type  # int | float | bool | str | dict (chat template variables: `check_template_vars`)
     acts: str  # where it acts: PROCESSOR (media), REDUCTION (token reduction), GENERATION (decoding)
     help: str
     lo: float | None = None
@@ -70,6 +71,8 @@ class Spec:
             if not isinstance(value, bool):
                 raise GenerationOptionError(f"{label} must be true or false, found {value!r}")
             return value
+        if self.kind is dict:
+            return check_template_vars(value, label)
         if self.kind is str:
             if not isinstance(value, str):
                 raise GenerationOptionError(f"{label} must be a string, found {value!r}")
@@ -90,6 +93,60 @@ class Spec:
         if low or high:
             raise GenerationOptionError(f"{label} must be {self.range_text()}, found {value!r}")
         return value
+
+
+# Variables a chat template is rendered with that a request cannot set: the ones the renderer passes itself
+# (vl/processing/chat.py `render_prompt`; the reasoning mode is the `thinking` option), the tokenizer's special
+# tokens, and the functions transformers and Jinja put in scope.
+RESERVED_TEMPLATE_VARS = frozenset({
+    "messages", "add_generation_prompt", "continue_final_message", "enable_thinking", "tools", "documents",
+    "chat_template", "tokenize", "return_dict", "return_tensors", "padding", "truncation", "max_length",
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens", "raise_exception", "strftime_now", "range", "dict", "lipsum", "cycler", "joiner",
+    "namespace", "loop", "self", "true", "false", "none", "True", "False", "None"})
+MAX_TEMPLATE_VARS, MAX_TEMPLATE_TEXT = 32, 4096
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_template_vars(value, label: str) -> dict:
+    """Extra variables for the model's chat template (vLLM's and SGLang's `chat_template_kwargs`; transformers'
+    extra `apply_chat_template` keywords): a copy of `value`, or GenerationOptionError. Names are identifiers
+    outside `RESERVED_TEMPLATE_VARS`; values are JSON scalars (true/false, numbers, strings of at most
+    MAX_TEMPLATE_TEXT characters, null), which is what the released templates read (`truncate_history_thinking`,
+    `low_effort`, `reasoning_budget`). Whether the template reads a name is decided when it renders."""
+    if not isinstance(value, Mapping):
+        raise GenerationOptionError(f"{label} must be an object of template variables, found {_short(value)}")
+    if len(value) > MAX_TEMPLATE_VARS:
+        raise GenerationOptionError(f"{label} holds {len(value)} variables; at most {MAX_TEMPLATE_VARS}")
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            raise GenerationOptionError(f"{label}: {_short(key)} is not a template variable name (letters, digits "
+                                        "and _, at most 64, not starting with a digit)")
+        if key in RESERVED_TEMPLATE_VARS:
+            hint = " (the reasoning mode is its own option: enable_thinking / thinking)" if key == "enable_thinking" \
+                else ""
+            raise GenerationOptionError(f"{label}: {key!r} is set by the renderer, not by a request{hint}")
+        if not _template_scalar(item):
+            raise GenerationOptionError(f"{label}.{key} must be true/false, a finite number, a string of at most "
+                                        f"{MAX_TEMPLATE_TEXT} characters or null, found {_short(item)}")
+        out[key] = item
+    return out
+
+
+def _template_scalar(item) -> bool:
+    if item is None or isinstance(item, bool):
+        return True
+    if isinstance(item, str):
+        return len(item) <= MAX_TEMPLATE_TEXT
+    if isinstance(item, int):
+        return abs(item) < 2 ** 63
+    return isinstance(item, float) and math.isfinite(item)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _option(default, **spec):
@@ -145,6 +202,11 @@ class RequestOptions:
     reserved_tokens: int | None = _option(
         None, kind=int, acts=PROCESSOR, lo=0, nullable=True,
         help="tokens kept free for the question and the answer when a document is planned (default 1024)")
+    template_kwargs: dict | None = _option(
+        None, kind=dict, acts=PROCESSOR, nullable=True, aliases=("chat_template_kwargs",), flag="--template-var",
+        metavar="NAME=VALUE", openai="chat_template_kwargs", pipeline=True,
+        help='extra variables for the model\'s chat template, e.g. {"truncate_history_thinking": false}; names '
+             "its template does not read are ignored and logged (as vLLM does)")
     # --- token reduction: read by the model (vl/modeling/vlm.py), docs/token_reduction.md ------------------
     video_pruning_rate: float | None = _option(
         None, kind=float, acts=REDUCTION, lo=0.0, hi=1.0, hi_open=True, nullable=True, flag="--video-pruning-rate",
@@ -211,6 +273,8 @@ class RequestOptions:
         """Options from an OpenAI Chat Completions body, at the keys declared in each field's `openai` (vLLM's
         extensions and ours). Objects that carry options (`mm_processor_kwargs`, ...) must hold only known keys."""
         given, known = {}, {}
+        whole = {s.openai for s in specs() if s.kind is dict}  # objects read as a whole (chat_template_kwargs)
+        claimed = {p for s in specs() for p in s.openai_read or (s.openai,) if p}  # "a.b": another option's key
         for s in specs():
             for path in s.openai_read or ((s.openai,) if s.openai else ()):
                 head, _, key = path.rpartition(".")
@@ -219,10 +283,13 @@ class RequestOptions:
                 if head and obj is not None and not isinstance(obj, Mapping):
                     raise InputError(f"{head} must be an object, found {type(obj).__name__}")
                 if obj and key in obj and obj[key] is not None and s.name not in given:
-                    given[s.name] = s.check(obj[key], path)
+                    value = obj[key]
+                    if s.kind is dict and isinstance(value, Mapping):  # less the keys another option reads there
+                        value = {k: v for k, v in value.items() if f"{path}.{k}" not in claimed}
+                    given[s.name] = None if s.kind is dict and not value else s.check(value, path)
         for head, keys in known.items():
             obj = body.get(head) if head else None
-            unknown = sorted(set(obj or ()) - keys) if head else []
+            unknown = sorted(set(obj or ()) - keys) if head and head not in whole else []
             if unknown:
                 raise GenerationOptionError(f"{head} {unknown} are not supported; known: {', '.join(sorted(keys))}")
         return dataclasses.replace(base or cls(), **given)
@@ -247,7 +314,10 @@ class RequestOptions:
             if s.openai is None or value is None or (value == getattr(default, s.name) and not always):
                 continue
             head, _, key = s.openai.rpartition(".")
-            (body.setdefault(head, {}) if head else body)[key] = value
+            if s.kind is dict:  # merged with the keys other options put in the same object (enable_thinking)
+                body.setdefault(key, {}).update(value)
+            else:
+                (body.setdefault(head, {}) if head else body)[key] = value
         return body
 
     def replace(self, **kwargs) -> "RequestOptions":

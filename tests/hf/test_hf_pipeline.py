@@ -210,6 +210,34 @@ def test_processor_options_tiles_thinking(pipe, engine):
         pipe(text=chat(), max_new_tokens=2, num_frames=4)
 
 
+def test_other_keywords_are_template_variables_when_the_template_reads_them(pipe, engine):
+    """As in transformers, keywords that are not options go to the chat template: taken when the template reads
+    them (a Nemotron 3 template's `truncate_history_thinking`), refused when it does not (a misspelt option), and the
+    pipeline's answer with one equals the engine's with the `template_kwargs` option."""
+    from card_templates import NEMOTRON3_TEMPLATE
+
+    history = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nAdd.\n</think>\n\n4"},
+               {"role": "user", "content": chat()[0]["content"]}]
+    saved = pipe.processor.tokenizer.chat_template, engine.processor.tokenizer.chat_template
+    pipe.processor.tokenizer.chat_template = engine.processor.tokenizer.chat_template = NEMOTRON3_TEMPLATE
+    try:
+        apply = pipe.processor.apply_chat_template
+        assert "<think>\nAdd.\n</think>" not in apply(history, add_generation_prompt=True)  # the template's default
+        kept = apply(history, add_generation_prompt=True, truncate_history_thinking=False)
+        assert "<think>\nAdd.\n</think>" in kept
+        assert apply(history, add_generation_prompt=True, template_kwargs={"truncate_history_thinking": False}) == kept
+        with pytest.raises(InputError, match=r"\['max_tile'\].*does not read these"):
+            apply(history, add_generation_prompt=True, max_tile=2)
+        with pytest.raises(InputError, match="pass them one way"):
+            apply(history, truncate_history_thinking=False, template_kwargs={"low_effort": True})
+        with pytest.raises(GenerationOptionError, match="true/false, a finite number"):
+            apply(history, truncate_history_thinking=[False])
+        got = answer(pipe, history, truncate_history_thinking=False)
+        assert got == engine_text(engine, history, template_kwargs={"truncate_history_thinking": False})
+    finally:
+        pipe.processor.tokenizer.chat_template, engine.processor.tokenizer.chat_template = saved
+
+
 def test_video_frames_and_evs_rate(pipe, engine, tmp_path, monkeypatch):
     clip = make_video(tmp_path / "clip.mp4", frames=20, fps=10, size=(64, 48), noise=True)
     msgs = [{"role": "user", "content": [{"type": "video", "path": clip}, {"type": "text", "text": "What moves?"}]}]

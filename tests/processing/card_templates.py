@@ -45,18 +45,27 @@ STRING_ONLY_TEMPLATE = r"""
 # behaviour of the published ones (docs/format.md §8.2): the reasoning mode is the `enable_thinking` variable
 # (default on), never a toggle in the messages; the system turn is always written, empty when absent; a past
 # assistant turn without reasoning gets an empty `<think></think>`; the generation prompt opens `<think>\n` or writes
-# `<think></think>`. Content is taken as a string.
+# `<think></think>`. Content is taken as a string. Like the published ones it reads `truncate_history_thinking`
+# (default on): the reasoning of assistant turns before the last user message is dropped, their answers kept.
 NEMOTRON3_TEMPLATE = r"""
 {%- set enable_thinking = enable_thinking if enable_thinking is defined else True -%}
+{%- set truncate_history_thinking = truncate_history_thinking if truncate_history_thinking is defined else True -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for message in messages -%}{%- if message['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
 {%- if messages[0]['role'] == 'system' -%}
   {%- set system_text = messages[0]['content'] -%}{%- set rest = messages[1:] -%}
 {%- else -%}
   {%- set system_text = '' -%}{%- set rest = messages -%}
 {%- endif -%}
 {{- '<|im_start|>system\n' + system_text + '<|im_end|>\n' -}}
+{%- set offset = 1 if messages[0]['role'] == 'system' else 0 -%}
 {%- for message in rest -%}
   {%- if message['role'] == 'assistant' -%}
     {%- set text = message['content'] if '</think>' in message['content'] else '<think></think>' + message['content'] -%}
+    {%- if truncate_history_thinking and loop.index0 + offset < ns.last_user -%}
+      {%- set text = '<think></think>' + text.split('</think>')[-1].strip() -%}
+    {%- endif -%}
     {{- '<|im_start|>assistant\n' + text.strip() + '<|im_end|>\n' -}}
   {%- else -%}
     {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}

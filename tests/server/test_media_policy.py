@@ -142,10 +142,14 @@ def test_request_fields():
     o = c.options
     assert (o.video_pruning_rate, o.token_pruning_rate, p.params.seed, p.params.top_k) == (0.5, 0.25, 3, 0)
     assert _parse().params.temperature == 1.0 and _parse().chat.max_new_tokens == 100  # OpenAI's defaults, capped
+    # chat_template_kwargs: enable_thinking is the reasoning option, the other keys are template variables
+    vars_ = _parse(chat_template_kwargs={"enable_thinking": True, "truncate_history_thinking": False}).chat.options
+    assert (vars_.thinking, vars_.template_kwargs) == (True, {"truncate_history_thinking": False})
     for bad in ({"max_tokens": 101}, {"n": 3}, {"logprobs": True}, {"tools": [{"type": "function"}]},
                 {"presence_penalty": 0.5}, {"mm_processor_kwargs": {"max_frames": 129}},
                 {"mm_processor_kwargs": {"size": 9}}, {"video_pruning_rate": 1.0}, {"temperature": -1},
-                {"chat_template_kwargs": {"foo": 1}}, {"stop": ["a"] * 17}, {"top_p": 0}):
+                {"chat_template_kwargs": {"foo": [1]}}, {"chat_template_kwargs": {"messages": "x"}},
+                {"stop": ["a"] * 17}, {"top_p": 0}):
         with pytest.raises(GenerationOptionError):
             _parse(**bad)
     with pytest.raises(ModelNotFoundError):

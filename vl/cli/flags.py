@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -55,6 +56,9 @@ def add_option_flags(g, names, *, bools: str = "switch", defaults: dict | None =
         elif s.kind is bool:
             g.add_argument(s.flag, dest=name, type=_on_off, default=default, metavar="on|off",
                            help=f"{s.help} (default {_on_off_text(default)})")
+        elif s.kind is dict:  # repeatable NAME=VALUE; read into one object by `flag_values`
+            g.add_argument(s.flag, dest=name, action="append", type=_name_value, default=None, metavar=s.metavar,
+                           help=f"{s.help}; repeatable, VALUE read as JSON (true, 3, \"text\") or else as text")
         else:
             g.add_argument(s.flag, dest=name, type=s.kind, default=default, metavar=s.metavar, help=s.help)
 
@@ -99,6 +103,16 @@ def _on_off(text: str) -> bool:
     return text == "on"
 
 
+def _name_value(text: str) -> tuple[str, object]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, found {text!r}")
+    try:
+        return name, json.loads(raw)
+    except ValueError:
+        return name, raw
+
+
 def _on_off_text(value):
     return None if value is None else "on" if value else "off"
 
@@ -112,6 +126,12 @@ def flag_values(args) -> dict:
         value = getattr(args, s.name)
         if s.kind is bool and isinstance(value, str):  # on|off; "default" (the old --think spelling) = None
             value = {"on": True, "off": False}.get(value)
+        if s.kind is dict and isinstance(value, list):  # (name, value) pairs of a repeatable flag
+            names_given = [n for n, _ in value]
+            twice = sorted({n for n in names_given if names_given.count(n) > 1})
+            if twice:
+                raise GenerationOptionError(f"{s.flag} sets {', '.join(twice)} more than once; set each once")
+            value = dict(value)
         out[s.name] = value
     return out
 

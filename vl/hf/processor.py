@@ -44,6 +44,7 @@ from vl.options import REDUCTION, RequestOptions, canonical, option_aliases, spe
 from vl.processing.chat import render_prompt
 from vl.processing.load import load_processor
 from vl.processing.omni_processor import OmniInputs
+from vl.processing.template_vars import template_source, template_variables
 
 PROCESSOR_FILE = "processor_config.json"
 # apply_chat_template keywords: transformers' own, then ours (passed to vl.processing.Processor or the model)
@@ -123,17 +124,28 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
         Our options are the request options marked `pipeline` in vl/options.py (`thinking`, alias
         `enable_thinking`; media options such as `max_num_tiles`, `fps`, `max_frames`, `pages`, `skip_blank_tiles`
         for vl.processing.Processor; `video_pruning_rate` (EVS) and `token_pruning_rate` (documents), which ride
-        along in the inputs to the model's token reduction), checked by `RequestOptions`."""
+        along in the inputs to the model's token reduction), checked by `RequestOptions`. Other keywords are chat
+        template variables, as in transformers (`truncate_history_thinking=False` for a Nemotron 3 template): taken
+        when the model's template reads them, refused otherwise (a misspelt option would else vanish); a
+        `template_kwargs` dict is taken as the server takes `chat_template_kwargs` (unread names logged)."""
         if chat_template is not None:
             raise InputError("a custom chat_template is not supported: the prompt format of these checkpoints "
                              "lives in vl/processing/chat.py and placeholders are expanded after rendering")
         extra = kwargs.pop("processor_kwargs", None) or {}
         kwargs = {**kwargs, **extra}
-        unknown = sorted(set(kwargs) - set(HF_TEMPLATE_KEYS + OUR_KEYS))
-        if unknown:
-            raise InputError(f"unknown apply_chat_template option(s) {unknown}; ours: {', '.join(OUR_KEYS)}")
+        loose = {k: v for k, v in kwargs.items() if k not in HF_TEMPLATE_KEYS + OUR_KEYS}
+        source = template_source(self.tokenizer)
+        unknown = sorted(set(loose) - (template_variables(source) if source else frozenset()))
+        if unknown:  # neither an option nor a variable of the template: most likely a misspelt option
+            raise InputError(f"unknown apply_chat_template option(s) {unknown}; ours: {', '.join(OUR_KEYS)}; other "
+                             "keywords are chat template variables, and this model's template does not read these")
         thinking = _thinking(kwargs.get("thinking"), kwargs.get("enable_thinking"))
         given = {k: v for k, v in kwargs.items() if k in OUR_KEYS and canonical(k) != "thinking" and v is not None}
+        if loose:  # transformers hands other keywords to the template; so do we, checked as the option checks them
+            if any(canonical(k) == "template_kwargs" for k in given):
+                raise InputError(f"template variables {sorted(loose)} are given as keywords and in template_kwargs; "
+                                 "pass them one way")
+            given["template_kwargs"] = loose
         options = RequestOptions.from_kwargs(thinking=thinking, **given)
         model_side = {k: v for k, v in options.acting(REDUCTION).items() if k in {canonical(g) for g in given}}
         continue_final = bool(kwargs.get("continue_final_message", False))
@@ -150,7 +162,8 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
                                  "PDF is rendered; use tokenize=True")
 
             texts = [render_prompt(c, self.tokenizer, thinking=thinking, add_generation_prompt=generation_prompt,
-                                   tokens=self.vl_processor.tokens).text for c in conversations]
+                                   tokens=self.vl_processor.tokens, template_kwargs=options.template_kwargs).text
+                     for c in conversations]
             return texts if batched else texts[0]
         if kwargs.get("padding", True) not in (True, False, None, "longest"):
             raise InputError(f"padding={kwargs['padding']!r}: batches are always left-padded to the longest row")

@@ -27,8 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
+
 from vl.errors import ConfigError, GenerationOptionError, InputError, NoAudioError, VLError
 from vl.options import DEFAULT_THINKING, canonical, spec
+from vl.processing.template_vars import variables_for
 
 SYSTEM_HEADER, USER_HEADER = "<SPECIAL_10>System\n", "<SPECIAL_11>User\n"
 ASSISTANT_HEADER, END_OF_TURN = "<SPECIAL_11>Assistant\n", "<SPECIAL_12>"
@@ -292,7 +295,7 @@ def render_messages(messages: Sequence[Mapping], *, thinking: bool | None = None
 
 def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinking: bool | None = None,
                   add_generation_prompt: bool = True, pdf_pages: Callable | None = None,
-                  tokens: MediaTokens = DEFAULT_TOKENS) -> RenderedPrompt:
+                  tokens: MediaTokens = DEFAULT_TOKENS, template_kwargs: Mapping | None = None) -> RenderedPrompt:
     """Renders through the tokenizer's own `chat_template` when it has one, else through `render_messages`.
     We resolve the reasoning mode here (`thinking`, else the messages' toggle, else `DEFAULT_THINKING`: the one
     default of every front end) and hand it to any template as the `enable_thinking` variable, which the Nemotron 3
@@ -302,7 +305,10 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     Toggles are removed from user messages first; templates strip them anyway, so the text is unchanged.
     A foreign template therefore cannot choose a mode other than the one we report. Media messages reach the
     template as typed content lists when it renders them (`template_takes_lists`), else as strings with the
-    placeholders in place, so string-only templates (Nemotron Nano 9B v2's) work on media prompts too."""
+    placeholders in place, so string-only templates (Nemotron Nano 9B v2's) work on media prompts too.
+    `template_kwargs`: a request's extra template variables (the `template_kwargs` option, checked there); those
+    the template reads are passed to it, the others logged and dropped (vl/processing/template_vars.py)."""
+    given = variables_for(tokenizer, template_kwargs)
     if not getattr(tokenizer, "chat_template", None):
         return render_messages(messages, thinking=thinking, add_generation_prompt=add_generation_prompt,
                                pdf_pages=pdf_pages, tokens=tokens, thinking_default=DEFAULT_THINKING)
@@ -328,9 +334,15 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     prefill = add_generation_prompt and turns[-1].role == "assistant"
     if prefill and not plain[-1]["content"].strip():  # nothing to continue: a plain generation prompt
         plain, prefill = plain[:-1], False
-    text = tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=prefill,
-                                         add_generation_prompt=add_generation_prompt and not prefill,
-                                         enable_thinking=mode)
+    try:
+        text = tokenizer.apply_chat_template(plain, tokenize=False, continue_final_message=prefill,
+                                             add_generation_prompt=add_generation_prompt and not prefill,
+                                             enable_thinking=mode, **given)
+    except (jinja2.TemplateError, TypeError, ValueError) as e:
+        if not given:
+            raise
+        raise GenerationOptionError(f"the model's chat template could not render with chat_template_kwargs "
+                                    f"{given!r}: {type(e).__name__}: {str(e)[:300]}") from None
     kind_of = {v: k for k, v in placeholder.items() if v is not None}
     found = [kind_of[p] for p in _placeholder_re(tokens).findall(text)]
     queues = {k: [m for t in turns for m in t.media if m.kind == k] for k in ("image", "video", "audio")}

@@ -304,7 +304,8 @@ class OmniProcessor:
 
     def __call__(self, messages, *, thinking: bool | None = None, add_generation_prompt: bool = True,
                  fps: float = 2.0, max_frames: int = 128, context_length: int | None = None,
-                 use_audio_in_video: bool | None = None, **tile_options) -> OmniInputs:
+                 use_audio_in_video: bool | None = None, template_kwargs: Mapping | None = None,
+                 **tile_options) -> OmniInputs:
         """`use_audio_in_video`: a video's sound track follows its frames as an audio run (None: when the model
         hears). `tile_options`: Nano V2 VL's tiling and PDF options (`max_num_tiles`, `skip_blank_tiles`, `pages`,
         ...), accepted so that one request works with both families; images are seen at native resolution here, so
@@ -323,7 +324,7 @@ class OmniProcessor:
         hear = self.has_audio if use_audio_in_video is None else bool(use_audio_in_video)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt, pdf_pages=_no_pdf,
-                                    tokens=self.tokens)
+                                    tokens=self.tokens, template_kwargs=template_kwargs)
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before decoding
         media, cfg, work = prompt.media, self.config, Work.current()
         notes = [f"{', '.join(unused)}: Nano V2 VL's tiling options; Nemotron 3 Nano Omni sees images at native "

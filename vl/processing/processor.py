@@ -221,7 +221,8 @@ class Processor:
                  max_num_tiles: int | None = None, fps: float = 2.0, max_frames: int = 128,
                  pages: str | None = None, pdf_scale: float = DEFAULT_SCALE, context_length: int | None = None,
                  reserved_tokens: int = 1024, skip_blank_tiles: bool = False,
-                 max_pages: int | None = None, use_audio_in_video: bool | None = None) -> ProcessedInputs:
+                 max_pages: int | None = None, use_audio_in_video: bool | None = None,
+                 template_kwargs: Mapping | None = None) -> ProcessedInputs:
         cfg = self.config
         # the option's one range (vl/options.py); the checkpoint's own default is taken as it is
         max_num_tiles = cfg.max_num_tiles if max_num_tiles is None else spec("max_num_tiles").check(max_num_tiles)
@@ -229,7 +230,8 @@ class Processor:
             self.limits.check_count(kind, count)
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
                                     add_generation_prompt=add_generation_prompt,
-                                    pdf_pages=self._pdf_pages(pdf_scale, pages, max_pages), tokens=self.tokens)
+                                    pdf_pages=self._pdf_pages(pdf_scale, pages, max_pages), tokens=self.tokens,
+                                    template_kwargs=template_kwargs)
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before any decoding
         images = [m for m in prompt.media if m.kind == "image"]
         videos = [m for m in prompt.media if m.kind == "video"]

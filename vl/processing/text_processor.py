@@ -58,7 +58,8 @@ class TextProcessor:
                                 f"{len(kinds)} media part(s) ({', '.join(sorted(set(kinds)))}). Send text only, or "
                                 f"load a Nemotron Nano V2 VL checkpoint for images, documents and video")
         prompt = chat.render_prompt(messages, self.tokenizer, thinking=thinking,
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt,
+                                    template_kwargs=media_options.get("template_kwargs"))
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, media_options.get("context_length"))
         ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         return ProcessedInputs(torch.tensor([ids], dtype=torch.long), None, [], [], prompt, prompt.text)

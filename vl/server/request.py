@@ -4,7 +4,8 @@ Follows OpenAI's Chat Completions request schema (`input_audio` parts among them
 Nemotron Nano V2 VL and Nemotron 3 Nano Omni (`video_url` and `audio_url` parts, `top_k`, `min_p`,
 `repetition_penalty`) and the per-request options where `RequestOptions` declares them (vl/options.py:
 `mm_processor_kwargs` with `max_num_tiles`/`fps`/`max_frames`/`pages`/`use_audio_in_video`, `video_pruning_rate`,
-`chat_template_kwargs.enable_thinking`, and ours: `token_pruning_rate`, `skip_blank_tiles`, `reasoning_budget`).
+`chat_template_kwargs` (`enable_thinking`, and the template's own variables), and ours: `token_pruning_rate`,
+`skip_blank_tiles`, `reasoning_budget`).
 Every knob that scales work is checked against a server ceiling before anything is decoded (docs/server.md,
 "Security"), and every sampling field is checked here, at the edge, so that no value can fail inside a batch it
 shares with other requests. Audio parts are refused here (`no_audio`) when the model does not hear.
