@@ -161,9 +161,9 @@ inline __m512 exp_nonpositive(__m512 t /* already x * log2(e) */) {
 // when the maximum grows). Up to 2048 keys the whole row is one chunk (no rescaling at all).
 constexpr int QS = 512, KC = 512, ONE_CHUNK_MAX = 2048;
 
-struct Scratch {
-  std::vector<uint16_t> kp, vp, qp, p, qvp, rraw, rp;
-  std::vector<float> s, o, part, m, l, alpha, pf;
+struct Scratch {  // 64-byte aligned: tiles load from and store to these (amx_tiles.h `tile_vector`)
+  tile_vector<uint16_t> kp, vp, qp, p, qvp, rraw, rp;
+  tile_vector<float> s, o, part, m, l, alpha, pf;
 };
 
 // Relative positions for one head: qv (L, D) and r (2L - 1, D) with their row strides; r is copied between RPAD

@@ -185,7 +185,7 @@ static void dense_group(const float* xm, const uint16_t* xbm, int K, const VlMat
   const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;  // contiguous slices of whole cache lines
 #ifdef VL_AMX
   if (bf16 && amx_ready()) {  // tiles: the rows of a group cost about one row (row_kernels.h dense_bf16_amx)
-    static thread_local std::vector<uint16_t> xv;
+    static thread_local tile_vector<uint16_t> xv;  // B tiles: 64-byte aligned (amx_tiles.h)
     xv.resize((size_t)(K / 32) * 32 * G);
     amx_pack(xbm, G, K, xv.data());
     const uint16_t* xvp = xv.data();  // (the workers' own `xv` are other vectors: thread_local)
@@ -212,7 +212,7 @@ template <int G>
 static void dense_group_amx32(const uint16_t* xbm, int K, const VlMat& W, float* yt, int nthreads) {
   const int N = W.N;
   const int per = ((N + nthreads - 1) / nthreads + 15) / 16 * 16;
-  static thread_local std::vector<uint16_t> xv;
+  static thread_local tile_vector<uint16_t> xv;  // B tiles: 64-byte aligned (amx_tiles.h)
   xv.resize((size_t)(K / 32) * 32 * G);
   amx_pack(xbm, G, K, xv.data());
   const uint16_t* xvp = xv.data();
@@ -664,7 +664,8 @@ static void attend_segment_tiles(const VlModel& m, const VlLayer& L, const float
   parallel_for(nkv, nthreads, [&](int kh) {
     const size_t kbase = (size_t)kh * stride;
     float* sc = scd + (size_t)kh * padded * len;  // (padded rows, len) scores, then probabilities
-    std::vector<uint16_t> qb((size_t)padded * hd, 0), xv((size_t)(hd / 32) * 32 * 16);
+    std::vector<uint16_t> qb((size_t)padded * hd, 0);
+    tile_vector<uint16_t> xv((size_t)(hd / 32) * 32 * 16);  // B tiles: 64-byte aligned (amx_tiles.h)
     std::vector<float> o((size_t)padded * hd);
     for (int t = 0; t < T; ++t)  // row t * rep + r: token t, query head kh * rep + r
       for (int r = 0; r < rep; ++r)

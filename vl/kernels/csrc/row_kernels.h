@@ -1359,7 +1359,7 @@ static void dense_gemv(const void* x, int M, int K, const void* w, int N, int bf
 #endif
 #ifdef VL_AMX
   if (bf16 && amx_ready()) {
-    std::vector<uint16_t> xv((size_t)(K / 32) * 32 * M);
+    tile_vector<uint16_t> xv((size_t)(K / 32) * 32 * M);  // B tiles: 64-byte aligned (amx_tiles.h)
     amx_pack((const uint16_t*)x, M, K, xv.data());
     parallel_for(chunks, nthreads, [&](int c) {
       const int r0 = c * grain, r1 = r0 + grain < N ? r0 + grain : N;
