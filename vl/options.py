@@ -286,7 +286,8 @@ class RequestOptions:
                     value = obj[key]
                     if s.kind is dict and isinstance(value, Mapping):  # less the keys another option reads there
                         value = {k: v for k, v in value.items() if f"{path}.{k}" not in claimed}
-                    given[s.name] = None if s.kind is dict and not value else s.check(value, path)
+                    empty = s.kind is dict and isinstance(value, Mapping) and not value  # only enable_thinking
+                    given[s.name] = None if empty else s.check(value, path)
         for head, keys in known.items():
             obj = body.get(head) if head else None
             unknown = sorted(set(obj or ()) - keys) if head and head not in whole else []
