@@ -590,7 +590,9 @@ def test_template_vars_reach_the_template_and_bad_ones_are_refused_before_loadin
     assert code in (0, 3) and plain["stats"]["prompt_tokens"] > 0
     code, hinted = ask("--template-var", "brief=\" Be brief.\"")
     assert code in (0, 3) and hinted["stats"]["prompt_tokens"] > plain["stats"]["prompt_tokens"]
-    assert ask("--template-var", "never_read=true")[1]["stats"]["prompt_tokens"] == plain["stats"]["prompt_tokens"]
+    unread = ask("--template-var", "never_read=true")[1]
+    assert unread["stats"]["prompt_tokens"] == plain["stats"]["prompt_tokens"]
+    assert any("never_read ignored" in n for n in unread["stats"]["notes"]) and not hinted["stats"]["notes"]
     for flags, words in ((["--template-var", "messages=1"], "set by the renderer"),
                          (["--template-var", "brief=1", "--template-var", "brief=2"], "sets brief more than once"),
                          (["--template-var", "brief=[1]"], "true/false, a finite number")):

@@ -46,8 +46,11 @@ def test_a_read_variable_changes_the_prompt_and_an_unread_one_is_named_in_the_lo
     kept = render_prompt(HISTORY, tok, template_kwargs={"truncate_history_thinking": False}).text
     assert KEPT in kept and kept.endswith("<|im_start|>assistant\n<think></think>")  # the mode is still ours
     with caplog.at_level(logging.INFO, logger="vl.processing"):
-        unread = render_prompt(HISTORY, tok, template_kwargs={"low_effort": True}).text
-    assert unread == default and "['low_effort'] ignored" in caplog.text
+        unread = render_prompt(HISTORY, tok, template_kwargs={"low_effort": True})
+    assert unread.text == default and "variable(s) low_effort ignored" in caplog.text
+    assert unread.notes == ("chat template variable(s) low_effort ignored: this model's chat template does not read "
+                            "them",)  # said to the caller too (`vl chat`'s note, the stats' notes)
+    assert render_prompt(HISTORY, tok, template_kwargs={"truncate_history_thinking": False}).notes == ()
     assert render_prompt(HISTORY, tok, template_kwargs={"truncate_history_thinking": True}).text == default
     caplog.clear()
     tok.chat_template = None  # no template: our own format, which reads no variables

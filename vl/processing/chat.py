@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jinja2
@@ -111,6 +111,7 @@ class RenderedPrompt:
     media: tuple[MediaItem, ...]
     thinking: bool  # the reasoning mode that was chosen
     prompt_opened_think: bool  # the completion starts inside <think>: pass this to reasoning_text.ThinkSplitter
+    notes: tuple[str, ...] = ()  # what the rendering left out (chat template variables the template does not read)
 
 
 @dataclass(frozen=True)
@@ -308,10 +309,12 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
     placeholders in place, so string-only templates (Nemotron Nano 9B v2's) work on media prompts too.
     `template_kwargs`: a request's extra template variables (the `template_kwargs` option, checked there); those
     the template reads are passed to it, the others logged and dropped (vl/processing/template_vars.py)."""
-    given = variables_for(tokenizer, template_kwargs)
+    given, note = variables_for(tokenizer, template_kwargs)
+    notes = (note,) if note else ()
     if not getattr(tokenizer, "chat_template", None):
-        return render_messages(messages, thinking=thinking, add_generation_prompt=add_generation_prompt,
-                               pdf_pages=pdf_pages, tokens=tokens, thinking_default=DEFAULT_THINKING)
+        return replace(render_messages(
+            messages, thinking=thinking, add_generation_prompt=add_generation_prompt, pdf_pages=pdf_pages,
+            tokens=tokens, thinking_default=DEFAULT_THINKING), notes=notes)
     turns = normalize_messages(messages, pdf_pages=pdf_pages, tokens=tokens)
     mode = resolve_thinking(turns, thinking, DEFAULT_THINKING)
     kinds = tuple(sorted({m.kind for t in turns for m in t.media}))
@@ -352,7 +355,7 @@ def render_prompt(messages: Sequence[Mapping], tokenizer: Any = None, *, thinkin
                           f"images{',' if audio else ''} {len(queues['video'])} videos{audio}; fix that template "
                           "or remove it to use ours")
     return RenderedPrompt(text, tuple(queues[k].pop(0) for k in found), mode,
-                          add_generation_prompt and opens_think(text))
+                          add_generation_prompt and opens_think(text), notes)
 
 
 _TAKES_LISTS: dict[tuple, bool] = {}

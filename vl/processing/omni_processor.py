@@ -327,8 +327,8 @@ class OmniProcessor:
                                     tokens=self.tokens, template_kwargs=template_kwargs)
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, context_length)  # before decoding
         media, cfg, work = prompt.media, self.config, Work.current()
-        notes = [f"{', '.join(unused)}: Nano V2 VL's tiling options; Nemotron 3 Nano Omni sees images at native "
-                 "resolution, so they were not used"] if unused else []
+        notes = list(prompt.notes) + ([f"{', '.join(unused)}: Nano V2 VL's tiling options; Nemotron 3 Nano Omni "
+                                       "sees images at native resolution, so they were not used"] if unused else [])
         if hear and not self.has_audio and any(m.kind == "video" for m in media):
             notes.append("this checkpoint has no audio encoder: the video's sound was not used")
             hear = False

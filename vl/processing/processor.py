@@ -239,7 +239,7 @@ class Processor:
         self.limits.check_count("video", len(videos))
         self.limits.check_count("document", len(documents))
         self.limits.check_count("image", len([m for m in images if m.document is None]))
-        notes = []
+        notes = list(prompt.notes)
         if use_audio_in_video and videos:
             notes.append("this model does not hear (no audio encoder): the video's sound was not used")
         caps = [max_num_tiles] * len(prompt.media)

@@ -37,15 +37,17 @@ def template_source(tokenizer: Any) -> str | None:
         return None
 
 
-def variables_for(tokenizer: Any, requested: Mapping | None) -> dict:
-    """The requested variables this tokenizer's template reads; the others are logged and dropped."""
+def variables_for(tokenizer: Any, requested: Mapping | None) -> tuple[dict, str | None]:
+    """The requested variables this tokenizer's template reads, and a note naming the others (logged and
+    dropped), or None when none was dropped."""
     if not requested:
-        return {}
+        return {}, None
     source = template_source(tokenizer)
     reads = template_variables(source) if source else frozenset()
     unread = sorted(set(requested) - reads)
+    note = None
     if unread:
-        log.info("chat template variable(s) %s ignored: %s", unread,
-                 "this model's chat template does not read them" if source else "this model has no chat template")
-    return {k: v for k, v in requested.items() if k in reads}
-
+        why = "this model's chat template does not read them" if source else "this model has no chat template"
+        note = f"chat template variable(s) {', '.join(unread)} ignored: {why}"
+        log.info("%s", note)
+    return {k: v for k, v in requested.items() if k in reads}, note

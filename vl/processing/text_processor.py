@@ -62,7 +62,8 @@ class TextProcessor:
                                     template_kwargs=media_options.get("template_kwargs"))
         check_prompt_size(prompt.text, self.tokenizer, self.chars_per_token, media_options.get("context_length"))
         ids = self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-        return ProcessedInputs(torch.tensor([ids], dtype=torch.long), None, [], [], prompt, prompt.text)
+        return ProcessedInputs(torch.tensor([ids], dtype=torch.long), None, [], [], prompt, prompt.text,
+                               list(prompt.notes))
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
