@@ -72,11 +72,16 @@ def input_audio(data: bytes, fmt: str = "wav") -> dict:
 
 
 @pytest.fixture(scope="module")
-def omni(tmp_path_factory):
+def omni_dir(tmp_path_factory):
+    d, _ = make_tiny_omni_dir(tmp_path_factory.mktemp("omni") / "omni")
+    return d
+
+
+@pytest.fixture(scope="module")
+def omni(omni_dir):
     import vl
 
-    d, _ = make_tiny_omni_dir(tmp_path_factory.mktemp("omni") / "omni")
-    return vl.Engine.from_pretrained(d)
+    return vl.Engine.from_pretrained(omni_dir)
 
 
 @pytest.fixture(scope="module")
@@ -290,3 +295,38 @@ def test_the_demo_model_does_not_hear(tmp_path):
                                            messages=[{"role": "user", "content": "hi"}])
         assert r.usage.model_dump()["audio_tokens"] == 0
         refused_as_deaf(base)
+
+
+def test_vl_serve_on_a_released_omni_directory_hears_like_its_transformers_layout(omni, omni_dir, tmp_path):
+    """`vl serve --model DIR` in its own process on the hub's directory layout (config.json naming the remote class,
+    `sound_config`, no feature-extractor file: tests/tiny_models.py `make_released_omni_dir`): the official client's
+    `input_audio` answered as the engine on the transformers layout answers it, twice, with a broken recording
+    refused in between; /v1/models says it hears."""
+    from helpers import free_port, start_serve, stop, wait_health
+    from tiny_models import make_released_omni_dir
+
+    released = make_released_omni_dir(omni_dir, tmp_path / "released")
+    data = wav_bytes(440.0)
+    want = local(omni, user({"type": "audio", "audio": data}))
+    port = free_port()
+    proc = start_serve(port, "--model", str(released), "--served-model-name", "omni",
+                       log_path=tmp_path / "serve.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_health(base, proc)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert client.models.retrieve("omni").model_dump()["vl"]["has_audio"] is True
+        ask = [{"role": "user", "content": [input_audio(data), {"type": "text", "text": QUESTION}]}]
+        for broken in (False, True, False):
+            if broken:
+                with pytest.raises(openai.BadRequestError) as err:
+                    client.chat.completions.create(model="omni", max_tokens=N, temperature=0, messages=[
+                        {"role": "user", "content": [input_audio(b"RIFF\x00\x00\x00\x00WAVEnot really"),
+                                                     {"type": "text", "text": QUESTION}]}])
+                assert err.value.code in ("corrupt_media", "unsupported_format"), err.value
+                continue
+            r = client.chat.completions.create(model="omni", max_tokens=N, temperature=0, messages=ask)
+            assert r.choices[0].message.content == want.answer
+            assert r.usage.model_dump()["audio_tokens"] == want.stats.audio_tokens > 0
+    finally:
+        stop(proc)
