@@ -78,3 +78,42 @@ def test_remote_engine_sends_the_option_where_vllm_reads_it(engine, served):
         got = remote.chat(HISTORY, max_new_tokens=4, ignore_eos=True, **kwargs)
         want = engine.chat(HISTORY, max_new_tokens=4, ignore_eos=True, **kwargs)
         assert (got.stats.prompt_tokens, got.answer) == (want.stats.prompt_tokens, want.answer)
+
+
+def test_a_deployments_defaults_sit_under_each_requests_own(engine):
+    """`vl serve --default-chat-template-kwargs JSON` (vLLM's flag): its variables apply to every request under the
+    request's own `chat_template_kwargs`, and its `enable_thinking` is the mode of a request that sets none (no
+    option, no `reasoning_effort`, no /think or /no_think), in a row of requests on one server."""
+    from vl.server.cli import build, parse_args
+    from vl.server.template_defaults import TemplateDefaults
+
+    flag = '{"enable_thinking": true, "truncate_history_thinking": false}'
+    defaults = parse_args(["--default-chat-template-kwargs", flag]).template_defaults
+    assert defaults == TemplateDefaults(True, {"truncate_history_thinking": False})
+    _, scheduler, config, _ = build(parse_args(["--default-chat-template-kwargs", flag, "--prepare-workers", "0"]))
+    scheduler.close()
+    assert config.template_defaults == defaults  # what `vl serve` serves with
+    for bad in ("[1]", "{", '{"enable_thinking": "yes"}', '{"messages": 1}'):
+        with pytest.raises(SystemExit):  # argparse's usage error, before any model loads
+            parse_args(["--default-chat-template-kwargs", bad])
+    with in_process_server(engine, served_names=("n3",), template_defaults=defaults) as (base, _):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(messages=HISTORY, **kwargs):
+            r = client.chat.completions.create(model="n3", messages=messages, max_tokens=4, temperature=0,
+                                               extra_body={"ignore_eos": True, **kwargs})
+            return r.usage.prompt_tokens, r.choices[0].message.content, r.choices[0].message.reasoning_content
+
+        def want(messages=HISTORY, **kwargs):
+            got = engine.chat(messages, max_new_tokens=4, ignore_eos=True, **kwargs)
+            return got.stats.prompt_tokens, got.answer or None, got.reasoning or None
+
+        kept = {"truncate_history_thinking": False}
+        assert ask() == want(thinking=True, template_kwargs=kept)  # both defaults
+        assert ask(chat_template_kwargs={"truncate_history_thinking": True}) == want(
+            thinking=True, template_kwargs={"truncate_history_thinking": True})  # the request's value wins
+        assert ask(chat_template_kwargs={"enable_thinking": False}) == want(thinking=False, template_kwargs=kept)
+        assert ask(reasoning_effort="none") == want(thinking=False, template_kwargs=kept)
+        no_think = HISTORY[:-1] + [{"role": "user", "content": "And 3+3? /no_think"}]
+        assert ask(no_think) == want(no_think, template_kwargs=kept)  # a toggle in the messages is the request's
+        assert ask() == want(thinking=True, template_kwargs=kept)  # and the next request has the defaults again

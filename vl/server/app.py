@@ -39,6 +39,7 @@ from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.edge import Edge
 from vl.server.media import MediaPolicy
 from vl.server.request import parse_chat_request, parse_json
+from vl.server.template_defaults import TemplateDefaults
 from vl.server.scheduler import Job, Scheduler
 
 log = logging.getLogger("vl.server")
@@ -55,6 +56,7 @@ class ServerConfig:
     ceilings: Ceilings = field(default_factory=Ceilings)
     model_info: dict = field(default_factory=dict)  # extra facts for /v1/models (context, defaults)
     connection: ConnectionLimits = field(default_factory=ConnectionLimits)
+    template_defaults: TemplateDefaults | None = None  # --default-chat-template-kwargs
 
 
 def model_facts(engine) -> dict:
@@ -126,7 +128,8 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
         # JSON decoding, data: URIs and local media checks run off the event loop (a body can be tens of MB)
         parsed = await loop.run_in_executor(None, lambda: parse_chat_request(
             parse_json(raw), served_names=config.served_names, policy=config.policy, ceilings=config.ceilings,
-            default_max_tokens=config.default_max_tokens, vocab_size=vocab_size, hears=hears))
+            default_max_tokens=config.default_max_tokens, vocab_size=vocab_size, hears=hears,
+            template_defaults=config.template_defaults))
         job = Job(parsed.chat, parsed.params, loop, stream=parsed.stream, request_id=request.state.request_id)
         scheduler.submit(job)
         cid = R.completion_id()

@@ -15,6 +15,7 @@ from vl.errors import VLError
 from vl.kernels import switches
 from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
+from vl.server.template_defaults import TemplateDefaults
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -69,12 +70,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "first GPU)")
     p.add_argument("--video-pruning-rate", type=float, default=None, help="EVS rate in [0, 1) when a request "
                    "gives none (default: the checkpoint's)")
+    p.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON", help="vLLM's flag: chat "
+                   "template variables for every request, under each request's own chat_template_kwargs; its "
+                   "enable_thinking is the reasoning mode of a request that sets none (default: off), e.g. "
+                   "'{\"enable_thinking\": true, \"truncate_history_thinking\": false}' (docs/server.md)")
     p.add_argument("--decode-sandbox", choices=["on", "off"], default="on", help="decode media in killable "
                    "subprocesses (default on)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, one per core); "
                    "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    try:  # checked before any model loads
+        args.template_defaults = (None if args.default_chat_template_kwargs is None else
+                                  TemplateDefaults.from_json(args.default_chat_template_kwargs))
+    except VLError as e:
+        p.error(str(e))
     if args.mix_chunk is not None and args.mix_chunk < 0:
         p.error(f"--mix-chunk must be >= 0 (0: a joining prompt is prefilled at once), found {args.mix_chunk}")
     return args
@@ -112,7 +122,8 @@ def build(args: argparse.Namespace):
     config = ServerConfig(served_names=(args.served_model_name or Path(model).resolve().name,),
                           api_key=args.api_key or None, max_body_bytes=int(args.max_body_mb * mib),
                           default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,
-                          model_info=info, connection=connection_limits(args))
+                          model_info=info, connection=connection_limits(args),
+                          template_defaults=args.template_defaults)
     scheduler = Scheduler(engine, max_batch=args.max_batch, max_queue=args.max_queue,
                           batch_window_s=args.batch_window_ms / 1000, prepare_workers=args.prepare_workers)
     return engine, scheduler, config, create_app(engine, scheduler, config)

@@ -39,6 +39,7 @@ from vl.runtime.batch import ChatRequest
 from vl.runtime.sampling import SamplingParams
 from vl.server.ceilings import Ceilings
 from vl.server.media import MediaPolicy, decode_base64, resolve
+from vl.server.template_defaults import TemplateDefaults
 
 log = logging.getLogger("vl.server")
 
@@ -221,9 +222,10 @@ def _thinking(body, options: RequestOptions) -> RequestOptions:
 
 def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPolicy, ceilings: Ceilings,
                        default_max_tokens: int = 256, vocab_size: int | None = None,
-                       hears: bool = False) -> ParsedRequest:
+                       hears: bool = False, template_defaults: TemplateDefaults | None = None) -> ParsedRequest:
     """`vocab_size`: the model's logits size, for `logit_bias` ids (None: checked when the batch starts).
-    `hears`: the model has an audio encoder (the processor's `has_audio`); audio parts are refused otherwise."""
+    `hears`: the model has an audio encoder (the processor's `has_audio`); audio parts are refused otherwise.
+    `template_defaults`: the deployment's chat template defaults, under the request's own."""
     if not isinstance(body, dict):
         raise InputError("expected a JSON object as the request body")
     model = body.get("model")
@@ -265,6 +267,8 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
     base = RequestOptions(max_new_tokens=min(default_max_tokens, ceilings.max_tokens),
                           max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
     options = _thinking(body, RequestOptions.from_openai(body, base))
+    if template_defaults is not None:
+        options = template_defaults.apply(options, body.get("messages"))
     _check_ceilings(options, ceilings)
     chat = ChatRequest(convert_messages(body.get("messages"), policy, hears=hears), options, stop=stop,
                        timeout_s=ceilings.request_timeout_s)
