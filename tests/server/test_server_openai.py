@@ -169,3 +169,46 @@ def test_too_many_items_is_400_and_bad_json_too(server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_input"
     r = httpx.get(server + "/v1/nothing-here")
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path):
+    """The flags of vLLM's recipe for this model, given to `vl serve` in its own process: vLLM's names for our
+    settings act (`--max-num-seqs`, `--allowed-local-media-path`, `--media-io-kwargs`' sampling, `--dtype auto`),
+    the ones that change nothing here are accepted and named at start, and a video read from the allowed folder is
+    answered as `Engine.chat` answers it with the same sampling and EVS rate; a file outside it is refused."""
+    folder = tmp_path / "media"
+    folder.mkdir()
+    video = Path(make_video(folder / "clip.mp4", frames=16, fps=4, size=(64, 48)))
+    outside = Path(make_video(tmp_path / "outside.mp4", frames=8, fps=4, size=(64, 48)))
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = start_serve(port, "--trust-remote-code", "--media-io-kwargs", '{"video": {"fps": 4, "num_frames": 8}}',
+                       "--max-model-len", "131072", "--video-pruning-rate", "0.5", "--allowed-local-media-path",
+                       str(folder), "--served-model-name", "nano-vl", "--tensor-parallel-size", "2",
+                       "--max-num-seqs", "4", "--dtype", "auto", "--no-enable-prefix-caching",
+                       "--disable-mm-preprocessor-cache", "--reasoning-parser", "nemotron_v3", log_path=log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_health(base, proc)
+        assert httpx.get(base + "/health").json()["max_batch"] == 4
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(path):
+            return client.chat.completions.create(model="nano-vl", max_tokens=16, temperature=0, messages=[
+                {"role": "user", "content": [{"type": "video_url", "video_url": {"url": f"file://{path}"}},
+                                             {"type": "text", "text": QUESTIONS["video"]}]}])
+
+        want = engine.chat([{"role": "user", "content": [{"type": "video", "video": str(video)},
+                                                          {"type": "text", "text": QUESTIONS["video"]}]}],
+                           max_new_tokens=16, fps=4.0, max_frames=8, video_pruning_rate=0.5)
+        got = ask(video)
+        assert got.choices[0].message.content == want.answer
+        assert got.usage.prompt_tokens == want.stats.prompt_tokens
+        with pytest.raises(openai.BadRequestError):
+            ask(outside)
+        assert ask(video).choices[0].message.content == want.answer  # and again after the refusal
+    finally:
+        stop(proc)
+    text = log.read_text()
+    for flag in ("--trust-remote-code", "--max-model-len 131072", "--tensor-parallel-size 2",
+                 "--reasoning-parser nemotron_v3"):
+        assert f"vLLM's {flag} accepted and not used" in text, text[-2000:]

@@ -57,6 +57,7 @@ class ServerConfig:
     model_info: dict = field(default_factory=dict)  # extra facts for /v1/models (context, defaults)
     connection: ConnectionLimits = field(default_factory=ConnectionLimits)
     template_defaults: TemplateDefaults | None = None  # --default-chat-template-kwargs
+    default_fps: float | None = None  # video sampling of requests that set none (--media-io-kwargs; None: 2 fps)
 
 
 def model_facts(engine) -> dict:
@@ -129,7 +130,7 @@ def create_app(engine, scheduler: Scheduler, config: ServerConfig) -> Starlette:
         parsed = await loop.run_in_executor(None, lambda: parse_chat_request(
             parse_json(raw), served_names=config.served_names, policy=config.policy, ceilings=config.ceilings,
             default_max_tokens=config.default_max_tokens, vocab_size=vocab_size, hears=hears,
-            template_defaults=config.template_defaults))
+            template_defaults=config.template_defaults, default_fps=config.default_fps))
         job = Job(parsed.chat, parsed.params, loop, stream=parsed.stream, request_id=request.state.request_id)
         scheduler.submit(job)
         cid = R.completion_id()

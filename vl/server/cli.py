@@ -1,8 +1,10 @@
 """`vl serve`: load a checkpoint, start the scheduler, serve the OpenAI-compatible API with uvicorn.
 
 Flags follow vLLM's spellings where one exists (`--host`, `--port`, `--api-key`, `--served-model-name`,
-`--allowed-root` ~ `--allowed-local-media-path`), and `vl app`'s for the model (`--model`, `--dtype`,
-`--device-map`, `--video-pruning-rate`). docs/server.md has the security policy behind the defaults.
+`--default-chat-template-kwargs`), and `vl app`'s for the model (`--model`, `--dtype`, `--device-map`,
+`--video-pruning-rate`); vLLM's own names for the same settings and its flags that change nothing here are taken
+too (vl/server/vllm_flags.py), so a vLLM launch line starts this server. docs/server.md has the security policy
+behind the defaults.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from vl.kernels import switches
 from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
 from vl.server.template_defaults import TemplateDefaults
+from vl.server.vllm_flags import add_vllm_flags, ignored_notes, media_io
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -79,7 +82,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's, one per core); "
                    "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
     p.add_argument("--log-level", default="info")
+    add_vllm_flags(p)
     args = p.parse_args(argv)
+    if args.dtype == "auto":  # vLLM's spelling of the checkpoint's own dtype
+        args.dtype = None
+    try:
+        args.video_fps, args.video_frames = (None, None) if args.media_io_kwargs is None else media_io(
+            args.media_io_kwargs)
+    except (ValueError, VLError) as e:
+        p.error(f"--media-io-kwargs: {e}")
     try:  # checked before any model loads
         args.template_defaults = (None if args.default_chat_template_kwargs is None else
                                   TemplateDefaults.from_json(args.default_chat_template_kwargs))
@@ -114,7 +125,8 @@ def build(args: argparse.Namespace):
     policy = MediaPolicy(limits=engine.processor.limits, allowed_roots=tuple(roots), allow_fetch=args.allow_fetch,
                          allow_private_fetch=args.allow_private_fetch, fetch_timeout_s=args.fetch_timeout,
                          fetch_max_bytes=None if args.fetch_max_mb is None else int(args.fetch_max_mb * mib))
-    ceilings = Ceilings(max_tokens=args.max_tokens_limit, request_timeout_s=args.request_timeout)
+    ceilings = Ceilings(max_tokens=args.max_tokens_limit, request_timeout_s=args.request_timeout,
+                        **({} if args.video_frames is None else {"max_frames": args.video_frames}))
     cfg = engine.model.config
     info = {"vl": {"max_num_tiles": getattr(cfg, "max_num_tiles", None),
                    "video_pruning_rate": getattr(cfg, "video_pruning_rate", None),
@@ -123,7 +135,7 @@ def build(args: argparse.Namespace):
                           api_key=args.api_key or None, max_body_bytes=int(args.max_body_mb * mib),
                           default_max_tokens=args.default_max_tokens, policy=policy, ceilings=ceilings,
                           model_info=info, connection=connection_limits(args),
-                          template_defaults=args.template_defaults)
+                          template_defaults=args.template_defaults, default_fps=args.video_fps)
     scheduler = Scheduler(engine, max_batch=args.max_batch, max_queue=args.max_queue,
                           batch_window_s=args.batch_window_ms / 1000, prepare_workers=args.prepare_workers)
     return engine, scheduler, config, create_app(engine, scheduler, config)
@@ -153,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vl serve: could not load the model: {exc}", file=sys.stderr)
         return 2
     name = config.served_names[0]
+    for note in ignored_notes(args):
+        print(f"vl serve: {note}", file=sys.stderr)
     print(f"vl serve: model {name!r} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr,
           flush=True)
     try:

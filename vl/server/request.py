@@ -222,10 +222,12 @@ def _thinking(body, options: RequestOptions) -> RequestOptions:
 
 def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPolicy, ceilings: Ceilings,
                        default_max_tokens: int = 256, vocab_size: int | None = None,
-                       hears: bool = False, template_defaults: TemplateDefaults | None = None) -> ParsedRequest:
+                       hears: bool = False, template_defaults: TemplateDefaults | None = None,
+                       default_fps: float | None = None) -> ParsedRequest:
     """`vocab_size`: the model's logits size, for `logit_bias` ids (None: checked when the batch starts).
     `hears`: the model has an audio encoder (the processor's `has_audio`); audio parts are refused otherwise.
-    `template_defaults`: the deployment's chat template defaults, under the request's own."""
+    `template_defaults`: the deployment's chat template defaults, under the request's own; `default_fps`: its video
+    sampling rate for requests that set none (None: the option's default)."""
     if not isinstance(body, dict):
         raise InputError("expected a JSON object as the request body")
     model = body.get("model")
@@ -265,7 +267,8 @@ def parse_chat_request(body, *, served_names: tuple[str, ...], policy: MediaPoli
     if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
         raise InputError("stream_options must be an object like {\"include_usage\": true}")
     base = RequestOptions(max_new_tokens=min(default_max_tokens, ceilings.max_tokens),
-                          max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)))
+                          max_frames=min(ceilings.max_frames, int(spec("max_frames").hi)),
+                          **({} if default_fps is None else {"fps": default_fps}))
     options = _thinking(body, RequestOptions.from_openai(body, base))
     if template_defaults is not None:
         options = template_defaults.apply(options, body.get("messages"))
