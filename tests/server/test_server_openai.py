@@ -176,6 +176,11 @@ def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path)
     settings act (`--max-num-seqs`, `--allowed-local-media-path`, `--media-io-kwargs`' sampling, `--dtype auto`),
     the ones that change nothing here are accepted and named at start, and a video read from the allowed folder is
     answered as `Engine.chat` answers it with the same sampling and EVS rate; a file outside it is refused."""
+    from vl.server.cli import parse_args
+
+    with pytest.raises(SystemExit):  # an online quantization would change the answers: a usage error
+        parse_args(["--quantization", "fp8"])
+    assert parse_args(["--quantization", "modelopt_fp4"]).max_batch == 8
     folder = tmp_path / "media"
     folder.mkdir()
     video = Path(make_video(folder / "clip.mp4", frames=16, fps=4, size=(64, 48)))

@@ -18,7 +18,7 @@ from vl.kernels import switches
 from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
 from vl.server.template_defaults import TemplateDefaults
-from vl.server.vllm_flags import add_vllm_flags, ignored_notes, media_io
+from vl.server.vllm_flags import add_vllm_flags, check_vllm_flags, ignored_notes, media_io
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -86,6 +86,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dtype == "auto":  # vLLM's spelling of the checkpoint's own dtype
         args.dtype = None
+    if (problem := check_vllm_flags(args)) is not None:
+        p.error(problem)
     try:
         args.video_fps, args.video_frames = (None, None) if args.media_io_kwargs is None else media_io(
             args.media_io_kwargs)

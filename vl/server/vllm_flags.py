@@ -29,7 +29,8 @@ IGNORED = {
     "--enforce-eager": (False, "a scheduling choice: the same answers either way"),
     "--max-num-batched-tokens": (True, "a joining prompt's chunk per step is --mix-chunk"),
     "--reasoning-parser": (True, "the reasoning always comes back apart, in reasoning_content"),
-    "--quantization": (True, "the checkpoint's own quantization config decides how its weights load"),
+    "--quantization": (True, "the checkpoint's own quantization config decides how its weights load (ModelOpt "
+                             "FP8 / NVFP4 checkpoints)"),
     "--disable-log-requests": (False, "request logging is --log-level's"),
     "--enable-log-requests": (False, "request logging is --log-level's"),
     "--no-enable-log-requests": (False, "request logging is --log-level's"),
@@ -58,8 +59,9 @@ def _dest(flag: str) -> str:
 
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM's spellings (docs/server.md, \"vLLM's flags\")")
-    g.add_argument("--max-num-seqs", dest="max_batch", type=int, help="= --max-batch")
-    g.add_argument("--allowed-local-media-path", dest="allowed_root", action="append", help="= --allowed-root")
+    g.add_argument("--max-num-seqs", dest="max_batch", type=int, metavar="N", help="= --max-batch")
+    g.add_argument("--allowed-local-media-path", dest="allowed_root", action="append", metavar="DIR",
+                   help="= --allowed-root")
     g.add_argument("--media-io-kwargs", default=None, metavar="JSON", help='\'{"video": {"fps": F, "num_frames": '
                    'N}}\': the video sampling of requests that set none (default 2 fps, 128 frames), N also the cap')
     for flag, (value, why) in IGNORED.items():
@@ -67,6 +69,21 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=_dest(flag), default=None, metavar="V", help=f"accepted; {why}")
         else:
             g.add_argument(flag, dest=_dest(flag), action="store_true", default=None, help=f"accepted; {why}")
+
+
+# --quantization values that name a checkpoint's own stored format (what vLLM reads from a ModelOpt directory); the
+# others quantize a 16-bit checkpoint as it loads, which would change the answers: refused, `vl quantize` writes one
+STORED_FORMATS = ("modelopt", "modelopt_fp4", "modelopt_mixed")
+
+
+def check_vllm_flags(args: argparse.Namespace) -> str | None:
+    """What is wrong with the vLLM flags given, or None."""
+    method = getattr(args, _dest("--quantization"), None)
+    if method is not None and method not in STORED_FORMATS:
+        return (f"--quantization {method}: vLLM would quantize the weights as they load, which changes the answers; "
+                f"here a checkpoint carries its own format ({', '.join(STORED_FORMATS)} are taken as that): write "
+                "one with `vl quantize` and serve it")
+    return None
 
 
 def ignored_notes(args: argparse.Namespace) -> list[str]:
