@@ -178,8 +178,10 @@ def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path)
     answered as `Engine.chat` answers it with the same sampling and EVS rate; a file outside it is refused."""
     from vl.server.cli import parse_args
 
-    with pytest.raises(SystemExit):  # an online quantization would change the answers: a usage error
-        parse_args(["--quantization", "fp8"])
+    for changes_answers in (["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"], ["--hf-overrides", "{}"]):
+        with pytest.raises(SystemExit):  # online quantization, another cache dtype, config overrides: usage errors
+            parse_args(changes_answers)
+    assert parse_args(["--kv-cache-dtype", "auto", "--enable-chunked-prefill"]).max_batch == 8
     assert parse_args(["--quantization", "modelopt_fp4"]).max_batch == 8
     folder = tmp_path / "media"
     folder.mkdir()

@@ -28,6 +28,9 @@ IGNORED = {
     "--disable-mm-preprocessor-cache": (False, "media are decoded per request (an encoder cache keeps repeats)"),
     "--enforce-eager": (False, "a scheduling choice: the same answers either way"),
     "--max-num-batched-tokens": (True, "a joining prompt's chunk per step is --mix-chunk"),
+    "--enable-chunked-prefill": (False, "a joining prompt is prefilled in chunks beside running rows (--mix-chunk)"),
+    "--no-enable-chunked-prefill": (False, "a joining prompt's chunking is --mix-chunk's (0: at once)"),
+    "--kv-cache-dtype": (True, "the cache keeps the model's dtype (auto); another dtype is refused"),
     "--reasoning-parser": (True, "the reasoning always comes back apart, in reasoning_content"),
     "--quantization": (True, "the checkpoint's own quantization config decides how its weights load (ModelOpt "
                              "FP8 / NVFP4 checkpoints)"),
@@ -78,6 +81,10 @@ STORED_FORMATS = ("modelopt", "modelopt_fp4", "modelopt_mixed")
 
 def check_vllm_flags(args: argparse.Namespace) -> str | None:
     """What is wrong with the vLLM flags given, or None."""
+    cache = getattr(args, _dest("--kv-cache-dtype"), None)
+    if cache is not None and cache != "auto":
+        return (f"--kv-cache-dtype {cache}: a cache stored in another dtype than the model's changes the answers; "
+                "this server keeps the model's (auto)")
     method = getattr(args, _dest("--quantization"), None)
     if method is not None and method not in STORED_FORMATS:
         return (f"--quantization {method}: vLLM would quantize the weights as they load, which changes the answers; "
