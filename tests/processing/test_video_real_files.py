@@ -122,7 +122,7 @@ CONTAINERS = {  # name: (muxer, codec, suffix, codec options)
     "webm_vp9": ("webm", "libvpx-vp9", ".webm", None),
     "avi_mpeg4": ("avi", "mpeg4", ".avi", None),
     "mov_mjpeg": ("mov", "mjpeg", ".mov", None),
-    "mp4_hevc": ("mp4", "libx265", ".mp4", {"x265-params": "log-level=error"}),
+    "mp4_hevc": ("mp4", "libx265", ".mp4", {"x265-params": "log-level=error:pools=none:frame-threads=1"}),
     "ogg_vp8": ("ogg", "libvpx", ".ogv", None),
     "flv": ("flv", "flv", ".flv", None),
 }
