@@ -232,6 +232,10 @@ def test_other_keywords_are_template_variables_when_the_template_reads_them(pipe
             apply(history, truncate_history_thinking=False, template_kwargs={"low_effort": True})
         with pytest.raises(GenerationOptionError, match="true/false, a finite number"):
             apply(history, truncate_history_thinking=[False])
+        with pytest.raises(InputError, match="tool calling is not supported"):  # transformers' keyword, not a variable
+            apply(history, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        assert apply(history, add_generation_prompt=True, tools=None, documents=[]) == apply(
+            history, add_generation_prompt=True)  # their "not used" values are accepted
         got = answer(pipe, history, truncate_history_thinking=False)
         assert got == engine_text(engine, history, template_kwargs={"truncate_history_thinking": False})
     finally:

@@ -133,6 +133,10 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
                              "lives in vl/processing/chat.py and placeholders are expanded after rendering")
         extra = kwargs.pop("processor_kwargs", None) or {}
         kwargs = {**kwargs, **extra}
+        for name, what in (("tools", "tool calling"), ("documents", "documents for retrieval-augmented prompts")):
+            if kwargs.pop(name, None):  # transformers' own keywords; None or empty means "not used"
+                raise InputError(f"{name}=...: {what} is not supported by this processor (the server refuses it as "
+                                 "well); leave it out")
         loose = {k: v for k, v in kwargs.items() if k not in HF_TEMPLATE_KEYS + OUR_KEYS}
         source = template_source(self.tokenizer)
         unknown = sorted(set(loose) - (template_variables(source) if source else frozenset()))
