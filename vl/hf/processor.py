@@ -138,7 +138,7 @@ class NemotronNanoVLV2Processor(ProcessorMixin):
                 raise InputError(f"{name}=...: {what} is not supported by this processor (the server refuses it as "
                                  "well); leave it out")
         loose = {k: v for k, v in kwargs.items() if k not in HF_TEMPLATE_KEYS + OUR_KEYS}
-        source = template_source(self.tokenizer)
+        source = template_source(self.tokenizer) if loose else None
         unknown = sorted(set(loose) - (template_variables(source) if source else frozenset()))
         if unknown:  # neither an option nor a variable of the template: most likely a misspelt option
             raise InputError(f"unknown apply_chat_template option(s) {unknown}; ours: {', '.join(OUR_KEYS)}; other "

@@ -12,9 +12,9 @@ resized.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
