@@ -178,9 +178,10 @@ def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path)
     answered as `Engine.chat` answers it with the same sampling and EVS rate; a file outside it is refused."""
     from vl.server.cli import parse_args
 
-    for changes_answers in (["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"], ["--hf-overrides", "{}"]):
-        with pytest.raises(SystemExit):  # online quantization, another cache dtype, config overrides: usage errors
-            parse_args(changes_answers)
+    for changes_answers in (["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"], ["--hf-overrides", "{}"],
+                            ["--mamba_ssm_cache_dtype", "bfloat16"], ["a", "--model", "b"]):
+        with pytest.raises(SystemExit):  # online quantization, another cache or state dtype, config overrides, two
+            parse_args(changes_answers)  # models: usage errors
     assert parse_args(["--kv-cache-dtype", "auto", "--enable-chunked-prefill"]).max_batch == 8
     assert parse_args(["--quantization", "modelopt_fp4"]).max_batch == 8
     folder = tmp_path / "media"
@@ -188,11 +189,14 @@ def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path)
     video = Path(make_video(folder / "clip.mp4", frames=16, fps=4, size=(64, 48)))
     outside = Path(make_video(tmp_path / "outside.mp4", frames=8, fps=4, size=(64, 48)))
     port, log = free_port(), tmp_path / "serve.log"
-    proc = start_serve(port, "--trust-remote-code", "--media-io-kwargs", '{"video": {"fps": 4, "num_frames": 8}}',
-                       "--max-model-len", "131072", "--video-pruning-rate", "0.5", "--allowed-local-media-path",
-                       str(folder), "--served-model-name", "nano-vl", "--tensor-parallel-size", "2",
-                       "--max-num-seqs", "4", "--dtype", "auto", "--no-enable-prefix-caching",
-                       "--disable-mm-preprocessor-cache", "--reasoning-parser", "nemotron_v3", log_path=log)
+    # the model where `vllm serve MODEL` takes it, and flags spelt with underscores as vLLM also takes them
+    proc = start_serve(port, str(DEMO), "--trust-remote-code", "--media-io-kwargs",
+                       '{"video": {"fps": 4, "num_frames": 8}}', "--max-model-len", "131072", "--video-pruning-rate",
+                       "0.5", "--allowed-local-media-path", str(folder), "--served-model-name", "nano-vl",
+                       "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--max_num_seqs", "4", "--dtype",
+                       "auto", "--no-enable-prefix-caching", "--disable-mm-preprocessor-cache", "--reasoning-parser",
+                       "nemotron_v3", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+                       "--mamba_ssm_cache_dtype=float32", log_path=log)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_health(base, proc)
@@ -212,10 +216,14 @@ def test_a_vllm_launch_line_starts_vl_serve_and_means_the_same(engine, tmp_path)
         assert got.usage.prompt_tokens == want.stats.prompt_tokens
         with pytest.raises(openai.BadRequestError):
             ask(outside)
-        assert ask(video).choices[0].message.content == want.answer  # and again after the refusal
+        with pytest.raises(openai.BadRequestError, match="tool"):  # the tool flags call no tools into being
+            client.chat.completions.create(model="nano-vl", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                                           tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        assert ask(video).choices[0].message.content == want.answer  # and again after the refusals
     finally:
         stop(proc)
     text = log.read_text()
     for flag in ("--trust-remote-code", "--max-model-len 131072", "--tensor-parallel-size 2",
-                 "--reasoning-parser nemotron_v3"):
+                 "--reasoning-parser nemotron_v3", "--data-parallel-size 1", "--enable-auto-tool-choice",
+                 "--tool-call-parser qwen3_coder", "--mamba-ssm-cache-dtype float32"):
         assert f"vLLM's {flag} accepted and not used" in text, text[-2000:]

@@ -18,7 +18,7 @@ from vl.kernels import switches
 from vl.server.ceilings import Ceilings, ConnectionLimits
 from vl.server.media import MediaPolicy
 from vl.server.template_defaults import TemplateDefaults
-from vl.server.vllm_flags import add_vllm_flags, check_vllm_flags, ignored_notes, media_io
+from vl.server.vllm_flags import add_vllm_flags, check_vllm_flags, ignored_notes, media_io, vllm_spellings
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -26,6 +26,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vl serve", description="OpenAI-compatible server: GET /v1/models, "
                                 "POST /v1/chat/completions, GET /health (docs/server.md)")
     p.add_argument("--model", default=None, help="checkpoint directory (default: the shipped demo model, vl/demo)")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="the same as --model, where vLLM "
+                   "takes it (`vl serve DIR`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
                    "anything else should sit behind a proxy and use --api-key)")
     p.add_argument("--port", type=int, default=8000)
@@ -83,7 +85,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "on a CPU shared with other work, 1 avoids threads waiting on each other (docs/server.md)")
     p.add_argument("--log-level", default="info")
     add_vllm_flags(p)
-    args = p.parse_args(argv)
+    args = p.parse_args(vllm_spellings(list(argv), p))
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            p.error(f"two models given: {args.model_tag} and --model {args.model}; give one")
+        args.model = args.model_tag
     if args.dtype == "auto":  # vLLM's spelling of the checkpoint's own dtype
         args.dtype = None
     if (problem := check_vllm_flags(args)) is not None:

@@ -6,7 +6,9 @@ Two kinds (docs/server.md, "vLLM's flags"):
   that set none: its `fps` and `num_frames`, also the frame cap), and `--video-pruning-rate`,
   `--served-model-name`, `--default-chat-template-kwargs`, which `vl serve` spells as vLLM does;
 - settings that cannot change an answer here (`IGNORED`): accepted, and each one given is named at start with why.
-Any other vLLM flag is an unknown flag, a usage error, as a misspelt one is. Torch-free: `vl serve --help` stays quick.
+vLLM's other spellings: the model as the first positional argument (`vllm serve MODEL`) and flags written with
+underscores (`--max_num_seqs`), both taken as vLLM takes them (`vllm_spellings`). Any other vLLM flag is an
+unknown flag, a usage error, as a misspelt one is. Torch-free: `vl serve --help` stays quick.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ IGNORED = {
     "--enable-log-requests": (False, "request logging is --log-level's"),
     "--no-enable-log-requests": (False, "request logging is --log-level's"),
     "--disable-log-stats": (False, "request logging is --log-level's"),
+    "--data-parallel-size": (True, "one process serves the whole model"),
+    "--async-scheduling": (False, "a scheduling choice: the same answers either way"),
+    "--enable-auto-tool-choice": (False, "no tool calling here: a request with tools is refused (400)"),
+    "--tool-call-parser": (True, "no tool calling here: a request with tools is refused (400)"),
+    "--reasoning-parser-plugin": (True, "no plugin file is ever run: the reasoning always comes back apart"),
+    "--mamba-ssm-cache-dtype": (True, "the Mamba state is kept in the checkpoint's mamba_ssm_cache_dtype (float32 "
+                                      "in the released configs); another dtype is refused"),
 }
 
 
@@ -58,6 +67,19 @@ def media_io(text: str) -> tuple[float | None, int | None]:
 
 def _dest(flag: str) -> str:
     return "vllm_" + flag.lstrip("-").replace("-", "_")
+
+
+def vllm_spellings(argv: list[str], p: argparse.ArgumentParser) -> list[str]:
+    """`argv` with vLLM's underscore spellings of flags (`--max_num_seqs 4`, `--mamba_ssm_cache_dtype=float32`)
+    turned into the dashed names `p` knows, as vLLM's own parser does; anything else is left as it is."""
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        dashed = "--" + name[2:].replace("_", "-")
+        if arg.startswith("--") and "_" in name and dashed in p._option_string_actions:
+            arg = dashed + eq + value
+        out.append(arg)
+    return out
 
 
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
@@ -85,6 +107,10 @@ def check_vllm_flags(args: argparse.Namespace) -> str | None:
     if cache is not None and cache != "auto":
         return (f"--kv-cache-dtype {cache}: a cache stored in another dtype than the model's changes the answers; "
                 "this server keeps the model's (auto)")
+    state = getattr(args, _dest("--mamba-ssm-cache-dtype"), None)
+    if state is not None and state not in ("auto", "float32"):
+        return (f"--mamba-ssm-cache-dtype {state}: a Mamba state stored in 16 bits changes the answers; this server "
+                "keeps the checkpoint's (float32 in the released configs)")
     method = getattr(args, _dest("--quantization"), None)
     if method is not None and method not in STORED_FORMATS:
         return (f"--quantization {method}: vLLM would quantize the weights as they load, which changes the answers; "
