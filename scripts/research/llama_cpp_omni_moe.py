@@ -1,7 +1,8 @@
 """llama.cpp's decode on the first layers of Nemotron 3 Nano Omni's LLM at its released widths (hidden 2688, 128
 routed experts of width 1856, 6 per token, a shared expert of 3712): a random BF16 checkpoint under the hub's names
 (routed experts one per name), converted by llama.cpp's `convert_hf_to_gguf.py` to its `nemotron_h_moe` GGUF in
-bf16 and q8_0, quantized by `llama-quantize` to q4_0 and q4_K_M, and timed by `llama-bench` (decode N tokens after
+bf16 and q8_0, quantized by `llama-quantize` to q4_0 and q4_K_M and to q8_0 / q4_0 with the output head left in
+bf16 (as the released checkpoints keep `lm_head`), and timed by `llama-bench` (decode N tokens after
 a context of D, 1 repetition per round, rounds interleaved), each type with its default placement (the extra
 buffers `llama-bench -v` names: AMX, CPU_REPACK) and with `--repack 0`.
 
@@ -141,7 +142,8 @@ def main() -> None:
     p.add_argument("--pattern", default="M*E", help="layer pattern at the released widths (default: M*E; llama.cpp "
                    "aborts on a model without an attention layer: GGML_ASSERT(buffer) for its empty KV cache)")
     p.add_argument("--work-dir", required=True)
-    p.add_argument("--kinds", default="bf16,q8_0,q4_0,q4_K_M")
+    p.add_argument("--kinds", default="bf16,q8_0,q4_0,q4_K_M,q8_0-bf16head,q4_0-bf16head", help="GGUF kinds: bf16, "
+                   "q8_0 (converted), and llama-quantize's (vl.bench.llama_cpp.QUANTIZED)")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--depth", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)

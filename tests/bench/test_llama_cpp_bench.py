@@ -21,7 +21,7 @@ with open(pathlib.Path(sys.argv[0]).parent / "calls", "a") as f:
 arg = lambda k, d="0": a[a.index(k) + 1] if k in a else d
 model = pathlib.Path(arg("-m")).name
 if "-v" in a:
-    where = {{"q8_0": ["AMX"], "q4_0": ["AMX"], "q4_K_M": ["AMX", "CPU_REPACK"]}}.get(model[6:-5], [])
+    where = {{"q8_0": ["AMX"], "q4_0": ["AMX"], "q4_K_M": ["AMX", "CPU_REPACK"]}}.get(model[6:-5].split("-")[0], [])
     for name in ["CPU_Mapped"] + where:
         print(f"load_tensors: {{name:>12}} model buffer size =     1.00 MiB", file=sys.stderr)
 if "q4_K_M" in model and arg("--repack", "1") == "0":
@@ -52,11 +52,14 @@ _NEMOTRON = '''class NemotronHModel:
         self.gguf_writer.add_token_list(toks)
         self.gguf_writer.add_token_types([1] * len(toks))
 '''
+# llama-quantize: the output head's type may come first (--output-tensor-type bf16: 100 bytes more)
 _QUANTIZE = '''#!{python}
 import pathlib, sys
-src, dst, kind = sys.argv[1:4]
+a = sys.argv[1:]
+head = a[1] if a[0] == "--output-tensor-type" else None
+src, dst, kind = a[2:5] if head else a[:3]
 assert pathlib.Path(src).name == "model-bf16.gguf", src  # quantized from the bf16 GGUF
-pathlib.Path(dst).write_bytes(b"Q" * {{"Q4_0": 600, "Q4_K_M": 650}}[kind])
+pathlib.Path(dst).write_bytes(b"Q" * ({{"Q4_0": 600, "Q4_K_M": 650, "Q8_0": 1050}}[kind] + 100 * (head == "bf16")))
 '''
 
 
@@ -142,6 +145,12 @@ def test_quantize_command_and_a_missing_llama_quantize(tmp_path):
     assert lc.quantized(src, "q4_0", tmp_path / "q.gguf").stat().st_size == 600
     with pytest.raises(RuntimeError, match="llama-quantize Q4_0 failed"):  # the stand-in wants a bf16 source
         lc.quantized(tmp_path / "q.gguf", "q4_0", tmp_path / "q2.gguf")
+    # the -bf16head kinds keep the output head in bf16, as the released FP8 / NVFP4 checkpoints keep lm_head
+    cmd = lc.quantize_cmd(src, tmp_path / "h.gguf", "q4_0-bf16head")
+    assert cmd[1:] == ["--output-tensor-type", "bf16", str(src), str(tmp_path / "h.gguf"), "Q4_0", cmd[-1]]
+    assert lc.quantized(src, "q8_0-bf16head", tmp_path / "h.gguf").stat().st_size == 1150
+    with pytest.raises(RuntimeError, match="llama-quantize --output-tensor-type bf16 Q8_0 failed"):
+        lc.quantized(tmp_path / "q.gguf", "q8_0-bf16head", tmp_path / "q2.gguf")
     lc = LlamaCpp(fake_tree(tmp_path / "bare", quantize=False))
     assert lc.quantize is None
     with pytest.raises(FileNotFoundError, match="build the llama-quantize target"):
@@ -159,7 +168,9 @@ def test_bench_times_every_gguf_and_names_the_crashed_peer(tmp_path, capsys):
         rows = [r for r in json.loads(out.read_text()) if "peer" in r]
         assert {r["peer"] for r in rows} == {"llama.cpp bf16", "llama.cpp q8_0 AMX", "llama.cpp q8_0 -repack0",
                                              "llama.cpp q4_0 AMX", "llama.cpp q4_0 -repack0",
-                                             "llama.cpp q4_K_M AMX+CPU_REPACK", "llama.cpp q4_K_M -repack0"}
+                                             "llama.cpp q4_K_M AMX+CPU_REPACK", "llama.cpp q4_K_M -repack0",
+                                             "llama.cpp q8_0-bf16head AMX", "llama.cpp q8_0-bf16head -repack0",
+                                             "llama.cpp q4_0-bf16head AMX", "llama.cpp q4_0-bf16head -repack0"}
         assert all(r["metric"].startswith("decode tok/s after 64") for r in rows)  # --prefill '': no prefill rows
         crashed = [r for r in rows if "peer_error" in r]
         assert [r["peer"] for r in crashed] == ["llama.cpp q4_K_M -repack0"]
@@ -167,12 +178,14 @@ def test_bench_times_every_gguf_and_names_the_crashed_peer(tmp_path, capsys):
         sizes = {r["peer"]: r["peer_gguf_bytes"] for r in rows if "peer_error" not in r}
         assert sizes["llama.cpp bf16"] == 2000 and sizes["llama.cpp q8_0 AMX"] == 1100
         assert sizes["llama.cpp q4_0 -repack0"] == 600 and sizes["llama.cpp q4_K_M AMX+CPU_REPACK"] == 650
+        assert sizes["llama.cpp q4_0-bf16head AMX"] == 700 and sizes["llama.cpp q8_0-bf16head AMX"] == 1150
         assert all(r["peer_tok_s"] == 50.0 for r in rows if "peer_error" not in r)
         printed = capsys.readouterr().out
         assert "llama.cpp q4_K_M AMX+CPU_REPACK" in printed and "GGUF 0 MiB" in printed
         assert "not measured: llama-bench model-q4_K_M.gguf" in printed
         assert sorted(p.name for p in (tmp_path / run / "tiny").glob("*.gguf")) == [
-            "model-bf16.gguf", "model-q4_0.gguf", "model-q4_K_M.gguf", "model-q8_0.gguf"]
+            "model-bf16.gguf", "model-q4_0-bf16head.gguf", "model-q4_0.gguf", "model-q4_K_M.gguf",
+            "model-q8_0-bf16head.gguf", "model-q8_0.gguf"]
     timed = [c for c in calls(root) if " -v" not in c and "-n 4 " in c]
     assert any("model-q4_0.gguf" in c and "--repack 0" in c for c in timed)
     assert any("model-q4_0.gguf" in c and "--repack" not in c for c in timed)
@@ -185,7 +198,8 @@ def test_bench_without_llama_quantize_times_the_rest_and_says_so(tmp_path, capsy
                  "--json", str(out)]) == 0
     assert {r["peer"] for r in json.loads(out.read_text()) if "peer" in r} == {
         "llama.cpp bf16", "llama.cpp q8_0 AMX", "llama.cpp q8_0 -repack0"}
-    assert "q4_0, q4_K_M not measured: no llama-quantize next to llama-bench" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "q4_0, q4_K_M, q8_0-bf16head, q4_0-bf16head not measured: no llama-quantize next to llama-bench" in printed
     with pytest.raises(SystemExit) as e:
         main(["--quick", "--configs", "tiny", "--llama-cpp", str(root), "--llama-cpp-quants", "q8_0,q5_1"])
     assert e.value.code == 2 and "--llama-cpp-quants" in capsys.readouterr().err

@@ -4,7 +4,7 @@ CPU users mostly run llama.cpp, which supports Nemotron-H (`nemotron_h` in its `
 `vl bench --llama-cpp DIR` points at a llama.cpp tree with a build (`DIR/build/bin/llama-bench`, or
 `llama-bench` directly in DIR), the bench model is saved in the transformers layout, converted with DIR's
 `convert_hf_to_gguf.py` to f32 / bf16 / q8_0, the bf16 GGUF quantized by its `llama-quantize` to q4_0 and
-q4_K_M (the types its converter does not write), and each `llama-bench` run (one repetition, in a child process)
+q4_K_M (the types its converter does not write) and to q8_0 / q4_0 with the output head left in bf16, and each `llama-bench` run (one repetition, in a child process)
 is interleaved with our own runs, so machine noise hits both. Nothing of llama.cpp ships with this project.
 
 Which kernels a quantized GGUF runs depends on the CPU and the build: by default (`--repack 1`) llama.cpp
@@ -38,7 +38,12 @@ import sys
 from pathlib import Path
 
 GGUF_TYPES = {"fp32": "f32", "bf16": "bf16", "q8_0": "q8_0"}  # convert_hf_to_gguf.py --outtype
-QUANTIZED = {"q4_0": "Q4_0", "q4_K_M": "Q4_K_M"}  # llama-quantize's type, from the bf16 GGUF
+# llama-quantize's type and options, from the bf16 GGUF. Its default writes the output head at another type (q6_K, or
+# q8_0 where the K-quants' 256-wide blocks do not divide the width); the "-bf16head" kinds keep the head in bf16,
+# as the released FP8 / NVFP4 checkpoints (ModelOpt) keep `lm_head`: the same head weights and bytes as ours.
+QUANTIZED = {"q4_0": ("Q4_0", ()), "q4_K_M": ("Q4_K_M", ()),
+             "q8_0-bf16head": ("Q8_0", ("--output-tensor-type", "bf16")),
+             "q4_0-bf16head": ("Q4_0", ("--output-tensor-type", "bf16"))}
 QUANT_KINDS = ("q8_0", *QUANTIZED)  # the quantized GGUFs timed next to our FP8 / NVFP4 (bf16 pass)
 GGUF_NAMES = {"fp32": "f32", "bf16": "bf16"}  # our dtype -> its GGUF type, for the row at the same dtype
 _PLAIN_BUFFERS = {"CPU", "CPU_Mapped"}  # llama.cpp's ordinary host buffers (not an "extra" weight layout)
@@ -155,14 +160,16 @@ class LlamaCpp:
         if self.quantize is None:
             raise FileNotFoundError(f"no executable llama-quantize in {self.root}/build/bin, {self.root}/bin or "
                                     f"{self.root} (build the llama-quantize target) for {kind}")
-        return [str(self.quantize), str(src), str(dst), QUANTIZED[kind], str(os.cpu_count() or 1)]
+        qtype, options = QUANTIZED[kind]
+        return [str(self.quantize), *options, str(src), str(dst), qtype, str(os.cpu_count() or 1)]
 
     def quantized(self, src: Path, kind: str, dst: Path) -> Path:
-        """`llama-quantize src dst TYPE`: the GGUF of `kind` (q4_0, q4_K_M) made from `src` (the bf16 GGUF)."""
+        """`llama-quantize [OPTIONS] src dst TYPE`: the GGUF of `kind` (a QUANTIZED key) made from `src` (the bf16
+        GGUF)."""
         cmd = self.quantize_cmd(src, dst, kind)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if r.returncode != 0 or not dst.is_file():
-            raise RuntimeError(f"llama-quantize {QUANTIZED[kind]} failed (exit {r.returncode}): "
+            raise RuntimeError(f"llama-quantize {' '.join(cmd[1:-4] + cmd[-2:-1])} failed (exit {r.returncode}): "
                                f"{(r.stderr or r.stdout).strip()[-800:]}")
         return dst
 

@@ -418,8 +418,9 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
                    "the same weights: comma list of fp8, nvfp4 (e.g. --formats fp8,nvfp4)")
     p.add_argument("--llama-cpp", default=None, metavar="DIR", help="a llama.cpp source tree with a cmake build "
                    "(DIR/build/bin/llama-bench, llama-quantize): convert the same weights to GGUF f32/bf16/q8_0 with "
-                   "its convert_hf_to_gguf.py, quantize the bf16 one to q4_0/q4_K_M with its llama-quantize, and time "
-                   "its llama-bench in the same rounds")
+                   "its convert_hf_to_gguf.py, quantize the bf16 one to q4_0/q4_K_M and to q8_0/q4_0 with the output "
+                   "head left in bf16 (the -bf16head kinds) with its llama-quantize, and time its llama-bench in the "
+                   "same rounds")
     p.add_argument("--llama-cpp-quants", default=",".join(QUANT_KINDS), help="--llama-cpp: the quantized GGUFs "
                    "timed in the bf16 pass, comma list of " + ", ".join(QUANT_KINDS) + " ('' for none)")
     p.add_argument("--llama-cpp-python", default=None, help="Python that runs the converter (default: this one; "
@@ -519,9 +520,10 @@ def main(argv: list[str] | None = None, calib_source=None) -> int:
             llama_note = f"llama.cpp: {llama.bench} ({llama.version()})"
         except (FileNotFoundError, OSError, subprocess.SubprocessError) as e:
             llama_note = f"llama.cpp skipped: {e}"
-        if llama is not None and llama.quantize is None and set(quants) & set(QUANTIZED):
+        dropped = [k for k in quants if k in QUANTIZED]
+        if llama is not None and llama.quantize is None and dropped:
             quants = tuple(k for k in quants if k not in QUANTIZED)
-            llama_note += f"; {', '.join(QUANTIZED)} not measured: no llama-quantize next to llama-bench"
+            llama_note += f"; {', '.join(dropped)} not measured: no llama-quantize next to llama-bench"
     else:
         llama_note = "llama.cpp not measured (point --llama-cpp DIR at a llama.cpp build to add it)"
     print(f"[vl bench] {llama_note}", file=sys.stderr, flush=True)
