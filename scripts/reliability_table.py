@@ -558,6 +558,12 @@ def read_junit(path: Path) -> dict[str, tuple[str, str, float]]:
     return out
 
 
+def wall_seconds(path: Path) -> float:
+    """The run's own duration from a pytest junit XML (its test suites' time; with test workers, less than the sum
+    of the cases' times)."""
+    return sum(float(s.get("time", 0)) for s in ET.parse(path).getroot().iter("testsuite"))
+
+
 def outcome_for(test: str, results: dict) -> Outcome:
     o = Outcome()
     exact = "[" in test
@@ -703,7 +709,8 @@ def main(argv=None) -> int:
         ran = dt.datetime.fromtimestamp(args.junit.stat().st_mtime, dt.timezone.utc)
         when = ran.strftime("%Y-%m-%d %H:%M UTC") + " (junit XML of an earlier pytest run)"
     total = sum(float(x[2]) for x in results.values())
-    note = (f"{when}; {len(results)} test cases, {total:.0f} s of test time; Python {platform.python_version()}, "
+    note = (f"{when}; {len(results)} test cases, {total:.0f} s of test time in {wall_seconds(junit):.0f} s; "
+            f"Python {platform.python_version()}, "
             f"{platform.machine()}, {_cpu_count()} CPUs, CUDA {'yes' if _cuda() else 'no'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(results, note, args.soak))
