@@ -4,8 +4,9 @@ CPU users mostly run llama.cpp, which supports Nemotron-H (`nemotron_h` in its `
 `vl bench --llama-cpp DIR` points at a llama.cpp tree with a build (`DIR/build/bin/llama-bench`, or
 `llama-bench` directly in DIR), the bench model is saved in the transformers layout, converted with DIR's
 `convert_hf_to_gguf.py` to f32 / bf16 / q8_0, the bf16 GGUF quantized by its `llama-quantize` to q4_0 and
-q4_K_M (the types its converter does not write) and to q8_0 / q4_0 with the output head left in bf16, and each `llama-bench` run (one repetition, in a child process)
-is interleaved with our own runs, so machine noise hits both. Nothing of llama.cpp ships with this project.
+q4_K_M (the types its converter does not write) and to q8_0 / q4_0 with the output head left in bf16, and each
+`llama-bench` run (one repetition, in a child process) is interleaved with our own runs, so machine noise hits
+both. Nothing of llama.cpp ships with this project.
 
 Which kernels a quantized GGUF runs depends on the CPU and the build: by default (`--repack 1`) llama.cpp
 places a weight in the first "extra" buffer that takes it: AMX (int8 tiles; q4_0, q4_1, q8_0, q4_K, q5_K, q6_K,
