@@ -2,7 +2,8 @@
 
 Thumbnails are rendered like the pages the model sees (vl/processing/documents.py: byte cap, `%PDF` check, page
 count and size checks, a sandbox worker), at scale 0.2 (a Letter page is 123 px wide), and only the first pages up
-to the app's page cap. A click adds the page to the "PDF pages" box, kept as sorted ranges ("1-3,7").
+to the app's page cap. A click adds the page to the "PDF pages" box, kept as sorted ranges ("1-3,7"); clicks made
+faster than the server answers them all count (`wire_page_picker`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vl.processing.documents import read_bytes, render_pdf_bytes
 from vl.processing.sandbox import run_isolated
 
 THUMBNAIL_SCALE = 0.2
+MAX_WRITTEN = 64  # box values of a session's clicks kept to recognise a lagging box (older ones: the user's range)
 
 
 def pdf_thumbnails(path: str, limits, first_n: int) -> list[tuple]:
@@ -60,8 +62,22 @@ def wire_page_picker(ctx, files, pages, picker: gr.Gallery) -> None:
         return gr.Gallery(value=shown, visible=True, label=f"Pages of {Path(path).name} (click to add to the "
                           "page range)")
 
-    def pick(spec, evt: gr.SelectData):
-        return add_page(spec, int(evt.index) + 1)
+    # Clicks in quick succession: each click's request carries the box as the browser shows it, which lags behind
+    # clicks still being answered. So every click is sent (trigger_mode "multiple", not the default that drops a
+    # click while one is pending), they are answered one at a time, and `written` (the session's server-side state,
+    # read when a click is answered) keeps the box values the clicks wrote since the user last typed in it (typing
+    # empties it): a box still showing one of them is behind, and the newest is built on; any other value is the
+    # user's own range.
+    written = gr.State([])
+
+    def pick(spec, history, evt: gr.SelectData):
+        spec = spec or ""
+        base = history[-1] if spec in history else spec
+        history = history[-MAX_WRITTEN:] if spec in history else [spec]
+        new = add_page(base, int(evt.index) + 1)
+        return new, history + [new]
 
     files.change(show, files, picker, api_visibility="private")
-    picker.select(pick, pages, pages, queue=False, api_visibility="private")
+    pages.input(lambda: [], None, written, queue=False, api_visibility="private")  # typed by the user: theirs
+    picker.select(pick, [pages, written], [pages, written], trigger_mode="multiple", concurrency_limit=1,
+                  concurrency_id="page_picker", api_visibility="private")
