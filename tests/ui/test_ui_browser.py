@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+from ui_helpers import chromium, needs_chromium  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.browser, needs_chromium]
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +39,8 @@ WIDTHS = {"desktop": 1400, "narrow": 400}
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield SimpleNamespace(browser=b, TimeoutError=sync_api.TimeoutError)
-        finally:
-            b.close()
+    with chromium() as (b, timeout_error):
+        yield SimpleNamespace(browser=b, TimeoutError=timeout_error)
 
 
 @pytest.fixture(scope="module")

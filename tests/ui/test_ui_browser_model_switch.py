@@ -26,7 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "processing"))
 from media_fixtures import write_video  # noqa: E402
 
-from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+from ui_helpers import chromium, needs_chromium  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, needs_chromium]
 # what each model's page shows (`_view`)
@@ -38,13 +38,8 @@ HEARS = dict(chat_audio=True, chat_pdf=False, chat_hear=True, chat_tiling=False,
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as (b, _):
+        yield b
 
 
 @pytest.fixture(scope="module")

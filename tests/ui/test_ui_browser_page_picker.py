@@ -12,20 +12,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ui_helpers import CHROMIUM, CHROMIUM_ARGS, needs_chromium  # noqa: E402
+from ui_helpers import chromium, needs_chromium  # noqa: E402
 
 pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as (b, _):
+        yield b
 
 
 def _value(page) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -14,6 +15,21 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 needs_chromium = pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian chromium at /usr/bin/chromium "
                                     "(apt-get install chromium; make browser)")
+
+
+
+@contextmanager
+def chromium():
+    """Debian's chromium through Playwright, headless: yields (browser, Playwright's TimeoutError); skips the test
+    when Playwright is not installed."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b, sync_api.TimeoutError
+        finally:
+            b.close()
+
 
 DOC_ARGS = dict(pages="", max_tiles=12, token_budget=0, thinking=False, reasoning_budget=0, max_new_tokens=24,
                 temperature=0.0)
