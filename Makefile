@@ -29,11 +29,10 @@ browser:
 app: $(STAMP)
 	$(BIN)/vl app $(ARGS)
 
-# Two worker processes (pytest-xdist), each taking whole test files so that module fixtures are built once: on a
-# 2-core machine most tests wait on child processes (servers, a browser, the CLI), and two files at a time ran the
-# suite in 10 min against 14 min one at a time. `make test ARGS="-n 0"` runs it in one process.
+# One process: timing-sensitive browser tests flaked with two workers on 2 cores. `make test ARGS="-n 2 --dist
+# loadfile"` runs two test files at a time (pytest-xdist; about 10 min against 14, with that risk).
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 -n 2 --dist loadfile $(ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/vl bench $(ARGS)
